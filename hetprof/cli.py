@@ -1,0 +1,88 @@
+"""The `hetprof` command.
+
+Subcommands are click commands registered under the entry-point group `hetprof.commands`
+(pyproject.toml): each stage owns its command and this module imports none of them until asked,
+which keeps `hetprof --help` fast and lets third parties add commands without editing a dispatcher.
+"""
+
+from __future__ import annotations
+
+import sys
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import click
+
+from hetprof import __version__
+from hetprof.errors import HetprofError
+from hetprof.paths import DB_ENV, default_db_path
+
+COMMAND_GROUP = "hetprof.commands"
+
+
+class LazyGroup(click.Group):
+    """A click group whose commands are entry points, loaded on first use."""
+
+    def _entries(self) -> dict:
+        return {ep.name: ep for ep in entry_points(group=COMMAND_GROUP)}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | set(self._entries()))
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        cmd = super().get_command(ctx, name)
+        if cmd is not None:
+            return cmd
+        ep = self._entries().get(name)
+        return ep.load() if ep is not None else None
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except HetprofError as exc:
+            click.secho(f"error: {exc}", fg="red", err=True)
+            ctx.exit(exc.exit_code)
+
+
+def db_path(ctx: click.Context | None = None) -> Path:
+    """The database path chosen by `hetprof --db`, HETPROF_DB, or the default, in that order."""
+    ctx = ctx or click.get_current_context()
+    root = ctx.find_root()
+    chosen = (root.obj or {}).get("db") if isinstance(root.obj, dict) else None
+    return Path(chosen) if chosen else default_db_path()
+
+
+def db_option(fn):
+    """A `--db PATH` option for a subcommand; it overrides `hetprof --db` and HETPROF_DB."""
+
+    def remember(ctx: click.Context, _param, value):
+        if value:
+            ctx.find_root().ensure_object(dict)["db"] = value
+        return value
+
+    return click.option("--db", "db", type=click.Path(dir_okay=False), expose_value=False, callback=remember,
+                        is_eager=True, help=f"profile database (default: ${DB_ENV} or ~/.hetprof/profiles.db)")(fn)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="hetprof")
+@click.option("--db", type=click.Path(dir_okay=False), envvar=DB_ENV,
+              help=f"profile database (default: ${DB_ENV} or ~/.hetprof/profiles.db)")
+@click.pass_context
+def cli(ctx: click.Context, db: str | None) -> None:
+    """Profile, model, plan and run RL post-training on heterogeneous GPUs and networks.
+
+    \b
+    The pipeline: profile -> db -> fit -> plan -> run (-> validate), each a subcommand.
+    """
+    ctx.ensure_object(dict)
+    if db:
+        ctx.obj["db"] = db
+
+
+def main() -> None:
+    try:
+        cli(standalone_mode=True)
+    except HetprofError as exc:  # raised outside a subcommand's invoke (e.g. while loading)
+        click.secho(f"error: {exc}", fg="red", err=True)
+        sys.exit(exc.exit_code)

@@ -1,0 +1,198 @@
+"""Cluster spec: what hardware exists and where (hosts, GPUs, regions, link overrides).
+
+The spec says what exists; the numbers for devices and links come from the profile database
+(DESIGN §2). Defaults for links are given per scope (same host, same region, across regions) so a
+64-GPU fleet is a dozen lines; explicit `links` override a region pair or a host pair.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from hetprof import catalog
+from hetprof.errors import SpecError
+from hetprof.specs.loader import field, from_data, positive, read_file, to_data
+from hetprof.units import parse_duration, parse_rate
+
+
+def _known_gpu(name: str) -> bool:
+    return catalog.canonical_name(name) is not None
+
+
+def _rate(text: str) -> bool:
+    try:
+        return parse_rate(text) > 0
+    except ValueError:
+        return False
+
+
+def _duration(text: str) -> bool:
+    try:
+        return parse_duration(text) >= 0
+    except ValueError:
+        return False
+
+
+@dataclasses.dataclass
+class GpuSlot:
+    type: str = field(help="GPU type from the catalog (hetprof.catalog), e.g. A100-40GB, L40S, cpu",
+                      check=_known_gpu, expect="a known GPU type (" + ", ".join(catalog.known_types()) + ")")
+    count: int = field(1, help="GPUs of this type on the host", check=positive, expect="a positive integer")
+
+    @property
+    def canonical_type(self) -> str:
+        return catalog.lookup(self.type).name
+
+
+@dataclasses.dataclass
+class Host:
+    name: str = field(help="host name; with `count` > 1 it is a prefix and hosts are NAME-0, NAME-1, ...")
+    gpus: GpuSlot = field(help="the GPUs on this host")
+    region: str = field("default", help="region (e.g. us-east); links across regions use inter_region")
+    zone: str | None = field(None, help="zone inside the region (informational)")
+    count: int = field(1, help="number of identical hosts this entry stands for", check=positive,
+                       expect="a positive integer")
+    address: str | None = field(None, help="address the executor reaches this host at (multi-host runs)")
+    price_per_hour: float | None = field(None, help="$/GPU-hour override of the catalog default",
+                                         check=lambda x: x >= 0, expect="a non-negative number")
+
+
+@dataclasses.dataclass
+class LinkParams:
+    latency: str = field("0.1ms", help="one-way latency α, e.g. 10ms", check=_duration, expect="a duration like 10ms")
+    bandwidth: str = field("100Gbps", help="bandwidth β, e.g. 5Gbps or 25GB/s", check=_rate,
+                           expect="a rate like 5Gbps or 25GB/s")
+
+    @property
+    def alpha_s(self) -> float:
+        return parse_duration(self.latency)
+
+    @property
+    def beta_Bps(self) -> float:
+        return parse_rate(self.bandwidth)
+
+
+@dataclasses.dataclass
+class LinkOverride:
+    between: list[str] = field(help="two region names or two host names",
+                               check=lambda x: len(x) == 2, expect="exactly two names")
+    latency: str = field(help="one-way latency α", check=_duration, expect="a duration like 10ms")
+    bandwidth: str = field(help="bandwidth β", check=_rate, expect="a rate like 5Gbps")
+
+    @property
+    def params(self) -> LinkParams:
+        return LinkParams(self.latency, self.bandwidth)
+
+
+@dataclasses.dataclass
+class NetworkSpec:
+    intra_region: LinkParams = field(default_factory=lambda: LinkParams("0.1ms", "100Gbps"),
+                                     help="default link between two hosts of one region")
+    inter_region: LinkParams | None = field(None, help="default link between regions; none = only explicit links")
+    links: list[LinkOverride] = field(default_factory=list, help="links overriding the defaults")
+
+
+@dataclasses.dataclass(frozen=True)
+class Device:
+    """One concrete accelerator (or CPU slot) of the expanded cluster."""
+
+    host: str
+    index: int
+    type: str
+    region: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.host}:{self.index}"
+
+
+@dataclasses.dataclass
+class ClusterSpec:
+    hosts: list[Host] = field(help="the hosts and their GPUs")
+    name: str = field("cluster", help="a name for reports")
+    network: NetworkSpec = field(default_factory=NetworkSpec, help="link defaults and overrides")
+
+    def validate(self) -> None:
+        names = [h for h in self.host_names()]
+        seen: set[str] = set()
+        for i, name in enumerate(names):
+            if name in seen:
+                raise SpecError(None, f"hosts[{i}].name", "unique host names", name)
+            seen.add(name)
+        known = set(names) | {h.region for h in self.hosts}
+        for i, link in enumerate(self.network.links):
+            for name in link.between:
+                if name not in known:
+                    raise SpecError(None, f"network.links[{i}].between", "host or region names of this cluster", name)
+
+    # ---- expansion --------------------------------------------------------------------------
+    def expanded_hosts(self) -> list[Host]:
+        """Hosts with `count` > 1 expanded to NAME-0..NAME-(count-1), each with count 1."""
+        out = []
+        for h in self.hosts:
+            if h.count == 1:
+                out.append(h)
+            else:
+                out.extend(dataclasses.replace(h, name=f"{h.name}-{i}", count=1) for i in range(h.count))
+        return out
+
+    def host_names(self) -> list[str]:
+        return [h.name for h in self.expanded_hosts()]
+
+    def host(self, name: str) -> Host:
+        for h in self.expanded_hosts():
+            if h.name == name:
+                return h
+        raise KeyError(name)
+
+    def devices(self) -> list[Device]:
+        return [Device(h.name, i, h.gpus.canonical_type, h.region)
+                for h in self.expanded_hosts() for i in range(h.gpus.count)]
+
+    def gpu_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for d in self.devices():
+            counts[d.type] = counts.get(d.type, 0) + 1
+        return counts
+
+    def regions(self) -> list[str]:
+        return sorted({h.region for h in self.hosts})
+
+    def price_per_hour(self, host: str) -> float:
+        h = self.host(host)
+        return h.price_per_hour if h.price_per_hour is not None else catalog.lookup(h.gpus.type).price_per_hour
+
+    # ---- links ------------------------------------------------------------------------------
+    def link_between(self, host_a: str, host_b: str) -> LinkParams | None:
+        """The spec's link between two hosts (host pair > region pair > defaults), None if none.
+
+        Same-host links are the GPU's intra-node interconnect from the catalog.
+        """
+        a, b = self.host(host_a), self.host(host_b)
+        if host_a == host_b:
+            gpu = catalog.lookup(a.gpus.type)
+            return LinkParams("5us", f"{gpu.intra_node_GBps / 2}GB/s")
+        pair = {host_a, host_b}
+        for link in self.network.links:
+            if set(link.between) == pair:
+                return link.params
+        regions = {a.region, b.region}
+        for link in self.network.links:
+            if set(link.between) == regions and len(regions) == len(set(link.between)):
+                return link.params
+        if a.region == b.region:
+            return self.network.intra_region
+        return self.network.inter_region
+
+    # ---- files ------------------------------------------------------------------------------
+    @classmethod
+    def load(cls, path: str | Path) -> ClusterSpec:
+        return from_data(cls, read_file(path), file=str(path))
+
+    @classmethod
+    def from_dict(cls, data: dict, file: str | None = None) -> ClusterSpec:
+        return from_data(cls, data, file=file)
+
+    def to_dict(self) -> dict:
+        return to_data(self)

@@ -1,0 +1,182 @@
+"""Typed loading of plain data (YAML/JSON) into dataclasses, with errors that name the field.
+
+The specs are dataclasses whose type hints are the schema. `from_data` walks the hints and the
+data together, so a mistake deep in a file is reported as `hosts[2].gpus.type: expected one of
+...` with the file's name — the one thing a user needs to fix it. A field's `metadata["help"]`
+documents it; `metadata["check"]` is an extra predicate with its expectation text.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+from pathlib import Path
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
+
+import yaml
+
+from hetprof.errors import SpecError
+
+T = TypeVar("T")
+
+
+def field(default: Any = dataclasses.MISSING, *, help: str = "", check=None, expect: str = "",
+          default_factory: Any = dataclasses.MISSING) -> Any:
+    """A dataclass field whose help and optional check travel with it."""
+    meta = {"help": help, "check": check, "expect": expect}
+    if default_factory is not dataclasses.MISSING:
+        return dataclasses.field(default_factory=default_factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def read_file(path: str | Path) -> Any:
+    """Plain data from a .yaml/.yml/.json file; a parse error names the file and line."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecError(str(path), "", "a readable file", exc.strerror) from None
+    try:
+        if path.suffix == ".json":
+            return json.loads(text)
+        return yaml.safe_load(text)
+    except (yaml.YAMLError, json.JSONDecodeError) as exc:
+        raise SpecError(str(path), "", "valid YAML/JSON", str(exc).splitlines()[0]) from None
+
+
+def from_data(cls: type[T], data: Any, file: str | None = None, path: str = "") -> T:
+    """Build `cls` from plain data, checking every field's type; raises SpecError naming the field."""
+    return _convert(cls, data, file, path)
+
+
+def to_data(obj: Any) -> Any:
+    """Plain data (dicts, lists, scalars) from a dataclass tree, omitting None values."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        out = {}
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if value is not None:
+                out[f.name] = to_data(value)
+        return out
+    if isinstance(obj, dict):
+        return {str(k): to_data(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_data(v) for v in obj]
+    return obj
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _convert(tp: Any, data: Any, file: str | None, path: str) -> Any:
+    origin = get_origin(tp)
+    if tp is Any:
+        return data
+    if origin in (Union, types.UnionType):
+        args = get_args(tp)
+        if data is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _convert(arg, data, file, path)
+            except SpecError as exc:
+                errors.append(exc)
+        if len(errors) == 1:
+            raise errors[0]
+        raise SpecError(file, path, " or ".join(_describe(a) for a in args if a is not type(None)), data)
+    if origin is Literal:
+        options = get_args(tp)
+        if data not in options:
+            raise SpecError(file, path, "one of " + ", ".join(repr(o) for o in options), data)
+        return data
+    if origin in (list, tuple):
+        if not isinstance(data, list):
+            raise SpecError(file, path, "a list", data)
+        (item_tp, *_) = get_args(tp) or (Any,)
+        items = [_convert(item_tp, v, file, f"{path}[{i}]") for i, v in enumerate(data)]
+        return items if origin is list else tuple(items)
+    if origin is dict:
+        if not isinstance(data, dict):
+            raise SpecError(file, path, "a mapping", data)
+        key_tp, val_tp = get_args(tp) or (str, Any)
+        return {_convert(key_tp, k, file, path): _convert(val_tp, v, file, _join(path, str(k)))
+                for k, v in data.items()}
+    if dataclasses.is_dataclass(tp):
+        return _convert_dataclass(tp, data, file, path)
+    if tp is float:
+        if isinstance(data, bool) or not isinstance(data, (int, float)):
+            raise SpecError(file, path, "a number", data)
+        return float(data)
+    if tp is int:
+        if isinstance(data, bool) or not isinstance(data, int):
+            raise SpecError(file, path, "an integer", data)
+        return data
+    if tp is bool:
+        if not isinstance(data, bool):
+            raise SpecError(file, path, "true or false", data)
+        return data
+    if tp is str:
+        if not isinstance(data, (str, int, float)) or isinstance(data, bool):
+            raise SpecError(file, path, "a string", data)
+        return str(data)
+    raise TypeError(f"unsupported spec type {tp!r} at {path}")
+
+
+def _convert_dataclass(cls: Any, data: Any, file: str | None, path: str) -> Any:
+    if isinstance(data, cls):
+        return data
+    if not isinstance(data, dict):
+        raise SpecError(file, path, f"a mapping ({cls.__name__})", data)
+    hints = get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise SpecError(file, _join(path, str(unknown[0])),
+                        "one of the known fields " + ", ".join(sorted(fields)), "an unknown field")
+    kwargs = {}
+    for name, f in fields.items():
+        sub = _join(path, name)
+        if name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise SpecError(file, sub, "a value (this field is required)", None)
+            continue
+        value = _convert(hints[name], data[name], file, sub)
+        check = f.metadata.get("check")
+        if check is not None and value is not None and not check(value):
+            raise SpecError(file, sub, f.metadata.get("expect") or "a valid value", data[name])
+        kwargs[name] = value
+    obj = cls(**kwargs)
+    validate = getattr(obj, "validate", None)
+    if validate is not None:
+        try:
+            validate()
+        except SpecError as exc:
+            # validate() reports paths relative to the object; anchor them here.
+            raise SpecError(file, _join(path, exc.field) if exc.field else path, exc.expected, exc.got) from None
+    return obj
+
+
+def _describe(tp: Any) -> str:
+    if dataclasses.is_dataclass(tp):
+        return f"a mapping ({tp.__name__})"
+    origin = get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(o) for o in get_args(tp))
+    if origin in (list, tuple):
+        return "a list"
+    return {float: "a number", int: "an integer", str: "a string", bool: "true or false"}.get(tp, str(tp))
+
+
+def positive(x: float) -> bool:
+    return x > 0
+
+
+def non_negative(x: float) -> bool:
+    return x >= 0
+
+

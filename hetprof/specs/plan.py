@@ -1,0 +1,201 @@
+"""Plan file: the placement and parallel layout of every RL task, and what it is predicted to cost.
+
+A plan is self-describing: it embeds the cluster and workload it was made for, the cost model
+and profile snapshot it was scored with, and the search that produced it, so `hetprof run` needs
+nothing else and `hetprof validate` can compare prediction with measurement later.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+from hetprof.errors import SpecError
+from hetprof.specs.cluster import ClusterSpec
+from hetprof.specs.loader import field, from_data, positive, read_file, to_data
+from hetprof.specs.workload import WorkloadSpec
+
+PLAN_VERSION = 1
+
+# The RL tasks: name -> (kind, model role). Weight sync (actor_train -> actor_gen) is an edge.
+TASKS: dict[str, tuple[str, str]] = {
+    "actor_gen": ("generation", "actor"),
+    "ref_infer": ("inference", "reference"),
+    "reward_infer": ("inference", "reward"),
+    "critic_infer": ("inference", "critic"),
+    "actor_train": ("training", "actor"),
+    "critic_train": ("training", "critic"),
+}
+
+
+def workload_tasks(workload: WorkloadSpec) -> list[str]:
+    """The tasks a workload has: GRPO drops the critic; a rule-based reward drops reward_infer."""
+    tasks = ["actor_gen", "ref_infer"]
+    if workload.models.reward:
+        tasks.append("reward_infer")
+    if workload.algorithm == "ppo":
+        tasks.append("critic_infer")
+    tasks.append("actor_train")
+    if workload.algorithm == "ppo":
+        tasks.append("critic_train")
+    return tasks
+
+
+@dataclasses.dataclass
+class Layout:
+    dp: int = field(1, help="data-parallel replicas", check=positive, expect="a positive integer")
+    tp: int = field(1, help="tensor-parallel degree", check=positive, expect="a positive integer")
+    pp: int = field(1, help="pipeline stages", check=positive, expect="a positive integer")
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    def __str__(self) -> str:
+        return f"DP{self.dp}×TP{self.tp}×PP{self.pp}"
+
+
+@dataclasses.dataclass
+class Tasklet:
+    """One (replica, stage) of a task: `tp` devices holding layers [layer_start, layer_end)."""
+
+    replica: int = field(help="data-parallel replica index")
+    stage: int = field(help="pipeline stage index")
+    devices: list[str] = field(help="device ids 'host:index', one per TP rank")
+    layer_start: int = field(0, help="first layer held (inclusive)")
+    layer_end: int = field(0, help="last layer held (exclusive)")
+    batch_share: float = field(1.0, help="fraction of the task's batch this replica processes",
+                               check=lambda x: 0 <= x <= 1, expect="a fraction in [0, 1]")
+
+
+@dataclasses.dataclass
+class TaskPlacement:
+    task: str = field(help="task name", check=lambda t: t in TASKS, expect="one of " + ", ".join(TASKS))
+    group: str = field(help="the group (set of GPUs) this task runs on")
+    layout: Layout = field(default_factory=Layout, help="DP × TP × PP")
+    tasklets: list[Tasklet] = field(default_factory=list, help="replica/stage placement")
+    predicted_s: float | None = field(None, help="predicted seconds of this task per iteration")
+    memory_bytes: float | None = field(None, help="predicted peak memory per device")
+
+    @property
+    def kind(self) -> str:
+        return TASKS[self.task][0]
+
+    @property
+    def role(self) -> str:
+        return TASKS[self.task][1]
+
+    def devices(self) -> list[str]:
+        return [d for t in self.tasklets for d in t.devices]
+
+
+@dataclasses.dataclass
+class Group:
+    name: str = field(help="group name")
+    tasks: list[str] = field(help="tasks that time-share these devices")
+    devices: list[str] = field(help="device ids 'host:index'")
+
+
+@dataclasses.dataclass
+class Prediction:
+    iteration_s: float = field(help="predicted seconds per RL iteration (steady state)")
+    breakdown: dict[str, float] = field(default_factory=dict, help="seconds per task and transfer")
+    bottleneck: str = field("", help="what bounds the iteration time")
+    memory_headroom: dict[str, float] = field(default_factory=dict,
+                                              help="free bytes per device at its peak phase")
+    cost_per_iteration: float | None = field(None, help="$ per iteration at the cluster's prices")
+    throughput: float | None = field(None, help="sequences per second")
+
+
+@dataclasses.dataclass
+class Plan:
+    cluster: dict[str, Any] = field(help="the cluster spec this plan was made for")
+    workload: dict[str, Any] = field(help="the workload spec this plan was made for")
+    groups: list[Group] = field(help="device groups")
+    tasks: list[TaskPlacement] = field(help="placement and layout per task")
+    predicted: Prediction = field(help="the simulator's prediction")
+    version: int = field(PLAN_VERSION, help="plan format version",
+                         check=lambda v: v == PLAN_VERSION, expect=f"plan format version {PLAN_VERSION}")
+    cost_model: str = field("analytical", help="cost model the prediction used")
+    profile_snapshot: str = field("", help="content hash of the profile data the cost model saw")
+    search: str = field("", help="search that produced the plan")
+    seed: int = field(0, help="search seed")
+    objective: Literal["throughput", "cost", "throughput-under-budget"] = field("throughput", help="objective")
+    search_trace: list[dict[str, Any]] = field(default_factory=list, help="best score over search time")
+
+    # ---- derived views ----------------------------------------------------------------------
+    def cluster_spec(self) -> ClusterSpec:
+        return ClusterSpec.from_dict(self.cluster, file="<plan cluster>")
+
+    def workload_spec(self) -> WorkloadSpec:
+        return WorkloadSpec.from_dict(self.workload, file="<plan workload>")
+
+    def task(self, name: str) -> TaskPlacement:
+        for t in self.tasks:
+            if t.task == name:
+                return t
+        raise KeyError(name)
+
+    def validate(self) -> None:
+        cluster = ClusterSpec.from_dict(self.cluster, file=None)
+        workload = WorkloadSpec.from_dict(self.workload, file=None)
+        known = {d.id for d in cluster.devices()}
+        groups = {g.name: g for g in self.groups}
+        for gi, g in enumerate(self.groups):
+            for d in g.devices:
+                if d not in known:
+                    raise SpecError(None, f"groups[{gi}].devices", "device ids of the plan's cluster", d)
+        expected = workload_tasks(workload)
+        present = [t.task for t in self.tasks]
+        missing = [t for t in expected if t not in present]
+        if missing:
+            raise SpecError(None, "tasks", f"a placement for every task of the workload ({', '.join(expected)})",
+                            f"missing {missing}")
+        roles = workload.roles()
+        for ti, t in enumerate(self.tasks):
+            where = f"tasks[{ti}]"
+            if t.group not in groups:
+                raise SpecError(None, f"{where}.group", "a group name of this plan", t.group)
+            if len(t.tasklets) != t.layout.dp * t.layout.pp:
+                raise SpecError(None, f"{where}.tasklets", f"dp × pp = {t.layout.dp * t.layout.pp} tasklets",
+                                len(t.tasklets))
+            layers = roles[t.role].layers
+            for ki, k in enumerate(t.tasklets):
+                if len(k.devices) != t.layout.tp:
+                    raise SpecError(None, f"{where}.tasklets[{ki}].devices", f"tp = {t.layout.tp} devices",
+                                    len(k.devices))
+                for d in k.devices:
+                    if d not in groups[t.group].devices:
+                        raise SpecError(None, f"{where}.tasklets[{ki}].devices", f"devices of group {t.group}", d)
+                if not 0 <= k.layer_start < k.layer_end <= layers:
+                    raise SpecError(None, f"{where}.tasklets[{ki}]", f"a layer range inside [0, {layers})",
+                                    (k.layer_start, k.layer_end))
+            for replica in range(t.layout.dp):
+                stages = sorted((k for k in t.tasklets if k.replica == replica), key=lambda k: k.stage)
+                bounds = [(k.layer_start, k.layer_end) for k in stages]
+                if not bounds or bounds[0][0] != 0 or bounds[-1][1] != layers or any(
+                        a[1] != b[0] for a, b in zip(bounds, bounds[1:], strict=False)):
+                    raise SpecError(None, f"{where}.tasklets", f"stages of replica {replica} covering layers "
+                                    f"0..{layers} contiguously", bounds)
+            shares = {k.replica: k.batch_share for k in t.tasklets}
+            if not math.isclose(sum(shares.values()), 1.0, abs_tol=1e-6):
+                raise SpecError(None, f"{where}.tasklets", "batch shares over replicas summing to 1",
+                                round(sum(shares.values()), 6))
+
+    # ---- files ------------------------------------------------------------------------------
+    @classmethod
+    def load(cls, path: str | Path) -> Plan:
+        return from_data(cls, read_file(path), file=str(path))
+
+    @classmethod
+    def from_dict(cls, data: dict, file: str | None = None) -> Plan:
+        return from_data(cls, data, file=file)
+
+    def to_dict(self) -> dict:
+        return to_data(self)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")

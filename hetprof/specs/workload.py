@@ -1,0 +1,137 @@
+"""Workload spec: the RL job (algorithm, mode, models per role, batch and length shapes)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from hetprof.errors import SpecError
+from hetprof.models import ModelShape, resolve_model
+from hetprof.specs.loader import field, from_data, non_negative, positive, read_file, to_data
+
+
+@dataclasses.dataclass
+class LengthDist:
+    """A token-length distribution; response lengths are long-tailed in RL, which the planner feels."""
+
+    mean: float = field(help="mean length in tokens", check=positive, expect="a positive number")
+    max: int | None = field(None, help="hard cap (defaults to 2 × mean)", check=positive, expect="a positive integer")
+    dist: Literal["fixed", "uniform", "normal", "lognormal"] = field("fixed", help="shape of the distribution")
+    std: float = field(0.0, help="standard deviation (normal, lognormal)", check=non_negative,
+                       expect="a non-negative number")
+
+    def validate(self) -> None:
+        if self.max is not None and self.max < self.mean:
+            raise SpecError(None, "max", f"at least the mean ({self.mean})", self.max)
+
+    @property
+    def cap(self) -> int:
+        return int(self.max if self.max is not None else max(1, round(2 * self.mean)))
+
+    def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        """n integer lengths in [1, cap], drawn reproducibly from `rng`."""
+        if self.dist == "fixed":
+            x = np.full(n, self.mean)
+        elif self.dist == "uniform":
+            x = rng.uniform(1, 2 * self.mean - 1, n)
+        elif self.dist == "normal":
+            x = rng.normal(self.mean, self.std, n)
+        else:
+            sigma = np.sqrt(np.log1p((self.std / self.mean) ** 2)) if self.std > 0 else 0.5
+            x = rng.lognormal(np.log(self.mean) - sigma**2 / 2, sigma, n)
+        return np.clip(np.rint(x), 1, self.cap).astype(int)
+
+
+@dataclasses.dataclass
+class ModelRoles:
+    """Which model plays each role: a preset (`qwen3-8b`) or a local HF config path."""
+
+    actor: str = field(help="policy model")
+    reference: str | None = field(None, help="frozen reference for the KL term (defaults to the actor's shape)")
+    critic: str | None = field(None, help="value model (PPO only)")
+    reward: str | None = field(None, help="reward model; none = rule-based reward")
+
+
+@dataclasses.dataclass
+class TrainingParams:
+    lr: float = field(1e-5, help="learning rate", check=positive, expect="a positive number")
+    critic_lr: float = field(1e-5, help="critic learning rate", check=positive, expect="a positive number")
+    kl_coef: float = field(0.01, help="KL-to-reference coefficient", check=non_negative, expect="≥ 0")
+    clip_eps: float = field(0.2, help="PPO ratio clip", check=positive, expect="a positive number")
+    gamma: float = field(1.0, help="discount (PPO GAE)", check=non_negative, expect="≥ 0")
+    lam: float = field(0.95, help="GAE lambda", check=non_negative, expect="≥ 0")
+    temperature: float = field(1.0, help="sampling temperature", check=positive, expect="a positive number")
+    top_p: float = field(1.0, help="nucleus sampling", check=lambda x: 0 < x <= 1, expect="in (0, 1]")
+    recompute: bool = field(False, help="activation recomputation in training")
+
+
+@dataclasses.dataclass
+class WorkloadSpec:
+    models: ModelRoles = field(help="models per role")
+    prompt_len: LengthDist = field(help="prompt length distribution (tokens)")
+    response_len: LengthDist = field(help="response length distribution (tokens)")
+    algorithm: Literal["ppo", "grpo"] = field("grpo", help="RL algorithm")
+    mode: Literal["sync", "async"] = field("sync", help="sync, or async with a staleness bound")
+    staleness: int = field(1, help="async: generation may run at most this many weight versions ahead",
+                           check=positive, expect="a positive integer")
+    prompts_per_step: int = field(64, help="prompts per iteration", check=positive, expect="a positive integer")
+    responses_per_prompt: int = field(8, help="responses sampled per prompt", check=positive,
+                                      expect="a positive integer")
+    ppo_epochs: int = field(1, help="passes over each batch", check=positive, expect="a positive integer")
+    mini_batches: int = field(1, help="optimizer steps per epoch", check=positive, expect="a positive integer")
+    precision: Literal["bf16", "fp16", "fp32"] = field("bf16", help="compute dtype (mixed-precision Adam)")
+    training: TrainingParams = field(default_factory=TrainingParams, help="algorithm hyper-parameters")
+    name: str = field("workload", help="a name for reports")
+    base_dir: str | None = field(None, help="(set on load) directory model paths are relative to")
+
+    def validate(self) -> None:
+        if self.algorithm == "ppo" and not self.models.critic:
+            raise SpecError(None, "models.critic", "a critic model (PPO needs one)", None)
+        if self.algorithm == "grpo" and self.models.critic:
+            raise SpecError(None, "models.critic", "no critic (GRPO has none)", self.models.critic)
+        if self.algorithm == "grpo" and self.responses_per_prompt < 2:
+            raise SpecError(None, "responses_per_prompt", "at least 2 (GRPO normalises within a group)",
+                            self.responses_per_prompt)
+        for role in ("actor", "reference", "critic", "reward"):
+            ref = getattr(self.models, role)
+            if ref is None:
+                continue
+            try:
+                resolve_model(ref, Path(self.base_dir) if self.base_dir else None)
+            except KeyError:
+                raise SpecError(None, f"models.{role}", "a model preset or a path to a HF config.json", ref) from None
+        if self.sequences_per_step % self.mini_batches:
+            raise SpecError(None, "mini_batches", f"a divisor of prompts × responses ({self.sequences_per_step})",
+                            self.mini_batches)
+
+    @property
+    def sequences_per_step(self) -> int:
+        return self.prompts_per_step * self.responses_per_prompt
+
+    def roles(self) -> dict[str, ModelShape]:
+        """Model shape per role that exists in this workload (reference defaults to the actor)."""
+        base = Path(self.base_dir) if self.base_dir else None
+        out = {"actor": resolve_model(self.models.actor, base),
+               "reference": resolve_model(self.models.reference or self.models.actor, base)}
+        if self.models.critic:
+            out["critic"] = resolve_model(self.models.critic, base)
+        if self.models.reward:
+            out["reward"] = resolve_model(self.models.reward, base)
+        return out
+
+    @classmethod
+    def load(cls, path: str | Path) -> WorkloadSpec:
+        data = read_file(path)
+        if isinstance(data, dict) and "base_dir" not in data:
+            data = {**data, "base_dir": str(Path(path).resolve().parent)}
+        return from_data(cls, data, file=str(path))
+
+    @classmethod
+    def from_dict(cls, data: dict, file: str | None = None) -> WorkloadSpec:
+        return from_data(cls, data, file=file)
+
+    def to_dict(self) -> dict:
+        return to_data(self)

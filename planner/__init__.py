@@ -1,0 +1,1 @@
+"""RL task graph, plan simulator, searches and baselines (DESIGN §6)."""
