@@ -1,7 +1,7 @@
 """The files users write and share: cluster spec, workload spec, plan (DESIGN §2)."""
 
 from hetprof.specs.cluster import ClusterSpec, Device, GpuSlot, Host, LinkOverride, LinkParams, NetworkSpec
-from hetprof.specs.plan import TASKS, Group, Layout, Plan, Prediction, TaskPlacement, Tasklet, workload_tasks
+from hetprof.specs.plan import TASKS, Group, Layout, Plan, Prediction, Tasklet, TaskPlacement, workload_tasks
 from hetprof.specs.workload import LengthDist, ModelRoles, TrainingParams, WorkloadSpec
 
 __all__ = [

@@ -114,12 +114,14 @@ class ClusterSpec:
     network: NetworkSpec = field(default_factory=NetworkSpec, help="link defaults and overrides")
 
     def validate(self) -> None:
-        names = [h for h in self.host_names()]
         seen: set[str] = set()
-        for i, name in enumerate(names):
-            if name in seen:
-                raise SpecError(None, f"hosts[{i}].name", "unique host names", name)
-            seen.add(name)
+        for i, entry in enumerate(self.hosts):
+            expanded = [entry.name] if entry.count == 1 else [f"{entry.name}-{k}" for k in range(entry.count)]
+            for name in expanded:
+                if name in seen:
+                    raise SpecError(None, f"hosts[{i}].name", "unique host names", name)
+                seen.add(name)
+        names = sorted(seen)
         known = set(names) | {h.region for h in self.hosts}
         for i, link in enumerate(self.network.links):
             for name in link.between:
