@@ -34,7 +34,12 @@ class LazyGroup(click.Group):
         if cmd is not None:
             return cmd
         ep = self._entries().get(name)
-        return ep.load() if ep is not None else None
+        if ep is None:
+            return None
+        try:
+            return ep.load()
+        except Exception as exc:  # a broken plugin must not take `hetprof --help` down with it
+            return _unavailable(name, ep.value, exc)
 
     def invoke(self, ctx: click.Context):
         try:
@@ -42,6 +47,17 @@ class LazyGroup(click.Group):
         except HetprofError as exc:
             click.secho(f"error: {exc}", fg="red", err=True)
             ctx.exit(exc.exit_code)
+
+
+def _unavailable(name: str, target: str, exc: Exception) -> click.Command:
+    """A stand-in for a command whose module failed to import: listed, and explains itself when run."""
+    reason = f"{type(exc).__name__}: {exc}"
+
+    def explain() -> None:
+        raise HetprofError(f"command '{name}' is unavailable: loading {target} failed ({reason})")
+
+    return click.Command(name, callback=explain, help=f"(unavailable: {reason})",
+                         short_help=f"(unavailable: {reason})"[:80])
 
 
 def db_path(ctx: click.Context | None = None) -> Path:
