@@ -1,0 +1,155 @@
+"""The tables, their columns, and the migrations that build them.
+
+One table description drives everything that touches rows: the DDL, the content hash, the insert
+statements, import/merge validation and the export format. Adding a column is a new migration step
+plus a column here; a database written by newer code (higher schema_version) is refused, never
+guessed at.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sqlite3
+from collections.abc import Callable
+
+SCHEMA_VERSION = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class Column:
+    """One column: its SQL type and the validator kind that import and the API both apply."""
+
+    name: str
+    kind: str  # a key of validate.VALIDATORS
+    nullable: bool = False
+    ref: str | None = None  # table whose id this column references
+
+    @property
+    def is_json(self) -> bool:
+        return self.kind.startswith("json")
+
+    @property
+    def sql_type(self) -> str:
+        if self.kind in ("int", "count"):
+            return "INTEGER"
+        if self.kind in ("real", "seconds", "time"):
+            return "REAL"
+        return "TEXT"
+
+
+@dataclasses.dataclass(frozen=True)
+class Table:
+    name: str
+    columns: tuple[Column, ...]  # content columns; the id column comes first in SQL and is not listed
+
+    @property
+    def column_names(self) -> list[str]:
+        return ["id", *(c.name for c in self.columns)]
+
+    @property
+    def json_flags(self) -> list[bool]:
+        return [c.is_json for c in self.columns]
+
+    def insert_sql(self, schema: str = "main") -> str:
+        cols = ",".join(self.column_names)
+        marks = ",".join("?" * len(self.column_names))
+        return f"INSERT OR IGNORE INTO {schema}.{self.name} ({cols}) VALUES ({marks})"
+
+
+_C = Column
+_PROVENANCE = (_C("tool_version", "short"), _C("created", "time"), _C("source", "source"))
+
+# Order matters: a table only references tables listed before it (inserts and merges follow it).
+TABLES: dict[str, Table] = {t.name: t for t in [
+    Table("devices", (
+        _C("name", "short"), _C("kind", "ident"), _C("catalog_type", "short", nullable=True),
+        _C("memory_bytes", "count", nullable=True), _C("host", "short"),
+        _C("driver", "short", nullable=True), _C("cuda", "short", nullable=True),
+        _C("torch", "short", nullable=True), _C("uuid", "short", nullable=True),
+        _C("extra", "json_object"), _C("source", "source"),
+    )),
+    Table("runs", (
+        _C("benchmark", "benchmark"), _C("device_id", "id", nullable=True, ref="devices"), _C("host", "short"),
+        _C("params", "json_object"), _C("n_samples", "count"), *_PROVENANCE,
+    )),
+    Table("samples", (
+        _C("run_id", "id", ref="runs"), _C("seq", "count"),
+        _C("params", "json_flat_params"), _C("metrics", "json_flat_metrics"),
+    )),
+    Table("links", (
+        _C("src_host", "short"), _C("dst_host", "short"),
+        _C("src_region", "short", nullable=True), _C("dst_region", "short", nullable=True),
+        _C("alpha_s", "seconds"), _C("beta_Bps", "real"), _C("residual", "real", nullable=True),
+        _C("run_id", "id", nullable=True, ref="runs"), *_PROVENANCE,
+    )),
+    Table("run_records", (
+        _C("run", "short"), _C("plan_hash", "short"), _C("iteration", "count"), _C("task", "short"),
+        _C("seconds", "seconds"), _C("predicted_s", "seconds", nullable=True),
+        _C("device_ids", "json_str_list"), _C("host", "short", nullable=True), _C("extra", "json_object"),
+        *_PROVENANCE,
+    )),
+    Table("cost_models", (
+        _C("name", "short"), _C("task_type", "short"), _C("family", "ident"),
+        _C("params", "json_model"), _C("metrics", "json_flat_metrics"), _C("snapshot", "id_or_empty"),
+        *_PROVENANCE,
+    )),
+]}
+
+
+def _ddl(table: Table) -> str:
+    cols = ["id TEXT PRIMARY KEY NOT NULL"]
+    for c in table.columns:
+        null = "" if c.nullable else " NOT NULL"
+        ref = f" REFERENCES {c.ref}(id)" if c.ref else ""
+        cols.append(f"{c.name} {c.sql_type}{null}{ref}")
+    return f"CREATE TABLE {table.name} ({', '.join(cols)})"
+
+
+def _v1_tables(conn: sqlite3.Connection) -> None:
+    """The first schema: the tables, and a meta table recording which migrations ran."""
+    conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY NOT NULL, value TEXT NOT NULL)")
+    for table in TABLES.values():
+        conn.execute(_ddl(table))
+
+
+def _v2_read_indexes(conn: sqlite3.Connection) -> None:
+    """Indexes for the reads every stage makes: a benchmark family, a run's samples, a task's models."""
+    conn.execute("CREATE INDEX IF NOT EXISTS runs_by_benchmark ON runs (benchmark, created)")
+    conn.execute("CREATE INDEX IF NOT EXISTS samples_by_run ON samples (run_id, seq)")
+    conn.execute("CREATE INDEX IF NOT EXISTS links_by_hosts ON links (src_host, dst_host)")
+    conn.execute("CREATE INDEX IF NOT EXISTS records_by_run ON run_records (run, iteration)")
+    conn.execute("CREATE INDEX IF NOT EXISTS models_by_task ON cost_models (task_type, created)")
+
+
+def _v3_origins(conn: sqlite3.Connection) -> None:
+    """Provenance of shared data: every import and merge, what it came from and what it added.
+
+    Not content-addressed and never exported: it describes this copy's history, not the data.
+    """
+    conn.execute("CREATE TABLE IF NOT EXISTS origins (seq INTEGER PRIMARY KEY AUTOINCREMENT, "
+                 "kind TEXT NOT NULL, origin TEXT NOT NULL, at REAL NOT NULL, added TEXT NOT NULL)")
+
+
+# Migration i (1-based) brings a database from schema_version i-1 to i. Append; never edit a step.
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_tables, _v2_read_indexes, _v3_origins]
+assert len(MIGRATIONS) == SCHEMA_VERSION
+
+
+def read_version(conn: sqlite3.Connection, schema: str = "main") -> int:
+    """The schema_version recorded in a database; 0 for an empty file."""
+    has_meta = conn.execute(
+        f"SELECT 1 FROM {schema}.sqlite_master WHERE type='table' AND name='meta'").fetchone()
+    if not has_meta:
+        return 0
+    row = conn.execute(f"SELECT value FROM {schema}.meta WHERE key='schema_version'").fetchone()
+    try:
+        return int(row[0]) if row else 0
+    except (TypeError, ValueError):
+        return -1
+
+
+def migrate(conn: sqlite3.Connection, current: int, target: int = SCHEMA_VERSION) -> None:
+    """Apply the steps after `current` up to `target`; the caller holds the write transaction."""
+    for version in range(current + 1, target + 1):
+        MIGRATIONS[version - 1](conn)
+        conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)", (str(version),))

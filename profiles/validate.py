@@ -1,0 +1,194 @@
+"""Row validation shared by the API, `import` and `merge`.
+
+Everything that enters the database from outside (a teammate's export, another team's .db) passes
+through `check_row`: types, lengths, allowed characters, JSON shape and the content address. Limits
+are generous for real data and tight enough that a hostile file cannot smuggle huge blobs, code or
+SQL-looking names into a place where they would be interpreted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable
+
+from hetprof.errors import ImportRefused
+from hetprof.profiles.content import content_id
+from hetprof.profiles.schema import Table
+
+MAX_SHORT = 256
+MAX_JSON = 64 * 1024
+MAX_MODEL_JSON = 8 * 1024 * 1024
+MAX_JSON_DEPTH = 12
+SOURCES = ("measured", "datasheet", "run", "fitted")
+
+_IDENT = re.compile(r"^[A-Za-z0-9_.:+-]{1,64}$")
+_BENCHMARK = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z0-9_]+){1,4}$")
+_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]{0,63}$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class Invalid(ValueError):
+    """A value broke a rule; the message says which."""
+
+
+def _short(v: object) -> None:
+    if not isinstance(v, str):
+        raise Invalid(f"expected text, got {type(v).__name__}")
+    if len(v) > MAX_SHORT:
+        raise Invalid(f"text longer than {MAX_SHORT} characters ({len(v)})")
+    if any(ord(ch) < 32 for ch in v):
+        raise Invalid("text contains control characters")
+
+
+def _ident(v: object) -> None:
+    if not isinstance(v, str) or not _IDENT.match(v):
+        raise Invalid(f"expected an identifier [A-Za-z0-9_.:+-], got {str(v)[:40]!r}")
+
+
+def _benchmark(v: object) -> None:
+    if not isinstance(v, str) or not _BENCHMARK.match(v):
+        raise Invalid(f"expected a benchmark name like 'compute.matmul', got {str(v)[:40]!r}")
+
+
+def _count(v: object) -> None:
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0 or v > 2**62:
+        raise Invalid(f"expected a non-negative integer, got {v!r}"[:80])
+
+
+def _int(v: object) -> None:
+    if not isinstance(v, int) or isinstance(v, bool) or abs(v) > 2**62:
+        raise Invalid(f"expected an integer, got {v!r}"[:80])
+
+
+def _real(v: object) -> None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise Invalid(f"expected a finite number, got {v!r}"[:80])
+
+
+def _seconds(v: object) -> None:
+    _real(v)
+    if v < 0:  # type: ignore[operator]
+        raise Invalid(f"expected a non-negative duration, got {v!r}")
+
+
+def _source(v: object) -> None:
+    if v not in SOURCES:
+        raise Invalid(f"expected a source in {SOURCES}, got {str(v)[:40]!r}")
+
+
+def _id(v: object) -> None:
+    if not isinstance(v, str) or not _HEX64.match(v):
+        raise Invalid(f"expected a 64-hex-digit row id, got {str(v)[:40]!r}")
+
+
+def _id_or_empty(v: object) -> None:
+    if v != "":
+        _id(v)
+
+
+def _parse_json(v: object, limit: int) -> object:
+    if not isinstance(v, str):
+        raise Invalid(f"expected JSON text, got {type(v).__name__}")
+    if len(v) > limit:
+        raise Invalid(f"JSON longer than {limit} bytes ({len(v)})")
+    try:
+        parsed = json.loads(v, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:
+        raise Invalid(f"not valid JSON ({exc})") from None
+    _check_depth(parsed, 0)
+    return parsed
+
+
+def _no_constant(name: str) -> None:
+    raise Invalid(f"JSON constant {name} is not allowed")
+
+
+def _check_depth(value: object, depth: int) -> None:
+    if depth > MAX_JSON_DEPTH:
+        raise Invalid(f"JSON nested deeper than {MAX_JSON_DEPTH}")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if len(k) > MAX_SHORT:
+                raise Invalid("JSON key longer than 256 characters")
+            _check_depth(v, depth + 1)
+    elif isinstance(value, list):
+        for v in value:
+            _check_depth(v, depth + 1)
+
+
+def _json_object(v: object) -> None:
+    if not isinstance(_parse_json(v, MAX_JSON), dict):
+        raise Invalid("expected a JSON object")
+
+
+def _json_model(v: object) -> None:
+    if not isinstance(_parse_json(v, MAX_MODEL_JSON), dict):
+        raise Invalid("expected a JSON object")
+
+
+def _flat(v: object, numbers_only: bool) -> None:
+    check_flat(_parse_json(v, MAX_JSON), numbers_only)
+
+
+def check_flat(parsed: object, numbers_only: bool) -> None:
+    """A flat {name: scalar} map (sample params) or {name: finite number} map (sample metrics)."""
+    if not isinstance(parsed, dict):
+        raise Invalid("expected a JSON object")
+    for key, val in parsed.items():
+        if not isinstance(key, str) or not _KEY.match(key):
+            raise Invalid(f"key {key[:40]!r} is not a plain name")
+        if numbers_only:
+            try:
+                _real(val)
+            except Invalid as exc:
+                raise Invalid(f"value of {key!r}: {exc}") from None
+        elif not (val is None or isinstance(val, (bool, int, float, str))):
+            raise Invalid(f"value of {key!r} must be a scalar")
+        elif isinstance(val, str):
+            _short(val)
+
+
+def _json_str_list(v: object) -> None:
+    parsed = _parse_json(v, MAX_JSON)
+    if not isinstance(parsed, list) or not all(isinstance(x, str) and len(x) <= MAX_SHORT for x in parsed):
+        raise Invalid("expected a JSON list of short strings")
+
+
+VALIDATORS: dict[str, Callable[[object], None]] = {
+    "short": _short, "ident": _ident, "benchmark": _benchmark, "count": _count, "int": _int,
+    "real": _real, "seconds": _seconds, "time": _real, "source": _source, "id": _id,
+    "id_or_empty": _id_or_empty, "json_object": _json_object, "json_model": _json_model,
+    "json_flat_params": lambda v: _flat(v, numbers_only=False),
+    "json_flat_metrics": lambda v: _flat(v, numbers_only=True),
+    "json_str_list": _json_str_list,
+}
+
+
+def check_values(table: Table, values: tuple | list) -> None:
+    """Validate a row's content values (without id); raises Invalid naming the column."""
+    if len(values) != len(table.columns):
+        raise Invalid(f"{table.name}: expected {len(table.columns)} values, got {len(values)}")
+    for col, val in zip(table.columns, values, strict=True):
+        if val is None:
+            if not col.nullable:
+                raise Invalid(f"{table.name}.{col.name}: missing")
+            continue
+        try:
+            VALIDATORS[col.kind](val)
+        except Invalid as exc:
+            raise Invalid(f"{table.name}.{col.name}: {exc}") from None
+
+
+def check_row(table: Table, row: tuple | list, where: str) -> None:
+    """Validate a full row (id first) from an untrusted source; raises ImportRefused."""
+    try:
+        if len(row) != len(table.columns) + 1:
+            raise Invalid(f"{table.name}: expected {len(table.columns) + 1} columns, got {len(row)}")
+        _id(row[0])
+        check_values(table, row[1:])
+        if content_id(table.name, row[1:], table.json_flags) != row[0]:
+            raise Invalid(f"{table.name}: row id does not match its content (altered or corrupt row)")
+    except Invalid as exc:
+        raise ImportRefused(f"{where}: {exc}") from None

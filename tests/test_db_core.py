@@ -1,0 +1,161 @@
+"""The profile database under concurrent writers, killed writers, migrations and the pandas views."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from hetprof.errors import ProfileDBError
+from hetprof.profiles import DeviceInfo, ProfileDB
+from hetprof.profiles.schema import SCHEMA_VERSION, TABLES, _ddl
+
+
+def _sample(i: int, writer: int = 0) -> dict:
+    return {"params": {"size_bytes": 1024 * (i + 1), "writer": writer}, "metrics": {"seconds": 1e-4 * (i + 1)}}
+
+
+def _writer(path: str, writer: int, batches: int, per_batch: int) -> None:
+    with ProfileDB(path) as db:
+        dev = db.add_device(DeviceInfo(name=f"cpu-{writer}", kind="cpu", host=f"h{writer}"))
+        for b in range(batches):
+            db.add_benchmark("memory.copy", dev, f"h{writer}", {"batch": b, "writer": writer},
+                             [_sample(b * per_batch + i, writer) for i in range(per_batch)])
+
+
+def test_eight_concurrent_writers_lose_nothing(db_path):
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_writer, args=(str(db_path), w, 25, 20)) for w in range(8)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0] * 8  # a "database is locked" would be a non-zero exit
+    with ProfileDB(db_path) as db:
+        df = db.samples("memory.copy")
+        assert len(df) == 4000
+        assert df.groupby("writer").size().tolist() == [500] * 8
+        assert db.conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+class _SlowSamples(list):
+    """Signals half-way through being written, then dawdles: the parent kills the writer there."""
+
+    def __init__(self, items, marker: str):
+        super().__init__(items)
+        self.marker = marker
+
+    def __iter__(self):
+        for i, item in enumerate(super().__iter__()):
+            if i == len(self) // 2:
+                Path(self.marker).write_text("half")
+                time.sleep(60)
+            yield item
+
+
+def _doomed_writer(path: str, marker: str) -> None:
+    with ProfileDB(path) as db:
+        db.add_benchmark("memory.copy", None, "h", {"doomed": True},
+                         _SlowSamples([_sample(i) for i in range(2000)], marker))
+
+
+def test_sigkill_mid_batch_leaves_all_or_nothing(db_path, tmp_path):
+    with ProfileDB(db_path) as db:
+        db.add_benchmark("memory.copy", None, "h", {"first": True}, [_sample(i) for i in range(10)])
+    marker = tmp_path / "marker"
+    proc = mp.get_context("spawn").Process(target=_doomed_writer, args=(str(db_path), str(marker)))
+    proc.start()
+    deadline = time.time() + 60
+    while not marker.exists() and time.time() < deadline:
+        time.sleep(0.05)
+    assert marker.exists()
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join()
+    with ProfileDB(db_path) as db:
+        assert db.conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        assert db.counts()["runs"] == 1 and db.counts()["samples"] == 10  # the killed batch: nothing
+        db.add_benchmark("memory.copy", None, "h", {"after": True}, [_sample(1)])  # still writable
+
+
+def test_rows_are_content_addressed(db_path):
+    with ProfileDB(db_path) as db:
+        a = db.add_device(DeviceInfo(name="x", kind="cpu", host="h"))
+        b = db.add_device(DeviceInfo(name="x", kind="cpu", host="h"))
+        c = db.add_device(DeviceInfo(name="x", kind="cpu", host="h2"))
+        assert a == b != c
+        assert db.counts()["devices"] == 2
+
+
+def test_samples_view_flattens_params_and_metrics(db_path):
+    with ProfileDB(db_path) as db:
+        dev = db.add_device(DeviceInfo(name="cpu", kind="cpu", catalog_type="cpu", host="h"))
+        db.add_benchmark("compute.matmul", dev, "h", {"dtype": "fp32"},
+                         [{"params": {"m": 64, "n": 64, "k": 64, "dtype": "fp32"},
+                           "metrics": {"seconds": 1e-3, "tflops": 0.5}}])
+        db.add_benchmark("task.decode", dev, "h", {}, [{"params": {"batch": 2}, "metrics": {"seconds": 0.1}}])
+        df = db.samples("compute.")
+        assert list(df["m"]) == [64] and list(df["tflops"]) == [0.5] and df["catalog_type"][0] == "cpu"
+        assert len(db.samples("task.")) == 1 and len(db.samples()) == 2
+        assert db.samples("nothing.").empty
+
+
+def test_param_and_metric_may_not_share_a_name(db_path):
+    with ProfileDB(db_path) as db, pytest.raises(ProfileDBError, match="both a param and a metric"):
+        db.add_benchmark("compute.matmul", None, "h", {}, [{"params": {"seconds": 1}, "metrics": {"seconds": 1}}])
+    with ProfileDB(db_path) as db:
+        assert db.counts()["runs"] == 0
+
+
+def test_bad_values_are_refused_naming_the_column(db_path):
+    with ProfileDB(db_path) as db:
+        with pytest.raises(ProfileDBError, match="samples.metrics"):
+            db.add_benchmark("compute.matmul", None, "h", {}, [{"params": {}, "metrics": {"seconds": float("nan")}}])
+        with pytest.raises(ProfileDBError, match="runs.benchmark"):
+            db.add_benchmark("DROP TABLE runs;", None, "h", {}, [])
+
+
+def test_snapshot_hash_changes_with_data(db_path):
+    with ProfileDB(db_path) as db:
+        empty = db.snapshot_hash()
+        db.add_link("a", "b", 1e-3, 1e8)
+        assert db.snapshot_hash() != empty
+
+
+def test_an_old_database_is_migrated(db_path):
+    conn = sqlite3.connect(db_path)
+    conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY NOT NULL, value TEXT NOT NULL)")
+    for table in TABLES.values():
+        conn.execute(_ddl(table))
+    conn.execute("INSERT INTO meta VALUES ('schema_version', '1')")
+    conn.commit()
+    conn.close()
+    with ProfileDB(db_path) as db:
+        assert db.info()["schema_version"] == SCHEMA_VERSION
+        names = {r[0] for r in db.conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
+        assert "samples_by_run" in names
+
+
+def test_a_newer_database_is_refused(db_path):
+    with ProfileDB(db_path) as db:
+        db.conn.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    with pytest.raises(ProfileDBError, match="newer than this hetprof"):
+        ProfileDB(db_path)
+
+
+def test_not_a_database_is_refused(tmp_path):
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(ProfileDBError, match="not a readable profile database"):
+        ProfileDB(junk)
+
+
+def test_default_path_follows_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("HETPROF_DB", str(tmp_path / "sub" / "x.db"))
+    with ProfileDB() as db:
+        assert db.path == tmp_path / "sub" / "x.db"
+    assert (tmp_path / "sub" / "x.db").exists()
