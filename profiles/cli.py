@@ -111,10 +111,12 @@ def list_cmd(benchmark: str | None, limit: int) -> None:
     with _open(readonly=True) as pdb:
         runs = pdb.runs(benchmark).sort_values("created", ascending=False).head(limit)
         t = Table(title=f"benchmark runs ({len(runs)} shown)")
-        for col in ("id", "benchmark", "host", "samples", "params", "when", "source"):
+        t.add_column("id", no_wrap=True)
+        t.add_column("benchmark", no_wrap=True, min_width=14)
+        for col in ("host", "samples", "params", "when", "source"):
             t.add_column(col)
         for _, r in runs.iterrows():
-            t.add_row(r["id"][:12], r["benchmark"], r["host"], str(r["n_samples"]),
+            t.add_row(r["id"][:10], r["benchmark"], r["host"], str(r["n_samples"]),
                       json.dumps(r["params"])[:60], time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created"])),
                       r["source"])
         console.print(t)
