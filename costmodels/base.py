@@ -1,0 +1,181 @@
+"""The cost-model interface every implementation shares, and the data it speaks.
+
+Inputs and outputs are frozen dataclasses so they can key caches: the planner asks for the same
+(work, placement) pairs many thousands of times per search, and every answer must be the same pure
+function of them. A concrete model only says how long one *phase* takes on one device (a prefill, a
+decode step, a training step over a few layers); the base class composes phases into RL tasks —
+generation waves bounded by KV memory, tensor-parallel all-reduces, pipeline bubbles — so the
+analytical and fitted models differ only where they really differ.
+"""
+
+from __future__ import annotations
+
+import abc
+import functools
+import math
+
+from hetprof.catalog import lookup
+from hetprof.costmodels import comm, memory
+from hetprof.costmodels.data import Estimate, LinkSpec, MemoryEstimate, Phase, PhaseTime, Placement, Work
+from hetprof.models import DTYPE_BYTES, ModelShape
+
+# Decode cost varies with context; the sum over response_len steps is taken by the midpoint rule on
+# this many segments (exact for the linear roofline terms, < 1% off for the max() kink).
+DECODE_SEGMENTS = 4
+CACHE_SIZE = 1 << 16
+
+
+class CostModel(abc.ABC):
+    """Seconds and bytes of RL tasks on devices and links.
+
+    Subclasses implement `phase_time` (one phase on one device, compute only) and `device_link`
+    (a device type's intra-node α–β); everything else is composed here from those and from the
+    memory and communication formulas, so all models agree on structure.
+    """
+
+    name: str = ""
+
+    def __init__(self) -> None:
+        # Per-instance memoisation: answers depend only on (work, placement) and the model's data.
+        self.task_time = functools.lru_cache(maxsize=CACHE_SIZE)(self._task_time)  # type: ignore[method-assign]
+        self.memory = functools.lru_cache(maxsize=CACHE_SIZE)(self._memory)  # type: ignore[method-assign]
+        self._phase = functools.lru_cache(maxsize=CACHE_SIZE)(self.phase_time)
+
+    # ---- what a concrete model provides -------------------------------------------------------
+    @abc.abstractmethod
+    def phase_time(self, phase: Phase, device_type: str) -> PhaseTime:
+        """Seconds of one phase (compute and memory traffic, no communication) on one device."""
+
+    @abc.abstractmethod
+    def device_link(self, device_type: str) -> tuple[LinkSpec, str]:
+        """The intra-node α–β link between devices of this type, and its source."""
+
+    # ---- the interface the planner uses -------------------------------------------------------
+    def task_time(self, work: Work, placement: Placement) -> Estimate:  # replaced by a cache in __init__
+        return self._task_time(work, placement)
+
+    def memory(self, work: Work, placement: Placement) -> MemoryEstimate:  # replaced by a cache in __init__
+        return self._memory(work, placement)
+
+    def collective_time(self, op: str, size_bytes: float, n: int, link: LinkSpec) -> float:
+        """Seconds for one collective of `size_bytes` among `n` ranks over `link` (α–β model)."""
+        return comm.collective_time(op, size_bytes, n, link.alpha_s, link.beta_Bps)
+
+    def dp_grad_sync_time(self, work: Work, placement: Placement, dp: int, link: LinkSpec) -> float:
+        """Ring all-reduce of one replica-shard's gradients across `dp` data-parallel replicas."""
+        params = memory.params_on_device(work.model, self._stage_layers(work, placement), placement.tp,
+                                         with_embeddings=True)
+        return self.collective_time("all_reduce", params * DTYPE_BYTES[work.dtype], dp, link)
+
+    def weight_sync_time(self, model: ModelShape, link: LinkSpec, receivers: int = 1, dtype: str = "bf16",
+                         shards: int = 1) -> float:
+        """Trainer → generators: broadcast of the weights to `receivers`, `shards` streams in parallel."""
+        size = model.weight_bytes(dtype) / max(1, shards)
+        return self.collective_time("broadcast", size, receivers + 1, link)
+
+    def rollout_transfer_time(self, sequences: int, seq_len: float, link: LinkSpec,
+                              bytes_per_token: int = comm.ROLLOUT_BYTES_PER_TOKEN) -> float:
+        """Rollouts (token ids, log-probs, masks, rewards) from one group to another."""
+        return self.collective_time("p2p", sequences * seq_len * bytes_per_token, 2, link)
+
+    def host_transfer_time(self, size_bytes: float, device_type: str) -> float:
+        """Offload or reload of `size_bytes` between device and host memory (colocated tasks)."""
+        return size_bytes / comm.host_link_Bps(device_type)
+
+    # ---- composition ---------------------------------------------------------------------------
+    @staticmethod
+    def _stage_layers(work: Work, placement: Placement) -> int:
+        return max(1, math.ceil(work.n_layers / placement.pp))
+
+    def _link(self, link: LinkSpec | None, device_type: str) -> tuple[LinkSpec, str]:
+        return (link, "given") if link is not None else self.device_link(device_type)
+
+    def _task_time(self, work: Work, placement: Placement) -> Estimate:
+        layers = self._stage_layers(work, placement)
+        dev = placement.device_type
+        tp_link, tp_src = self._link(placement.tp_link, dev)
+        hidden_bytes = work.model.hidden * DTYPE_BYTES[work.dtype]
+        sources: set[str] = set()
+        notes: list[str] = []
+        parts: dict[str, float] = {}
+
+        def phase(kind: str, batch: int, tokens: int, head: bool) -> float:
+            p = Phase(kind, work.model, layers, batch, tokens, placement.tp, head, work.dtype, work.recompute)
+            t = self._phase(p, dev)
+            sources.add(t.source)
+            if t.note and t.note not in notes:
+                notes.append(t.note)
+            return t.seconds
+
+        def tp_comm(tokens: float, per_layer: int) -> float:
+            size = tokens * hidden_bytes
+            return layers * per_layer * self.collective_time("all_reduce", size, placement.tp, tp_link)
+
+        mem = self.memory(work, placement)
+        if work.kind == "generation":
+            prompt = max(1, round(work.prompt_len))
+            steps = max(0, round(work.response_len))
+            conc = self.max_concurrent_sequences(work, placement)
+            if conc < 1:
+                return Estimate(math.inf, {"kv_cache": math.inf}, "+".join(sorted(sources)) or self.name,
+                                (f"not even one sequence's KV cache fits on {dev}",))
+            conc = min(conc, work.batch)
+            waves = work.batch / conc  # continuous batching refills freed slots: fractional waves
+            parts["prefill"] = waves * phase("prefill", conc, prompt, True)
+            parts["tp_comm"] = waves * tp_comm(conc * prompt, 2)
+            decode = 0.0
+            comm_decode = 0.0
+            if steps:
+                seg = steps / DECODE_SEGMENTS
+                for i in range(DECODE_SEGMENTS):
+                    ctx = prompt + round((i + 0.5) * seg)
+                    decode += seg * phase("decode", conc, ctx, True)
+                comm_decode = steps * tp_comm(conc, 2)
+            parts["decode"] = waves * decode
+            parts["tp_comm"] += waves * comm_decode
+        elif work.kind == "inference":
+            parts["forward"] = phase("prefill", work.batch, work.seq_len, True)
+            parts["tp_comm"] = tp_comm(work.batch * work.seq_len, 2)
+        else:
+            parts["train"] = phase("train", work.batch, work.seq_len, True)
+            parts["tp_comm"] = tp_comm(work.batch * work.seq_len, 6 if work.recompute else 4)
+        if placement.tp > 1:
+            notes.append(f"tp link: {tp_src}")
+        stage = sum(parts.values())
+        if placement.pp > 1:
+            stage = self._pipeline(work, placement, stage, parts)
+        source = "+".join(sorted(sources))
+        if mem.total > lookup(dev).memory_bytes and work.kind != "generation":
+            notes.append(f"needs {mem.total / 1e9:.1f} GB per device, more than {dev} has")
+        return Estimate(stage, parts, source, tuple(notes))
+
+    def _pipeline(self, work: Work, placement: Placement, stage: float, parts: dict[str, float]) -> float:
+        """GPipe-style schedule: (m + pp − 1) microbatch slots on the critical path, plus transfers."""
+        pp_link, _ = self._link(placement.pp_link, placement.device_type)
+        m = placement.microbatches or min(work.batch, 2 * placement.pp)
+        m = max(1, min(m, work.batch))
+        hidden_bytes = work.model.hidden * DTYPE_BYTES[work.dtype]
+        tokens = work.batch * (work.seq_len if work.kind != "generation" else 1)
+        hops = 2 if work.kind == "training" else 1  # activations forward, gradients back
+        act = self.collective_time("p2p", tokens / m * hidden_bytes, 2, pp_link) * hops
+        if work.kind == "generation":
+            # every decode step crosses every stage boundary once; stages work on other micro-batches
+            steps = max(1, round(work.response_len)) + 1
+            parts["pp_comm"] = steps * (placement.pp - 1) * self.collective_time(
+                "p2p", work.batch / m * hidden_bytes, 2, pp_link)
+            parts["pp_bubble"] = stage * (placement.pp - 1) / m
+        else:
+            parts["pp_comm"] = (m + placement.pp - 2) * act
+            parts["pp_bubble"] = stage * (placement.pp - 1) / m
+        return stage + parts["pp_comm"] + parts["pp_bubble"]
+
+    def max_concurrent_sequences(self, work: Work, placement: Placement) -> int:
+        """How many sequences' KV caches fit next to the weights on one device of a generation replica."""
+        return memory.max_concurrent_sequences(work.model, self._stage_layers(work, placement), placement.tp,
+                                               work.seq_len, work.dtype, lookup(placement.device_type).memory_bytes)
+
+    def _memory(self, work: Work, placement: Placement) -> MemoryEstimate:
+        return memory.task_memory(work.kind, work.model, self._stage_layers(work, placement), placement.tp,
+                                  work.batch, work.seq_len, work.dtype, work.recompute,
+                                  self.max_concurrent_sequences(work, placement) if work.kind == "generation"
+                                  else work.batch)

@@ -1,0 +1,172 @@
+"""The data the cost models speak: frozen, hashable, validated on construction.
+
+Frozen dataclasses key the caches (the planner repeats the same questions many thousands of times
+per search) and make every answer a pure function of its inputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Literal
+
+from hetprof.catalog import lookup
+from hetprof.models import DTYPE_BYTES, ModelShape
+
+WorkKind = Literal["generation", "inference", "training"]
+PhaseKind = Literal["prefill", "decode", "train"]
+
+
+@dataclasses.dataclass(frozen=True)
+class LinkSpec:
+    """A link's α–β model: a message of S bytes takes alpha_s + S / beta_Bps seconds."""
+
+    alpha_s: float
+    beta_Bps: float
+
+    def __post_init__(self) -> None:
+        if not (self.alpha_s >= 0 and math.isfinite(self.alpha_s)):
+            raise ValueError(f"LinkSpec.alpha_s must be a finite number >= 0, got {self.alpha_s!r}")
+        if not self.beta_Bps > 0:
+            raise ValueError(f"LinkSpec.beta_Bps must be > 0, got {self.beta_Bps!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Work:
+    """One RL task's work for one replica.
+
+    generation: produce `batch` sequences (prefill prompt_len, then response_len decode steps);
+    inference / training: a forward (+ backward + optimizer) pass over `batch` sequences of
+    prompt_len + response_len tokens. `layers` restricts the work to that many layers (a pipeline
+    stage); None means the whole model.
+    """
+
+    kind: WorkKind
+    model: ModelShape
+    batch: int
+    prompt_len: float
+    response_len: float
+    dtype: str = "bf16"
+    layers: int | None = None
+    recompute: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("generation", "inference", "training"):
+            raise ValueError(f"Work.kind must be generation, inference or training, got {self.kind!r}")
+        if self.batch < 1:
+            raise ValueError(f"Work.batch must be >= 1, got {self.batch}")
+        if self.prompt_len < 0 or self.response_len < 0 or self.prompt_len + self.response_len <= 0:
+            raise ValueError("Work.prompt_len and response_len must be >= 0 with a positive sum")
+        if self.dtype not in DTYPE_BYTES:
+            raise ValueError(f"Work.dtype must be one of {sorted(DTYPE_BYTES)}, got {self.dtype!r}")
+        if self.layers is not None and not 1 <= self.layers <= self.model.layers:
+            raise ValueError(f"Work.layers must be in 1..{self.model.layers}, got {self.layers}")
+
+    @property
+    def n_layers(self) -> int:
+        return self.model.layers if self.layers is None else self.layers
+
+    @property
+    def seq_len(self) -> int:
+        return max(1, round(self.prompt_len + self.response_len))
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where one replica runs: `tp` × `pp` devices of one type and the links between them.
+
+    tp_link / pp_link None means the device type's intra-node link (measured collectives from the
+    profile database when present, the datasheet otherwise). `microbatches` feeds the pipeline
+    (default 2 × pp, capped by the batch).
+    """
+
+    device_type: str
+    tp: int = 1
+    pp: int = 1
+    tp_link: LinkSpec | None = None
+    pp_link: LinkSpec | None = None
+    microbatches: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.tp < 1 or self.pp < 1:
+            raise ValueError(f"Placement.tp and pp must be >= 1, got tp={self.tp} pp={self.pp}")
+        try:
+            lookup(self.device_type)
+        except KeyError:
+            raise ValueError(f"Placement.device_type {self.device_type!r} is not in the GPU catalog") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    """Seconds for a task, where they go, and what the numbers came from.
+
+    source: "measured" (profile-database calibration), "datasheet" (catalog fallback) or "fitted";
+    notes say more (e.g. which device type fell back to the analytical model and why).
+    """
+
+    seconds: float
+    breakdown: Mapping[str, float]
+    source: str
+    notes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        # Estimates are cached and shared between callers: a read-only view keeps them immutable.
+        object.__setattr__(self, "breakdown", MappingProxyType(dict(self.breakdown)))
+
+    def __hash__(self) -> int:
+        return hash((self.seconds, tuple(sorted(self.breakdown.items())), self.source, self.notes))
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryEstimate:
+    """Peak bytes per device of one task in its phase.
+
+    Colocated tasks that offload between phases keep only what they cannot move to the host;
+    `offloadable` is what may leave the device while another task runs (weights, gradients,
+    optimizer state — activations and KV cache are freed, not moved).
+    """
+
+    weights: float
+    grads: float
+    optimizer: float
+    activations: float
+    kv_cache: float
+    total: float
+    phase: str = ""
+
+    @property
+    def offloadable(self) -> float:
+        return self.weights + self.grads + self.optimizer
+
+
+@dataclasses.dataclass(frozen=True)
+class PhaseTime:
+    """One phase's seconds on one device, and the source of the numbers behind it."""
+
+    seconds: float
+    source: str
+    note: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+    """One measurable unit of work on one device: what a profiler task row times.
+
+    kind prefill: `batch` sequences of `tokens` tokens through `layers` layers (causal attention);
+    decode: one step of `batch` sequences whose attention spans `tokens` cached tokens;
+    train: forward + backward over `batch` × `tokens`, plus one Adam step of the layers' weights.
+    Tensor parallelism `tp` shards matmuls, heads and weights; `with_head` adds the LM head
+    (all tokens for prefill/train, the new token for decode).
+    """
+
+    kind: PhaseKind
+    model: ModelShape
+    layers: int
+    batch: int
+    tokens: int
+    tp: int = 1
+    with_head: bool = False
+    dtype: str = "bf16"
+    recompute: bool = False

@@ -1,0 +1,91 @@
+"""Atomic checkpoints of tensors only, so a killed run resumes and a shared checkpoint runs no code.
+
+A checkpoint is a directory `iter-NNNNNN/` holding `state.pt` (a torch.save of nested dicts of
+tensors and numbers: models, optimizers, RNG states) and `meta.json` (plan hash, iteration, data
+cursor, version counters). It is written under a temporary name and renamed into place, and the
+`LATEST` pointer is replaced atomically after it, so a crash mid-write leaves the previous
+checkpoint intact. Loading uses `weights_only=True`: a checkpoint file cannot execute code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hetprof.errors import ExecutionError
+
+LATEST = "LATEST"
+STATE = "state.pt"
+META = "meta.json"
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def save(directory: str | Path, iteration: int, state: dict[str, Any], meta: dict[str, Any],
+         keep: int = 2) -> Path:
+    """Write checkpoint `iteration` atomically and point LATEST at it; keep the newest `keep`."""
+    root = Path(directory)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"iter-{iteration:06d}"
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".iter-{iteration:06d}."))
+    try:
+        torch.save(state, tmp / STATE)
+        (tmp / META).write_text(json.dumps({**meta, "iteration": iteration}, indent=1))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _write_atomic(root / LATEST, final.name + "\n")
+    for old in sorted(root.glob("iter-*"))[:-keep] if keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def latest(directory: str | Path) -> Path | None:
+    """The newest complete checkpoint directory, or None if there is none."""
+    root = Path(directory)
+    pointer = root / LATEST
+    if not pointer.is_file():
+        return None
+    path = root / pointer.read_text().strip()
+    return path if (path / STATE).is_file() and (path / META).is_file() else None
+
+
+def load(path: str | Path, map_location: str | torch.device = "cpu") -> tuple[dict[str, Any], dict[str, Any]]:
+    """(state, meta) of a checkpoint directory; tensors only (weights_only=True)."""
+    path = Path(path)
+    try:
+        meta = json.loads((path / META).read_text())
+        state = torch.load(path / STATE, map_location=map_location, weights_only=True)
+    except (OSError, json.JSONDecodeError, RuntimeError) as exc:
+        raise ExecutionError(f"checkpoint {path}: cannot be read ({exc})") from None
+    return state, meta
+
+
+def rng_state() -> dict[str, torch.Tensor]:
+    """The torch RNG states of this process (CPU, and CUDA when present) as tensors."""
+    out = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["cuda"] = torch.cuda.get_rng_state()
+    return out
+
+
+def set_rng_state(state: dict[str, torch.Tensor]) -> None:
+    torch.set_rng_state(state["cpu"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])

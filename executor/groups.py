@@ -1,0 +1,215 @@
+"""How a plan maps onto processes: one worker per planned device, process groups per task and sync edge.
+
+The plan names devices (`host:index`); torch's launcher names processes (global ranks). The
+launcher on each host starts one worker per planned device of that host; the workers exchange their
+device ids once, and from then on every rank derives the same Topology from the plan, so every
+rank creates the same process groups in the same order — which torch.distributed requires.
+
+Anything the runtime cannot carry out (tensor or pipeline parallelism, a GPU plan on a machine
+without CUDA) is refused here, before a process starts, naming the task and its layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import torch
+import torch.distributed as dist
+
+from hetprof.errors import ExecutionError
+from hetprof.specs import TASKS, ClusterSpec, Plan
+
+# Order in which a rank that holds several tasks runs them within one iteration.
+INFERENCE_ORDER = ("ref_infer", "reward_infer", "critic_infer")
+TRAINING_ORDER = ("actor_train", "critic_train")
+
+
+def planned_devices(plan: Plan) -> list[str]:
+    """The devices the plan's tasks use, in cluster order (hosts as listed, then index)."""
+    used = {d for t in plan.tasks for d in t.devices()}
+    return [d.id for d in plan.cluster_spec().devices() if d.id in used]
+
+
+def planned_hosts(plan: Plan) -> list[str]:
+    """Hosts holding at least one planned device, in cluster order: node rank R runs host R."""
+    hosts: list[str] = []
+    for dev in planned_devices(plan):
+        host = dev.rsplit(":", 1)[0]
+        if host not in hosts:
+            hosts.append(host)
+    return hosts
+
+
+def host_devices(plan: Plan, host: str) -> list[str]:
+    """Planned devices of one host: local rank i of that host's launcher runs the i-th."""
+    return [d for d in planned_devices(plan) if d.rsplit(":", 1)[0] == host]
+
+
+def device_kind(cluster: ClusterSpec, device_id: str) -> str:
+    """'cpu' for CPU worker slots, 'cuda' for GPUs."""
+    for d in cluster.devices():
+        if d.id == device_id:
+            return "cpu" if d.type == "cpu" else "cuda"
+    raise ExecutionError(f"device {device_id} is not in the plan's cluster")
+
+
+def check_supported(plan: Plan, cuda_available: bool | None = None) -> str:
+    """Refuse what this executor cannot carry out; returns the torch.distributed backend to use."""
+    for t in plan.tasks:
+        if t.layout.tp > 1 or t.layout.pp > 1:
+            raise ExecutionError(
+                f"task {t.task} has layout {t.layout}: this executor runs data parallelism only "
+                f"(tp = 1, pp = 1); tensor/pipeline parallel execution is refused rather than changed — "
+                f"replan with --max-tp 1 --max-pp 1 or edit the plan")
+        devices = t.devices()
+        if len(set(devices)) != len(devices):
+            raise ExecutionError(f"task {t.task} places two replicas on one device ({devices}); "
+                                 f"one device runs one replica of a task")
+    cluster = plan.cluster_spec()
+    kinds = {device_kind(cluster, d) for d in planned_devices(plan)}
+    if kinds == {"cpu"}:
+        return "gloo"
+    if cuda_available is None:
+        cuda_available = torch.cuda.is_available()
+    if not cuda_available:
+        raise ExecutionError("the plan places tasks on GPUs but this machine has no CUDA device; "
+                             "plan for a cluster of `type: cpu` slots to run without a GPU")
+    if kinds == {"cuda"}:
+        return "nccl"
+    return "gloo"  # mixed CPU slots and GPUs: gloo reaches both
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskRanks:
+    """One task as processes: the rank and batch share of each data-parallel replica."""
+
+    task: str
+    kind: str
+    role: str
+    ranks: tuple[int, ...]
+    shares: tuple[float, ...]
+    devices: tuple[str, ...]
+    layout: str
+
+    @property
+    def lead(self) -> int:
+        return self.ranks[0]
+
+
+class Topology:
+    """The plan seen as ranks: which tasks each rank runs, who leads, who takes part in each group."""
+
+    def __init__(self, plan: Plan, rank_of: dict[str, int]):
+        self.plan = plan
+        self.rank_of = rank_of
+        self.device_of = {r: d for d, r in rank_of.items()}
+        self.tasks: dict[str, TaskRanks] = {}
+        for t in plan.tasks:
+            tasklets = sorted(t.tasklets, key=lambda k: k.replica)
+            missing = [k.devices[0] for k in tasklets if k.devices[0] not in rank_of]
+            if missing:
+                raise ExecutionError(f"task {t.task}: no worker runs device(s) {missing}")
+            self.tasks[t.task] = TaskRanks(
+                t.task, TASKS[t.task][0], TASKS[t.task][1],
+                tuple(rank_of[k.devices[0]] for k in tasklets), tuple(k.batch_share for k in tasklets),
+                tuple(k.devices[0] for k in tasklets), str(t.layout))
+        if "actor_gen" not in self.tasks or "actor_train" not in self.tasks:
+            raise ExecutionError("a plan needs placements for actor_gen and actor_train")
+        self.groups: dict[str, dist.ProcessGroup | None] = {}
+
+    # ---- who does what ----------------------------------------------------------------------
+    @property
+    def leader(self) -> int:
+        """The rank that assembles each batch and records the iteration: actor_train replica 0."""
+        return self.tasks["actor_train"].lead
+
+    @property
+    def generators(self) -> tuple[int, ...]:
+        return self.tasks["actor_gen"].ranks
+
+    @property
+    def sync_ranks(self) -> list[int]:
+        """Members of the weight-sync edge actor_train → actor_gen (the trainer leader broadcasts)."""
+        return sorted({self.leader, *self.generators})
+
+    def tasks_on(self, rank: int) -> list[str]:
+        return [name for name, t in self.tasks.items() if rank in t.ranks]
+
+    def inference_tasks(self) -> list[TaskRanks]:
+        return [self.tasks[n] for n in INFERENCE_ORDER if n in self.tasks]
+
+    def training_tasks(self) -> list[TaskRanks]:
+        return [self.tasks[n] for n in TRAINING_ORDER if n in self.tasks]
+
+    def describe(self, rank: int) -> str:
+        """'rank 2 (device localhost:2; tasks actor_gen)' — how a failure names a worker."""
+        return f"rank {rank} (device {self.device_of.get(rank, '?')}; tasks {', '.join(self.tasks_on(rank)) or '-'})"
+
+    # ---- process groups ---------------------------------------------------------------------
+    def build_groups(self, backend: str | None = None) -> None:
+        """Create one group per training task (its DDP replicas) and one for the sync edge.
+
+        Every rank calls this with the same topology, so the new_group calls line up.
+        """
+        for t in self.training_tasks():
+            self.groups[t.task] = dist.new_group(sorted(t.ranks), backend=backend)
+        for t in self.inference_tasks():
+            self.groups[t.task] = dist.new_group(sorted(t.ranks), backend=backend)
+        self.groups["actor_gen"] = dist.new_group(sorted(self.generators), backend=backend)
+        self.groups["weight_sync"] = dist.new_group(self.sync_ranks, backend=backend)
+
+    def to_json(self) -> str:
+        return json.dumps({name: dataclasses.asdict(t) for name, t in self.tasks.items()})
+
+
+# ---- point-to-point exchange of tensor dicts ------------------------------------------------
+# Rollouts and inference results travel between task leaders as {name: tensor}; a header (the
+# JSON of names, dtypes and shapes) goes first so the receiver can allocate. Tags keep messages of
+# different kinds apart on gloo (NCCL orders them per pair).
+
+def _dtype(name: str) -> torch.dtype:
+    value = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(value, torch.dtype):
+        raise ExecutionError(f"message header names an unknown dtype {name!r}")
+    return value
+
+
+class Outbox:
+    """Non-blocking sends whose buffers stay alive until delivered (generators run ahead)."""
+
+    def __init__(self) -> None:
+        self._pending: list[tuple[dist.Work, torch.Tensor]] = []
+
+    def send(self, tensors: dict[str, torch.Tensor], dst: int, tag: int, device: torch.device) -> None:
+        header = json.dumps({k: [str(v.dtype), list(v.shape)] for k, v in tensors.items()}).encode()
+        payload = torch.frombuffer(bytearray(header), dtype=torch.uint8).to(device)
+        length = torch.tensor([payload.numel()], dtype=torch.int64, device=device)
+        for t in [length, payload, *(v.contiguous().to(device) for v in tensors.values())]:
+            if t.numel() == 0:
+                continue
+            self._pending.append((dist.isend(t, dst, tag=tag), t))
+        self._prune()
+
+    def _prune(self) -> None:
+        self._pending = [(w, t) for w, t in self._pending if not w.is_completed()]
+
+    def flush(self) -> None:
+        for work, _ in self._pending:
+            work.wait()
+        self._pending.clear()
+
+
+def recv_tensors(src: int, tag: int, device: torch.device) -> dict[str, torch.Tensor]:
+    length = torch.empty(1, dtype=torch.int64, device=device)
+    dist.recv(length, src, tag=tag)
+    payload = torch.empty(int(length.item()), dtype=torch.uint8, device=device)
+    dist.recv(payload, src, tag=tag)
+    header = json.loads(bytes(payload.cpu().tolist()).decode())
+    out = {}
+    for name, (dtype, shape) in header.items():
+        t = torch.empty(shape, dtype=_dtype(dtype), device=device)
+        if t.numel():
+            dist.recv(t, src, tag=tag)
+        out[name] = t
+    return out

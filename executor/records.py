@@ -1,0 +1,131 @@
+"""What a run measured, per iteration: a JSONL log, a console line, and run records in the profile DB.
+
+One JSON object per iteration (schema below) is the durable record; `hetprof validate` reads it
+back, and the same numbers go to the profile database as one row per (iteration, task) so
+`hetprof fit` can learn from real runs. The log is appended to, so a resumed run continues it.
+
+Iteration record fields: run, plan_hash, iteration, version, mode, staleness_bound, iteration_s,
+stages {task or phase: seconds}, replicas {task: [seconds per replica]}, predicted {task: seconds},
+predicted_iteration_s, tokens, tokens_per_s, reward_mean, kl, clip_frac, staleness_max,
+staleness_mean, sync_bytes, sync_Bps, layouts {task: "DP2×TP1×PP1"}, devices {task: [ids]}, time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from hetprof.errors import ExecutionError
+from hetprof.specs import Plan
+
+
+def plan_hash(plan: Plan) -> str:
+    """Content hash of a plan: what a run record is tied to, and what --resume checks."""
+    text = json.dumps(plan.to_dict(), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class RunLog:
+    """Appends iteration records to a JSONL file, flushing each line (a killed run keeps its log)."""
+
+    def __init__(self, path: str | Path | None):
+        self.path = Path(path) if path else None
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self.path is None:
+            return
+        with self.path.open("a") as f:
+            f.write(json.dumps(record, sort_keys=True) + "\n")
+            f.flush()
+
+
+def read_log(path: str | Path) -> list[dict[str, Any]]:
+    """Iteration records of a JSONL log; with a resumed run, the last record of an iteration wins."""
+    path = Path(path)
+    by_iter: dict[tuple[str, int], dict[str, Any]] = {}
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise ExecutionError(f"run log {path}: {exc.strerror}") from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            by_iter[(rec["run"], int(rec["iteration"]))] = rec
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            raise ExecutionError(f"run log {path}: line {n} is not an iteration record") from None
+    return [by_iter[k] for k in sorted(by_iter, key=lambda k: k[1])]
+
+
+def db_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """Run-record rows for the profile DB: one per task of the iteration, plus the iteration itself."""
+    rows = []
+    for task, seconds in record["stages"].items():
+        rows.append({
+            "run": record["run"], "plan_hash": record["plan_hash"], "iteration": record["iteration"],
+            "task": task, "seconds": float(seconds), "predicted_s": record["predicted"].get(task),
+            "device_ids": record["devices"].get(task, []),
+            "extra": {"layout": record["layouts"].get(task), "replicas": record["replicas"].get(task),
+                      "mode": record["mode"], "version": record["version"]},
+        })
+    rows.append({
+        "run": record["run"], "plan_hash": record["plan_hash"], "iteration": record["iteration"],
+        "task": "iteration", "seconds": float(record["iteration_s"]),
+        "predicted_s": record.get("predicted_iteration_s"),
+        "device_ids": sorted({d for ids in record["devices"].values() for d in ids}),
+        "extra": {k: record[k] for k in ("tokens_per_s", "reward_mean", "kl", "clip_frac", "staleness_max",
+                                         "mode", "sync_Bps") if k in record},
+    })
+    return rows
+
+
+def write_db(db_file: str | Path, records: list[dict[str, Any]]) -> None:
+    """Store iteration records as run records in the profile database (one transaction)."""
+    from hetprof.profiles import ProfileDB
+
+    rows = [row for rec in records for row in db_rows(rec)]
+    with ProfileDB(db_file) as db:
+        db.add_run_records(rows)
+
+
+def read_db(db_file: str | Path, run: str) -> list[dict[str, Any]]:
+    """Rebuild iteration records (stages, predicted, iteration_s) of one run from the profile DB."""
+    from hetprof.profiles import ProfileDB
+
+    with ProfileDB(db_file) as db:
+        df = db.run_records()
+    if df.empty or "run" not in df.columns or run not in set(df["run"]):
+        raise ExecutionError(f"run {run!r} has no records in the profile database {db_file}")
+    out: dict[int, dict[str, Any]] = {}
+    for row in df[df["run"] == run].to_dict("records"):
+        rec = out.setdefault(int(row["iteration"]), {"run": run, "plan_hash": row.get("plan_hash"),
+                                                     "iteration": int(row["iteration"]), "stages": {},
+                                                     "predicted": {}})
+        predicted = row.get("predicted_s")
+        predicted = None if predicted is None or predicted != predicted else float(predicted)  # NaN → None
+        if row["task"] == "iteration":
+            rec["iteration_s"] = float(row["seconds"])
+            rec["predicted_iteration_s"] = predicted
+        else:
+            rec["stages"][row["task"]] = float(row["seconds"])
+            if predicted is not None:
+                rec["predicted"][row["task"]] = predicted
+    return [out[i] for i in sorted(out)]
+
+
+def console_line(record: dict[str, Any]) -> str:
+    """A one-line summary of an iteration for the console (rich markup)."""
+    stages = " ".join(f"{k}={v:.2f}s" for k, v in record["stages"].items())
+    return (f"[bold]iter {record['iteration']}[/bold] {record['iteration_s']:.2f}s "
+            f"reward={record['reward_mean']:.3f} kl={record['kl']:.4f} clip={record['clip_frac']:.3f} "
+            f"tok/s={record['tokens_per_s']:.0f} stale≤{record['staleness_max']} [dim]{stages}[/dim]")
+
+
+def now() -> float:
+    return time.time()
