@@ -117,11 +117,12 @@ class CostModel(abc.ABC):
             steps = max(0, round(work.response_len))
             conc = self.max_concurrent_sequences(work, placement)
             if conc < 1:
-                return Estimate(math.inf, {"kv_cache": math.inf}, "+".join(sorted(sources)) or self.name,
-                                (f"not even one sequence's KV cache fits on {dev}",))
+                return Estimate(math.inf, {"kv_cache": math.inf}, self.device_source(dev),
+                                (f"not even one sequence's KV cache fits on {dev} next to the weights",))
             conc = min(conc, work.batch)
             waves = work.batch / conc  # continuous batching refills freed slots: fractional waves
-            parts["prefill"] = waves * phase("prefill", conc, prompt, True)
+            # only the last prompt token needs logits; its LM head is the first decode step's
+            parts["prefill"] = waves * phase("prefill", conc, prompt, False)
             parts["tp_comm"] = waves * tp_comm(conc * prompt, 2)
             decode = 0.0
             comm_decode = 0.0
@@ -144,7 +145,7 @@ class CostModel(abc.ABC):
         stage = sum(parts.values())
         if placement.pp > 1:
             stage = self._pipeline(work, placement, stage, parts)
-        source = "+".join(sorted(sources))
+        source = combine_sources(sources)
         if mem.total > lookup(dev).memory_bytes and work.kind != "generation":
             notes.append(f"needs {mem.total / 1e9:.1f} GB per device, more than {dev} has")
         return Estimate(stage, parts, source, tuple(notes))
@@ -174,8 +175,26 @@ class CostModel(abc.ABC):
         return memory.max_concurrent_sequences(work.model, self._stage_layers(work, placement), placement.tp,
                                                work.seq_len, work.dtype, lookup(placement.device_type).memory_bytes)
 
+    def device_source(self, device_type: str) -> str:
+        """Where this model's numbers for a device type come from when no phase was timed."""
+        return self._phase(Phase("decode", _PROBE, 1, 1, 1), device_type).source
+
     def _memory(self, work: Work, placement: Placement) -> MemoryEstimate:
+        concurrent = work.batch
+        if work.kind == "generation":
+            concurrent = min(work.batch, self.max_concurrent_sequences(work, placement))
         return memory.task_memory(work.kind, work.model, self._stage_layers(work, placement), placement.tp,
-                                  work.batch, work.seq_len, work.dtype, work.recompute,
-                                  self.max_concurrent_sequences(work, placement) if work.kind == "generation"
-                                  else work.batch)
+                                  work.batch, work.seq_len, work.dtype, work.recompute, concurrent)
+
+
+# Source words from most to least trustworthy; an estimate is as trustworthy as its weakest part.
+SOURCE_TRUST = ("fitted", "measured", "datasheet")
+_PROBE = ModelShape("probe", "llama", 1, 64, 128, 1, 1, 64, 64, True)
+
+
+def combine_sources(sources: set[str]) -> str:
+    """The least trustworthy source among the parts (notes say which part used what)."""
+    if not sources:
+        return "datasheet"
+    known = [s for s in SOURCE_TRUST if s in sources]
+    return known[-1] if known else sorted(sources)[0]

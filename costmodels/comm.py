@@ -1,0 +1,102 @@
+"""Communication times under the α–β model: the ring algorithms NCCL and gloo actually run.
+
+A collective among n ranks over a link with latency α and bandwidth β pays α per algorithm step
+and moves a fixed multiple of the message over the slowest link; the multiples are the same ones
+nccl-tests uses to turn algbw into busbw (all-reduce 2(n−1)/n, all-gather and reduce-scatter
+(n−1)/n, broadcast and p2p 1), so measured busbw rows and these formulas agree by construction.
+"""
+
+from __future__ import annotations
+
+from hetprof.catalog import lookup
+
+# Rollout payload per token moved between groups: token id (int64), behaviour log-prob (fp32),
+# response mask (int8), advantage/return slot (fp32). Rewards are per sequence and negligible.
+ROLLOUT_BYTES_PER_TOKEN = 8 + 4 + 1 + 4
+
+# (algorithm steps that each pay α, bytes-moved multiple of S) as functions of n.
+_RING: dict[str, tuple] = {
+    "all_reduce": (lambda n: 2 * (n - 1), lambda n: 2 * (n - 1) / n),
+    "all_gather": (lambda n: n - 1, lambda n: (n - 1) / n),
+    "reduce_scatter": (lambda n: n - 1, lambda n: (n - 1) / n),
+    # pipelined ring broadcast: the latency of n−1 hops, the message crosses each link once
+    "broadcast": (lambda n: n - 1, lambda n: 1.0),
+    "p2p": (lambda n: 1, lambda n: 1.0),
+}
+COLLECTIVES = tuple(_RING)
+
+# Host <-> device copy bandwidth (one direction, achievable, bytes/s) by the card's host bus.
+# PCIe 5 x16 ≈ 64 GB/s raw, ~50 achievable; PCIe 4 ≈ 25; PCIe 3 ≈ 12. The cpu pseudo-device
+# "offloads" within host memory, so its memory bandwidth applies.
+_HOST_BUS_Bps = {"pcie5": 50e9, "pcie4": 25e9, "pcie3": 12e9}
+_PCIE5_CARDS = ("H100", "H200", "H800", "H20", "B200", "MI300X")
+_PCIE3_CARDS = ("T4", "V100")
+
+
+def busbw_factor(op: str, n: int) -> float:
+    """Bytes moved over the slowest link per byte of message (nccl-tests' busbw / algbw)."""
+    if op not in _RING:
+        raise ValueError(f"unknown collective {op!r} (one of {', '.join(COLLECTIVES)})")
+    return _RING[op][1](n) if n > 1 else 0.0
+
+
+def alpha_steps(op: str, n: int) -> int:
+    """How many sequential latency-bound steps the ring algorithm of `op` takes among n ranks."""
+    if op not in _RING:
+        raise ValueError(f"unknown collective {op!r} (one of {', '.join(COLLECTIVES)})")
+    return _RING[op][0](n) if n > 1 else 0
+
+
+def collective_time(op: str, size_bytes: float, n: int, alpha_s: float, beta_Bps: float) -> float:
+    """Seconds of one `op` of a `size_bytes` message among `n` ranks: steps·α + factor·S/β.
+
+    `size_bytes` is the full message (the all-reduced buffer, the gathered output, the broadcast
+    payload); one rank or an empty message costs nothing.
+    """
+    if n < 1:
+        raise ValueError(f"collective among {n} ranks")
+    if size_bytes < 0:
+        raise ValueError(f"negative message size {size_bytes}")
+    if n == 1 or size_bytes == 0:
+        return 0.0
+    return alpha_steps(op, n) * alpha_s + busbw_factor(op, n) * size_bytes / beta_Bps
+
+
+def host_link_Bps(device_type: str) -> float:
+    """Achievable one-way host <-> device copy bandwidth of a device type (datasheet bus class)."""
+    gpu = lookup(device_type)
+    if gpu.vendor == "generic":
+        return gpu.hbm_Bps
+    name = gpu.name.upper()
+    if name.startswith(_PCIE5_CARDS):
+        return _HOST_BUS_Bps["pcie5"]
+    if name.startswith(_PCIE3_CARDS):
+        return _HOST_BUS_Bps["pcie3"]
+    return _HOST_BUS_Bps["pcie4"]
+
+
+def fit_alpha_beta(sizes: list[float], seconds: list[float], op: str, n: int) -> tuple[float, float, float]:
+    """Least-squares α and β from timings of one collective at several sizes.
+
+    Fits t = steps·α + factor·S/β (α, 1/β ≥ 0, relative error weighting so small messages, where α
+    shows, count as much as large ones). Returns (alpha_s, beta_Bps, rms relative residual).
+    """
+    import numpy as np
+
+    if len(sizes) != len(seconds) or len(sizes) < 2:
+        raise ValueError("need at least two (size, seconds) pairs to fit alpha and beta")
+    s = np.asarray(sizes, float)
+    t = np.asarray(seconds, float)
+    steps, factor = max(1, alpha_steps(op, n)), busbw_factor(op, max(n, 2))
+    a = np.stack([np.full_like(s, steps), factor * s], axis=1) / t[:, None]
+    coef, *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
+    alpha, inv_beta = float(coef[0]), float(coef[1])
+    if alpha < 0 or inv_beta <= 0:  # refit on the constraint boundary
+        alpha = max(alpha, 0.0)
+        rest = (t - steps * alpha) / (factor * s)
+        inv_beta = max(float(np.median(rest)), 1e-15)
+        if alpha == 0.0:
+            inv_beta = float(np.sum(factor * s / t) / np.sum((factor * s / t) ** 2))
+    pred = steps * alpha + factor * s * inv_beta
+    resid = float(np.sqrt(np.mean(((pred - t) / t) ** 2)))
+    return alpha, 1.0 / inv_beta, resid

@@ -1,0 +1,115 @@
+"""Bytes a task keeps on one device, per phase: weights, gradients, optimizer state, activations, KV.
+
+Counting conventions (the tests check each against hand arithmetic):
+- weights in the task's dtype; tensor parallelism shards every matrix, so a device holds 1/tp;
+  a pipeline stage holds its layers plus (conservatively) the embedding and LM head.
+- mixed-precision Adam (bf16/fp16 weights): bf16 gradients (2 B/param) plus an fp32 master copy and
+  the two fp32 moments (12 B/param) — 16 B per parameter with the weights, as in the ZeRO paper.
+  fp32 training keeps no master copy: 4 B grads + 8 B moments.
+- training activations: what one layer stores for its backward pass, per token, with a fused
+  (flash) attention kernel so no seq² score matrix: layer input and norm output (2h), q/k/v and
+  attention output (2·q_dim + 2·kv_dim, sharded by tp), residual and second norm (3h), SwiGLU gate,
+  up, activation and product (4·ffn, sharded by tp) — the SwiGLU/GQA form of Korthikanti et al.
+  (2022). Full recomputation keeps only each layer's input and replays one layer at a time.
+  Training and inference run in micro-batches of at most MICRO_BATCH_TOKENS tokens (gradient
+  accumulation; verl's default token budget per GPU), so activations scale with the micro-batch.
+- the LM head's fp32 logits (and their gradient in training) for one micro-batch.
+- generation keeps the KV cache of its concurrent sequences (KV heads shard over tp, at least one
+  per rank) plus a fixed workspace; at most GPU_MEMORY_UTILIZATION of the device is used, as vLLM does.
+"""
+
+from __future__ import annotations
+
+import math
+
+from hetprof.costmodels.data import MemoryEstimate
+from hetprof.models import DTYPE_BYTES, ModelShape
+
+MIXED_PRECISION_OPTIMIZER_BYTES = 12  # fp32 master weights + Adam m + Adam v, per parameter
+FP32_OPTIMIZER_BYTES = 8  # Adam m + v when the weights already are fp32
+MICRO_BATCH_TOKENS = 16384
+GPU_MEMORY_UTILIZATION = 0.9
+GEN_WORKSPACE_TOKENS = 8192  # prefill chunk a generation engine schedules at once
+GEN_MAX_SAMPLED = 256  # sequences whose logits are materialised per decode step
+LOGIT_BYTES = 4
+
+
+def params_on_device(model: ModelShape, layers: int, tp: int, with_embeddings: bool = True) -> float:
+    """Parameters one device of a tp-way shard of `layers` layers holds."""
+    n = layers * model.params_per_layer
+    if with_embeddings:
+        n += model.embedding_params + model.lm_head_params + model.hidden
+    return n / tp
+
+
+def kv_bytes_per_token(model: ModelShape, layers: int, tp: int, dtype: str = "bf16") -> float:
+    """KV-cache bytes one token adds on one device (K and V of its share of KV heads)."""
+    kv_heads = math.ceil(model.kv_heads / tp)
+    return 2.0 * layers * kv_heads * model.head_dim * DTYPE_BYTES[dtype]
+
+
+def activation_bytes_per_token_layer(model: ModelShape, tp: int, dtype: str = "bf16") -> float:
+    """Bytes one layer stores per token for its backward pass (see the module docstring)."""
+    q_dim = model.heads * model.head_dim
+    kv_dim = model.kv_heads * model.head_dim
+    return DTYPE_BYTES[dtype] * (5 * model.hidden + (2 * q_dim + 2 * kv_dim + 4 * model.ffn) / tp)
+
+
+def micro_batch(batch: int, seq_len: int, token_budget: int = MICRO_BATCH_TOKENS) -> int:
+    """Sequences per micro-batch: as many as fit the token budget, at least one."""
+    return max(1, min(batch, token_budget // max(1, seq_len)))
+
+
+def optimizer_bytes_per_param(dtype: str) -> int:
+    return FP32_OPTIMIZER_BYTES if DTYPE_BYTES[dtype] >= 4 else MIXED_PRECISION_OPTIMIZER_BYTES
+
+
+def generation_workspace(model: ModelShape, tp: int, dtype: str = "bf16") -> float:
+    """Scratch a generation engine needs besides weights and KV: one prefill chunk, sampled logits."""
+    act = GEN_WORKSPACE_TOKENS * activation_bytes_per_token_layer(model, tp, dtype)
+    logits = GEN_MAX_SAMPLED * model.vocab * LOGIT_BYTES / tp
+    return act + logits
+
+
+def max_concurrent_sequences(model: ModelShape, layers: int, tp: int, seq_len: int, dtype: str,
+                             memory_bytes: float) -> int:
+    """How many sequences of `seq_len` tokens have room for their KV cache next to the weights."""
+    usable = memory_bytes * GPU_MEMORY_UTILIZATION
+    free = usable - params_on_device(model, layers, tp) * DTYPE_BYTES[dtype] - generation_workspace(model, tp, dtype)
+    per_seq = max(1, seq_len) * kv_bytes_per_token(model, layers, tp, dtype)
+    return max(0, int(free // per_seq))
+
+
+def task_memory(kind: str, model: ModelShape, layers: int, tp: int, batch: int, seq_len: int, dtype: str,
+                recompute: bool, concurrent: int) -> MemoryEstimate:
+    """Peak bytes on one device of a (tp-sharded, `layers`-layer) replica during its phase.
+
+    `concurrent` is the number of sequences whose KV cache generation holds at once (ignored by
+    the other kinds).
+    """
+    width = DTYPE_BYTES[dtype]
+    params = params_on_device(model, layers, tp)
+    weights = params * width
+    grads = optimizer = kv = 0.0
+    if kind == "generation":
+        kv = concurrent * seq_len * kv_bytes_per_token(model, layers, tp, dtype)
+        act = generation_workspace(model, tp, dtype)
+    else:
+        mb = micro_batch(batch, seq_len)
+        tokens = mb * seq_len
+        per_layer = activation_bytes_per_token_layer(model, tp, dtype)
+        logits = tokens * model.vocab * LOGIT_BYTES / tp
+        if kind == "inference":
+            act = tokens * per_layer + logits  # layers run one after another, nothing kept
+        elif kind == "training":
+            grads = params * width
+            optimizer = params * optimizer_bytes_per_param(dtype)
+            if recompute:
+                act = tokens * (layers * model.hidden * width + per_layer)
+            else:
+                act = tokens * layers * per_layer
+            act += 2 * logits  # logits and their gradient
+        else:
+            raise ValueError(f"unknown work kind {kind!r}")
+    total = weights + grads + optimizer + act + kv
+    return MemoryEstimate(weights, grads, optimizer, act, kv, total, phase=kind)

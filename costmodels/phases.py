@@ -1,0 +1,109 @@
+"""The physics of one phase: FLOPs and bytes of memory traffic on one device.
+
+Both the roofline and the fitted models start from these numbers, so the fitted model's features
+are documented quantities rather than raw shape fields. Counts are per device of a tp-way shard.
+
+- matmul FLOPs: 2 per multiply-accumulate of every weight matrix, per token.
+- attention FLOPs: QKᵀ and AV, 4·heads·head_dim per (query, key) pair; a causal prefill of s tokens
+  has s²/2 pairs per sequence, a decode step at context c has c.
+- training: backward is twice the forward; full recomputation replays the forward once more.
+- bytes: weights read once per pass (three times in training: forward, input- and weight-gradient),
+  activations read+written ACT_RW_PER_LAYER hidden-sized and 3 ffn-sized tensors per token per
+  layer, KV cache written (prefill) or read (decode), and Adam's update touches for every parameter
+  the fp32 master, both moments (read + write) and the gradient.
+"""
+
+from __future__ import annotations
+
+import math
+
+from hetprof.costmodels.data import Phase
+from hetprof.costmodels.memory import kv_bytes_per_token, optimizer_bytes_per_param
+from hetprof.models import DTYPE_BYTES
+
+ACT_RW_PER_LAYER = 12  # hidden-sized tensors read or written per token per layer (norms, residuals, qkv, o)
+ADAM_BYTES_PER_PARAM = 2 * 12 + 2 + 2  # master, m, v read+write (fp32); gradient read; new weight write
+
+
+def tokens(p: Phase) -> int:
+    """Tokens the phase pushes through its layers (one new token per sequence when decoding)."""
+    return p.batch if p.kind == "decode" else p.batch * p.tokens
+
+
+def attention_pairs(p: Phase) -> float:
+    """(query, key) pairs per layer, over the whole batch."""
+    if p.kind == "decode":
+        return float(p.batch * p.tokens)
+    return p.batch * p.tokens * (p.tokens + 1) / 2.0
+
+
+def forward_flops(p: Phase) -> float:
+    """Forward FLOPs on one device."""
+    m = p.model
+    matmul = tokens(p) * m.matmul_flops_per_token_per_layer()
+    attn = 4.0 * m.heads * m.head_dim * attention_pairs(p)
+    head = 2.0 * m.vocab * m.hidden * tokens(p) if p.with_head else 0.0
+    return (p.layers * (matmul + attn) + head) / p.tp
+
+
+def flops(p: Phase) -> float:
+    """FLOPs of the phase on one device (training: forward, backward, optional recomputation)."""
+    fwd = forward_flops(p)
+    if p.kind == "train":
+        return fwd * (4.0 if p.recompute else 3.0)
+    return fwd
+
+
+def weight_bytes(p: Phase) -> float:
+    """Bytes of the phase's weights on one device."""
+    m = p.model
+    n = p.layers * m.params_per_layer + (m.vocab * m.hidden if p.with_head else 0)
+    return n * DTYPE_BYTES[p.dtype] / p.tp
+
+
+def kv_bytes(p: Phase) -> float:
+    """KV-cache bytes the phase writes (prefill, train) or reads (decode)."""
+    per_token = kv_bytes_per_token(p.model, p.layers, p.tp, p.dtype)
+    return per_token * (p.batch * p.tokens)
+
+
+def activation_bytes(p: Phase) -> float:
+    """Activation traffic: hidden- and ffn-sized tensors read and written per token per layer."""
+    m = p.model
+    width = DTYPE_BYTES[p.dtype]
+    per_token_layer = width * (ACT_RW_PER_LAYER * m.hidden + 3 * m.ffn / p.tp)
+    act = tokens(p) * p.layers * per_token_layer
+    if p.with_head:
+        act += tokens(p) * m.vocab * width / p.tp
+    if p.kind == "train":
+        act *= 4.0 if p.recompute else 3.0
+    return act
+
+
+def optimizer_bytes(p: Phase) -> float:
+    """Adam step traffic (training only)."""
+    if p.kind != "train":
+        return 0.0
+    params = weight_bytes(p) / DTYPE_BYTES[p.dtype]
+    extra = ADAM_BYTES_PER_PARAM if optimizer_bytes_per_param(p.dtype) > 8 else 2 * 8 + 2 * 4
+    return params * extra
+
+
+def memory_bytes(p: Phase) -> float:
+    """Total bytes moved to and from device memory by the phase."""
+    passes = 3.0 if p.kind == "train" else 1.0
+    return passes * weight_bytes(p) + kv_bytes(p) + activation_bytes(p) + optimizer_bytes(p)
+
+
+def kernel_launches(p: Phase) -> float:
+    """Kernels launched: a fixed number per layer and pass (the latency floor of small phases)."""
+    per_layer = 14.0
+    passes = {"prefill": 1.0, "decode": 1.0, "train": 4.0 if p.recompute else 3.0}[p.kind]
+    return passes * (p.layers * per_layer + (2.0 if p.with_head else 0.0)) + (
+        3.0 * p.layers if p.kind == "train" else 0.0)
+
+
+def check(p: Phase) -> None:
+    """Shapes a phase can be computed for (guards divisions and logs downstream)."""
+    if p.layers < 1 or p.batch < 1 or p.tokens < 1 or p.tp < 1 or not math.isfinite(p.tokens):
+        raise ValueError(f"invalid phase {p}")
