@@ -1,1 +1,3 @@
-"""(filled in by its stage)"""
+"""Built-in benchmark suites; importing this package registers them (see hetprof.profiler.registry)."""
+
+from hetprof.profiler.suites import tasks  # noqa: F401

@@ -1,0 +1,156 @@
+"""What a host and its devices are, read from the OS, NVML and torch — never guessed.
+
+NVML (nvidia-ml-py) is the source of truth for a GPU's identity and topology; torch adds what
+kernels see (SM count, compute capability, L2 size). A machine without NVML or a GPU is normal
+(every CI box): the CPU is then described from /proc and os, and the reason NVML is absent is kept,
+so a profile says plainly what it measured.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def last_level_cache_bytes() -> int | None:
+    """The largest cache the kernel reports for cpu0 (the L3 on most servers)."""
+    best = None
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            text = (index / "size").read_text().strip().upper()
+        except OSError:
+            continue
+        scale = {"K": 1024, "M": 1024**2, "G": 1024**3}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            size = int(digits) * scale
+            best = size if best is None or size > best else best
+    return best
+
+
+def cpu_info() -> dict[str, Any]:
+    return {"model": cpu_model(), "cores": os.cpu_count() or 1, "memory_bytes": memory_bytes(),
+            "llc_bytes": last_level_cache_bytes(), "machine": platform.machine()}
+
+
+def nvml_status() -> tuple[bool, str]:
+    """(available, why not) — the reason is shown to the user instead of a traceback."""
+    try:
+        import pynvml
+    except ImportError as exc:
+        return False, f"nvidia-ml-py is not installed ({exc})"
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+        return False, f"NVML cannot start: {exc}"
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+    finally:
+        pynvml.nvmlShutdown()
+    return (count > 0, "" if count else "NVML found no GPU")
+
+
+def _safe(fn, *args, default=None):
+    try:
+        value = fn(*args)
+    except Exception:
+        return default
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def nvml_gpu(index: int) -> dict[str, Any]:
+    """Static identity of GPU `index` (stable across runs: it becomes part of the fingerprint)."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        h = pynvml.nvmlDeviceGetHandleByIndex(index)
+        mem = _safe(pynvml.nvmlDeviceGetMemoryInfo, h)
+        info = {
+            "name": _safe(pynvml.nvmlDeviceGetName, h, default="unknown GPU"),
+            "uuid": _safe(pynvml.nvmlDeviceGetUUID, h),
+            "memory_bytes": int(mem.total) if mem is not None else None,
+            "driver": _safe(pynvml.nvmlSystemGetDriverVersion),
+            "sm_clock_max_mhz": _safe(pynvml.nvmlDeviceGetMaxClockInfo, h, pynvml.NVML_CLOCK_SM),
+            "mem_clock_max_mhz": _safe(pynvml.nvmlDeviceGetMaxClockInfo, h, pynvml.NVML_CLOCK_MEM),
+            "power_limit_w": _milli(_safe(pynvml.nvmlDeviceGetEnforcedPowerLimit, h)),
+            "pcie_gen_max": _safe(pynvml.nvmlDeviceGetMaxPcieLinkGeneration, h),
+            "pcie_width_max": _safe(pynvml.nvmlDeviceGetMaxPcieLinkWidth, h),
+            "pci_bus_id": _safe(lambda: pynvml.nvmlDeviceGetPciInfo(h).busId),
+        }
+        nvlinks = 0
+        for link in range(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)):
+            if _safe(pynvml.nvmlDeviceGetNvLinkState, h, link) == pynvml.NVML_FEATURE_ENABLED:
+                nvlinks += 1
+        info["nvlinks_active"] = nvlinks
+        return info
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def nvml_live(index: int) -> dict[str, float]:
+    """What changes from minute to minute (clocks, temperature, power): recorded as samples, not identity."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        h = pynvml.nvmlDeviceGetHandleByIndex(index)
+        out = {
+            "sm_clock_mhz": _safe(pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_SM),
+            "mem_clock_mhz": _safe(pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_MEM),
+            "temperature_c": _safe(pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU),
+            "power_w": _milli(_safe(pynvml.nvmlDeviceGetPowerUsage, h)),
+            "pcie_gen": _safe(pynvml.nvmlDeviceGetCurrPcieLinkGeneration, h),
+            "pcie_width": _safe(pynvml.nvmlDeviceGetCurrPcieLinkWidth, h),
+        }
+        return {k: float(v) for k, v in out.items() if isinstance(v, (int, float))}
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def nvml_topology() -> dict[str, str]:
+    """The GPU-to-GPU path matrix as nvidia-smi topo names it (NVLink, same switch, across sockets...)."""
+    import pynvml
+
+    levels = {0: "internal", 10: "single-switch", 20: "multi-switch", 30: "host-bridge",
+              40: "numa-node", 50: "system"}
+    pynvml.nvmlInit()
+    try:
+        n = pynvml.nvmlDeviceGetCount()
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
+        out = {}
+        for i in range(n):
+            for j in range(i + 1, n):
+                p2p = _safe(pynvml.nvmlDeviceGetP2PStatus, handles[i], handles[j],
+                            pynvml.NVML_P2P_CAPS_INDEX_NVLINK)
+                if p2p == pynvml.NVML_P2P_STATUS_OK:
+                    out[f"gpu{i}_gpu{j}"] = "nvlink"
+                    continue
+                level = _safe(pynvml.nvmlDeviceGetTopologyCommonAncestor, handles[i], handles[j])
+                out[f"gpu{i}_gpu{j}"] = levels.get(level, str(level))
+        return out
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _milli(value: Any) -> float | None:
+    return None if value is None else value / 1000.0

@@ -1,0 +1,191 @@
+"""RL task kernels at small scale: prefill, one decode step, and a fwd+bwd+Adam training step.
+
+These rows are what the fitted cost models learn from, so the sweep spans batch sizes and sequence
+lengths wide enough for a regression to have range, and every point keeps all its repeats. On the
+CPU the default is one thread, because a `cpu` worker slot of a cluster spec is one core and the
+executor's CPU workers run single-threaded; the thread count is recorded with every sample.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from typing import Any
+
+from hetprof.profiler import taskmodels
+from hetprof.profiler.context import ProfileContext
+from hetprof.profiler.registry import Suite, register
+from hetprof.profiler.timing import Flusher, measure
+
+# (batch sizes, sequence/context lengths) per task, for (device kind, quick?)
+GRIDS: dict[tuple[str, bool], dict[str, tuple[tuple[int, ...], tuple[int, ...]]]] = {
+    ("cpu", True): {"prefill": ((1, 2, 4, 8, 16), (16, 32, 64, 128)),
+                    "decode": ((1, 4, 8, 16), (16, 64, 128, 256)),
+                    "train": ((1, 2, 4), (32, 64, 128))},
+    ("cpu", False): {"prefill": ((1, 2, 4, 8, 16), (16, 32, 64, 128, 256)),
+                     "decode": ((1, 2, 4, 8, 16, 32), (16, 64, 128, 256, 384)),
+                     "train": ((1, 2, 4, 8), (32, 64, 128, 256))},
+    ("cuda", True): {"prefill": ((1, 8, 32), (256, 1024)), "decode": ((1, 16, 128), (256, 2048)),
+                     "train": ((1, 4), (256, 1024))},
+    ("cuda", False): {"prefill": ((1, 2, 4, 8, 16, 32), (128, 256, 512, 1024, 2048)),
+                      "decode": ((1, 4, 16, 64, 128, 256), (256, 512, 1024, 2048, 4096)),
+                      "train": ((1, 2, 4, 8), (256, 512, 1024, 2048))},
+}
+
+
+def default_dtype(device: str) -> str:
+    return "fp32" if device == "cpu" else "bf16"
+
+
+def grid(device: str, quick: bool, task: str, max_position: int) -> list[tuple[int, int]]:
+    batches, lengths = GRIDS[("cpu" if device == "cpu" else "cuda", quick)][task]
+    return [(b, s) for b, s in itertools.product(batches, lengths) if s + 1 <= max_position]
+
+
+class Phase:
+    """One RL task's kernel: how to time one (batch, length) point of it."""
+
+    task: str = ""
+    length_key = "seq_len"
+
+    def variants(self, ctx: ProfileContext) -> list[dict]:
+        return [{}]
+
+    def points(self, ctx: ProfileContext, max_position: int) -> list[tuple[int, int]]:
+        return grid(ctx.device, ctx.quick, self.task, max_position)
+
+    def time_point(self, ctx, model, tm, batch, length, variant, device, flush, gen) -> list[float]:
+        raise NotImplementedError
+
+
+class Prefill(Phase):
+    task = "prefill"
+
+    def time_point(self, ctx, model, tm, batch, length, variant, device, flush, gen) -> list[float]:
+        import torch
+
+        x = taskmodels.inputs(tm, batch, length, device, gen)
+        model.eval()
+        with torch.inference_mode():
+            return measure(lambda: model(**x, use_cache=True), device, ctx.policy, flush=flush)
+
+
+class Decode(Phase):
+    task = "decode"
+    length_key = "context_len"
+
+    def time_point(self, ctx, model, tm, batch, length, variant, device, flush, gen) -> list[float]:
+        import torch
+
+        model.eval()
+        with torch.inference_mode():
+            cache = model(**taskmodels.inputs(tm, batch, length, device, gen), use_cache=True).past_key_values
+            step = taskmodels.inputs(tm, batch, 1, device, gen)
+            # each timed step appends one token; cropping back (untimed) keeps the context fixed
+            return measure(lambda: model(**step, past_key_values=cache, use_cache=True), device, ctx.policy,
+                           setup=lambda: _crop(cache, length), flush=flush)
+
+
+def _crop(cache: Any, length: int) -> None:
+    """Back to `length` tokens; a negative count ("drop n") means the same in every transformers version."""
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        cache.crop(-extra)
+
+
+class Train(Phase):
+    task = "train"
+
+    def variants(self, ctx: ProfileContext) -> list[dict]:
+        return [{"recompute": False}] if ctx.quick else [{"recompute": False}, {"recompute": True}]
+
+    def time_point(self, ctx, model, tm, batch, length, variant, device, flush, gen) -> list[float]:
+        import torch
+
+        model.train()
+        recompute = bool(variant.get("recompute"))
+        if recompute:
+            _checkpointing(model, True)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+        x = taskmodels.inputs(tm, batch, length, device, gen)
+
+        def step() -> Any:
+            opt.zero_grad(set_to_none=True)
+            if tm.with_head:
+                loss = model(**x, labels=x["input_ids"], use_cache=False).loss
+            else:
+                loss = model(**x, use_cache=False).last_hidden_state.float().pow(2).mean()
+            loss.backward()
+            opt.step()
+
+        try:
+            return measure(step, device, ctx.policy, flush=flush)
+        finally:
+            if recompute:
+                _checkpointing(model, False)
+            model.eval()
+
+
+def _checkpointing(model: Any, on: bool) -> None:
+    """Activation recomputation on/off under either name transformers has used for it."""
+    verb = "enable" if on else "disable"
+    fn = getattr(model, f"activation_checkpointing_{verb}", None) or getattr(model, f"gradient_checkpointing_{verb}")
+    fn()
+
+
+PHASES: dict[str, Phase] = {p.task: p for p in (Prefill(), Decode(), Train())}
+
+
+@register
+class TasksSuite(Suite):
+    name = "tasks"
+    help = "prefill, decode-step and train-step timings of transformer blocks per model preset"
+
+    def phases(self, ctx: ProfileContext) -> list[Phase]:
+        return [PHASES[t] for t in ctx.options.get("tasks") or PHASES]
+
+    def steps(self, ctx: ProfileContext) -> int:
+        return sum(len(p.points(ctx, m.max_position)) * len(p.variants(ctx))
+                   for m in ctx.models for p in self.phases(ctx))
+
+    def run(self, ctx: ProfileContext) -> None:
+        import torch
+
+        dtype = ctx.options.get("dtype") or default_dtype(ctx.device)
+        device = torch.device(ctx.device)
+        flush = Flusher(device)
+        gen = torch.Generator().manual_seed(0)
+        for shape in ctx.models:
+            tm = taskmodels.plan_model(shape, dtype, ctx.options.get("layers_run"))
+            model = taskmodels.build(tm, device)
+            for phase in self.phases(ctx):
+                for variant in phase.variants(ctx):
+                    self._sweep(ctx, phase, model, tm, variant, device, flush, gen)
+            del model
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+
+    def _sweep(self, ctx, phase: Phase, model, tm, variant, device, flush, gen) -> None:
+        import torch
+
+        samples: list[dict] = []
+        points = phase.points(ctx, tm.shape.max_position)
+        for batch, length in points:
+            try:
+                times = phase.time_point(ctx, model, tm, batch, length, variant, device, flush, gen)
+            except torch.OutOfMemoryError:
+                ctx.note(f"task.{phase.task} {tm.shape.name} batch={batch} {phase.length_key}={length}: "
+                         "out of memory, skipped")
+                torch.cuda.empty_cache()
+                ctx.advance(1)
+                continue
+            params = {**tm.shape_params(), "batch": batch, phase.length_key: length, "threads": ctx.threads,
+                      **variant}
+            samples += [{"params": params, "metrics": {"seconds": t}} for t in times]
+            ctx.advance(1)
+        if samples:
+            med = statistics.median(s["metrics"]["seconds"] for s in samples)
+            extra = " recompute" if variant.get("recompute") else ""
+            ctx.record(f"task.{phase.task}", {"model": tm.shape.name, "dtype": tm.dtype,
+                                               "layers_run": tm.layers_run, "threads": ctx.threads, **variant},
+                       samples, f"{tm.shape.name}{extra}: {len(points)} points, median {med * 1e3:.2f} ms")

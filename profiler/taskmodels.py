@@ -1,0 +1,71 @@
+"""Transformer blocks for the task benchmarks, built by `transformers` from a ModelShape.
+
+The same Hugging Face model code the executor runs (from `ModelShape.to_hf_config()`, random
+weights, nothing downloaded), so a cost model fitted on these timings predicts the executor. Large
+presets are profiled on a few blocks: the model is built with `layers_run` layers and, without its
+head, fed random embeddings — the embedding table and LM head of a 150k vocabulary would otherwise
+dominate a two-layer timing and are modelled separately.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from hetprof.models import ModelShape
+
+WHOLE_MODEL_MAX_PARAMS = 50_000_000  # below this a preset is profiled whole, head included
+TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskModel:
+    shape: ModelShape
+    layers_run: int
+    with_head: bool
+    dtype: str
+
+    def shape_params(self) -> dict:
+        """The sample params that describe the model (the contract's `…shape…` keys)."""
+        s = self.shape
+        return {"model": s.name, "layers_run": self.layers_run, "hidden": s.hidden, "ffn": s.ffn,
+                "heads": s.heads, "kv_heads": s.kv_heads, "head_dim": s.head_dim, "vocab": s.vocab,
+                "dtype": self.dtype, "with_head": self.with_head}
+
+
+def plan_model(shape: ModelShape, dtype: str, layers_run: int | None) -> TaskModel:
+    """Whole model for small presets; otherwise `layers_run` blocks (default 2) without the head."""
+    if layers_run is None and shape.params <= WHOLE_MODEL_MAX_PARAMS:
+        return TaskModel(shape, shape.layers, True, dtype)
+    n = min(shape.layers, layers_run or 2)
+    return TaskModel(shape, n, n == shape.layers and shape.params <= WHOLE_MODEL_MAX_PARAMS, dtype)
+
+
+def build(task: TaskModel, device: Any, *, seed: int = 0) -> Any:
+    """A randomly initialised HF model on `device` in the task's dtype."""
+    import torch
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+    cfg = dict(task.shape.to_hf_config())
+    model_type = cfg.pop("model_type")
+    cfg.pop("architectures", None)
+    cfg["num_hidden_layers"] = task.layers_run
+    if not task.with_head:
+        cfg["vocab_size"] = 8  # unused: blocks are fed embeddings directly
+    config = AutoConfig.for_model(model_type, **cfg)
+    torch.manual_seed(seed)
+    cls = AutoModelForCausalLM if task.with_head else AutoModel
+    model = cls.from_config(config, dtype=getattr(torch, TORCH_DTYPES[task.dtype]))
+    return model.to(device)
+
+
+def inputs(task: TaskModel, batch: int, seq: int, device: Any, generator: Any = None) -> dict:
+    """Random model inputs: token ids with a head, embeddings (never zero) without one."""
+    import torch
+
+    if task.with_head:
+        ids = torch.randint(0, task.shape.vocab, (batch, seq), device="cpu", generator=generator)
+        return {"input_ids": ids.to(device)}
+    dtype = getattr(torch, TORCH_DTYPES[task.dtype])
+    emb = torch.randn(batch, seq, task.shape.hidden, dtype=torch.float32, generator=generator) * 0.02 + 0.01
+    return {"inputs_embeds": emb.to(device=device, dtype=dtype)}

@@ -1,0 +1,102 @@
+"""Timing kernels the way careful GPU benchmarks do: warm up, time each repeat, keep every sample.
+
+Why a module of its own: every suite needs the same discipline (DESIGN §3, after nccl-tests and
+mamf-finder). On a GPU the host clock measures launch overhead, not the kernel, so repeats are
+timed with CUDA events; the L2 cache is flushed between repeats so a small operand cannot be read
+from cache and look faster than memory allows. On the CPU a monotonic clock is right, and the
+operands a suite uses are either compute-bound or sized well above the last-level cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class TimingPolicy:
+    """How hard to try: a quick profile trades repeats for wall time, never warm-ups for speed."""
+
+    warmup: int = 3
+    repeats: int = 20
+    min_repeats: int = 3
+    max_seconds: float = 2.0  # stop adding repeats after this much timed work (keeps huge shapes bounded)
+
+    @classmethod
+    def quick(cls) -> TimingPolicy:
+        return cls(warmup=2, repeats=7, min_repeats=3, max_seconds=0.5)
+
+
+class Flusher:
+    """Evicts the GPU's L2 cache by overwriting a buffer twice its size (a no-op on the CPU)."""
+
+    def __init__(self, device: Any):
+        import torch
+
+        self.buffer = None
+        if getattr(device, "type", str(device)).startswith("cuda"):
+            props = torch.cuda.get_device_properties(device)
+            size = max(int(getattr(props, "L2_cache_size", 0)) * 2, 64 * 1024 * 1024)
+            self.buffer = torch.empty(size // 4, dtype=torch.float32, device=device)
+
+    def __call__(self) -> None:
+        if self.buffer is not None:
+            self.buffer.fill_(1.0)
+
+
+def measure(fn: Callable[[], Any], device: Any, policy: TimingPolicy, *,
+            setup: Callable[[], Any] | None = None, flush: Flusher | None = None) -> list[float]:
+    """Seconds of each timed call of `fn` after warm-ups; `setup` runs untimed before every call."""
+    is_cuda = getattr(device, "type", str(device)).startswith("cuda")
+    for _ in range(policy.warmup):
+        if setup is not None:
+            setup()
+        fn()
+    if is_cuda:
+        import torch
+
+        torch.cuda.synchronize(device)
+    samples: list[float] = []
+    spent = 0.0
+    while len(samples) < policy.repeats:
+        if setup is not None:
+            setup()
+        if flush is not None:
+            flush()
+        if is_cuda:
+            seconds = _cuda_time(fn, device)
+        else:
+            start = time.perf_counter()
+            fn()
+            seconds = time.perf_counter() - start
+        samples.append(seconds)
+        spent += seconds
+        if spent > policy.max_seconds and len(samples) >= policy.min_repeats:
+            break
+    return samples
+
+
+def _cuda_time(fn: Callable[[], Any], device: Any) -> float:
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.cuda.device(device):
+        start.record()
+        fn()
+        end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def random_tensor(shape: tuple[int, ...], dtype: Any, device: Any) -> Any:
+    """Uniform in [0.5, 1.5): never zero, so no hardware shortcut on zeros can flatter a timing."""
+    import torch
+
+    return torch.rand(shape, dtype=dtype, device=device).add_(0.5)
