@@ -89,3 +89,31 @@ def set_rng_state(state: dict[str, torch.Tensor]) -> None:
     torch.set_rng_state(state["cpu"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
+
+
+COMMIT = "COMMITTED.json"
+
+
+def task_dir(root: str | Path, task: str) -> Path:
+    """Each training task's lead writes its own checkpoints (models live on different ranks)."""
+    return Path(root) / task
+
+
+def commit(root: str | Path, iteration: int, meta: dict[str, Any]) -> None:
+    """Mark `iteration` complete once every training task has saved it; --resume starts here."""
+    path = Path(root) / COMMIT
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_atomic(path, json.dumps({**meta, "iteration": iteration}, indent=1))
+
+
+def committed(root: str | Path) -> dict[str, Any] | None:
+    """The last committed iteration's metadata, or None when no checkpoint was completed."""
+    path = Path(root) / COMMIT
+    if not path.is_file():
+        return None
+    try:
+        meta = json.loads(path.read_text())
+        int(meta["iteration"])
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError):
+        raise ExecutionError(f"checkpoint marker {path} is unreadable; delete it to start afresh") from None
+    return meta

@@ -131,7 +131,19 @@ class Topology:
     @property
     def sync_ranks(self) -> list[int]:
         """Members of the weight-sync edge actor_train → actor_gen (the trainer leader broadcasts)."""
-        return sorted({self.leader, *self.generators})
+        return self.sync_members("weight_sync")
+
+    def sync_source(self, edge: str) -> int:
+        """The rank that broadcasts on a sync edge: replica 0 of the training task."""
+        return self.tasks["actor_train" if edge == "weight_sync" else "critic_train"].lead
+
+    def sync_members(self, edge: str) -> list[int]:
+        """Ranks on a weight-sync edge: actor_train → actor_gen, and (PPO) critic_train → critic_infer."""
+        if edge == "weight_sync":
+            return sorted({self.leader, *self.generators})
+        if edge == "critic_sync" and "critic_train" in self.tasks and "critic_infer" in self.tasks:
+            return sorted({self.tasks["critic_train"].lead, *self.tasks["critic_infer"].ranks})
+        return []
 
     def tasks_on(self, rank: int) -> list[str]:
         return [name for name, t in self.tasks.items() if rank in t.ranks]
@@ -158,6 +170,8 @@ class Topology:
             self.groups[t.task] = dist.new_group(sorted(t.ranks), backend=backend)
         self.groups["actor_gen"] = dist.new_group(sorted(self.generators), backend=backend)
         self.groups["weight_sync"] = dist.new_group(self.sync_ranks, backend=backend)
+        if self.sync_members("critic_sync"):
+            self.groups["critic_sync"] = dist.new_group(self.sync_members("critic_sync"), backend=backend)
 
     def to_json(self) -> str:
         return json.dumps({name: dataclasses.asdict(t) for name, t in self.tasks.items()})

@@ -4,11 +4,15 @@ One broadcast per parameter is latency-bound for the hundreds of small tensors o
 (norms, biases), while one broadcast of the whole model needs a second full copy in memory. Buckets
 of a bounded size (default 32 MB) keep both costs down; tensors of one dtype share a bucket so the
 flat buffer needs no casts, which keeps the copy on the generators bitwise equal to the trainer's.
+A `wire_dtype` (bf16 generators fed by an fp32 trainer) casts on the sender, once, so the buckets
+both sides derive agree and the generator gets exactly the trainer's weights rounded to its dtype.
+Each sync first broadcasts the weight version, so a generator knows which version it holds.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import time
 from collections.abc import Callable, Iterable
 
@@ -90,10 +94,14 @@ class WeightSync:
     """
 
     def __init__(self, group: dist.ProcessGroup | None, src: int, reference: Iterable[tuple[str, torch.Tensor]],
-                 bucket_mb: float = DEFAULT_BUCKET_MB, device: torch.device | str = "cpu"):
+                 bucket_mb: float = DEFAULT_BUCKET_MB, device: torch.device | str = "cpu",
+                 wire_dtype: torch.dtype | None = None):
         self.group = group
         self.src = src
         self.device = torch.device(device)
+        self.wire_dtype = wire_dtype
+        if wire_dtype is not None:
+            reference = ((n, t.detach().to(wire_dtype)) for n, t in reference)
         self.buckets = make_buckets(reference, bucket_mb * 1e6)
         self.names = [n for b in self.buckets for n in b.names]
 
@@ -110,22 +118,28 @@ class WeightSync:
             raise ExecutionError(f"weight sync: {who} has parameters that differ from the trainer's "
                                  f"(only on {who}: {extra}, only on trainer: {missing})")
 
-    def send(self, named: Iterable[tuple[str, torch.Tensor]]) -> SyncStats:
+    def send(self, named: Iterable[tuple[str, torch.Tensor]], version: int = 0) -> SyncStats:
         params = dict(named)
         start = time.perf_counter()
-        for bucket in self.buckets:
-            flat = torch.cat([_full(params[n]).detach().reshape(-1).to(self.device) for n in bucket.names])
-            dist.broadcast(flat, self.src, group=self.group)
+        dist.broadcast(torch.tensor([version], dtype=torch.int64, device=self.device), self.src, group=self.group)
+        with torch.no_grad():
+            for bucket in self.buckets:
+                flat = torch.cat([_full(params[n]).detach().reshape(-1).to(self.device, bucket.dtype)
+                                  for n in bucket.names])
+                dist.broadcast(flat, self.src, group=self.group)
         return SyncStats(time.perf_counter() - start, self.total_bytes, len(self.buckets))
 
-    def receive(self, apply: Callable[[dict[str, torch.Tensor]], None]) -> SyncStats:
+    def receive(self, apply: Callable[[dict[str, torch.Tensor]], None]) -> tuple[SyncStats, int]:
+        """Receive one sync; returns its stats and the weight version it carried."""
         start = time.perf_counter()
+        version = torch.empty(1, dtype=torch.int64, device=self.device)
+        dist.broadcast(version, self.src, group=self.group)
         for bucket in self.buckets:
             flat = torch.empty(bucket.numel, dtype=bucket.dtype, device=self.device)
             dist.broadcast(flat, self.src, group=self.group)
             views = torch.split(flat, [s.numel() for s in bucket.shapes])
             apply({n: v.view(s) for n, v, s in zip(bucket.names, views, bucket.shapes, strict=True)})
-        return SyncStats(time.perf_counter() - start, self.total_bytes, len(self.buckets))
+        return SyncStats(time.perf_counter() - start, self.total_bytes, len(self.buckets)), int(version.item())
 
 
 def copy_into(model: torch.nn.Module) -> Callable[[dict[str, torch.Tensor]], None]:
@@ -138,3 +152,15 @@ def copy_into(model: torch.nn.Module) -> Callable[[dict[str, torch.Tensor]], Non
                 params[name].copy_(tensor)
 
     return apply
+
+
+def state_digest(named: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype | None = None) -> str:
+    """SHA-256 over parameter names and raw bytes: equal digests mean bitwise-equal weights."""
+    h = hashlib.sha256()
+    for name, tensor in sorted(named, key=lambda kv: kv[0]):
+        t = _full(tensor).detach()
+        if dtype is not None:
+            t = t.to(dtype)
+        h.update(name.encode())
+        h.update(t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()

@@ -1,0 +1,70 @@
+"""`hetprof run` and `hetprof validate`: carry a plan out, then hold its prediction against the measurement."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from hetprof.cli import db_option, db_path
+
+
+@click.command("run")
+@click.argument("plan", type=click.Path(exists=True, dir_okay=False))
+@click.option("--iterations", type=int, default=20, show_default=True, help="RL iterations to run in total")
+@click.option("--backend", default="hf", show_default=True, help="generation backend (hf | vllm | a plugin)")
+@click.option("--checkpoint-dir", type=click.Path(file_okay=False), help="where checkpoints go (none: no checkpoints)")
+@click.option("--checkpoint-every", type=int, default=5, show_default=True, help="iterations between checkpoints")
+@click.option("--resume", is_flag=True, help="continue from the last complete checkpoint in --checkpoint-dir")
+@click.option("--log", "log", type=click.Path(dir_okay=False), help="JSONL log, one record per iteration (appended)")
+@click.option("--seed", type=int, default=0, show_default=True, help="seed of weights, data and sampling")
+@click.option("--prompts", type=click.Path(exists=True, dir_okay=False),
+              help='JSONL prompt file ({"prompt": ..., "answer": ...} per line); default: built-in arithmetic')
+@click.option("--reward", default="arithmetic", show_default=True, help="reward name or module:function")
+@click.option("--nnodes", type=int, default=1, show_default=True, help="hosts taking part (one `hetprof run` each)")
+@click.option("--node-rank", type=int, default=0, show_default=True, help="which of the plan's hosts this is")
+@click.option("--rdzv", help="HOST:PORT of node 0's rendezvous (multi-host runs)")
+@click.option("--local-addr", help="this host's address as the others reach it (multi-homed hosts)")
+@click.option("--timeout", "timeout_s", type=float, default=120.0, show_default=True,
+              help="seconds a worker waits for a peer before the run is stopped (hung-worker bound)")
+@click.option("--bucket-mb", type=float, default=32.0, show_default=True, help="weight-sync bucket size")
+@click.option("--verify-sync", is_flag=True, help="check after every sync that generators hold the trainer's "
+              "weights bitwise (hashes; costs one pass over the weights)")
+@click.option("--quiet", is_flag=True, help="no per-iteration console lines")
+@db_option
+def run(plan: str, iterations: int, backend: str, checkpoint_dir: str | None, checkpoint_every: int, resume: bool,
+        log: str | None, seed: int, prompts: str | None, reward: str, nnodes: int, node_rank: int, rdzv: str | None,
+        local_addr: str | None, timeout_s: float, bucket_mb: float, verify_sync: bool, quiet: bool) -> None:
+    """Run PLAN (a plan JSON from `hetprof plan`) with one worker process per planned device.
+
+    \b
+    Single host:   hetprof run plan.json --iterations 20 --log run.jsonl --checkpoint-dir ckpt
+    Resume:        hetprof run plan.json --iterations 20 --log run.jsonl --checkpoint-dir ckpt --resume
+    Two hosts:     hetprof run plan.json --nnodes 2 --node-rank 0 --rdzv 10.0.0.1:29400   (on host 0)
+                   hetprof run plan.json --nnodes 2 --node-rank 1 --rdzv 10.0.0.1:29400   (on host 1)
+    Measured stage times go to the log, the console and the profile database (run records).
+    """
+    from hetprof.executor.launch import RunOptions, launch
+
+    options = RunOptions(
+        plan_path=os.path.abspath(plan), iterations=iterations, backend=backend,
+        checkpoint_dir=os.path.abspath(checkpoint_dir) if checkpoint_dir else None,
+        checkpoint_every=checkpoint_every, resume=resume, log=os.path.abspath(log) if log else None,
+        db=str(db_path()), seed=seed, prompts=os.path.abspath(prompts) if prompts else None, reward=reward,
+        timeout_s=timeout_s, bucket_mb=bucket_mb, verify_sync=verify_sync, quiet=quiet)
+    launch(options, nnodes=nnodes, node_rank=node_rank, rdzv=rdzv, local_addr=local_addr)
+
+
+@click.command("validate")
+@click.argument("source")
+@click.option("--skip", type=int, default=1, show_default=True,
+              help="leading iterations left out of the summary (start-up, warm caches)")
+@db_option
+def validate(source: str, skip: int) -> None:
+    """Print predicted (from the plan) against measured, per task and per iteration.
+
+    SOURCE is a run's JSONL log, or a run id whose records are in the profile database.
+    """
+    from hetprof.executor.validation import load_records, render
+
+    render(load_records(source, db_path()), skip=skip)

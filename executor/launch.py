@@ -1,0 +1,152 @@
+"""Starting a plan's workers through torch's elastic launcher, and turning their failures into one message.
+
+`hetprof run` on each host calls `launch`: it starts one worker process per planned device of that
+host through `torch.distributed.launcher.api.elastic_launch` with the c10d rendezvous (the engine
+behind torchrun), so several hosts meet without a protocol of our own. With `max_restarts=0` the
+agent stops every local worker as soon as one dies; the survivors on other hosts fail on their next
+collective (or at the process-group timeout when a peer hangs), so a run always ends in bounded time.
+The agent's report names only local ranks; this module maps them back to the plan's devices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import tempfile
+from pathlib import Path
+
+from hetprof.errors import ExecutionError
+from hetprof.executor.groups import check_supported, host_devices, planned_hosts
+from hetprof.executor.records import plan_hash
+from hetprof.specs import Plan
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """Everything a worker needs besides the plan; plain values so the spawn start method can send it."""
+
+    plan_path: str
+    iterations: int = 20
+    backend: str = "hf"
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 5
+    resume: bool = False
+    log: str | None = None
+    db: str | None = None
+    seed: int = 0
+    prompts: str | None = None
+    reward: str = "arithmetic"
+    timeout_s: float = 120.0
+    bucket_mb: float = 32.0
+    verify_sync: bool = False
+    quiet: bool = False
+
+    def validate(self) -> None:
+        if self.iterations < 1:
+            raise ExecutionError(f"--iterations must be at least 1, got {self.iterations}")
+        if self.checkpoint_every < 1:
+            raise ExecutionError(f"--checkpoint-every must be at least 1, got {self.checkpoint_every}")
+        if self.resume and not self.checkpoint_dir:
+            raise ExecutionError("--resume needs --checkpoint-dir (where the checkpoints are)")
+        if self.timeout_s <= 0:
+            raise ExecutionError(f"--timeout must be positive, got {self.timeout_s}")
+
+
+def free_port() -> int:
+    """A TCP port free on this host now, for a single-host rendezvous nobody else needs to find."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def load_plan(path: str | Path) -> Plan:
+    plan = Plan.load(path)
+    plan.validate()
+    return plan
+
+
+def node_host(plan: Plan, nnodes: int, node_rank: int) -> str:
+    """The plan's host that node `node_rank` runs; refuses a node count the plan does not have."""
+    hosts = planned_hosts(plan)
+    if nnodes != len(hosts):
+        hint = "" if len(hosts) == 1 else (f"; start `hetprof run` once per host with --nnodes {len(hosts)} "
+                                          f"--node-rank R --rdzv HOST:PORT (R = 0 for {hosts[0]}, …)")
+        raise ExecutionError(f"the plan places tasks on {len(hosts)} host(s) ({', '.join(hosts)}) but "
+                             f"--nnodes is {nnodes}{hint}")
+    if not 0 <= node_rank < nnodes:
+        raise ExecutionError(f"--node-rank must be in [0, {nnodes}), got {node_rank}")
+    return hosts[node_rank]
+
+
+def describe_failures(exc: Exception, plan: Plan, host: str) -> str:
+    """One sentence per failed worker, naming its device and tasks; killed ones first (the cause)."""
+    failures = getattr(exc, "failures", {}) or {}
+    devices = host_devices(plan, host)
+    tasks_of = {d: [t.task for t in plan.tasks if d in t.devices()] for d in devices}
+    lines = []
+    ordered = sorted(failures.items(), key=lambda kv: (kv[1].exitcode >= 0, kv[1].timestamp, kv[0]))
+    for local_rank, failure in ordered:
+        dev = devices[local_rank] if local_rank < len(devices) else f"local rank {local_rank}"
+        how = (f"killed by signal {-failure.exitcode} ({failure.signal_name()})" if failure.exitcode < 0
+               else f"exited with code {failure.exitcode}")
+        message = failure.message if isinstance(failure.message, str) else str(failure.message)
+        first = message.strip().splitlines()[0] if message.strip() and failure.exitcode >= 0 else ""
+        lines.append(f"worker {dev} (tasks {', '.join(tasks_of.get(dev, [])) or '-'}; pid {failure.pid}) {how}"
+                     + (f": {first}" if first and "To enable traceback" not in first else ""))
+    if not lines:
+        return f"the run on host {host} failed: {exc}"
+    return "the run failed — " + "; ".join(lines)
+
+
+def launch(options: RunOptions, nnodes: int = 1, node_rank: int = 0, rdzv: str | None = None,
+           local_addr: str | None = None) -> None:
+    """Run the plan's workers of this host to completion; raises ExecutionError naming failed workers."""
+    from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from hetprof.executor.runtime import worker_main
+
+    options.validate()
+    plan = load_plan(options.plan_path)
+    check_supported(plan)
+    host = node_host(plan, nnodes, node_rank)
+    nproc = len(host_devices(plan, host))
+    if nnodes > 1 and not rdzv:
+        raise ExecutionError("a multi-host run needs --rdzv HOST:PORT (node 0's address, reachable from all)")
+    endpoint = rdzv or f"127.0.0.1:{free_port()}"
+    log_dir = tempfile.mkdtemp(prefix="hetprof-run-")
+    config = LaunchConfig(
+        min_nodes=nnodes, max_nodes=nnodes, nproc_per_node=nproc,
+        run_id=f"hetprof-{plan_hash(plan)}", role="hetprof-worker",
+        rdzv_backend="c10d", rdzv_endpoint=endpoint,
+        # Node 0 hosts the rendezvous store: in a network namespace the host name does not resolve
+        # to the address the other nodes use, so torch's own "is this me?" guess would fail.
+        rdzv_configs={"is_host": node_rank == 0, "join_timeout": max(60, int(options.timeout_s))},
+        max_restarts=0, monitor_interval=0.2, start_method="spawn",
+        logs_specs=DefaultLogsSpecs(log_dir=log_dir), local_addr=local_addr,
+    )
+    env_before = os.environ.get("OMP_NUM_THREADS")
+    if plan_is_cpu(plan):
+        os.environ["OMP_NUM_THREADS"] = "1"  # one core per `cpu` slot, inherited by the spawned workers
+    try:
+        elastic_launch(config, worker_main)(options, host)
+    except ChildFailedError as exc:
+        raise ExecutionError(describe_failures(exc, plan, host)) from None
+    except Exception as exc:  # rendezvous/agent failures: name the host and the endpoint
+        if isinstance(exc, ExecutionError):
+            raise
+        raise ExecutionError(f"the run on host {host} (node {node_rank} of {nnodes}, rendezvous {endpoint}) "
+                             f"failed: {type(exc).__name__}: {exc}") from None
+    finally:
+        if env_before is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = env_before
+
+
+def plan_is_cpu(plan: Plan) -> bool:
+    cluster = plan.cluster_spec()
+    used = {d for t in plan.tasks for d in t.devices()}
+    return all(d.type == "cpu" for d in cluster.devices() if d.id in used)

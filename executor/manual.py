@@ -1,0 +1,58 @@
+"""Plans written by hand: place each task on devices yourself and get a plan `hetprof run` accepts.
+
+The planner is the usual source of plans, but an engineer reproducing a placement (a baseline, a
+bug report, a quick experiment on a new cluster) wants to say "generation on these two, training on
+that one" without a search. Tasks that share a device set form one group, as the planner's
+time-sharing groups do; the prediction is left empty (the runtime then reports no ratio) unless
+one is passed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from hetprof.errors import SpecError
+from hetprof.specs import ClusterSpec, Group, Layout, Plan, Prediction, Tasklet, TaskPlacement, WorkloadSpec
+from hetprof.specs import workload_tasks as tasks_of
+
+
+def manual_plan(cluster: ClusterSpec | Mapping[str, Any], workload: WorkloadSpec | Mapping[str, Any],
+                placement: Mapping[str, Sequence[str]], shares: Mapping[str, Sequence[float]] | None = None,
+                predicted: Prediction | None = None, task_seconds: Mapping[str, float] | None = None) -> Plan:
+    """A data-parallel plan: `placement[task]` lists one device per replica, `shares[task]` their batch shares."""
+    cluster_d = cluster.to_dict() if isinstance(cluster, ClusterSpec) else dict(cluster)
+    workload_d = workload.to_dict() if isinstance(workload, WorkloadSpec) else dict(workload)
+    wl = WorkloadSpec.from_dict(workload_d)
+    layers = wl.roles()
+    groups: dict[tuple[str, ...], list[str]] = {}
+    placements = []
+    for task in tasks_of(wl):
+        if task not in placement:
+            raise SpecError(None, f"placement.{task}", "a list of device ids for every task of the workload", None)
+        devices = list(placement[task])
+        if not devices:
+            raise SpecError(None, f"placement.{task}", "at least one device", devices)
+        share = list((shares or {}).get(task) or [1.0 / len(devices)] * len(devices))
+        if len(share) != len(devices):
+            raise SpecError(None, f"shares.{task}", f"{len(devices)} shares (one per replica)", share)
+        total = sum(share)
+        share = [s / total for s in share]
+        key = tuple(sorted(devices))
+        groups.setdefault(key, []).append(task)
+        role = {"actor_gen": "actor", "actor_train": "actor", "ref_infer": "reference",
+                "reward_infer": "reward", "critic_infer": "critic", "critic_train": "critic"}[task]
+        n_layers = layers[role].layers
+        placements.append(TaskPlacement(
+            task=task, group="", layout=Layout(dp=len(devices)),
+            tasklets=[Tasklet(replica=i, stage=0, devices=[d], layer_start=0, layer_end=n_layers, batch_share=s)
+                      for i, (d, s) in enumerate(zip(devices, share, strict=True))],
+            predicted_s=(task_seconds or {}).get(task)))
+    names = {key: f"g{i}" for i, key in enumerate(groups)}
+    for p in placements:
+        p.group = names[tuple(sorted(p.devices()))]
+    plan = Plan(cluster=cluster_d, workload=workload_d,
+                groups=[Group(name=names[k], tasks=t, devices=list(k)) for k, t in groups.items()],
+                tasks=placements, predicted=predicted or Prediction(iteration_s=0.0), search="manual")
+    plan.validate()
+    return Plan.from_dict(plan.to_dict())

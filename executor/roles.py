@@ -1,0 +1,273 @@
+"""The models and RL-library objects one rank holds for the tasks the plan put on its device.
+
+A rank builds only what its tasks need (a generator never builds an optimizer, an inference rank
+never builds the actor), so a device's memory holds what the planner's memory model counted. All
+models are seeded the same way on every rank, and the runtime's first weight sync makes the
+generators' copy of the actor equal to the trainer's whatever the initialisation did.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+
+from hetprof.errors import ExecutionError
+from hetprof.executor.data import Prompt, PromptSource, load_jsonl
+from hetprof.executor.groups import Topology
+from hetprof.executor.launch import RunOptions
+from hetprof.executor.modeling import (
+    build_causal_lm,
+    build_reward_model,
+    build_value_model,
+    torch_dtype,
+    unwrap,
+)
+from hetprof.executor.tokenizer import load_tokenizer
+from hetprof.models import PRESETS
+from hetprof.specs import WorkloadSpec
+
+# The RLBatch fields that travel to training replicas (None fields are left out).
+BATCH_FIELDS = ("input_ids", "attention_mask", "mask", "rewards", "behaviour_logprobs", "ref_logprobs",
+                "values", "advantages", "returns", "versions")
+
+
+def model_ref(workload: WorkloadSpec, role: str) -> str:
+    """A preset name, or the absolute path of a local HF model (relative to the workload file)."""
+    ref = getattr(workload.models, role) or workload.models.actor
+    if ref.strip().lower() in PRESETS:
+        return ref.strip().lower()
+    path = Path(ref)
+    if not path.is_absolute() and workload.base_dir:
+        path = Path(workload.base_dir) / path
+    return str(path)
+
+
+class RoleSet:
+    """Models, optimizers and library objects for the tasks on one rank."""
+
+    def __init__(self, workload: WorkloadSpec, tasks: list[str], device: torch.device, options: RunOptions,
+                 topo: Topology, rank: int):
+        from hetprof.executor.algorithms import AlgorithmConfig, get_algorithm
+        from hetprof.executor.backends import get_backend
+
+        self.workload = workload
+        self.tasks = tasks
+        self.device = device
+        self.opts = options
+        self.topo = topo
+        self.rank = rank
+        self.console = Console()
+        self.training = workload.training
+        actor = model_ref(workload, "actor")
+        self.tokenizer = load_tokenizer(actor)
+        self.pad_id = self.tokenizer.pad_id
+        # Masters and optimizer state in fp32; generation and inference in the workload's precision
+        # on GPUs (CPUs compute in fp32: bf16 matmuls there are emulated and slow).
+        self.train_dtype = torch.float32
+        self.infer_dtype = torch.float32 if device.type == "cpu" else torch_dtype(workload.precision)
+        self.wire_dtype = self.infer_dtype if self.infer_dtype != self.train_dtype else None
+        t = workload.training
+        self.algorithm = get_algorithm(workload.algorithm)(AlgorithmConfig(
+            clip_eps=t.clip_eps, kl_coef=t.kl_coef, gamma=t.gamma, lam=t.lam))
+        self.async_k = workload.staleness if workload.mode == "async" else 0
+        seed = options.seed
+        self.source = self._prompt_source()
+        self.models: dict[str, torch.nn.Module] = {}
+        self.learners: dict[str, Any] = {}
+        if "actor_gen" in tasks:
+            self.models["actor_gen"] = build_causal_lm(actor, seed=seed, dtype=self.infer_dtype, device=device)
+            self.backend = get_backend(options.backend)(self.models["actor_gen"], self.tokenizer, device)
+        if "ref_infer" in tasks:
+            self.models["ref_infer"] = build_causal_lm(model_ref(workload, "reference"), seed=seed,
+                                                       dtype=self.infer_dtype, device=device).eval()
+        if "critic_infer" in tasks:
+            self.models["critic_infer"] = build_value_model(model_ref(workload, "critic"), seed=seed + 1,
+                                                            dtype=self.infer_dtype, device=device).eval()
+        if "reward_infer" in tasks:
+            from hetprof.executor.rewards import RewardModelScorer
+
+            rm = build_reward_model(model_ref(workload, "reward"), seed=seed + 2, dtype=self.infer_dtype,
+                                    device=device).eval()
+            self.models["reward_infer"] = rm
+            self.reward_model = RewardModelScorer(rm, self.tokenizer, device)
+        if "actor_train" in tasks:
+            model = build_causal_lm(actor, seed=seed, dtype=self.train_dtype, device=device)
+            self._add_learner("actor_train", model, self.training.lr)
+        if "critic_train" in tasks:
+            model = build_value_model(model_ref(workload, "critic"), seed=seed + 1, dtype=self.train_dtype,
+                                      device=device)
+            self._add_learner("critic_train", model, self.training.critic_lr)
+        from hetprof.executor.rewards import get_reward
+
+        self.reward_fn = get_reward(options.reward)
+
+    def _prompt_source(self) -> PromptSource:
+        n = self.workload.prompts_per_step
+        if self.opts.prompts:
+            prompts = load_jsonl(self.opts.prompts)
+            return PromptSource(prompts, n, seed=self.opts.seed)
+        return PromptSource.builtin(n, seed=self.opts.seed)
+
+    def _add_learner(self, task: str, model: torch.nn.Module, lr: float) -> None:
+        from hetprof.executor.learner import Learner
+
+        group = self.topo.groups.get(task)
+        ranks = self.topo.tasks[task].ranks
+        wrapped = model
+        if len(ranks) > 1:
+            wrapped = _fsdp(model, group) if self.device.type == "cuda" else _ddp(model, group, self.device)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+        self.models[task] = wrapped
+        # Sync runs generate with the very weights being trained (π_prox = π_behav): skip the recompute.
+        self.learners[task] = Learner(wrapped, optimizer, self.algorithm, ppo_epochs=self.workload.ppo_epochs,
+                                      mini_batches=self.workload.mini_batches,
+                                      role="actor" if task == "actor_train" else "critic",
+                                      temperature=self.training.temperature, recompute_proximal=self.async_k > 0,
+                                      seed=self.opts.seed)
+
+    # ---- data --------------------------------------------------------------------------------
+    def prompts(self, batch: int) -> list[Prompt]:
+        return self.source.batch(batch)
+
+    # ---- generation ----------------------------------------------------------------------------
+    def generate(self, prompts: list[Prompt], batch: int, replica: int, version: int) -> dict[str, torch.Tensor]:
+        n = self.workload.responses_per_prompt
+        ids = [self.tokenizer.encode(p.text) for p in prompts for _ in range(n)]
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(hash_seed(self.opts.seed, batch, replica))
+        out = self.backend.generate(ids, self.workload.response_len.cap, temperature=self.training.temperature,
+                                    top_p=self.training.top_p, generator=gen)
+        return {"input_ids": out.input_ids, "attention_mask": out.attention_mask,
+                "response_mask": out.response_mask, "logprobs": out.logprobs.float(),
+                "version": torch.full((len(ids),), version, dtype=torch.long)}
+
+    # ---- inference -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def infer(self, task: str, part: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        from hetprof.executor.logprobs import token_logprobs
+
+        ids, mask = part["input_ids"], part["attention_mask"]
+        if task == "ref_infer":
+            lp = token_logprobs(self.models[task], ids, mask, temperature=self.training.temperature)
+            return {"ref_logprobs": lp.float()}
+        if task == "critic_infer":  # values in the trainer's shifted space (column t: state before token t+1)
+            return {"values": self.models[task](ids, mask)[:, :-1].float()}
+        if task == "reward_infer":
+            return {"rm_scores": self.reward_model.score_ids(ids, mask).float()}
+        raise ExecutionError(f"no inference role for task {task}")
+
+    # ---- the leader's part ---------------------------------------------------------------------
+    def score(self, batch: dict[str, torch.Tensor], prompts: list[Prompt]) -> dict[str, torch.Tensor]:
+        """Rewards per sequence: the rule (or user) reward, plus the reward model's score if planned."""
+        texts, responses, answers = [], [], []
+        for row, rmask, idx in zip(batch["input_ids"].tolist(), batch["response_mask"].tolist(),
+                                   batch["prompt_index"].tolist(), strict=True):
+            resp = [t for t, m in zip(row, rmask, strict=True) if m]
+            responses.append(self.tokenizer.decode(resp))
+            texts.append(prompts[idx].text)
+            answers.append(prompts[idx].answer)
+        rewards = torch.tensor(self.reward_fn(texts, responses, answers), dtype=torch.float32)
+        if "rm_scores" in batch:
+            rewards = rewards + batch["rm_scores"].float()
+        return {**batch, "rewards": rewards}
+
+    def advantages(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The algorithm's advantages (and PPO returns) over the whole batch, as RLBatch fields."""
+        from hetprof.executor.algorithms import RLBatch
+
+        rl = RLBatch(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                     mask=batch["response_mask"][:, 1:], rewards=batch["rewards"],
+                     behaviour_logprobs=batch["logprobs"][:, 1:], group_size=self.workload.responses_per_prompt,
+                     ref_logprobs=batch.get("ref_logprobs"), values=batch.get("values"),
+                     versions=batch["version"])
+        self.algorithm.advantages(rl)
+        return {f: getattr(rl, f) for f in BATCH_FIELDS if getattr(rl, f) is not None}
+
+    # ---- training ------------------------------------------------------------------------------
+    def train(self, task: str, part: dict[str, torch.Tensor]) -> dict[str, float]:
+        from hetprof.executor.algorithms import RLBatch
+
+        rl = RLBatch(**part, group_size=self.workload.responses_per_prompt)
+        return self.learners[task].update(rl)
+
+    # ---- weights -------------------------------------------------------------------------------
+    def full_weights(self, role: str) -> dict[str, torch.Tensor] | None:
+        """Every replica of a sharded (FSDP) trainer must take part in gathering the full weights
+        before its lead can broadcast them; DDP replicas hold full copies and skip this."""
+        task = "actor_train" if role == "actor" else "critic_train"
+        model = self.models.get(task)
+        if model is None or not _is_sharded(model):
+            return None
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+
+    def model_for_sync(self, role: str, sender: bool) -> torch.nn.Module:
+        """The module whose parameters a sync edge sends (trainer) or overwrites (generator/inference)."""
+        if role == "actor":
+            name = "actor_train" if sender else "actor_gen"
+        else:
+            name = "critic_train" if sender else "critic_infer"
+        if name not in self.models:
+            raise ExecutionError(f"weight sync: this rank holds no {name} model")
+        return unwrap(self.models[name])
+
+    def apply_weights(self, role: str):
+        if role == "actor":
+            return self.backend.load_weights
+        params = dict(unwrap(self.models["critic_infer"]).named_parameters())
+
+        def apply(state: dict[str, torch.Tensor]) -> None:
+            with torch.no_grad():
+                for name, tensor in state.items():
+                    params[name].copy_(tensor)
+
+        return apply
+
+    # ---- checkpoints ---------------------------------------------------------------------------
+    def trained_tasks(self, lead_only: bool) -> list[str]:
+        """Training tasks on this rank (only those it leads: replica 0 writes the checkpoint)."""
+        return [t for t in ("actor_train", "critic_train") if t in self.learners
+                and (not lead_only or self.topo.tasks[t].lead == self.rank)]
+
+    def state(self, task: str) -> dict[str, Any]:
+        return {"model": unwrap(self.models[task]).state_dict(),
+                "optimizer": self.learners[task].optimizer.state_dict()}
+
+    def load_state(self, task: str, state: dict[str, Any]) -> None:
+        unwrap(self.models[task]).load_state_dict(state["model"])
+        self.learners[task].optimizer.load_state_dict(state["optimizer"])
+
+
+def _ddp(model: torch.nn.Module, group, device: torch.device) -> torch.nn.Module:
+    from torch.nn.parallel import DistributedDataParallel
+
+    ids = [device.index] if device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=ids, process_group=group)
+
+
+def _fsdp(model: torch.nn.Module, group) -> torch.nn.Module:
+    """FSDP2 on GPUs: shard each decoder layer, then the rest, over the task's replicas."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = DeviceMesh.from_group(group, "cuda")
+    for module in model.modules():
+        if type(module).__name__.endswith("DecoderLayer"):
+            fully_shard(module, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
+
+
+def _is_sharded(model: torch.nn.Module) -> bool:
+    return any(hasattr(p, "full_tensor") for p in model.parameters())
+
+
+def hash_seed(*parts: int) -> int:
+    """A 63-bit seed from integers: the same (seed, batch, replica) samples the same on any run."""
+    value = 0x9E3779B97F4A7C15
+    for p in parts:
+        value = (value * 6364136223846793005 + int(p) + 1442695040888963407) % (1 << 63)
+    return value

@@ -1,0 +1,382 @@
+"""One worker of a run: walks the plan's RL iteration for the tasks placed on its device.
+
+Every rank walks the same static loop (staleness.schedule) and, within a loop step, the same phase
+order — generate, each inference task, reward + advantages, each training task, weight sync, stats —
+so the collectives of different groups line up without a coordinator. Data moves between task
+leaders as tensor dicts (non-blocking sends, blocking receives): a rank only ever waits for data that
+an earlier phase produces, so the order cannot deadlock, and generators on their own devices run
+the next batch while the trainers work on the previous one (async mode, k ≥ 1).
+
+The leader (actor_train's replica 0) assembles each batch, scores rewards, computes advantages,
+splits the batch over the training replicas by the plan's shares, and records the iteration.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from hetprof.errors import ExecutionError
+from hetprof.executor import checkpoint
+from hetprof.executor.groups import Outbox, Topology, check_supported, device_kind, host_devices, recv_tensors
+from hetprof.executor.launch import RunOptions, load_plan
+from hetprof.executor.records import RunLog, console_line, plan_hash, write_db
+from hetprof.executor.roles import RoleSet
+from hetprof.executor.shares import offsets, split_counts
+from hetprof.executor.staleness import VersionCounter, schedule
+from hetprof.executor.weightsync import WeightSync, state_digest
+
+# Message kinds; a tag is batch * KINDS + kind, so batches in flight (async) never mix.
+KINDS = 16
+ROLLOUT, TRAIN_IN, CRITIC_IN = 1, 2, 3
+INFER_IN = {"ref_infer": 4, "reward_infer": 5, "critic_infer": 6}
+INFER_OUT = {"ref_infer": 7, "reward_infer": 8, "critic_infer": 9}
+PAD_KEYS = ("input_ids", "attention_mask", "response_mask", "logprobs")
+
+
+def tag(batch: int, kind: int) -> int:
+    return batch * KINDS + kind
+
+
+def pad_cat(parts: list[dict[str, torch.Tensor]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Concatenate replica batches whose sequence lengths differ: right-pad [B, T] tensors."""
+    parts = [p for p in parts if p]
+    if not parts:
+        return {}
+    width = {k: max(p[k].shape[1] for p in parts) for k in parts[0] if parts[0][k].dim() == 2}
+    out = {}
+    for key in parts[0]:
+        if key in width:
+            fill = pad_id if key == "input_ids" else 0
+            out[key] = torch.cat([torch.nn.functional.pad(p[key], (0, width[key] - p[key].shape[1]), value=fill)
+                                  for p in parts])
+        else:
+            out[key] = torch.cat([p[key] for p in parts])
+    return out
+
+
+def take(batch: dict[str, torch.Tensor], keys: tuple[str, ...], rows: slice) -> dict[str, torch.Tensor]:
+    return {k: batch[k][rows] for k in keys if k in batch}
+
+
+class Worker:
+    """The tasks of one rank and the loop that runs them."""
+
+    def __init__(self, options: RunOptions, topo: Topology, rank: int, device: torch.device):
+        self.opts = options
+        self.topo = topo
+        self.plan = topo.plan
+        self.workload = self.plan.workload_spec()
+        self.rank = rank
+        self.device = device
+        self.device_id = topo.device_of[rank]
+        self.k = self.workload.staleness if self.workload.mode == "async" else 0
+        self.tasks = topo.tasks_on(rank)
+        self.leader = topo.leader
+        self.is_leader = rank == self.leader
+        self.roles = RoleSet(self.workload, self.tasks, device, options, topo, rank)
+        self.outbox = Outbox()
+        self.version = 0  # generator: weight version held; leader: optimizer iterations applied
+        self.actor_sync = self._make_sync("weight_sync", "actor")
+        self.critic_sync = self._make_sync("critic_sync", "critic")
+        self.hash = plan_hash(self.plan)
+        self.run_name = f"run-{self.hash[:8]}-{datetime.datetime.now(datetime.UTC):%Y%m%dT%H%M%S}"
+        self.log = RunLog(options.log) if self.is_leader else None
+
+    # ---- setup -------------------------------------------------------------------------------
+    def _make_sync(self, group: str, role: str) -> WeightSync | None:
+        members = self.topo.sync_members(group)
+        if self.rank not in members:
+            return None
+        src = self.topo.sync_source(group)
+        model = self.roles.model_for_sync(role, sender=self.rank == src)
+        return WeightSync(self.topo.groups[group], src, model.named_parameters(), self.opts.bucket_mb,
+                          device=self.device, wire_dtype=self.roles.wire_dtype)
+
+    def _resume_point(self) -> int:
+        """Iteration to start at (0, or the last committed checkpoint's); the leader decides for all."""
+        box: list[Any] = [None]
+        if self.is_leader:
+            start, run = 0, self.run_name
+            if self.opts.resume:
+                meta = checkpoint.committed(self.opts.checkpoint_dir)
+                if meta is None:
+                    box[0] = {"error": f"--resume: no complete checkpoint under {self.opts.checkpoint_dir}"}
+                elif meta.get("plan_hash") != self.hash:
+                    box[0] = {"error": f"--resume: the checkpoint under {self.opts.checkpoint_dir} was made "
+                                       f"for plan {meta.get('plan_hash')}, not this plan ({self.hash})"}
+                else:
+                    start, run = int(meta["iteration"]), meta["run"]
+            box[0] = box[0] or {"start": start, "run": run}
+        dist.broadcast_object_list(box, src=self.leader)
+        if "error" in box[0]:
+            raise ExecutionError(box[0]["error"])
+        self.run_name = box[0]["run"]
+        return int(box[0]["start"])
+
+    def _load_checkpoint(self, start: int) -> None:
+        for task in self.roles.trained_tasks(lead_only=False):
+            path = checkpoint.task_dir(self.opts.checkpoint_dir, task) / f"iter-{start:06d}"
+            state, _ = checkpoint.load(path, map_location=self.device)
+            self.roles.load_state(task, state)
+
+    def _save_checkpoint(self, iteration: int) -> bool:
+        saved = False
+        for task in self.roles.trained_tasks(lead_only=True):
+            checkpoint.save(checkpoint.task_dir(self.opts.checkpoint_dir, task), iteration,
+                            self.roles.state(task), {"plan_hash": self.hash, "run": self.run_name, "task": task})
+            saved = True
+        return saved
+
+    # ---- the loop ----------------------------------------------------------------------------
+    def run(self) -> None:
+        start = self._resume_point()
+        if start and self.opts.resume:
+            self._load_checkpoint(start)
+        if start >= self.opts.iterations:
+            if self.is_leader and not self.opts.quiet:
+                self.roles.console.print(f"nothing to do: the checkpoint is at iteration {start} "
+                                         f"(--iterations {self.opts.iterations})")
+            return
+        self.version = start
+        counter = VersionCounter(start, self.k)
+        self._sync(start)  # generators start from the trainer's weights, fresh or resumed
+        last = time.perf_counter()
+        for step in schedule(start, self.opts.iterations, self.k):
+            times: dict[str, float] = {}
+            info: dict[str, Any] = {"rank": self.rank, "device": self.device_id, "pid": os.getpid()}
+            if step.generate is not None and "actor_gen" in self.tasks:
+                self._generate(step.generate, times, info)
+            if step.consume is not None:
+                b = step.consume
+                batch = self._assemble(b, times) if self.is_leader else None
+                for task in self.topo.inference_tasks():
+                    batch = self._infer(task.task, b, batch, times)
+                if self.is_leader:
+                    batch = self._score(b, batch, counter, times, info)
+                self._train(b, batch, times, info)
+                if self.is_leader:
+                    counter.advance()
+                self._sync(b + 1, times, info)
+                if self.opts.checkpoint_dir and ((b + 1) % self.opts.checkpoint_every == 0
+                                                 or b + 1 == self.opts.iterations):
+                    info["saved"] = self._save_checkpoint(b + 1)
+            info["times"] = times
+            gathered: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, info)
+            now = time.perf_counter()
+            if step.consume is not None and self.is_leader:
+                self._record(step.consume, now - last, gathered, info)
+            last = now
+        self.outbox.flush()
+
+    # ---- phases ------------------------------------------------------------------------------
+    def _generate(self, b: int, times: dict, info: dict) -> None:
+        gen = self.topo.tasks["actor_gen"]
+        replica = gen.ranks.index(self.rank)
+        prompts = self.roles.prompts(b)
+        counts = split_counts(len(prompts), gen.shares, minimum=1)
+        mine = offsets(counts)[replica]
+        t0 = time.perf_counter()
+        out = self.roles.generate(prompts[mine], b, replica, self.version)
+        out["prompt_index"] = torch.arange(mine.start, mine.stop).repeat_interleave(
+            self.workload.responses_per_prompt)
+        times["actor_gen"] = time.perf_counter() - t0
+        info["gen_tokens"] = int(out["response_mask"].sum())
+        if self.is_leader:
+            self._own_rollout = out
+        else:
+            self.outbox.send(out, self.leader, tag(b, ROLLOUT), self.device)
+
+    def _assemble(self, b: int, times: dict) -> dict[str, torch.Tensor]:
+        t0 = time.perf_counter()
+        parts = []
+        for r in self.topo.tasks["actor_gen"].ranks:
+            parts.append(self._own_rollout if r == self.rank else recv_tensors(r, tag(b, ROLLOUT), self.device))
+        times["wait_rollouts"] = time.perf_counter() - t0
+        return pad_cat(parts, self.roles.pad_id)
+
+    def _infer(self, task: str, b: int, batch: dict | None, times: dict) -> dict | None:
+        tr = self.topo.tasks[task]
+        keys = ("input_ids", "attention_mask", "response_mask")
+        if self.is_leader:
+            counts = split_counts(batch["input_ids"].shape[0], tr.shares, minimum=1)
+            slices = offsets(counts)
+            for r, rows in zip(tr.ranks, slices, strict=True):
+                if r != self.rank:
+                    self.outbox.send(take(batch, keys, rows), r, tag(b, INFER_IN[task]), self.device)
+        if self.rank in tr.ranks:
+            if self.is_leader:
+                part = take(batch, keys, slices[tr.ranks.index(self.rank)])
+            else:
+                part = recv_tensors(self.leader, tag(b, INFER_IN[task]), self.device)
+            t0 = time.perf_counter()
+            result = self.roles.infer(task, part)
+            times[task] = time.perf_counter() - t0
+            if not self.is_leader:
+                self.outbox.send(result, self.leader, tag(b, INFER_OUT[task]), self.device)
+        if self.is_leader:
+            results = [result if r == self.rank else recv_tensors(r, tag(b, INFER_OUT[task]), self.device)
+                       for r in tr.ranks]
+            merged = pad_cat(results, 0)
+            batch = {**batch, **merged}
+        return batch
+
+    def _score(self, b: int, batch: dict, counter: VersionCounter, times: dict, info: dict) -> dict:
+        t0 = time.perf_counter()
+        ages = counter.staleness(batch["version"].tolist())
+        info["staleness_max"] = max(ages)
+        info["staleness_mean"] = sum(ages) / len(ages)
+        info["tokens"] = int(batch["response_mask"].sum())
+        batch = self.roles.score(batch, self.roles.prompts(b))
+        info["reward_mean"] = float(batch["rewards"].mean())
+        times["reward"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        batch = self.roles.advantages(batch)
+        times["advantage"] = time.perf_counter() - t0
+        return batch
+
+    def _train(self, b: int, batch: dict | None, times: dict, info: dict) -> None:
+        """Split the scored batch over each training task's replicas by the plan's shares; DDP
+        (with the learner's global token mean) makes uneven shares give the whole batch's gradient."""
+        for tr in self.topo.training_tasks():
+            kind = TRAIN_IN if tr.task == "actor_train" else CRITIC_IN
+            if self.is_leader:
+                counts = split_counts(batch["input_ids"].shape[0], tr.shares, minimum=1)
+                slices = offsets(counts)
+                for r, rows in zip(tr.ranks, slices, strict=True):
+                    if r != self.rank:
+                        self.outbox.send(take(batch, tuple(batch), rows), r, tag(b, kind), self.device)
+            if self.rank not in tr.ranks:
+                continue
+            if self.is_leader:
+                part = take(batch, tuple(batch), slices[tr.ranks.index(self.rank)])
+            else:
+                part = recv_tensors(self.leader, tag(b, kind), self.device)
+            t0 = time.perf_counter()
+            stats = self.roles.train(tr.task, part)
+            times[tr.task] = time.perf_counter() - t0
+            info.setdefault("train", {})[tr.task] = {"n": part["input_ids"].shape[0], **stats}
+
+    def _sync(self, version: int, times: dict | None = None, info: dict | None = None) -> None:
+        for name, sync, role in (("weight_sync", self.actor_sync, "actor"), ("critic_sync", self.critic_sync, "critic")):
+            full = None
+            if f"{role}_train" in self.tasks:
+                full = self.roles.full_weights(role)  # FSDP: all replicas gather, the lead sends
+            if sync is None:
+                continue
+            t0 = time.perf_counter()
+            if self.rank == sync.src:
+                named = full.items() if full is not None else self.roles.model_for_sync(role, True).named_parameters()
+                stats = sync.send(named, version)
+            else:
+                stats, got = sync.receive(self.roles.apply_weights(role))
+                if role == "actor":
+                    self.version = got
+            if times is not None:
+                times[name] = time.perf_counter() - t0
+                info.setdefault("sync", {})[name] = {"bytes": stats.bytes, "seconds": stats.seconds}
+            if self.opts.verify_sync and info is not None:
+                model = self.roles.model_for_sync(role, sender=self.rank == sync.src)
+                info.setdefault("digest", {})[name] = state_digest(model.named_parameters(), sync.wire_dtype)
+        if "actor_gen" in self.tasks and info is not None:
+            info["gen_version"] = self.version
+
+    # ---- the record --------------------------------------------------------------------------
+    def _record(self, b: int, seconds: float, gathered: list[dict], mine: dict) -> None:
+        stages: dict[str, float] = {}
+        replicas: dict[str, list[float]] = {}
+        for task, tr in self.topo.tasks.items():
+            per = [gathered[r]["times"].get(task) for r in tr.ranks]
+            per = [p for p in per if p is not None]
+            if per:
+                replicas[task] = per
+                stages[task] = max(per)
+        for extra in ("reward", "advantage"):
+            if extra in mine["times"]:
+                stages[extra] = mine["times"][extra]
+        for edge in ("weight_sync", "critic_sync"):
+            # The sender's broadcast time is the transfer; receivers' includes waiting for training.
+            src = self.topo.sync_source(edge) if self.topo.sync_members(edge) else None
+            if src is not None and edge in gathered[src]["times"]:
+                stages[edge] = gathered[src]["times"][edge]
+        train = [g.get("train", {}).get("actor_train") for g in gathered]
+        train = [t for t in train if t]
+        n = sum(t["n"] for t in train) or 1
+
+        def weighted(key: str) -> float:
+            return float(sum(t.get(key, 0.0) * t["n"] for t in train) / n)
+
+        sync = mine.get("sync", {}).get("weight_sync", {"bytes": 0, "seconds": 0.0})
+        digests = [g.get("digest", {}).get("weight_sync") for g in gathered]
+        digests = [d for d in digests if d]
+        verified = None
+        if self.opts.verify_sync:
+            verified = len(set(digests)) == 1 and len(digests) == len(self.topo.sync_members("weight_sync"))
+            if not verified:
+                raise ExecutionError(f"iteration {b}: after the weight sync a generator's weights differ from "
+                                     f"the trainer's ({len(set(digests))} distinct digests)")
+        tokens = sum(g.get("gen_tokens", 0) for g in gathered)
+        predicted = {t.task: t.predicted_s for t in self.plan.tasks if t.predicted_s}
+        predicted.update({k: v for k, v in self.plan.predicted.breakdown.items() if k not in predicted and v})
+        predicted_iteration = self.plan.predicted.iteration_s or None
+        rec = {
+            "type": "iteration", "run": self.run_name, "plan_hash": self.hash, "iteration": b,
+            "version": b + 1, "mode": self.workload.mode, "staleness_bound": self.k,
+            "algorithm": self.workload.algorithm, "iteration_s": seconds, "stages": stages,
+            "replicas": replicas, "predicted": predicted,
+            "predicted_iteration_s": predicted_iteration, "predicted_s": predicted_iteration,
+            "tokens": tokens, "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
+            "reward_mean": mine["reward_mean"], "kl": weighted("kl"), "clip_frac": weighted("clip_frac"),
+            "entropy": weighted("entropy"), "policy_loss": weighted("policy_loss"),
+            "staleness_max": mine["staleness_max"], "staleness_mean": mine["staleness_mean"],
+            "gen_versions": sorted({g["gen_version"] for g in gathered if "gen_version" in g}),
+            "sync_bytes": sync["bytes"], "sync_Bps": sync["bytes"] / sync["seconds"] if sync["seconds"] else 0.0,
+            "sync_verified": verified,
+            "layouts": {t: tr.layout for t, tr in self.topo.tasks.items()},
+            "devices": {t: list(tr.devices) for t, tr in self.topo.tasks.items()},
+            "pids": {g["device"]: g["pid"] for g in gathered}, "time": time.time(),
+        }
+        if self.log is not None:
+            self.log.write(rec)
+        if self.opts.db:
+            write_db(self.opts.db, [rec])
+        if self.opts.checkpoint_dir and any(g.get("saved") for g in gathered):
+            checkpoint.commit(self.opts.checkpoint_dir, b + 1, {"plan_hash": self.hash, "run": self.run_name})
+        if not self.opts.quiet:
+            self.roles.console.print(console_line(rec))
+
+
+@record
+def worker_main(options: RunOptions, host: str) -> None:
+    """Entry point of one spawned worker (elastic sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT)."""
+    plan = load_plan(options.plan_path)
+    backend = check_supported(plan)
+    local_rank = int(os.environ["LOCAL_RANK"])
+    device_id = host_devices(plan, host)[local_rank]
+    cluster = plan.cluster_spec()
+    if device_kind(cluster, device_id) == "cpu":
+        torch.set_num_threads(1)  # a `cpu` slot is one core, as the profiler measured it
+        device = torch.device("cpu")
+    else:
+        device = torch.device("cuda", int(device_id.rsplit(":", 1)[1]))
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=options.timeout_s))
+    try:
+        ids: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(ids, device_id)
+        if len(set(ids)) != len(ids):
+            raise ExecutionError(f"two workers claim the same device: {sorted(ids)}")
+        topo = Topology(plan, {d: r for r, d in enumerate(ids)})
+        topo.build_groups()
+        Worker(options, topo, dist.get_rank(), device).run()
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+

@@ -1,0 +1,81 @@
+"""Predicted against measured: how well the plan's cost model foresaw the run, per task and iteration.
+
+The plan carries its prediction (iteration time and per-task seconds); every iteration record
+carries what was measured. Steady state is what the simulator predicts, so the first iterations
+(start-up, allocator and cache warm-up) are left out of the summary by default, and the median is
+used so one slow iteration on a shared machine does not decide the verdict.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from hetprof.errors import ExecutionError
+from hetprof.executor.records import read_db, read_log
+
+
+def load_records(source: str, db_file: str | Path | None) -> list[dict[str, Any]]:
+    """Iteration records from a JSONL log path, else from the profile database by run id."""
+    if Path(source).is_file():
+        records = read_log(source)
+    elif db_file is not None and Path(db_file).is_file():
+        records = read_db(db_file, source)
+    else:
+        raise ExecutionError(f"{source!r} is neither a run log file nor a run id in the profile database "
+                             f"({db_file or 'no database'})")
+    if not records:
+        raise ExecutionError(f"{source}: no iteration records")
+    return records
+
+
+def ratio(measured: float | None, predicted: float | None) -> float | None:
+    if measured is None or not predicted:
+        return None
+    return measured / predicted
+
+
+def summary(records: list[dict[str, Any]], skip: int = 1) -> dict[str, dict[str, float | None]]:
+    """{task or 'iteration': {predicted, measured (median), ratio}} over the steady-state iterations."""
+    steady = records[skip:] if len(records) > skip else records
+    out: dict[str, dict[str, float | None]] = {}
+    tasks: list[str] = []
+    for rec in steady:
+        tasks.extend(t for t in rec.get("stages", {}) if t not in tasks)
+    for task in tasks:
+        values = [r["stages"][task] for r in steady if task in r.get("stages", {})]
+        predicted = next((r["predicted"][task] for r in steady if r.get("predicted", {}).get(task)), None)
+        measured = statistics.median(values) if values else None
+        out[task] = {"predicted": predicted, "measured": measured, "ratio": ratio(measured, predicted)}
+    measured = statistics.median(r["iteration_s"] for r in steady)
+    predicted = next((r.get("predicted_iteration_s") for r in steady if r.get("predicted_iteration_s")), None)
+    out["iteration"] = {"predicted": predicted, "measured": measured, "ratio": ratio(measured, predicted)}
+    return out
+
+
+def _fmt(x: float | None, spec: str = ".3f") -> str:
+    return "—" if x is None else format(x, spec)
+
+
+def render(records: list[dict[str, Any]], skip: int = 1, console: Console | None = None) -> None:
+    console = console or Console()
+    run = records[0].get("run", "?")
+    per_task = Table(title=f"run {run}: predicted vs measured per task (median of iterations ≥ {skip})")
+    for col in ("task", "predicted s", "measured s", "measured / predicted"):
+        per_task.add_column(col, justify="left" if col == "task" else "right")
+    for task, row in summary(records, skip).items():
+        per_task.add_row(task, _fmt(row["predicted"]), _fmt(row["measured"]), _fmt(row["ratio"], ".2f"))
+    console.print(per_task)
+    per_iter = Table(title="per iteration")
+    for col in ("iteration", "predicted s", "measured s", "ratio", "reward", "kl", "staleness"):
+        per_iter.add_column(col, justify="right")
+    for rec in records:
+        pred = rec.get("predicted_iteration_s")
+        per_iter.add_row(str(rec["iteration"]), _fmt(pred), _fmt(rec["iteration_s"]),
+                         _fmt(ratio(rec["iteration_s"], pred), ".2f"), _fmt(rec.get("reward_mean")),
+                         _fmt(rec.get("kl"), ".4f"), str(rec.get("staleness_max", "—")))
+    console.print(per_iter)
