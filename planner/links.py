@@ -1,0 +1,104 @@
+"""Every host pair's α–β link, measured where the profile database has it, the spec otherwise.
+
+Built once per simulator: a search asks for the slowest link among a set of hosts many thousand
+times, so pairs are resolved up front and set queries are memoised. A pair of hosts with no link
+at all (two regions the spec does not join) makes the cluster unplannable, which is reported here
+with the hosts and regions named, before any search starts.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+
+from hetprof.costmodels import LinkSpec
+from hetprof.errors import InfeasibleError
+from hetprof.specs import ClusterSpec
+
+
+def measured_links(db) -> dict[frozenset[str], LinkSpec]:
+    """The newest measured link per unordered host pair; where both directions were measured, the slower."""
+    if db is None:
+        return {}
+    frame = db.links()
+    if frame is None or len(frame) == 0:
+        return {}
+    newest: dict[tuple[str, str], LinkSpec] = {}
+    for row in frame.sort_values("created").itertuples(index=False):
+        newest[(row.src_host, row.dst_host)] = LinkSpec(float(row.alpha_s), float(row.beta_Bps))
+    out: dict[frozenset[str], LinkSpec] = {}
+    for (a, b), link in newest.items():
+        key = frozenset((a, b))
+        out[key] = slower(out[key], link) if key in out else link
+    return out
+
+
+def slower(a: LinkSpec, b: LinkSpec) -> LinkSpec:
+    """A link no better than either: the larger latency and the smaller bandwidth."""
+    return LinkSpec(max(a.alpha_s, b.alpha_s), min(a.beta_Bps, b.beta_Bps))
+
+
+class LinkTable:
+    """Links between hosts of one cluster (measured > spec), with memoised set queries."""
+
+    def __init__(self, cluster: ClusterSpec, db=None) -> None:
+        hosts = cluster.expanded_hosts()
+        self.region = {h.name: h.region for h in hosts}
+        measured = measured_links(db)
+        self.measured_pairs: set[frozenset[str]] = set()
+        self._pair: dict[tuple[str, str], LinkSpec] = {}
+        missing: list[tuple[str, str]] = []
+        names = [h.name for h in hosts]
+        for a, b in itertools.combinations_with_replacement(names, 2):
+            key = frozenset((a, b))
+            if key in measured:
+                link = measured[key]
+                self.measured_pairs.add(key)
+            else:
+                params = cluster.link_between(a, b)
+                if params is None:
+                    missing.append((a, b))
+                    continue
+                link = LinkSpec(params.alpha_s, params.beta_Bps)
+            self._pair[(a, b)] = self._pair[(b, a)] = link
+        if missing:
+            raise InfeasibleError(self._missing_message(missing))
+        self._slowest: dict[frozenset[str], LinkSpec | None] = {}
+        self._between: dict[tuple[frozenset[str], frozenset[str]], LinkSpec] = {}
+
+    def _missing_message(self, missing: list[tuple[str, str]]) -> str:
+        regions = sorted({tuple(sorted((self.region[a], self.region[b]))) for a, b in missing})
+        a, b = missing[0]
+        pairs = ", ".join(f"{x} <-> {y}" for x, y in regions)
+        return (f"no network link between regions {pairs} (e.g. host {a} in {self.region[a]} and host {b} "
+                f"in {self.region[b]}, {len(missing)} host pair(s) in all): set network.inter_region or add a "
+                f"network.links entry between those regions in the cluster spec")
+
+    def between(self, host_a: str, host_b: str) -> LinkSpec:
+        try:
+            return self._pair[(host_a, host_b)]
+        except KeyError:
+            unknown = host_a if host_a not in self.region else host_b
+            raise InfeasibleError(f"host {unknown!r} is not part of this cluster") from None
+
+    def slowest(self, hosts: Iterable[str]) -> LinkSpec | None:
+        """The slowest link joining any two of `hosts` (None for a single host)."""
+        key = frozenset(hosts)
+        if key not in self._slowest:
+            links = [self.between(a, b) for a, b in itertools.combinations(sorted(key), 2)]
+            self._slowest[key] = _worst(links) if links else None
+        return self._slowest[key]
+
+    def slowest_between(self, hosts_a: Iterable[str], hosts_b: Iterable[str]) -> LinkSpec:
+        """The slowest link from any host of one set to any of the other (same host: its local link)."""
+        key = (frozenset(hosts_a), frozenset(hosts_b))
+        if key not in self._between:
+            self._between[key] = _worst([self.between(a, b) for a in key[0] for b in key[1]])
+        return self._between[key]
+
+    def spans_regions(self, hosts: Iterable[str]) -> bool:
+        return len({self.region[h] for h in hosts}) > 1
+
+
+def _worst(links: list[LinkSpec]) -> LinkSpec:
+    return LinkSpec(max(x.alpha_s for x in links), min(x.beta_Bps for x in links))

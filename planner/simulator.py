@@ -1,0 +1,371 @@
+"""The plan simulator: the single source of truth every search and baseline is scored by.
+
+A candidate (task groups, their GPUs, every task's layout) becomes a predicted steady-state
+iteration time, its critical-path breakdown, per-device memory peaks, $ per iteration and a
+timeline. The pieces: `taskcosts` prices each task layout with the cost model over the real links,
+this module checks structure and memory (colocated tasks offload between phases when they do not
+fit together), prices every cross-group edge on the links between the hosts that hold the data,
+and `schedule` plays several iterations on the groups (sync, or async with staleness k; streaming).
+
+Scores are memoised per candidate and task layouts per layout, so a search that revisits or
+mutates candidates pays only for what changed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from hetprof.catalog import lookup
+from hetprof.costmodels import LinkSpec
+from hetprof.errors import InfeasibleError
+from hetprof.planner.candidate import Candidate, TaskLayout
+from hetprof.planner.graph import Edge, build_graph
+from hetprof.planner.links import LinkTable
+from hetprof.planner.schedule import Event, ScheduleInput, simulate
+from hetprof.planner.taskcosts import TaskCosts, TaskEval
+from hetprof.specs import ClusterSpec, WorkloadSpec
+
+OBJECTIVES = ("throughput", "cost", "throughput-under-budget")
+GB = 1e9
+CHUNKS = 8          # streaming granularity: a step's samples flow between groups in this many chunks
+MEMO_LIMIT = 200_000
+
+__all__ = ["OBJECTIVES", "Event", "Score", "Simulator"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Score:
+    """What the simulator says about one candidate (see docs/CONTRACTS.md, "Planner internals")."""
+
+    iteration_s: float
+    feasible: bool
+    violations: tuple[str, ...] = ()
+    breakdown: dict[str, float] = dataclasses.field(default_factory=dict)
+    bottleneck: str = ""
+    task_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+    memory_peak: dict[str, float] = dataclasses.field(default_factory=dict)
+    memory_headroom: dict[str, float] = dataclasses.field(default_factory=dict)
+    cost_per_iteration: float = math.inf
+    throughput: float = 0.0
+    timeline: tuple[Event, ...] = ()
+    price_per_hour: float = 0.0
+    offload_s: dict[str, float] = dataclasses.field(default_factory=dict)
+    transfer_s: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def __hash__(self) -> int:
+        return hash((self.iteration_s, self.feasible, self.violations))
+
+
+class Simulator:
+    """Predicts iteration time, memory and cost of candidates for one cluster, workload and cost model."""
+
+    def __init__(self, cluster: ClusterSpec, workload: WorkloadSpec, cost_model, seed: int = 0, db=None,
+                 streaming: bool = True, chunks: int = CHUNKS) -> None:
+        self.cluster = cluster
+        self.workload = workload
+        self.cost_model = cost_model
+        self.seed = seed
+        self.streaming = streaming
+        self.graph = build_graph(workload)
+        self.tasks: list[str] = list(self.graph.tasks)
+        self.devices = {d.id: d for d in cluster.devices()}
+        self.links = LinkTable(cluster, db)
+        lengths = workload.response_len.sample(workload.sequences_per_step, np.random.default_rng(seed))
+        self.costs = TaskCosts(cost_model, self.graph, workload, self.devices, self.links, lengths, chunks)
+        host_price = {h: cluster.price_per_hour(h) for h in cluster.host_names()}
+        self.price = {d: host_price[dev.host] for d, dev in self.devices.items()}
+        self.capacity = {d: lookup(dev.type).memory_bytes for d, dev in self.devices.items()}
+        self.staleness = workload.staleness if workload.mode == "async" else 0
+        self._scores: dict[Candidate, Score] = {}
+        self._residency: dict[tuple, tuple] = {}
+        self._edges: dict[tuple, float] = {}
+        self.evaluations = 0
+
+    # ---- the contract's helpers -----------------------------------------------------------------
+    def link(self, dev_a: str, dev_b: str) -> LinkSpec:
+        """The link between two devices' hosts: measured (profile DB) over the spec."""
+        return self.links.between(self._device(dev_a).host, self._device(dev_b).host)
+
+    def replica_seconds(self, task: str, devices: Sequence[str], tp: int, pp: int, batch: int,
+                        layer_split: Sequence[int] | None = None) -> float:
+        """One replica's seconds for `batch` sequences of `task` on these devices (what balancers equalise)."""
+        for d in devices:
+            self._device(d)
+        return self.costs.replica_seconds(task, tuple(devices), tp, pp, int(batch), layer_split)
+
+    def task_eval(self, layout: TaskLayout) -> TaskEval:
+        return self.costs.evaluate(layout)
+
+    def objective_value(self, score: Score, objective: str, budget: float | None = None) -> float:
+        """Lower is better. Budget is $/hour for the candidate's GPUs."""
+        if objective not in OBJECTIVES:
+            raise ValueError(f"unknown objective {objective!r} (one of {', '.join(OBJECTIVES)})")
+        if not score.feasible:
+            return math.inf
+        if objective == "cost":
+            return score.cost_per_iteration
+        if objective == "throughput-under-budget" and budget is not None and score.price_per_hour > budget + 1e-9:
+            return math.inf
+        return score.iteration_s
+
+    def _device(self, d: str):
+        try:
+            return self.devices[d]
+        except KeyError:
+            raise InfeasibleError(f"device {d!r} is not part of cluster {self.cluster.name!r}") from None
+
+    # ---- scoring --------------------------------------------------------------------------------
+    def evaluate(self, candidate: Candidate) -> Score:
+        hit = self._scores.get(candidate)
+        if hit is not None:
+            return hit
+        self.evaluations += 1
+        problems = self.structure_problems(candidate)
+        score = self._infeasible(candidate, problems) if problems else self._score(candidate)
+        if len(self._scores) >= MEMO_LIMIT:
+            self._scores.clear()
+        self._scores[candidate] = score
+        return score
+
+    def _infeasible(self, candidate: Candidate, problems: list[str], **kw) -> Score:
+        price = sum(self.price.get(d, 0.0) for d in set(candidate.devices()))
+        return Score(math.inf, False, tuple(problems), price_per_hour=price, **kw)
+
+    def _score(self, cand: Candidate) -> Score:
+        layouts = cand.layout_map()
+        evals = {t: self.costs.evaluate(layouts[t]) for t in self.tasks}
+        group_of = {t: i for i, g in enumerate(cand.groups) for t in g}
+        problems = [p for t in self.tasks for p in evals[t].violations]
+        peaks: dict[str, float] = {}
+        swap: dict[str, tuple[float, float]] = {}
+        for tasks in cand.groups:
+            g_peak, g_swap, g_problems = self._group_residency(tuple(layouts[t] for t in tasks))
+            peaks.update(g_peak)
+            swap.update(g_swap)
+            problems.extend(g_problems)
+        task_seconds = {t: evals[t].seconds for t in self.tasks}
+        for d in cand.devices():
+            peaks.setdefault(d, 0.0)
+        headroom: dict[str, float] = {}
+        for d, peak in peaks.items():
+            t = self.devices[d].type
+            headroom[t] = min(headroom.get(t, math.inf), self.capacity[d] - peak)
+        if problems or not all(math.isfinite(s) for s in task_seconds.values()):
+            return self._infeasible(cand, problems or ["a task has no finite time"], task_seconds=task_seconds,
+                                    memory_peak=peaks, memory_headroom=headroom)
+        forward, transfer_s = [], {}
+        for edge in self.graph.edges:
+            if edge.backward:
+                continue
+            seconds = 0.0
+            if group_of[edge.src] != group_of[edge.dst]:
+                seconds = self._edge_seconds(edge, layouts[edge.src], layouts[edge.dst], evals)
+                transfer_s[edge.name] = seconds
+            forward.append((edge, seconds))
+        weights = []
+        for edge in self.graph.backward_edges():
+            seconds = self._weight_sync_seconds(edge, layouts[edge.src], layouts[edge.dst])
+            transfer_s[edge.name] = seconds
+            weights.append((edge, seconds))
+        result = simulate(ScheduleInput(
+            tasks=tuple(self.tasks), group_of=group_of, curve={t: evals[t].curve for t in self.tasks},
+            swap=swap, forward=tuple(forward), weights=tuple(weights), staleness=self.staleness,
+            streaming=self.streaming, iterations=self.staleness + 4,
+            group_devices=dict(enumerate(cand.group_devices)),
+            task_devices={t: layouts[t].devices() for t in self.tasks}))
+        it = result.iteration_s
+        price = sum(self.price[d] for d in set(cand.devices()))
+        bottleneck = max(result.breakdown.items(), key=lambda kv: kv[1])[0] if result.breakdown else ""
+        return Score(
+            iteration_s=it, feasible=True, violations=(), breakdown=result.breakdown, bottleneck=bottleneck,
+            task_seconds=task_seconds, memory_peak=peaks, memory_headroom=headroom,
+            cost_per_iteration=price * it / 3600.0, throughput=self.workload.sequences_per_step / it if it > 0 else 0.0,
+            timeline=result.timeline, price_per_hour=price,
+            offload_s={t: a + b for t, (a, b) in swap.items() if a + b > 0}, transfer_s=transfer_s)
+
+    # ---- structure ------------------------------------------------------------------------------
+    def structure_problems(self, cand: Candidate) -> list[str]:
+        """Everything that makes a candidate malformed, as sentences (empty when well-formed)."""
+        out: list[str] = []
+        expected = set(self.tasks)
+        grouped = [t for g in cand.groups for t in g]
+        for t in sorted(set(grouped) - expected):
+            out.append(f"task {t!r} is not part of this {self.workload.algorithm} workload ({', '.join(self.tasks)})")
+        for t in self.tasks:
+            n = grouped.count(t)
+            if n != 1:
+                out.append(f"task {t} is in {n} groups; every task must be in exactly one")
+        if len(cand.groups) != len(cand.group_devices):
+            out.append(f"{len(cand.groups)} groups but {len(cand.group_devices)} device lists")
+            return out
+        owner: dict[str, int] = {}
+        for gi, devs in enumerate(cand.group_devices):
+            if not devs:
+                out.append(f"group {gi} ({', '.join(cand.groups[gi])}) has no devices")
+            for d in devs:
+                if d not in self.devices:
+                    out.append(f"group {gi} names device {d!r}, which is not in cluster {self.cluster.name!r}")
+                elif d in owner and owner[d] != gi:
+                    out.append(f"device {d} is in groups {owner[d]} and {gi}; groups must not share devices")
+                owner.setdefault(d, gi)
+        names = dict(cand.layouts)
+        for gi, tasks in enumerate(cand.groups):
+            for t in tasks:
+                if t not in expected:
+                    continue
+                lay = names.get(t)
+                if lay is None:
+                    out.append(f"task {t} has no layout")
+                    continue
+                out.extend(self._layout_problems(lay, set(cand.group_devices[gi]), gi))
+        return out
+
+    def _layout_problems(self, lay: TaskLayout, group: set[str], gi: int) -> list[str]:
+        out: list[str] = []
+        t = lay.task
+        layers = self.graph.model_of(t).layers
+        if lay.tp < 1 or lay.pp < 1:
+            return [f"{t}: tp and pp must be >= 1 (got tp={lay.tp}, pp={lay.pp})"]
+        if lay.dp < 1:
+            return [f"{t}: a layout needs at least one replica"]
+        if lay.pp > layers:
+            out.append(f"{t}: pp={lay.pp} exceeds the model's {layers} layers")
+        seen: set[str] = set()
+        for r, devs in enumerate(lay.replicas):
+            if len(devs) != lay.tp * lay.pp:
+                out.append(f"{t}: replica {r} has {len(devs)} devices, tp*pp = {lay.tp * lay.pp} expected")
+            for d in devs:
+                if d not in group:
+                    out.append(f"{t}: replica {r} uses {d}, which is not a device of its group {gi}")
+                if d in seen:
+                    out.append(f"{t}: device {d} appears twice in the layout")
+                seen.add(d)
+        if len(lay.shares) != lay.dp or any(s < 0 or not math.isfinite(s) for s in lay.shares):
+            out.append(f"{t}: {len(lay.shares)} batch shares for {lay.dp} replicas (need one non-negative share each)")
+        elif not math.isclose(sum(lay.shares), 1.0, abs_tol=1e-6):
+            out.append(f"{t}: batch shares sum to {sum(lay.shares):.6f}, not 1")
+        if len(lay.layer_splits) != lay.dp:
+            out.append(f"{t}: {len(lay.layer_splits)} layer splits for {lay.dp} replicas")
+        else:
+            for r, split in enumerate(lay.layer_splits):
+                if len(split) != lay.pp or any(x < 1 for x in split) or sum(split) != layers:
+                    out.append(f"{t}: replica {r}'s layer split {list(split)} is not {lay.pp} positive stages "
+                               f"summing to {layers} layers")
+        return out
+
+    # ---- memory of colocated tasks --------------------------------------------------------------
+    def _group_residency(self, layouts: tuple[TaskLayout, ...]) -> tuple:
+        """Per device: peak bytes, and whether the group's tasks must offload between phases.
+
+        Tasks that share a device keep their weights/optimizer state resident when everything fits
+        (only one task's activations or KV cache live at a time); otherwise each task reloads its
+        state before it runs and offloads it after, over the host link, as verl's colocated workers do.
+        """
+        hit = self._residency.get(layouts)
+        if hit is not None:
+            return hit
+        per_device: dict[str, list[tuple[str, object]]] = {}
+        for lay in layouts:
+            for d, est in self.costs.evaluate(lay).memory.items():
+                per_device.setdefault(d, []).append((lay.task, est))
+        peaks: dict[str, float] = {}
+        swap: dict[str, float] = {}
+        problems: list[str] = []
+        for d, items in per_device.items():
+            cap = self.capacity[d]
+            resident = sum(e.offloadable for _, e in items) + max(e.total - e.offloadable for _, e in items)
+            if len(items) == 1 or resident <= cap:
+                peaks[d] = resident if len(items) > 1 else items[0][1].total
+                continue
+            peaks[d] = max(e.total for _, e in items)
+            dtype_ = self.devices[d].type
+            for task, e in items:
+                cost = self.cost_model.host_transfer_time(e.offloadable, dtype_)
+                swap[task] = max(swap.get(task, 0.0), cost)
+        out = (peaks, {t: (s, s) for t, s in swap.items()}, problems)
+        self._residency[layouts] = out
+        return out
+
+    # ---- transfers ------------------------------------------------------------------------------
+    def _edge_seconds(self, edge: Edge, src: TaskLayout, dst: TaskLayout, evals: dict[str, TaskEval]) -> float:
+        """Forward data of one step between two groups: the slowest host pair, each moving its share."""
+        key = (edge, src, dst)
+        hit = self._edges.get(key)
+        if hit is not None:
+            return hit
+        total = edge.payload_bytes(self.workload.sequences_per_step, self.costs.prompt + self.costs.response)
+        worst = 0.0
+        for ha, fa in evals[src.task].host_fraction.items():
+            for hb, fb in evals[dst.task].host_fraction.items():
+                if fa <= 0 or fb <= 0:
+                    continue
+                link = self.links.between(ha, hb)
+                worst = max(worst, self.cost_model.collective_time("p2p", total * fa * fb, 2, link))
+        self._edges[key] = worst
+        return worst
+
+    def _weight_sync_seconds(self, edge: Edge, train: TaskLayout, gen: TaskLayout) -> float:
+        """Trainer -> consumer weights over the slowest link of the sync set.
+
+        Shards stream in parallel from the trainer's tp*pp ranks inside one region; across regions
+        the inter-region pipe is shared, so the weights cross it once.
+        """
+        key = ("weights", edge, train, gen)
+        hit = self._edges.get(key)
+        if hit is not None:
+            return hit
+        hosts = {self.devices[d].host for d in train.devices()} | {self.devices[d].host for d in gen.devices()}
+        link = self.links.slowest(hosts)
+        if link is None:
+            (h,) = hosts
+            link = self.links.between(h, h)
+        shards = 1 if self.links.spans_regions(hosts) else train.tp * train.pp
+        model = self.graph.models[edge.model]
+        seconds = self.cost_model.weight_sync_time(model, link, receivers=gen.dp, dtype=self.workload.precision,
+                                                   shards=shards)
+        self._edges[key] = seconds
+        return seconds
+
+    # ---- up-front feasibility -------------------------------------------------------------------
+    def check_fits(self, max_tp: int = 8, max_pp: int = 4) -> None:
+        """Raise InfeasibleError if some task fits on no GPU type of the cluster at any allowed TP × PP.
+
+        TP stays within one host (as every RL system shards it); PP may span hosts.
+        """
+        per_host: dict[str, int] = {}
+        for h in self.cluster.expanded_hosts():
+            t = lookup(h.gpus.type).name
+            per_host[t] = max(per_host.get(t, 0), h.gpus.count)
+        counts = self.cluster.gpu_counts()
+        for task in self.tasks:
+            model = self.graph.model_of(task)
+            best: tuple[float, str] | None = None
+            fits = False
+            for t, host_gpus in per_host.items():
+                tps = [x for x in (1, 2, 4, 8, 16) if x <= min(max_tp, host_gpus)]
+                for tp in tps:
+                    for pp in range(1, min(max_pp, model.layers) + 1):
+                        if tp * pp > counts[t]:
+                            break
+                        layers = -(-model.layers // pp)
+                        est = self.costs.memory(task, t, tp, layers, 1)
+                        need = est.total if self.graph.kind_of(task) != "generation" else est.weights + est.activations
+                        if need <= lookup(t).memory_bytes:
+                            fits = True
+                            break
+                        if best is None or need / lookup(t).memory_bytes < best[0]:
+                            best = (need / lookup(t).memory_bytes,
+                                    f"{need / GB:.1f} GB per GPU on {t} ({lookup(t).memory_GB:.0f} GB) at TP{tp}×PP{pp}")
+                    if fits:
+                        break
+                if fits:
+                    break
+            if not fits:
+                raise InfeasibleError(
+                    f"{task} ({model.name}) fits on no GPU of cluster {self.cluster.name!r} with TP ≤ {max_tp} "
+                    f"(within a host) and PP ≤ {max_pp}: the closest needs {best[1] if best else 'more memory'}; "
+                    f"allow more --max-tp/--max-pp, add larger GPUs, or use a smaller model")

@@ -1,0 +1,269 @@
+"""Seconds and bytes of one task's layout: its replicas' times, its devices' memory, its finish curve.
+
+This is where a layout meets the cost model. Replicas may sit on different GPU types and their
+pipeline stages on different hosts, so a replica's time is composed here from per-stage cost-model
+answers over the real links between its devices. Generation feels the response-length
+distribution: the step's sampled lengths are sorted into waves of as many sequences as the KV
+cache holds, and each wave pays its bulk at the wave's mean length plus a drain to its longest
+sequence — so a long tail costs more than fixed lengths of the same mean, and finished samples
+leave in order, which is what lets the next stage start early (streaming).
+
+Everything is memoised on hashable keys (a replica's stage signature, a TaskLayout): a search
+scores thousands of candidates that share most of their layouts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from hetprof.catalog import lookup
+from hetprof.costmodels import MemoryEstimate, Placement, Work
+from hetprof.models import DTYPE_BYTES, ModelShape
+from hetprof.planner.candidate import TaskLayout, even_split
+from hetprof.planner.graph import RLGraph
+from hetprof.planner.links import LinkTable
+from hetprof.specs import Device, WorkloadSpec
+
+GB = 1e9
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicaCost:
+    """One replica's seconds; for generation also each sequence's finish time (sorted, seconds)."""
+
+    seconds: float
+    finish: tuple[float, ...] = ()
+    note: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskEval:
+    """A task layout, judged: seconds, per-device memory, where its data lives, problems found."""
+
+    seconds: float
+    replica_seconds: tuple[float, ...]
+    curve: tuple[float, ...]                    # time (from start) by which chunk j of K is done
+    memory: dict[str, MemoryEstimate]           # device id -> peak of this task on it
+    host_fraction: dict[str, float]             # host -> fraction of the task's data it holds
+    violations: tuple[str, ...]
+    grad_sync_s: float = 0.0
+
+
+class TaskCosts:
+    """Per-task costs for one (cluster, workload, cost model); every answer memoised."""
+
+    def __init__(self, cost_model, graph: RLGraph, workload: WorkloadSpec, devices: dict[str, Device],
+                 links: LinkTable, lengths: np.ndarray, chunks: int) -> None:
+        self.cm = cost_model
+        self.graph = graph
+        self.workload = workload
+        self.devices = devices
+        self.links = links
+        self.lengths = np.sort(np.asarray(lengths, dtype=float))
+        self.chunks = chunks
+        self.dtype = workload.precision
+        self.prompt = float(workload.prompt_len.mean)
+        self.response = float(np.mean(self.lengths)) if len(self.lengths) else float(workload.response_len.mean)
+        self.sequences = workload.sequences_per_step
+        self._replica: dict[tuple, ReplicaCost] = {}
+        self._eval: dict[TaskLayout, TaskEval] = {}
+        self._mem: dict[tuple, MemoryEstimate] = {}
+
+    # ---- small helpers --------------------------------------------------------------------------
+    def work(self, task: str, batch: int, layers: int | None = None, response_len: float | None = None) -> Work:
+        model = self.graph.model_of(task)
+        return Work(kind=self.graph.kind_of(task), model=model, batch=max(1, int(batch)),
+                    prompt_len=self.prompt, response_len=self.response if response_len is None else response_len,
+                    dtype=self.dtype, layers=None if layers is None or layers == model.layers else layers,
+                    recompute=self.workload.training.recompute)
+
+    def replica_lengths(self, batch: int) -> np.ndarray:
+        """`batch` response lengths that follow the step's sampled distribution (evenly spaced quantiles)."""
+        n = len(self.lengths)
+        if n == 0:
+            return np.full(batch, self.response)
+        idx = np.minimum(((np.arange(batch) + 0.5) * n / batch).astype(int), n - 1)
+        return self.lengths[idx]
+
+    def _stage_signature(self, devices: Sequence[str], tp: int, pp: int) -> tuple:
+        """(types, tp link) per stage and the link across each stage boundary: what decides a replica's time."""
+        hosts = [frozenset(self.devices[d].host for d in devices[s * tp:(s + 1) * tp]) for s in range(pp)]
+        stages = tuple((tuple(sorted({self.devices[d].type for d in devices[s * tp:(s + 1) * tp]})),
+                        self.links.slowest(hosts[s]) if len(hosts[s]) > 1 else None) for s in range(pp))
+        bounds = tuple(self.links.slowest_between(hosts[s], hosts[s + 1]) for s in range(pp - 1))
+        return stages, bounds
+
+    # ---- one replica ----------------------------------------------------------------------------
+    def replica_seconds(self, task: str, devices: Sequence[str], tp: int, pp: int, batch: int,
+                        layer_split: Sequence[int] | None = None) -> float:
+        return self.replica(task, devices, tp, pp, batch, layer_split).seconds
+
+    def replica(self, task: str, devices: Sequence[str], tp: int, pp: int, batch: int,
+                layer_split: Sequence[int] | None = None) -> ReplicaCost:
+        layers = self.graph.model_of(task).layers
+        split = tuple(layer_split) if layer_split is not None else even_split(layers, pp)
+        sig = self._stage_signature(devices, tp, pp)
+        key = (task, sig, tp, batch, split)
+        hit = self._replica.get(key)
+        if hit is None:
+            hit = self._replica[key] = self._compute_replica(task, sig, tp, batch, split)
+        return hit
+
+    def _compute_replica(self, task: str, sig: tuple, tp: int, batch: int, split: tuple[int, ...]) -> ReplicaCost:
+        kind = self.graph.kind_of(task)
+        if kind != "generation":
+            seconds = self._composed(task, sig, tp, batch, split, self.response)
+            if kind == "training":
+                seconds *= self.workload.ppo_epochs
+            return ReplicaCost(seconds)
+        stages, _ = sig
+        conc = min(self.cm.max_concurrent_sequences(self.work(task, batch, split[s]), Placement(t, tp))
+                   for s, (types, _link) in enumerate(stages) for t in types)
+        if conc < 1:
+            model = self.graph.model_of(task)
+            types = "/".join(sorted({t for types, _ in stages for t in types}))
+            return ReplicaCost(math.inf, note=f"not even one sequence's KV cache fits next to {model.name}'s "
+                                             f"weights on {types} (TP{tp}, {max(split)} layers per stage)")
+        lens = self.replica_lengths(batch)
+        finish: list[np.ndarray] = []
+        clock = 0.0
+        for start in range(0, batch, conc):
+            wave = lens[start:start + conc]
+            mean, longest = max(1, round(float(wave.mean()))), max(1, int(wave.max()))
+            bulk = self._composed(task, sig, tp, len(wave), split, mean)
+            drain = 0.0
+            if longest > mean:  # the tail decodes with a nearly empty batch: about one sequence's steps
+                drain = max(0.0, self._composed(task, sig, tp, 1, split, longest)
+                            - self._composed(task, sig, tp, 1, split, mean))
+            seconds = bulk + drain
+            finish.append(clock + seconds * wave / longest)
+            clock += seconds
+        return ReplicaCost(clock, tuple(np.sort(np.concatenate(finish)).tolist()))
+
+    def _composed(self, task: str, sig: tuple, tp: int, batch: int, split: tuple[int, ...], response: float) -> float:
+        """One replica's seconds for `batch` sequences: the cost model per stage, composed as a pipeline."""
+        stages, bounds = sig
+        if len(stages) == 1:
+            types, link = stages[0]
+            work = self.work(task, batch, None, response)
+            return max(self.cm.task_time(work, Placement(t, tp, 1, tp_link=link)).seconds for t in types)
+        model = self.graph.model_of(task)
+        times = []
+        for s, (types, link) in enumerate(stages):
+            work = self.work(task, batch, split[s], response)
+            t_s = max(self.cm.task_time(work, Placement(t, tp, 1, tp_link=link)).seconds for t in types)
+            times.append(t_s * _layer_fraction(model, split[s], last=s == len(stages) - 1))
+        pp = len(stages)
+        m = max(1, min(batch, 2 * pp))
+        pipe = sum(times) / m + (m - 1) * max(times) / m
+        hidden_bytes = model.hidden * DTYPE_BYTES[self.dtype]
+        kind = self.graph.kind_of(task)
+        if kind == "generation":  # every decode step crosses every stage boundary
+            steps = round(response) + 1
+            comm = steps * sum(self.cm.collective_time("p2p", batch / m * hidden_bytes, 2, b) for b in bounds)
+        else:
+            msg = batch * (self.prompt + response) / m * hidden_bytes
+            per = [self.cm.collective_time("p2p", msg, 2, b) for b in bounds]
+            comm = (sum(per) + (m - 1) * max(per)) * (2 if kind == "training" else 1)
+        return pipe + comm
+
+    # ---- memory ---------------------------------------------------------------------------------
+    def memory(self, task: str, device_type: str, tp: int, layers: int, batch: int) -> MemoryEstimate:
+        key = (task, device_type, tp, layers, batch)
+        hit = self._mem.get(key)
+        if hit is None:
+            hit = self._mem[key] = self.cm.memory(self.work(task, batch, layers), Placement(device_type, tp))
+        return hit
+
+    # ---- a whole task layout --------------------------------------------------------------------
+    def evaluate(self, layout: TaskLayout) -> TaskEval:
+        hit = self._eval.get(layout)
+        if hit is None:
+            hit = self._eval[layout] = self._evaluate(layout)
+        return hit
+
+    def batches(self, layout: TaskLayout) -> list[int]:
+        """Sequences per replica: the shares of the step's batch (0 for an idle replica)."""
+        return [round(s * self.sequences) if s > 0 else 0 for s in layout.shares]
+
+    def _evaluate(self, layout: TaskLayout) -> TaskEval:
+        task, tp, pp = layout.task, layout.tp, layout.pp
+        kind = self.graph.kind_of(task)
+        model = self.graph.model_of(task)
+        problems: list[str] = []
+        replica_s: list[float] = []
+        finish: list[tuple[float, ...]] = []
+        memory: dict[str, MemoryEstimate] = {}
+        host_fraction: dict[str, float] = {}
+        over: dict[tuple, list[str]] = {}
+        for r, devices in enumerate(layout.replicas):
+            batch = max(1, round(layout.shares[r] * self.sequences)) if layout.shares[r] > 0 else 0
+            split = layout.layer_splits[r]
+            if batch:
+                cost = self.replica(task, devices, tp, pp, batch, split)
+                replica_s.append(cost.seconds)
+                finish.append(cost.finish)
+                if cost.note and cost.note not in problems:
+                    problems.append(f"{task}: {cost.note}")
+            else:
+                replica_s.append(0.0)
+            for i, d in enumerate(devices):
+                dev = self.devices[d]
+                est = self.memory(task, dev.type, tp, split[i // tp], max(1, batch))
+                memory[d] = est
+                cap = lookup(dev.type).memory_bytes
+                if est.total > cap:
+                    over.setdefault((dev.type, split[i // tp], est), []).append(d)
+                host_fraction[dev.host] = host_fraction.get(dev.host, 0.0) + layout.shares[r] / len(devices)
+        for (dtype_, layers, est), devs in over.items():
+            problems.append(
+                f"{task} needs {est.total / GB:.1f} GB on each of {len(devs)} {dtype_} GPU(s) "
+                f"({', '.join(devs[:3])}{', ...' if len(devs) > 3 else ''}) which have "
+                f"{lookup(dtype_).memory_bytes / GB:.0f} GB: weights {est.weights / GB:.1f}, grads "
+                f"{est.grads / GB:.1f}, optimizer {est.optimizer / GB:.1f}, activations "
+                f"{est.activations / GB:.1f}, KV cache {est.kv_cache / GB:.1f} GB with "
+                f"{layout.describe()} and {layers} of {model.layers} layers per stage")
+        seconds = max(replica_s) if replica_s else math.inf
+        grad = 0.0
+        if kind == "training" and layout.dp > 1:
+            grad = self._grad_sync(layout)
+            seconds += grad
+        curve = self._curve(kind, seconds, finish)
+        return TaskEval(seconds, tuple(replica_s), curve, memory, host_fraction, tuple(problems), grad)
+
+    def _grad_sync(self, layout: TaskLayout) -> float:
+        """Data-parallel gradient all-reduce per optimizer step, over the slowest link among the replicas."""
+        hosts = {self.devices[d].host for d in layout.devices()}
+        link = self.links.slowest(hosts) or self.links.between(*(2 * sorted(hosts)[:1]))
+        first = self.devices[layout.replicas[0][0]].type
+        batch = max(1, round(max(layout.shares) * self.sequences))
+        per_step = self.cm.dp_grad_sync_time(self.work(layout.task, batch), Placement(first, layout.tp, layout.pp),
+                                             layout.dp, link)
+        return per_step * self.workload.ppo_epochs * self.workload.mini_batches
+
+    def _curve(self, kind: str, seconds: float, finish: list[tuple[float, ...]]) -> tuple[float, ...]:
+        k = self.chunks
+        if kind != "generation" or not math.isfinite(seconds) or not any(finish):
+            return tuple(seconds * (j + 1) / k for j in range(k))
+        merged = np.sort(np.concatenate([np.asarray(f) for f in finish if f]))
+        n = len(merged)
+        points = [float(merged[min(n - 1, math.ceil((j + 1) * n / k) - 1)]) for j in range(k)]
+        points[-1] = seconds
+        return tuple(points)
+
+
+def _layer_fraction(model: ModelShape, layers: int, last: bool) -> float:
+    """Share of a stage's cost-model time that is its own: the LM head runs only on the last stage.
+
+    The cost model prices every call with the head included; a middle stage's share is its layers'
+    share of the per-token FLOPs.
+    """
+    if last:
+        return 1.0
+    body = layers * model.matmul_flops_per_token_per_layer()
+    head = 2.0 * model.vocab * model.hidden
+    return body / (body + head)
