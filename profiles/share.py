@@ -225,12 +225,16 @@ def merge(db: ProfileDB, other: str | Path) -> dict[str, int]:
             if not 1 <= version <= SCHEMA_VERSION:
                 raise ImportRefused(f"{other}: schema version {version} is not one this hetprof reads "
                                     f"(1..{SCHEMA_VERSION})")
+            # Rows whose id this database already holds would be ignored by the insert anyway, so
+            # they are neither fetched nor validated: a repeated merge costs a join, not a re-check.
+            src.execute("ATTACH DATABASE ? AS mine", (f"{db.path.resolve().as_uri()}?mode=ro",))
             rows: dict[str, list[tuple]] = {}
             for name, table in TABLES.items():
-                cols = [r[1] for r in src.execute(f"PRAGMA table_info({name})")]
+                cols = [r[1] for r in src.execute(f"PRAGMA main.table_info({name})")]
                 if cols != table.column_names:
                     raise ImportRefused(f"{other}: table {name} has columns {cols}, expected {table.column_names}")
-                fetched = src.execute(f"SELECT * FROM {name}").fetchall()
+                fetched = src.execute(f"SELECT * FROM main.{name} AS o WHERE NOT EXISTS "
+                                      f"(SELECT 1 FROM mine.{name} AS m WHERE m.id = o.id)").fetchall()
                 for i, row in enumerate(fetched):
                     check_row(table, row, f"{other}: {name} row {i + 1}")
                 rows[name] = fetched

@@ -8,6 +8,7 @@ SQL-looking names into a place where they would be interpreted.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -88,21 +89,27 @@ def _id_or_empty(v: object) -> None:
         _id(v)
 
 
-def _parse_json(v: object, limit: int) -> object:
+def _parse_json(v: object, limit: int, nested: bool = True) -> object:
+    """Parse untrusted JSON text; `nested=False` skips the depth walk for callers that reject nesting."""
     if not isinstance(v, str):
         raise Invalid(f"expected JSON text, got {type(v).__name__}")
     if len(v) > limit:
         raise Invalid(f"JSON longer than {limit} bytes ({len(v)})")
     try:
-        parsed = json.loads(v, parse_constant=_no_constant)
+        parsed = _DECODER.decode(v)
     except (ValueError, RecursionError) as exc:
         raise Invalid(f"not valid JSON ({exc})") from None
-    _check_depth(parsed, 0)
+    if nested:
+        _check_depth(parsed, 0)
     return parsed
 
 
 def _no_constant(name: str) -> None:
     raise Invalid(f"JSON constant {name} is not allowed")
+
+
+# One decoder for all rows: json.loads with a hook builds a new decoder per call.
+_DECODER = json.JSONDecoder(parse_constant=_no_constant)
 
 
 def _check_depth(value: object, depth: int) -> None:
@@ -129,7 +136,13 @@ def _json_model(v: object) -> None:
 
 
 def _flat(v: object, numbers_only: bool) -> None:
-    check_flat(_parse_json(v, MAX_JSON), numbers_only)
+    check_flat(_parse_json(v, MAX_JSON, nested=False), numbers_only)
+
+
+@functools.lru_cache(maxsize=4096)
+def _plain_key(key: str) -> bool:
+    # Sample keys repeat across millions of rows (m, n, k, seconds...): match each spelling once.
+    return bool(_KEY.match(key))
 
 
 def check_flat(parsed: object, numbers_only: bool) -> None:
@@ -137,9 +150,11 @@ def check_flat(parsed: object, numbers_only: bool) -> None:
     if not isinstance(parsed, dict):
         raise Invalid("expected a JSON object")
     for key, val in parsed.items():
-        if not isinstance(key, str) or not _KEY.match(key):
+        if not isinstance(key, str) or not _plain_key(key):
             raise Invalid(f"key {key[:40]!r} is not a plain name")
         if numbers_only:
+            if type(val) is float and math.isfinite(val) or type(val) is int and abs(val) < 2**1023:
+                continue  # the common case, without the generic checker's call and exception frames
             try:
                 _real(val)
             except Invalid as exc:
