@@ -14,6 +14,8 @@ from hetprof.models import ModelShape
 from hetprof.profiler.timing import TimingPolicy
 from hetprof.profiles import ProfileDB
 
+_THIS_DEVICE = object()
+
 
 @dataclasses.dataclass
 class SummaryRow:
@@ -47,9 +49,13 @@ class ProfileContext:
         return TimingPolicy.quick() if self.quick else TimingPolicy()
 
     def record(self, benchmark: str, params: dict, samples: list[dict], headline: str,
-               device_id: str | None = ...) -> str:  # type: ignore[assignment]
-        """Write one benchmark run with its raw samples (one transaction) and remember its headline."""
-        dev = self.device_id if device_id is ... else device_id
+               device_id: str | None | object = _THIS_DEVICE) -> str:
+        """Write one benchmark run with its raw samples (one transaction) and remember its headline.
+
+        Rows are filed under this context's device unless `device_id` says otherwise (None: no device,
+        as for a link between hosts).
+        """
+        dev = self.device_id if device_id is _THIS_DEVICE else device_id
         run_id = self.db.add_benchmark(benchmark=benchmark, device_id=dev, host=self.host, params=params,
                                        samples=samples)
         self.summary.append(SummaryRow(self.suite, benchmark, self.device, len(samples), headline))

@@ -58,7 +58,10 @@ def run_profile(opts: ProfileOptions, progress: ProgressFactory = _no_progress,
         for cls in suites:
             if cls.scope == "device":
                 continue
-            ctx = _context(opts, db, cls, devices[0], None, devices, note)
+            # host suites (collectives) run on the local devices: file them under the first one's fingerprint
+            device_id = db.add_device(devmod.describe(devices[0], opts.host, opts.threads)) \
+                if cls.scope == "host" else None
+            ctx = _context(opts, db, cls, devices[0], device_id, devices, note)
             suite = cls()
             ctx.advance = progress(f"{cls.name} ({opts.host})", suite.steps(ctx))
             suite.run(ctx)

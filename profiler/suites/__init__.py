@@ -1,3 +1,6 @@
-"""Built-in benchmark suites; importing this package registers them (see hetprof.profiler.registry)."""
+"""Built-in benchmark suites; importing this package registers them (see hetprof.profiler.registry).
 
-from hetprof.profiler.suites import tasks  # noqa: F401
+The import order is the order suites run in and are listed.
+"""
+
+from hetprof.profiler.suites import inventory, compute, memory, collectives, tasks, link  # noqa: F401, I001
