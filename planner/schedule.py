@@ -65,11 +65,26 @@ class _Node:
 class ScheduleResult:
     iteration_s: float
     breakdown: dict[str, float]
-    timeline: tuple[Event, ...]
     iteration_ends: tuple[float, ...]
 
 
 def simulate(inp: ScheduleInput) -> ScheduleResult:
+    """Steady-state seconds per iteration and the critical-path breakdown."""
+    return _play(inp)[0]
+
+
+def timeline(inp: ScheduleInput) -> tuple[Event, ...]:
+    """The events of one steady-state iteration (the last one played), times from its start.
+
+    Built on demand only: searches never look at it, and it is most of a schedule's cost.
+    """
+    _, nodes, weight_ready, ends = _play(inp)
+    last = inp.iterations - 1
+    window = (ends[last - 1] if inp.iterations > 1 else 0.0, ends[last])
+    return _timeline(inp, nodes, weight_ready, window, last)
+
+
+def _play(inp: ScheduleInput) -> tuple[ScheduleResult, dict, dict, list[float]]:
     k = len(next(iter(inp.curve.values())))
     nodes: dict[tuple[str, int], _Node] = {}
     weight_ready: dict[tuple[str, int], float] = {}      # (back edge name, iteration of its source) -> time
@@ -134,8 +149,7 @@ def simulate(inp: ScheduleInput) -> ScheduleResult:
     lo = ends[last - m] if inp.iterations > m else 0.0
     breakdown = _critical_path(inp, nodes, weight_ready, ends[last], lo, last)
     breakdown = {name: s / m for name, s in breakdown.items() if s > 1e-12}
-    window = (ends[last - 1] if inp.iterations > 1 else 0.0, ends[last])
-    return ScheduleResult(iteration_s, breakdown, _timeline(inp, nodes, weight_ready, window, last), tuple(ends))
+    return ScheduleResult(iteration_s, breakdown, tuple(ends)), nodes, weight_ready, ends
 
 
 def _arrivals(src: _Node, seconds: float, k: int, streaming: bool) -> list[float]:
@@ -227,6 +241,8 @@ def _timeline(inp: ScheduleInput, nodes: dict, weight_ready: dict, window: tuple
         return task if it == last else f"{task} (step {it - last:+d})"
 
     for (task, it), node in nodes.items():
+        if node.end <= lo or node.start >= hi:
+            continue
         g = inp.group_of[task]
         devs = inp.task_devices.get(task, ())
         add(f"reload:{label(task, it)}", devs, node.start, node.compute_start, "offload", g)

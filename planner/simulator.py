@@ -14,6 +14,7 @@ mutates candidates pays only for what changed.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Sequence
 
@@ -25,14 +26,14 @@ from hetprof.errors import InfeasibleError
 from hetprof.planner.candidate import Candidate, TaskLayout
 from hetprof.planner.graph import Edge, build_graph
 from hetprof.planner.links import LinkTable
-from hetprof.planner.schedule import Event, ScheduleInput, simulate
+from hetprof.planner.schedule import Event, ScheduleInput, simulate, timeline
 from hetprof.planner.taskcosts import TaskCosts, TaskEval
 from hetprof.specs import ClusterSpec, WorkloadSpec
 
 OBJECTIVES = ("throughput", "cost", "throughput-under-budget")
 GB = 1e9
 CHUNKS = 8          # streaming granularity: a step's samples flow between groups in this many chunks
-MEMO_LIMIT = 200_000
+MEMO_LIMIT = 20_000   # scores (and layout evaluations) kept before the memo is emptied
 
 __all__ = ["OBJECTIVES", "Event", "Score", "Simulator"]
 
@@ -51,13 +52,18 @@ class Score:
     memory_headroom: dict[str, float] = dataclasses.field(default_factory=dict)
     cost_per_iteration: float = math.inf
     throughput: float = 0.0
-    timeline: tuple[Event, ...] = ()
     price_per_hour: float = 0.0
     offload_s: dict[str, float] = dataclasses.field(default_factory=dict)
     transfer_s: dict[str, float] = dataclasses.field(default_factory=dict)
+    schedule: ScheduleInput | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def __hash__(self) -> int:
         return hash((self.iteration_s, self.feasible, self.violations))
+
+    @functools.cached_property
+    def timeline(self) -> tuple[Event, ...]:
+        """Events of one steady-state iteration for the Gantt chart (replayed on first use)."""
+        return timeline(self.schedule) if self.schedule is not None else ()
 
 
 class Simulator:
@@ -83,6 +89,7 @@ class Simulator:
         self._scores: dict[Candidate, Score] = {}
         self._residency: dict[tuple, tuple] = {}
         self._edges: dict[tuple, float] = {}
+        self._layout_checks: dict[tuple, list[str]] = {}
         self.evaluations = 0
 
     # ---- the contract's helpers -----------------------------------------------------------------
@@ -171,12 +178,13 @@ class Simulator:
             seconds = self._weight_sync_seconds(edge, layouts[edge.src], layouts[edge.dst])
             transfer_s[edge.name] = seconds
             weights.append((edge, seconds))
-        result = simulate(ScheduleInput(
+        schedule = ScheduleInput(
             tasks=tuple(self.tasks), group_of=group_of, curve={t: evals[t].curve for t in self.tasks},
             swap=swap, forward=tuple(forward), weights=tuple(weights), staleness=self.staleness,
             streaming=self.streaming, iterations=self.staleness + 4,
             group_devices=dict(enumerate(cand.group_devices)),
-            task_devices={t: layouts[t].devices() for t in self.tasks}))
+            task_devices={t: layouts[t].devices() for t in self.tasks})
+        result = simulate(schedule)
         it = result.iteration_s
         price = sum(self.price[d] for d in set(cand.devices()))
         bottleneck = max(result.breakdown.items(), key=lambda kv: kv[1])[0] if result.breakdown else ""
@@ -184,8 +192,8 @@ class Simulator:
             iteration_s=it, feasible=True, violations=(), breakdown=result.breakdown, bottleneck=bottleneck,
             task_seconds=task_seconds, memory_peak=peaks, memory_headroom=headroom,
             cost_per_iteration=price * it / 3600.0, throughput=self.workload.sequences_per_step / it if it > 0 else 0.0,
-            timeline=result.timeline, price_per_hour=price,
-            offload_s={t: a + b for t, (a, b) in swap.items() if a + b > 0}, transfer_s=transfer_s)
+            price_per_hour=price, offload_s={t: a + b for t, (a, b) in swap.items() if a + b > 0},
+            transfer_s=transfer_s, schedule=schedule)
 
     # ---- structure ------------------------------------------------------------------------------
     def structure_problems(self, cand: Candidate) -> list[str]:
@@ -221,7 +229,13 @@ class Simulator:
                 if lay is None:
                     out.append(f"task {t} has no layout")
                     continue
-                out.extend(self._layout_problems(lay, set(cand.group_devices[gi]), gi))
+                key = (lay, cand.group_devices[gi], gi)
+                found = self._layout_checks.get(key)
+                if found is None:
+                    if len(self._layout_checks) >= MEMO_LIMIT:
+                        self._layout_checks.clear()
+                    found = self._layout_checks[key] = self._layout_problems(lay, set(cand.group_devices[gi]), gi)
+                out.extend(found)
         return out
 
     def _layout_problems(self, lay: TaskLayout, group: set[str], gi: int) -> list[str]:
@@ -268,6 +282,8 @@ class Simulator:
         hit = self._residency.get(layouts)
         if hit is not None:
             return hit
+        if len(self._residency) >= MEMO_LIMIT:
+            self._residency.clear()
         per_device: dict[str, list[tuple[str, object]]] = {}
         for lay in layouts:
             for d, est in self.costs.evaluate(lay).memory.items():
@@ -297,6 +313,8 @@ class Simulator:
         hit = self._edges.get(key)
         if hit is not None:
             return hit
+        if len(self._edges) >= MEMO_LIMIT:
+            self._edges.clear()
         total = edge.payload_bytes(self.workload.sequences_per_step, self.costs.prompt + self.costs.response)
         worst = 0.0
         for ha, fa in evals[src.task].host_fraction.items():
@@ -318,6 +336,8 @@ class Simulator:
         hit = self._edges.get(key)
         if hit is not None:
             return hit
+        if len(self._edges) >= MEMO_LIMIT:
+            self._edges.clear()
         hosts = {self.devices[d].host for d in train.devices()} | {self.devices[d].host for d in gen.devices()}
         link = self.links.slowest(hosts)
         if link is None:

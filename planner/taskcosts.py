@@ -29,6 +29,7 @@ from hetprof.planner.links import LinkTable
 from hetprof.specs import Device, WorkloadSpec
 
 GB = 1e9
+EVAL_MEMO_LIMIT = 20_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,6 +184,8 @@ class TaskCosts:
     def evaluate(self, layout: TaskLayout) -> TaskEval:
         hit = self._eval.get(layout)
         if hit is None:
+            if len(self._eval) >= EVAL_MEMO_LIMIT:  # searches wander; keep memory bounded
+                self._eval.clear()
             hit = self._eval[layout] = self._evaluate(layout)
         return hit
 
