@@ -1,0 +1,145 @@
+"""What every search shares: its inputs, its answer, and the bookkeeping of best-so-far.
+
+A search only proposes `Candidate`s; the simulator scores them (it is the single source of
+truth), so every search keeps the same ledger: how many candidates it scored, the best one, and
+the time at which the best improved. That ledger is the trace a report plots, and it is kept here
+once instead of in each search.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import TYPE_CHECKING, Any
+
+from hetprof.errors import InfeasibleError
+
+if TYPE_CHECKING:
+    from hetprof.planner.candidate import Candidate
+    from hetprof.planner.simulator import Score, Simulator
+
+
+@dataclasses.dataclass
+class SearchContext:
+    """Inputs of one search.
+
+    The first fields are the contract every search honours. The later ones are optional knobs:
+    `max_evals` makes a search deterministic (a wall-clock budget depends on machine load, an
+    evaluation budget does not), `storage`/`study_name` make an Optuna-driven search resumable,
+    `warm_start` hands a search a known good candidate (the ILP starts from the heuristic's).
+    """
+
+    sim: Simulator
+    objective: str = "throughput"
+    budget: float | None = None
+    seed: int = 0
+    time_budget_s: float = 60.0
+    max_tp: int = 8
+    max_pp: int = 4
+    max_evals: int | None = None
+    workers: int = 1
+    storage: str | None = None
+    study_name: str | None = None
+    warm_start: Candidate | None = None
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.objective not in ("throughput", "cost", "throughput-under-budget"):
+            raise InfeasibleError(f"objective must be throughput, cost or throughput-under-budget, "
+                                  f"got {self.objective!r}")
+        if self.objective == "throughput-under-budget" and (self.budget is None or self.budget <= 0):
+            raise InfeasibleError("objective throughput-under-budget needs a positive budget ($/hour)")
+        if self.time_budget_s <= 0:
+            raise InfeasibleError(f"time budget must be positive seconds, got {self.time_budget_s}")
+        if self.max_tp < 1 or self.max_pp < 1:
+            raise InfeasibleError(f"max_tp and max_pp must be at least 1, got {self.max_tp} and {self.max_pp}")
+        if self.max_evals is not None and self.max_evals < 1:
+            raise InfeasibleError(f"max_evals must be at least 1, got {self.max_evals}")
+        if self.workers < 1:
+            raise InfeasibleError(f"workers must be at least 1, got {self.workers}")
+
+
+@dataclasses.dataclass
+class SearchResult:
+    """A search's answer: the best candidate, its score, and how the best evolved over time."""
+
+    search: str
+    candidate: Candidate
+    score: Score
+    objective_value: float
+    trace: list[dict[str, float]]
+    seconds: float
+    evaluations: int
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+class Ledger:
+    """Scores candidates through the simulator and remembers the best one and when it improved.
+
+    Deadlines are checked here so every search stops the same way: `exhausted` turns true when
+    either the evaluation budget or the wall-clock budget is spent.
+    """
+
+    def __init__(self, ctx: SearchContext, max_evals: int | None = None) -> None:
+        self.ctx = ctx
+        self.started = time.perf_counter()
+        self.deadline = self.started + ctx.time_budget_s
+        self.max_evals = max_evals if max_evals is not None else ctx.max_evals
+        self.evaluations = 0
+        self.best: Candidate | None = None
+        self.best_score: Score | None = None
+        self.best_value = math.inf
+        self.trace: list[dict[str, float]] = []
+
+    def value(self, score: Score) -> float:
+        if not score.feasible:
+            return math.inf
+        return float(self.ctx.sim.objective_value(score, self.ctx.objective, self.ctx.budget))
+
+    def evaluate(self, candidate: Candidate) -> tuple[float, Score]:
+        score = self.ctx.sim.evaluate(candidate)
+        self.evaluations += 1
+        value = self.value(score)
+        self.offer(candidate, score, value)
+        return value, score
+
+    def offer(self, candidate: Candidate, score: Score, value: float) -> bool:
+        """Record a candidate scored elsewhere (a worker process); True if it is the new best."""
+        better = self.best is None or value < self.best_value
+        if better:
+            self.best, self.best_score, self.best_value = candidate, score, value
+            self.trace.append({"t": round(self.elapsed, 4), "best": value, "evals": self.evaluations})
+        return better
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    @property
+    def exhausted(self) -> bool:
+        if self.max_evals is not None and self.evaluations >= self.max_evals:
+            return True
+        return time.perf_counter() >= self.deadline
+
+    def result(self, search: str, **extra: Any) -> SearchResult:
+        if self.best is None or self.best_score is None:
+            raise InfeasibleError(f"search {search!r} evaluated no candidate (is the cluster empty?)")
+        if not math.isfinite(self.best_value):
+            problems = "; ".join(self.best_score.violations[:3]) or "no feasible placement"
+            raise InfeasibleError(f"search {search!r} found no feasible plan: {problems}")
+        return SearchResult(search=search, candidate=self.best, score=self.best_score,
+                            objective_value=self.best_value, trace=list(self.trace), seconds=self.elapsed,
+                            evaluations=self.evaluations, extra=dict(extra))
+
+
+class Search:
+    """Base of all searches: construct with a context, `run()` returns a SearchResult."""
+
+    name: str = ""
+
+    def __init__(self, ctx: SearchContext) -> None:
+        self.ctx = ctx
+
+    def run(self) -> SearchResult:  # pragma: no cover - interface
+        raise NotImplementedError

@@ -1,0 +1,250 @@
+"""Levels 3-5 of HetRL's search for one arm: an evolutionary search over concrete placements.
+
+An arm fixes the task grouping and how many GPUs of each kind each group gets. A genome fills in
+the rest: per group an ordered device list (which concrete GPUs — hosts, regions — and, through
+the order, which tasklet sits on which GPU) plus each task's TP×PP. Mutations are the moves
+HetRL names: swapping GPUs of one kind across groups (alone or a host's worth at once, which
+moves a group between hosts or regions), swapping GPUs across tasklets inside a group, and
+changing a task's parallel shape. Layer splits and batch shares follow from the genome by
+balancing (`planner.layouts`), so evolution never wastes evaluations on unbalanced variants.
+
+The state is plain data and every random choice comes from the arm's own seeded generator, so
+an arm advanced in a worker process gives the same result as in the parent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from hetprof.planner.search.space import Assembler, Grouping, ShapeChoice
+
+if TYPE_CHECKING:
+    from hetprof.planner.candidate import Candidate
+
+POPULATION = 6
+TOURNAMENT = 2
+SEED_VARIANTS = 4   # locality-ordered starting placements per arm before evolution takes over
+MAX_MISSES = 60     # consecutive already-seen children after which an arm counts as exhausted
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    """Levels 1-2: a grouping and, per group, the GPU count of each type (types in `types` order)."""
+
+    grouping: Grouping
+    counts: tuple[tuple[int, ...], ...]
+    types: tuple[str, ...]
+
+    @property
+    def label(self) -> str:
+        groups = []
+        for tasks, c in zip(self.grouping, self.counts, strict=True):
+            gpus = ",".join(f"{n}x{t}" for n, t in zip(c, self.types, strict=True) if n)
+            groups.append(f"{'+'.join(tasks)}[{gpus}]")
+        return " | ".join(groups)
+
+
+@dataclasses.dataclass(frozen=True)
+class Genome:
+    """Levels 3-5: device order per group (the last entry holds the idle GPUs) and TP×PP per task."""
+
+    orders: tuple[tuple[str, ...], ...]
+    shapes: tuple[tuple[str, ShapeChoice], ...]
+
+    def shape_map(self) -> dict[str, ShapeChoice]:
+        return dict(self.shapes)
+
+
+def initial_orders(arm: Arm, by_type: dict[str, tuple[str, ...]], variant: int,
+                   rng: np.random.Generator) -> tuple[tuple[str, ...], ...]:
+    """Hand each group its count of every type as contiguous, locality-ordered blocks.
+
+    Variant 0 fills groups in order (idle GPUs last), variant 1 in reverse, later variants in a
+    random group order: contiguous blocks keep a group on as few hosts and regions as possible.
+    """
+    k = len(arm.grouping)
+    slots = list(range(k + 1))
+    if variant == 1:
+        slots = list(reversed(range(k))) + [k]
+    elif variant >= 2:
+        slots = [int(x) for x in rng.permutation(k + 1)]
+    orders: list[list[str]] = [[] for _ in range(k + 1)]
+    for ti, t in enumerate(arm.types):
+        pool = list(by_type.get(t, ()))
+        want = [arm.counts[g][ti] for g in range(k)]
+        want.append(len(pool) - sum(want))
+        pos = 0
+        for g in slots:
+            orders[g].extend(pool[pos:pos + want[g]])
+            pos += want[g]
+    return tuple(tuple(o) for o in orders)
+
+
+class ArmEvolution:
+    """One arm's population; `advance(n, evaluate)` spends n evaluations on it."""
+
+    def __init__(self, arm: Arm, index: int, seed: int, assembler: Assembler,
+                 by_type: dict[str, tuple[str, ...]]) -> None:
+        self.arm = arm
+        self.index = index
+        self.rng = np.random.default_rng([seed, index])
+        self.assembler = assembler
+        self.by_type = by_type
+        self.population: list[tuple[float, Genome]] = []
+        self.seen: set[Genome] = set()
+        self.evaluations = 0
+        self.variant = 0
+        self.best_value = math.inf
+        self.best_candidate: Candidate | None = None
+        self.exhausted = False
+
+    # ---- genomes --------------------------------------------------------------------------------
+    def _repair(self, orders: tuple[tuple[str, ...], ...], shapes: dict[str, ShapeChoice] | None,
+                touched: set[int], greedy: bool) -> Genome | None:
+        new = dict(shapes or {})
+        for g, tasks in enumerate(self.arm.grouping):
+            if not orders[g]:
+                return None
+            for task in tasks:
+                allowed = self.assembler.shapes_for(task, orders[g])
+                if not allowed:
+                    return None
+                if task not in new or new[task] not in allowed or (greedy and g in touched):
+                    best = self.assembler.best_shape(task, orders[g])
+                    if best is None:
+                        return None
+                    new[task] = best
+        return Genome(orders, tuple(sorted(new.items())))
+
+    def seed_genome(self) -> Genome | None:
+        orders = initial_orders(self.arm, self.by_type, self.variant, self.rng)
+        self.variant += 1
+        return self._repair(orders, None, set(range(len(orders))), True)
+
+    def mutate(self, genome: Genome) -> Genome | None:
+        orders = [list(o) for o in genome.orders]
+        shapes = genome.shape_map()
+        touched: set[int] = set()
+        ops: list[Callable[[], bool]] = [lambda: self._swap_across(orders, touched, block=False),
+                                         lambda: self._swap_across(orders, touched, block=True),
+                                         lambda: self._swap_tasklets(orders, touched),
+                                         lambda: self._reshape(orders, shapes)]
+        moves = 1 + int(self.rng.integers(0, 2))
+        done = 0
+        for _ in range(8 * moves):
+            if ops[int(self.rng.integers(0, len(ops)))]():
+                done += 1
+                if done == moves:
+                    break
+        if not done:
+            return None
+        greedy = bool(self.rng.random() < 0.5)
+        return self._repair(tuple(tuple(o) for o in orders), shapes, touched, greedy)
+
+    def _swap_across(self, orders: list[list[str]], touched: set[int], block: bool) -> bool:
+        """Swap GPUs of one kind between two groups (the idle pool counts as a group)."""
+        devs = self.assembler.sim.devices
+        holders: dict[str, list[int]] = {}
+        for g, o in enumerate(orders):
+            for t in sorted({devs[d].type for d in o}):
+                holders.setdefault(t, []).append(g)
+        types = [t for t in sorted(holders) if len(holders[t]) >= 2]
+        if not types:
+            return False
+        t = types[int(self.rng.integers(0, len(types)))]
+        ga, gb = (int(x) for x in self.rng.choice(holders[t], size=2, replace=False))
+        a_idx = [i for i, d in enumerate(orders[ga]) if devs[d].type == t]
+        b_idx = [i for i, d in enumerate(orders[gb]) if devs[d].type == t]
+        ia = a_idx[int(self.rng.integers(0, len(a_idx)))]
+        ib = b_idx[int(self.rng.integers(0, len(b_idx)))]
+        if block:
+            ha, hb = devs[orders[ga][ia]].host, devs[orders[gb][ib]].host
+            if ha == hb:
+                return False
+            a_idx = [i for i in a_idx if devs[orders[ga][i]].host == ha]
+            b_idx = [i for i in b_idx if devs[orders[gb][i]].host == hb]
+            pairs = list(zip(a_idx, b_idx, strict=False))
+        else:
+            pairs = [(ia, ib)]
+        for i, j in pairs:
+            orders[ga][i], orders[gb][j] = orders[gb][j], orders[ga][i]
+        touched.update((ga, gb))
+        return True
+
+    def _swap_tasklets(self, orders: list[list[str]], touched: set[int]) -> bool:
+        """Swap two GPUs inside a group: they trade tasklets (replica, stage) for every task."""
+        k = len(self.arm.grouping)
+        groups = [g for g in range(k) if len(orders[g]) >= 2]
+        if not groups:
+            return False
+        g = groups[int(self.rng.integers(0, len(groups)))]
+        i, j = (int(x) for x in self.rng.choice(len(orders[g]), size=2, replace=False))
+        orders[g][i], orders[g][j] = orders[g][j], orders[g][i]
+        return True
+
+    def _reshape(self, orders: list[list[str]], shapes: dict[str, ShapeChoice]) -> bool:
+        """Give one task another TP×PP its group's devices allow."""
+        tasks = [(g, t) for g, ts in enumerate(self.arm.grouping) for t in ts]
+        g, task = tasks[int(self.rng.integers(0, len(tasks)))]
+        allowed = [s for s in self.assembler.shapes_for(task, orders[g]) if s != shapes.get(task)]
+        if not allowed:
+            return False
+        shapes[task] = allowed[int(self.rng.integers(0, len(allowed)))]
+        return True
+
+    # ---- search ---------------------------------------------------------------------------------
+    def candidate(self, genome: Genome) -> Candidate | None:
+        return self.assembler.assemble(self.arm.grouping, genome.orders, genome.shape_map())
+
+    def _insert(self, value: float, genome: Genome) -> None:
+        self.population.append((value, genome))
+        self.population.sort(key=lambda vg: vg[0])
+        del self.population[POPULATION:]
+
+    def _parent(self) -> Genome:
+        picks = self.rng.choice(len(self.population), size=min(TOURNAMENT, len(self.population)), replace=False)
+        return self.population[int(min(picks))][1]
+
+    def advance(self, n: int, evaluate: Callable[[Candidate], float], stop: Callable[[], bool]) -> None:
+        """Spend up to n evaluations: seed variants first, then children of tournament winners.
+
+        An arm whose neighbourhood yields only genomes already seen (small arms run out) is
+        marked exhausted and costs nothing more.
+        """
+        spent = 0
+        misses = 0
+        while spent < n and not self.exhausted and not stop():
+            if self.variant < SEED_VARIANTS and len(self.population) < 2:
+                genome = self.seed_genome()
+            elif self.population:
+                genome = self.mutate(self._parent())
+            else:
+                genome = None
+            if genome is None or genome in self.seen:
+                misses += 1
+                if misses >= MAX_MISSES or (not self.population and self.variant >= SEED_VARIANTS):
+                    self.exhausted = True
+                continue
+            misses = 0
+            self.seen.add(genome)
+            cand = self.candidate(genome)
+            value = math.inf if cand is None else evaluate(cand)
+            spent += 1
+            self.evaluations += 1
+            if value < self.best_value and cand is not None:
+                self.best_value, self.best_candidate = value, cand
+            self._insert(value, genome)
+
+    @property
+    def value(self) -> float:
+        return self.best_value
+
+
+def rank_arms(states: Sequence[ArmEvolution], keep: int) -> list[ArmEvolution]:
+    """Successive halving's cut: the `keep` best arms by best value found (ties by arm index)."""
+    return sorted(states, key=lambda s: (s.value, s.index))[:keep]

@@ -1,0 +1,170 @@
+"""The search space every search walks, and the one place that turns choices into Candidates.
+
+HetRL's five levels map onto three choices here: a *grouping* (level 1: which tasks time-share
+GPUs), per group an *ordered device list* (levels 2-3 and 5: how many GPUs of each kind, which
+ones, and — through the order — which tasklet sits where), and per task a *shape* TP×PP (level 4).
+Layer splits and batch shares are not searched: `planner.layouts` balances them to device speed.
+Keeping the assembly here guarantees `exhaustive`, `hetrl` and the ILP explore the same space, so
+the tests can compare their optima honestly.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
+
+from hetprof.planner import layouts
+from hetprof.planner.candidate import Candidate, TaskLayout
+
+if TYPE_CHECKING:
+    from hetprof.planner.simulator import Simulator
+
+Grouping = tuple[tuple[str, ...], ...]
+Orders = tuple[tuple[str, ...], ...]
+ShapeChoice = tuple[int, int]  # (tp, pp)
+
+
+def set_partitions(items: Sequence[str]) -> Iterator[Grouping]:
+    """Every way to split `items` into non-empty groups (Bell-number many; 203 for six tasks)."""
+    items = list(items)
+    if not items:
+        yield ()
+        return
+    first, rest = items[0], items[1:]
+    for part in set_partitions(rest):
+        yield ((first,), *part)
+        for i in range(len(part)):
+            yield (*part[:i], (first, *part[i]), *part[i + 1:])
+
+
+def canonical_grouping(grouping: Sequence[Sequence[str]], task_order: Sequence[str]) -> Grouping:
+    """Groups with tasks in workflow order, groups ordered by their first task."""
+    rank = {t: i for i, t in enumerate(task_order)}
+    groups = [tuple(sorted(g, key=rank.__getitem__)) for g in grouping]
+    return tuple(sorted(groups, key=lambda g: rank[g[0]]))
+
+
+def all_groupings(sim: Simulator) -> list[Grouping]:
+    tasks = list(sim.tasks)
+    return sorted({canonical_grouping(p, tasks) for p in set_partitions(tasks)},
+                  key=lambda g: (len(g), grouping_label(g)))
+
+
+def grouping_label(grouping: Grouping) -> str:
+    return " | ".join("+".join(g) for g in grouping)
+
+
+def gpu_types(sim: Simulator) -> tuple[str, ...]:
+    return tuple(sorted({d.type for d in sim.devices.values()}))
+
+
+def devices_by_type(sim: Simulator) -> dict[str, tuple[str, ...]]:
+    """Each type's devices in locality order (region, host, index)."""
+    out: dict[str, list[str]] = {}
+    for d in layouts.canonical_order(sim, sim.devices):
+        out.setdefault(sim.devices[d].type, []).append(d)
+    return {t: tuple(v) for t, v in out.items()}
+
+
+def counts_of(sim: Simulator, devices: Sequence[str], types: Sequence[str]) -> tuple[int, ...]:
+    return tuple(sum(1 for d in devices if sim.devices[d].type == t) for t in types)
+
+
+class Assembler:
+    """Builds candidates from (grouping, orders, shapes), memoising every balanced layout.
+
+    The same task on the same ordered devices with the same shape recurs across thousands of
+    candidates; balancing it calls the simulator dozens of times, so it is done once.
+    """
+
+    def __init__(self, sim: Simulator, max_tp: int = 8, max_pp: int = 4) -> None:
+        self.sim = sim
+        self.max_tp = max_tp
+        self.max_pp = max_pp
+        self.layout = functools.lru_cache(maxsize=1 << 16)(self._layout)
+        self.shapes = functools.lru_cache(maxsize=1 << 16)(self._shapes)
+        self.best_shape = functools.lru_cache(maxsize=1 << 14)(self._best_shape)
+
+    def _layout(self, task: str, order: tuple[str, ...], tp: int, pp: int) -> TaskLayout | None:
+        return layouts.build_layout(self.sim, task, order, tp, pp)
+
+    def _shapes(self, task: str, per_host: tuple[int, ...]) -> tuple[ShapeChoice, ...]:
+        model = layouts.task_model(self.sim, task)
+        return tuple((s.tp, s.pp) for s in layouts.shapes_for_hosts(model, per_host, self.max_tp, self.max_pp))
+
+    def shapes_for(self, task: str, devices: Sequence[str]) -> tuple[ShapeChoice, ...]:
+        """Feasible (tp, pp) for a task on a device set (depends only on devices per host)."""
+        per_host: dict[str, int] = {}
+        for d in devices:
+            per_host[self.sim.devices[d].host] = per_host.get(self.sim.devices[d].host, 0) + 1
+        return self.shapes(task, tuple(sorted(per_host.values())))
+
+    def _best_shape(self, task: str, order: tuple[str, ...]) -> ShapeChoice | None:
+        best, best_t = None, float("inf")
+        for tp, pp in self.shapes_for(task, order):
+            lay = self.layout(task, order, tp, pp)
+            if lay is None:
+                continue
+            t = layouts.layout_cost(self.sim, lay)
+            if t < best_t:
+                best, best_t = (tp, pp), t
+        return best
+
+    def assemble(self, grouping: Grouping, orders: Orders, shapes: dict[str, ShapeChoice]) -> Candidate | None:
+        """The candidate, or None when some task has no layout on its group's devices."""
+        lays = {}
+        for tasks, order in zip(grouping, orders, strict=False):
+            if not order:
+                return None
+            for task in tasks:
+                tp, pp = shapes[task]
+                lay = self.layout(task, tuple(order), tp, pp)
+                if lay is None:
+                    return None
+                lays[task] = lay
+        return Candidate(grouping, tuple(tuple(sorted(o, key=_device_sort(self.sim))) for o in orders[:len(grouping)]),
+                         lays)
+
+    def default_shapes(self, grouping: Grouping, orders: Orders) -> dict[str, ShapeChoice] | None:
+        """Each task's fastest shape on its group's devices by the balanced replica time."""
+        out = {}
+        for tasks, order in zip(grouping, orders, strict=False):
+            for task in tasks:
+                best = self.best_shape(task, tuple(order))
+                if best is None:
+                    return None
+                out[task] = best
+        return out
+
+
+def _device_sort(sim: Simulator):
+    devs = sim.devices
+    return lambda d: (devs[d].region, devs[d].host, devs[d].index)
+
+
+# ---- plain-data encoding (for Optuna user attributes and search traces; never pickles) ----------
+
+def encode_candidate(candidate: Candidate) -> str:
+    data = {"groups": [list(g) for g in candidate.groups],
+            "group_devices": [list(g) for g in candidate.group_devices],
+            "layouts": {t: {"tp": lay.tp, "pp": lay.pp, "replicas": [list(r) for r in lay.replicas],
+                            "shares": list(lay.shares), "layer_splits": [list(s) for s in lay.layer_splits]}
+                        for t, lay in candidate.layouts}}
+    return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+
+def decode_candidate(text: str) -> Candidate:
+    data = json.loads(text)
+    lays = {t: TaskLayout(task=t, tp=int(v["tp"]), pp=int(v["pp"]), replicas=v["replicas"], shares=v["shares"],
+                          layer_splits=v["layer_splits"]) for t, v in data["layouts"].items()}
+    return Candidate(data["groups"], data["group_devices"], lays)
+
+
+def problem_key(sim: Simulator, objective: str, budget: float | None) -> str:
+    """A short hash naming one planning problem (cluster, workload, objective) for study names."""
+    payload = json.dumps({"cluster": sim.cluster.to_dict(), "workload": sim.workload.to_dict(),
+                          "objective": objective, "budget": budget}, sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:12]
