@@ -62,14 +62,20 @@ def canonical_order(sim: Simulator, devices: Iterable[str]) -> tuple[str, ...]:
 
 
 def tp_groups(sim: Simulator, order: Sequence[str], tp: int) -> list[tuple[str, ...]]:
-    """Cut an ordered device list into same-host groups of `tp`; hosts keep their first appearance."""
-    by_host: dict[str, list[str]] = {}
-    for d in order:
-        by_host.setdefault(sim.devices[d].host, []).append(d)
+    """Cut an ordered device list into same-host groups of `tp`, in the order they complete.
+
+    Walking the order, a host's devices wait until `tp` of them have appeared; the group then
+    takes its place. With tp = 1 the groups follow the order exactly, so the order alone decides
+    which GPUs become the stages of one pipeline replica.
+    """
+    pending: dict[str, list[str]] = {}
     groups = []
-    for members in by_host.values():
-        for i in range(len(members) // tp):
-            groups.append(tuple(members[i * tp:(i + 1) * tp]))
+    for d in order:
+        waiting = pending.setdefault(sim.devices[d].host, [])
+        waiting.append(d)
+        if len(waiting) == tp:
+            groups.append(tuple(waiting))
+            waiting.clear()
     return groups
 
 
@@ -256,7 +262,13 @@ def build_layout(sim: Simulator, task: str, order: Sequence[str], tp: int, pp: i
     balanced=False gives what a heterogeneity-unaware system does: equal layer splits and
     equal batch shares.
     """
-    replicas = arrange(sim, order, tp, pp)
+    return balanced_layout(sim, task, arrange(sim, order, tp, pp), tp, pp, balanced)
+
+
+def balanced_layout(sim: Simulator, task: str, replicas: Sequence[tuple[str, ...]], tp: int, pp: int,
+                    balanced: bool = True) -> TaskLayout | None:
+    """A layout over given replicas with balanced (or, balanced=False, equal) layer splits and shares."""
+    replicas = list(replicas)
     if not replicas:
         return None
     model = task_model(sim, task)

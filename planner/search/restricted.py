@@ -1,0 +1,112 @@
+"""The ILP's restricted space: a fixed grouping, whole-host GPU counts and type-pure replicas.
+
+An exact integer program needs a space it can describe linearly. Here a group receives, of every
+GPU type, `x` devices taken host by host (full hosts first, then part of one more), and each task
+picks one TP×PP and runs as many replicas as fit on each type separately (a replica never mixes
+types, so its speed is a per-type constant). Batch shares and layer splits are then balanced as
+everywhere else. `exhaustive --restricted` enumerates exactly this space, which is how the tests
+check the ILP.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from hetprof.planner import layouts
+from hetprof.planner.candidate import Candidate
+from hetprof.planner.search.space import Grouping, devices_by_type, gpu_types
+
+if TYPE_CHECKING:
+    from hetprof.planner.simulator import Simulator
+
+
+class RestrictedSpace:
+    """Host blocks per type and the candidate each (counts, shapes) choice stands for."""
+
+    def __init__(self, sim: Simulator, grouping: Grouping, max_tp: int = 8, max_pp: int = 4) -> None:
+        self.sim = sim
+        self.grouping = grouping
+        self.max_tp, self.max_pp = max_tp, max_pp
+        self.types = gpu_types(sim)
+        by_type = devices_by_type(sim)
+        self.hosts: dict[str, list[tuple[str, ...]]] = {}
+        for t in self.types:
+            per: dict[str, list[str]] = {}
+            for d in by_type[t]:
+                per.setdefault(sim.devices[d].host, []).append(d)
+            self.hosts[t] = [tuple(v) for v in per.values()]
+        self.totals = {t: len(by_type[t]) for t in self.types}
+        self._layouts: dict[tuple, object] = {}
+
+    def host_size(self, t: str) -> int:
+        """Devices per host of type t (hosts of one type are assumed uniform; the largest is used)."""
+        return max(len(h) for h in self.hosts[t])
+
+    def hosts_needed(self, t: str, count: int) -> int:
+        return math.ceil(count / self.host_size(t)) if count else 0
+
+    def tp_groups(self, t: str, count: int, tp: int) -> int:
+        """TP groups that `count` host-block devices of type t form (TP stays inside a host)."""
+        n = self.host_size(t)
+        return (count // n) * (n // tp) + (count % n) // tp
+
+    def feasible_counts(self) -> list[tuple[tuple[int, ...], ...]]:
+        """Every x[g][t] whose host blocks fit the cluster, each group non-empty."""
+        k = len(self.grouping)
+        per_type = []
+        for t in self.types:
+            opts = []
+            for combo in itertools.product(range(self.totals[t] + 1), repeat=k):
+                if sum(self.hosts_needed(t, c) for c in combo) <= len(self.hosts[t]):
+                    opts.append(combo)
+            per_type.append(opts)
+        out = []
+        for choice in itertools.product(*per_type):
+            counts = tuple(tuple(choice[ti][g] for ti in range(len(self.types))) for g in range(k))
+            if all(sum(c) > 0 for c in counts):
+                out.append(counts)
+        return out
+
+    def group_devices(self, counts: Sequence[Sequence[int]]) -> list[tuple[str, ...]]:
+        """Concrete devices: per type, groups take host blocks in locality order, group 0 first."""
+        out: list[list[str]] = [[] for _ in self.grouping]
+        for ti, t in enumerate(self.types):
+            free = list(self.hosts[t])
+            for g in range(len(self.grouping)):
+                need = counts[g][ti]
+                while need > 0:
+                    host = free.pop(0)
+                    out[g].extend(host[:need])
+                    need -= min(need, len(host))
+        return [tuple(o) for o in out]
+
+    def shapes(self, task: str) -> list[tuple[int, int]]:
+        model = layouts.task_model(self.sim, task)
+        return [(tp, pp) for tp in layouts.divisors(model.heads) if tp <= self.max_tp
+                for pp in range(1, min(self.max_pp, model.layers) + 1)]
+
+    def replicas(self, devices: Sequence[str], tp: int, pp: int) -> list[tuple[str, ...]]:
+        """Type-pure replicas: per type, same-host TP groups chunked into pp stages."""
+        out = []
+        for t in self.types:
+            mine = [d for d in devices if self.sim.devices[d].type == t]
+            out.extend(layouts.arrange(self.sim, mine, tp, pp))
+        return out
+
+    def candidate(self, counts: Sequence[Sequence[int]], shapes: dict[str, tuple[int, int]]) -> Candidate | None:
+        groups = self.group_devices(counts)
+        lays = {}
+        for tasks, devs in zip(self.grouping, groups, strict=True):
+            for task in tasks:
+                tp, pp = shapes[task]
+                key = (task, devs, tp, pp)
+                if key not in self._layouts:
+                    self._layouts[key] = layouts.balanced_layout(self.sim, task, self.replicas(devs, tp, pp), tp, pp)
+                lay = self._layouts[key]
+                if lay is None:
+                    return None
+                lays[task] = lay
+        return Candidate(self.grouping, groups, lays)
