@@ -1,0 +1,230 @@
+"""An exact MILP (PuLP + CBC) over the restricted problem, warm-started from the heuristic.
+
+The grouping is fixed (the heuristic's, or `options["grouping"]`). The program chooses, per group,
+how many GPUs of each type it gets (one-hot over counts: integer counts per type, not a binary per
+GPU, so identical GPUs create no symmetry), per task one TP×PP, and per task and type how many
+type-pure replicas run. A replica of type t and shape c processes r[k,t,c] sequences per second
+and holds at most m[k,t,c] sequences in memory — constants measured once with the simulator's
+`replica_seconds`. A task's time B/rate is convex in its rate, so it is bounded below by tangent
+cuts; the objective is min-max: per workflow stage the busiest group (sync: stages add up), or
+the busiest group overall (async: generation overlaps training).
+
+The MILP is a model of the simulator, not the simulator, so the best `shortlist` MILP solutions
+(each later one excluded by a no-good cut) are built and scored by the simulator, and the best
+by that score wins. `extra` reports CBC's status, objective, bound and gap, and the time limit.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tempfile
+from pathlib import Path
+
+from hetprof.errors import InfeasibleError
+from hetprof.planner import layouts
+from hetprof.planner.search import get_search, register_search
+from hetprof.planner.search.base import Ledger, Search, SearchContext, SearchResult
+from hetprof.planner.search.restricted import RestrictedSpace
+from hetprof.specs.plan import TASKS
+
+TANGENTS = 48
+SHORTLIST = 4
+STAGE = {"generation": 0, "inference": 1, "training": 2}
+
+
+def _replica_rate(space: RestrictedSpace, task: str, t: str, tp: int, pp: int, total: int) -> tuple[float, int]:
+    """(sequences/s, most sequences that fit) of one type-t replica of shape tp×pp; (0, 0) if none fits."""
+    sim = space.sim
+    reps = space.replicas([d for h in space.hosts[t] for d in h], tp, pp)
+    if not reps:
+        return 0.0, 0
+    rep = reps[0]
+    split = layouts.balance_layers(sim, task, rep, tp, pp, max(1, total // max(1, len(reps))))
+
+    def seconds(b: int) -> float:
+        if b <= 0:
+            return 0.0
+        if layouts._overflow(sim, task, rep, tp, split, b) > 0:
+            return math.inf
+        return layouts._replica_seconds(sim, task, rep, tp, pp, b, split)
+
+    most = layouts._capacity(seconds, math.inf, total)
+    if most == 0:
+        return 0.0, 0
+    ref = max(1, min(most, math.ceil(total / max(1, len(reps)))))
+    s = seconds(ref)
+    return (ref / s if s > 0 and math.isfinite(s) else 0.0), most
+
+
+@register_search("ilp")
+class ILPSearch(Search):
+    """MILP over counts per GPU type per group and replicas per type per layout; CBC with a time limit."""
+
+    def run(self) -> SearchResult:
+        import pulp
+
+        ctx, sim = self.ctx, self.ctx.sim
+        warm = ctx.warm_start
+        grouping = ctx.options.get("grouping")
+        heuristic_s = 0.0
+        if grouping is None:
+            if warm is None:
+                sub = SearchContext(sim=sim, objective=ctx.objective, budget=ctx.budget, seed=ctx.seed,
+                                    time_budget_s=max(1.0, ctx.time_budget_s / 3), max_tp=ctx.max_tp,
+                                    max_pp=ctx.max_pp, max_evals=ctx.options.get("heuristic_evals", 300))
+                first = get_search("hetrl")(sub).run()
+                warm, heuristic_s = first.candidate, first.seconds
+            grouping = warm.groups
+        grouping = tuple(tuple(g) for g in grouping)
+        space = RestrictedSpace(sim, grouping, ctx.max_tp, ctx.max_pp)
+        ledger = Ledger(ctx, max_evals=None)
+        total = layouts.task_batch(sim)
+        tasks = [k for g in grouping for k in g]
+        owner = {k: gi for gi, g in enumerate(grouping) for k in g}
+        types = space.types
+
+        # ---- constants from the simulator ----
+        rate, cap, shapes = {}, {}, {}
+        for k in tasks:
+            shapes[k] = []
+            for tp, pp in space.shapes(k):
+                usable = False
+                for t in types:
+                    if tp > space.host_size(t):
+                        continue
+                    r, m = _replica_rate(space, k, t, tp, pp, total)
+                    if r > 0:
+                        rate[k, t, (tp, pp)], cap[k, t, (tp, pp)] = r, m
+                        usable = True
+                if usable:
+                    shapes[k].append((tp, pp))
+            if not shapes[k]:
+                raise InfeasibleError(f"ilp: {k} fits on no type-pure replica of this cluster "
+                                      f"(TP ≤ {ctx.max_tp}, PP ≤ {ctx.max_pp})")
+
+        prob = pulp.LpProblem("hetrl_restricted", pulp.LpMinimize)
+        u = {(g, t, v): pulp.LpVariable(f"u_{g}_{ti}_{v}", cat="Binary")
+             for g in range(len(grouping)) for ti, t in enumerate(types) for v in range(space.totals[t] + 1)}
+        z = {(k, c): pulp.LpVariable(f"z_{k}_{c[0]}x{c[1]}", cat="Binary") for k in tasks for c in shapes[k]}
+        w = {}
+        for (k, t, c), _r in rate.items():
+            most = space.tp_groups(t, space.totals[t], c[0]) // c[1]
+            w[k, t, c] = pulp.LpVariable(f"w_{k}_{types.index(t)}_{c[0]}x{c[1]}", 0, most, cat="Integer")
+        T = {k: pulp.LpVariable(f"T_{k}", 0) for k in tasks}
+
+        for g in range(len(grouping)):
+            for t in types:
+                prob += pulp.lpSum(u[g, t, v] for v in range(space.totals[t] + 1)) == 1
+            prob += pulp.lpSum(v * u[g, t, v] for t in types for v in range(1, space.totals[t] + 1)) >= 1
+        for t in types:
+            prob += pulp.lpSum(space.hosts_needed(t, v) * u[g, t, v] for g in range(len(grouping))
+                               for v in range(space.totals[t] + 1)) <= len(space.hosts[t])
+        for k in tasks:
+            prob += pulp.lpSum(z[k, c] for c in shapes[k]) == 1
+            g = owner[k]
+            for (kk, t, c), var in w.items():
+                if kk != k:
+                    continue
+                prob += var <= var.upBound * z[k, c]
+                prob += c[1] * var <= pulp.lpSum(space.tp_groups(t, v, c[0]) * u[g, t, v]
+                                                 for v in range(space.totals[t] + 1))
+            mine = [(key, var) for key, var in w.items() if key[0] == k]
+            flow = pulp.lpSum(rate[key] * var for key, var in mine)
+            prob += pulp.lpSum(cap[key] * var for key, var in mine) >= total
+            hi = sum(rate[key] * var.upBound for key, var in mine)
+            lo = min(rate[key] for key, _ in mine)
+            for j in range(TANGENTS):
+                rho = lo * (hi / lo) ** (j / (TANGENTS - 1)) if hi > lo else lo
+                prob += T[k] >= 2 * total / rho - total * flow / (rho * rho)
+
+        asynchronous = sim.workload.mode == "async"
+        if asynchronous:
+            Z = pulp.LpVariable("Z", 0)
+            for g in grouping:
+                prob += Z >= pulp.lpSum(T[k] for k in g)
+            prob += Z
+        else:
+            Zs = {s: pulp.LpVariable(f"Z_{s}", 0) for s in set(STAGE.values())}
+            for g in grouping:
+                for s in Zs:
+                    members = [k for k in g if STAGE[TASKS[k][0]] == s]
+                    if members:
+                        prob += Zs[s] >= pulp.lpSum(T[k] for k in members)
+            prob += pulp.lpSum(Zs.values())
+
+        warmed = self._warm_start(warm, space, u, z, w, shapes) if warm is not None else False
+        limit = float(ctx.options.get("time_limit_s", max(1.0, ctx.time_budget_s - heuristic_s)))
+        solves = []
+        best_first = None
+        for i in range(int(ctx.options.get("shortlist", SHORTLIST))):
+            with tempfile.TemporaryDirectory() as tmp:
+                log = Path(tmp) / "cbc.log"
+                solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=limit, warmStart=warmed and i == 0,
+                                           logPath=str(log), threads=1)
+                status = prob.solve(solver)
+                text = log.read_text() if log.exists() else ""
+            info = _cbc_summary(text)
+            info["status"] = pulp.LpStatus[status]
+            info["model_objective"] = pulp.value(prob.objective)
+            if status != pulp.LpStatusOptimal and info.get("model_objective") is None:
+                break
+            counts = tuple(tuple(next(v for v in range(space.totals[t] + 1) if (u[g, t, v].value() or 0) > 0.5)
+                                 for t in types) for g in range(len(grouping)))
+            chosen = {k: next(c for c in shapes[k] if (z[k, c].value() or 0) > 0.5) for k in tasks}
+            cand = space.candidate(counts, chosen)
+            value = ledger.evaluate(cand)[0] if cand is not None else math.inf
+            info.update(counts={f"group{g}": dict(zip(types, c, strict=True)) for g, c in enumerate(counts)},
+                        shapes={k: f"TP{c[0]}×PP{c[1]}" for k, c in chosen.items()}, simulated=value)
+            solves.append(info)
+            if best_first is None:
+                best_first = info
+            ones = [u[key] for key in u if (u[key].value() or 0) > 0.5] + [z[key] for key in z if (z[key].value() or 0) > 0.5]
+            prob += pulp.lpSum(ones) <= len(ones) - 1
+            if ledger.elapsed > limit:
+                break
+        if best_first is None:
+            raise InfeasibleError("ilp: CBC found no solution of the restricted problem within "
+                                  f"{limit:.0f} s (status {solves[-1]['status'] if solves else 'none'})")
+        return ledger.result("ilp", grouping=[list(g) for g in grouping], gap=best_first.get("gap"),
+                             optimal=best_first.get("optimal", False), status=best_first["status"],
+                             bound=best_first.get("bound"), model_objective=best_first.get("model_objective"),
+                             time_limit_s=limit, warm_started=warmed, shortlist=solves, heuristic_s=heuristic_s)
+
+    @staticmethod
+    def _warm_start(warm, space: RestrictedSpace, u, z, w, shapes) -> bool:
+        """Give CBC the heuristic's counts and shapes as its first incumbent, when they fit the model."""
+        if tuple(tuple(g) for g in warm.groups) != space.grouping:
+            return False
+        types = space.types
+        sim = space.sim
+        for g, devs in enumerate(warm.group_devices):
+            for t in types:
+                n = sum(1 for d in devs if sim.devices[d].type == t)
+                for v in range(space.totals[t] + 1):
+                    u[g, t, v].setInitialValue(1 if v == n else 0)
+        for k, lay in warm.layouts:
+            c = (lay.tp, lay.pp)
+            if c not in shapes.get(k, []):
+                return False
+            for cc in shapes[k]:
+                z[k, cc].setInitialValue(1 if cc == c else 0)
+            for (kk, t, cc), var in w.items():
+                if kk == k:
+                    n = sum(1 for r in lay.replicas if cc == c and all(sim.devices[d].type == t for d in r))
+                    var.setInitialValue(min(n, var.upBound))
+        return True
+
+
+def _cbc_summary(log: str) -> dict:
+    """Status, objective, bound and gap from CBC's log (PuLP does not expose the bound)."""
+    out: dict = {"optimal": "Optimal solution found" in log}
+    for key, pattern in (("objective", r"Objective value:\s*([-0-9.eE+]+)"),
+                         ("bound", r"Lower bound:\s*([-0-9.eE+]+)"),
+                         ("gap", r"Gap:\s*([-0-9.eE+]+)")):
+        m = re.search(pattern, log)
+        if m:
+            out[key] = float(m.group(1))
+    if out["optimal"] and "gap" not in out:
+        out["gap"] = 0.0
+    return out
