@@ -25,7 +25,6 @@ def manual_plan(cluster: ClusterSpec | Mapping[str, Any], workload: WorkloadSpec
     workload_d = workload.to_dict() if isinstance(workload, WorkloadSpec) else dict(workload)
     wl = WorkloadSpec.from_dict(workload_d)
     layers = wl.roles()
-    groups: dict[tuple[str, ...], list[str]] = {}
     placements = []
     for task in tasks_of(wl):
         if task not in placement:
@@ -38,8 +37,6 @@ def manual_plan(cluster: ClusterSpec | Mapping[str, Any], workload: WorkloadSpec
             raise SpecError(None, f"shares.{task}", f"{len(devices)} shares (one per replica)", share)
         total = sum(share)
         share = [s / total for s in share]
-        key = tuple(sorted(devices))
-        groups.setdefault(key, []).append(task)
         role = {"actor_gen": "actor", "actor_train": "actor", "ref_infer": "reference",
                 "reward_infer": "reward", "critic_infer": "critic", "critic_train": "critic"}[task]
         n_layers = layers[role].layers
@@ -48,11 +45,21 @@ def manual_plan(cluster: ClusterSpec | Mapping[str, Any], workload: WorkloadSpec
             tasklets=[Tasklet(replica=i, stage=0, devices=[d], layer_start=0, layer_end=n_layers, batch_share=s)
                       for i, (d, s) in enumerate(zip(devices, share, strict=True))],
             predicted_s=(task_seconds or {}).get(task)))
-    names = {key: f"g{i}" for i, key in enumerate(groups)}
+    # Tasks whose device sets overlap time-share those devices: they form one group, as in the planner.
+    components: list[tuple[set[str], list[str]]] = []
     for p in placements:
-        p.group = names[tuple(sorted(p.devices()))]
-    plan = Plan(cluster=cluster_d, workload=workload_d,
-                groups=[Group(name=names[k], tasks=t, devices=list(k)) for k, t in groups.items()],
+        devices, tasks = set(p.devices()), [p.task]
+        for comp in [c for c in components if c[0] & devices]:
+            components.remove(comp)
+            devices |= comp[0]
+            tasks = comp[1] + tasks
+        components.append((devices, tasks))
+    order = {d.id: i for i, d in enumerate(ClusterSpec.from_dict(cluster_d).devices())}
+    groups = [Group(name=f"g{i}", tasks=tasks, devices=sorted(devs, key=lambda d: order.get(d, 0)))
+              for i, (devs, tasks) in enumerate(components)]
+    for p in placements:
+        p.group = next(g.name for g in groups if p.task in g.tasks)
+    plan = Plan(cluster=cluster_d, workload=workload_d, groups=groups,
                 tasks=placements, predicted=predicted or Prediction(iteration_s=0.0), search="manual")
     plan.validate()
     return Plan.from_dict(plan.to_dict())

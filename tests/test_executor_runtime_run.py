@@ -1,0 +1,154 @@
+"""`hetprof run` end to end on CPU worker processes (gloo), as a user runs it.
+
+Starting workers (each imports torch and transformers) dominates, so each run checks several
+things: the async staleness bound, bitwise weight sync, records in the log and the profile
+database, and — with a worker killed mid-run — the bounded stop and the resume.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from hetprof.executor.manual import manual_plan
+from hetprof.executor.records import read_log
+from hetprof.profiles import ProfileDB
+from hetprof.specs import ClusterSpec, WorkloadSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+HETPROF = str(Path(os.sys.executable).with_name("hetprof"))
+
+
+def write_plan(path: Path, slots: int, placement: dict, shares: dict | None = None, **workload) -> Path:
+    cluster = ClusterSpec.from_dict({"name": "cpu", "hosts": [{"name": "localhost", "gpus": {"type": "cpu",
+                                                                                              "count": slots}}]})
+    base = WorkloadSpec.load(ROOT / "examples" / "workloads" / "grpo-tiny.yaml").to_dict()
+    base.update({"prompts_per_step": 4, "responses_per_prompt": 4, **workload})
+    manual_plan(cluster, base, placement, shares).save(path)
+    return path
+
+
+def hetprof_run(plan: Path, tmp: Path, *args: str, timeout: float = 150) -> subprocess.CompletedProcess:
+    cmd = [HETPROF, "--db", str(tmp / "db.sqlite"), "run", str(plan), "--log", str(tmp / "run.jsonl"),
+           "--seed", "0", "--timeout", "60", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purpose
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_async_k2_keeps_every_trained_sample_within_two_versions_and_syncs_bitwise(tmp_path):
+    plan = write_plan(tmp_path / "plan.json", 3,
+                      {"actor_gen": ["localhost:0", "localhost:1"], "ref_infer": ["localhost:2"],
+                       "actor_train": ["localhost:2"]},
+                      shares={"actor_gen": [0.75, 0.25]}, mode="async", staleness=2)
+    done = hetprof_run(plan, tmp_path, "--iterations", "5", "--verify-sync")
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = read_log(tmp_path / "run.jsonl")
+    assert [r["iteration"] for r in records] == [0, 1, 2, 3, 4]
+    assert all(r["staleness_max"] <= 2 for r in records)
+    assert max(r["staleness_max"] for r in records) == 2  # it really ran two versions ahead
+    assert all(r["sync_verified"] is True for r in records)
+    assert all(r["mode"] == "async" and r["staleness_bound"] == 2 for r in records)
+    # the steps that still generate (the last k only drain) time both generator replicas
+    generating = [r for r in records if "actor_gen" in r["replicas"]]
+    assert len(generating) == 5 - 2 and all(len(r["replicas"]["actor_gen"]) == 2 for r in generating)
+    for key in ("kl", "clip_frac", "reward_mean", "tokens_per_s"):
+        assert all(isinstance(r[key], float) for r in records)
+    with ProfileDB(tmp_path / "db.sqlite") as db:
+        rows = db.run_records()
+    assert set(rows["iteration"]) == {0, 1, 2, 3, 4}
+    assert {"actor_gen", "actor_train", "ref_infer", "iteration"} <= set(rows["task"])
+
+
+def test_killed_worker_stops_the_run_naming_it_and_resume_completes(tmp_path):
+    plan = write_plan(tmp_path / "plan.json", 2,
+                      {"actor_gen": ["localhost:0"], "ref_infer": ["localhost:1"], "actor_train": ["localhost:1"]},
+                      mode="async", staleness=1)
+    log, ckpt = tmp_path / "run.jsonl", tmp_path / "ckpt"
+    cmd = [HETPROF, "--db", str(tmp_path / "db.sqlite"), "run", str(plan), "--iterations", "8", "--log", str(log),
+           "--checkpoint-dir", str(ckpt), "--checkpoint-every", "2", "--seed", "0", "--timeout", "60"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        deadline = time.time() + 150
+        while time.time() < deadline and proc.poll() is None:
+            if log.is_file() and len(log.read_text().splitlines()) >= 3:
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        pids = json.loads(log.read_text().splitlines()[-1])["pids"]
+        os.kill(pids["localhost:0"], signal.SIGKILL)  # the generator dies mid-run
+        killed_at = time.time()
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert time.time() - killed_at < 60
+    assert proc.returncode != 0
+    assert "localhost:0" in err and "SIGKILL" in err and "actor_gen" in err
+    time.sleep(1.0)
+    assert not [d for d, pid in pids.items() if alive(pid)], "worker processes left behind"
+    committed = json.loads((ckpt / "COMMITTED.json").read_text())["iteration"]
+    before = {r["iteration"] for r in read_log(log)}
+    assert committed >= 2 and committed <= max(before) + 1
+
+    done = hetprof_run(plan, tmp_path, "--iterations", "8", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "2",
+                       "--resume", "--verify-sync")
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = read_log(log)
+    assert [r["iteration"] for r in records] == list(range(8))
+    assert len({r["run"] for r in records}) == 1  # the resumed run continues the same run
+    assert all(r["staleness_max"] <= 1 for r in records)
+    resumed = [json.loads(line) for line in log.read_text().splitlines()][len(before):]
+    assert resumed[0]["iteration"] == committed  # lost at most the iterations since the checkpoint
+    assert all(r["sync_verified"] is True for r in resumed)
+
+    out = subprocess.run([HETPROF, "validate", str(log)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "per task" in out.stdout and "actor_train" in out.stdout
+
+
+def test_resume_refuses_a_different_plan(tmp_path):
+    from hetprof.executor import checkpoint
+
+    plan = write_plan(tmp_path / "plan.json", 2,
+                      {"actor_gen": ["localhost:0"], "ref_infer": ["localhost:1"], "actor_train": ["localhost:1"]})
+    checkpoint.commit(tmp_path / "ckpt", 2, {"plan_hash": "0123456789abcdef", "run": "other"})
+    done = hetprof_run(plan, tmp_path, "--iterations", "3", "--checkpoint-dir", str(tmp_path / "ckpt"), "--resume")
+    assert done.returncode != 0
+    assert "made for plan 0123456789abcdef" in done.stderr
+
+
+@pytest.mark.parametrize("layout", [{"tp": 2}, {"pp": 2}])
+def test_layouts_the_runtime_cannot_carry_out_are_refused_up_front(tmp_path, layout):
+    plan_path = write_plan(tmp_path / "plan.json", 2,
+                           {"actor_gen": ["localhost:0"], "ref_infer": ["localhost:1"], "actor_train": ["localhost:1"]})
+    data = json.loads(plan_path.read_text())
+    train = next(t for t in data["tasks"] if t["task"] == "actor_gen")
+    train["layout"].update(layout)
+    if "tp" in layout:
+        train["tasklets"][0]["devices"] = ["localhost:0", "localhost:1"]
+    else:
+        train["tasklets"] = [{**train["tasklets"][0], "stage": 0, "layer_end": 1},
+                             {**train["tasklets"][0], "stage": 1, "layer_start": 1, "devices": ["localhost:1"]}]
+    for g in data["groups"]:
+        g["devices"] = ["localhost:0", "localhost:1"]
+    plan_path.write_text(json.dumps(data))
+    start = time.time()
+    done = hetprof_run(plan_path, tmp_path, "--iterations", "1", timeout=60)
+    assert done.returncode != 0
+    assert "actor_gen" in done.stderr and ("TP2" in done.stderr or "PP2" in done.stderr)
+    assert time.time() - start < 30  # refused before any worker starts
