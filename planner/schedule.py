@@ -78,7 +78,10 @@ def timeline(inp: ScheduleInput) -> tuple[Event, ...]:
 
     Built on demand only: searches never look at it, and it is most of a schedule's cost.
     """
-    _, nodes, weight_ready, ends = _play(inp)
+    # Play past the window so the next steps' work that overlaps it (async) is there too; earlier
+    # nodes never depend on later ones, so the window itself is unchanged.
+    longer = dataclasses.replace(inp, iterations=inp.iterations + inp.staleness + 1)
+    _, nodes, weight_ready, ends = _play(longer)
     last = inp.iterations - 1
     window = (ends[last - 1] if inp.iterations > 1 else 0.0, ends[last])
     return _timeline(inp, nodes, weight_ready, window, last)
@@ -139,7 +142,6 @@ def _play(inp: ScheduleInput) -> tuple[ScheduleResult, dict, dict, list[float]]:
             for edge, seconds in weights_out[task]:
                 ready = node.end + seconds
                 weight_ready[(edge.name, it)] = ready
-                it_end = max(it_end, ready)
                 if inp.group_of[edge.dst] == g:  # resharding within the group occupies its GPUs
                     group_free[g] = (ready, ("weights-local", edge, (task, it), ready))
         ends.append(it_end)
@@ -147,7 +149,7 @@ def _play(inp: ScheduleInput) -> tuple[ScheduleResult, dict, dict, list[float]]:
     last = inp.iterations - 1
     iteration_s = (ends[last] - ends[last - m]) / m if inp.iterations > m else ends[last]
     lo = ends[last - m] if inp.iterations > m else 0.0
-    breakdown = _critical_path(inp, nodes, weight_ready, ends[last], lo, last)
+    breakdown = _critical_path(inp, nodes, lo, last)
     breakdown = {name: s / m for name, s in breakdown.items() if s > 1e-12}
     return ScheduleResult(iteration_s, breakdown, tuple(ends)), nodes, weight_ready, ends
 
@@ -175,8 +177,7 @@ def _tail_binder(node: _Node, inputs: list[tuple[Edge, float]], it: int) -> tupl
     return best
 
 
-def _critical_path(inp: ScheduleInput, nodes: dict, weight_ready: dict, hi: float, lo: float,
-                   last: int) -> dict[str, float]:
+def _critical_path(inp: ScheduleInput, nodes: dict, lo: float, last: int) -> dict[str, float]:
     """Seconds per task / edge / offload on the path that bounds the window [lo, hi]."""
     out: dict[str, float] = {}
 
@@ -185,17 +186,13 @@ def _critical_path(inp: ScheduleInput, nodes: dict, weight_ready: dict, hi: floa
         if b > a:
             out[name] = out.get(name, 0.0) + (b - a)
 
-    # The latest thing of the last iteration: a task's end or a weight sync's arrival.
+    # An iteration ends with its last task; the weight sync it sends belongs to the next one.
     cursor: tuple | None = None
     best = -math.inf
     for task in inp.tasks:
         n = nodes[(task, last)]
         if n.end > best:
             best, cursor = n.end, ("node", (task, last), n.end)
-    for (name, it), ready in weight_ready.items():
-        if it == last and ready > best:
-            edge = next(e for e, _ in inp.weights if e.name == name)
-            best, cursor = ready, ("weights", edge, (edge.src, it), ready)
     guard = 0
     while cursor is not None and cursor[-1] > lo and guard < 10_000:
         guard += 1
@@ -257,7 +254,8 @@ def _timeline(inp: ScheduleInput, nodes: dict, weight_ready: dict, window: tuple
         for (name, it), ready in weight_ready.items():
             if name == edge.name:
                 g = inp.group_of[edge.dst]
-                add(f"weights:{label(edge.src, it)}->{edge.dst}", inp.task_devices.get(edge.dst, ()),
+                name = f"weights:{edge.src}->{edge.dst}" + ("" if it == last else f" (step {it - last:+d})")
+                add(name, inp.task_devices.get(edge.dst, ()),
                     ready - seconds, ready, "weights", g)
     events.sort(key=lambda e: (e.group, e.start))
     return tuple(events)

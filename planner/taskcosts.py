@@ -68,7 +68,9 @@ class TaskCosts:
         self.chunks = chunks
         self.dtype = workload.precision
         self.prompt = float(workload.prompt_len.mean)
-        self.response = float(np.mean(self.lengths)) if len(self.lengths) else float(workload.response_len.mean)
+        # Inference, training and memory use the declared mean: it is what a plan file records, so an
+        # independent checker can recompute the same bytes. Generation uses the sampled lengths.
+        self.response = float(workload.response_len.mean)
         self.sequences = workload.sequences_per_step
         self._replica: dict[tuple, ReplicaCost] = {}
         self._eval: dict[TaskLayout, TaskEval] = {}

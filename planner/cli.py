@@ -1,0 +1,121 @@
+"""`hetprof plan`: search placements for an RL job on a cluster, report them, write the plan file.
+
+Only click is imported at module level; the simulator, cost models and searches (Optuna, PuLP)
+load inside the command so `hetprof --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import click
+
+from hetprof.cli import db_option, db_path
+
+SEARCH_HELP = ("hetrl | ilp | arealhex | verl | streamrl | exhaustive | all (every search, side by side) "
+               "or a search registered under the entry-point group hetprof.searches")
+OBJECTIVES = ("throughput", "cost", "throughput-under-budget")
+
+
+@click.command("plan")
+@click.option("--cluster", "-c", "cluster_path", required=True, type=click.Path(dir_okay=False),
+              help="cluster spec (YAML/JSON)")
+@click.option("--workload", "-w", "workload_path", required=True, type=click.Path(dir_okay=False),
+              help="workload spec (YAML/JSON)")
+@click.option("--search", "search", default="hetrl", show_default=True, help=SEARCH_HELP)
+@click.option("--objective", type=click.Choice(OBJECTIVES), default="throughput", show_default=True,
+              help="minimise seconds per iteration, $ per iteration, or seconds under a $/hour budget")
+@click.option("--budget", type=float, default=None, help="$/hour cap for --objective throughput-under-budget")
+@click.option("--budget-s", "budget_s", type=float, default=60.0, show_default=True,
+              help="wall-clock seconds each search may take")
+@click.option("--max-evals", type=int, default=None,
+              help="evaluation budget per search (makes a search independent of machine load)")
+@click.option("--seed", type=int, default=0, show_default=True, help="search and length-sampling seed")
+@click.option("--cost-model", "cost_model", default="analytical", show_default=True,
+              help="cost model by name (analytical, fitted, or a registered one)")
+@click.option("--max-tp", type=int, default=8, show_default=True, help="largest tensor-parallel degree")
+@click.option("--max-pp", type=int, default=4, show_default=True, help="largest number of pipeline stages")
+@click.option("--storage", default=None, help="Optuna storage URL (e.g. sqlite:///study.db): resumable, inspectable")
+@click.option("--no-streaming", is_flag=True, help="consumers wait for all of generation (no StreamRL pipelining)")
+@click.option("--evaluate", "evaluate_path", type=click.Path(dir_okay=False), default=None,
+              help="score an existing plan file instead of searching (e.g. with another cost model or cluster)")
+@click.option("--what-if", "what_ifs", multiple=True,
+              help='re-plan a changed cluster: "add 8xH100@us-east", "remove 4xL4", '
+                   '"link us-east:eu-west 10ms 5Gbps" (";" joins edits; repeatable)')
+@click.option("--out", "-o", "out_path", type=click.Path(dir_okay=False), default=None, help="write the plan (JSON)")
+@click.option("--gantt", "gantt_path", type=click.Path(dir_okay=False), default=None,
+              help="write a Gantt chart (PNG) of one iteration")
+@db_option
+def plan(cluster_path: str, workload_path: str, search: str, objective: str, budget: float | None, budget_s: float,
+         max_evals: int | None, seed: int, cost_model: str, max_tp: int, max_pp: int, storage: str | None,
+         no_streaming: bool, evaluate_path: str | None, what_ifs: tuple[str, ...], out_path: str | None,
+         gantt_path: str | None) -> None:
+    """Find the fastest (or cheapest) placement of an RL job on a heterogeneous cluster.
+
+    \b
+    Examples:
+      hetprof plan -c examples/clusters/hetrl-multi-region.yaml -w examples/workloads/qwen3-8b-ppo-sync.yaml
+      hetprof plan -c C.yaml -w W.yaml --search all --budget-s 30
+      hetprof plan -c C.yaml -w W.yaml --objective cost --out plan.json --gantt plan.png
+      hetprof plan -c C.yaml -w W.yaml --what-if "add 8xH100@us-east"
+      hetprof plan -c C.yaml -w W.yaml --evaluate plan.json --cost-model fitted
+    """
+    from rich.console import Console
+
+    from hetprof.errors import InfeasibleError, SpecError
+    from hetprof.planner import session
+    from hetprof.planner.report import print_comparison, print_plan
+    from hetprof.specs import ClusterSpec, WorkloadSpec
+
+    console = Console() if sys.stdout.isatty() else Console(width=120)  # logs and pipes get full tables
+    if objective == "throughput-under-budget" and (budget is None or budget <= 0):
+        raise SpecError("--budget", "", "a positive $/hour budget with --objective throughput-under-budget", budget)
+    for name, value in (("--budget-s", budget_s), ("--max-tp", max_tp), ("--max-pp", max_pp)):
+        if value is None or value <= 0:
+            raise SpecError(name, "", "a positive number", value)
+    cluster = ClusterSpec.load(cluster_path)
+    workload = WorkloadSpec.load(workload_path)
+    options = session.PlanOptions(objective=objective, budget=budget, budget_s=budget_s, max_evals=max_evals,
+                                  seed=seed, cost_model=cost_model, max_tp=max_tp, max_pp=max_pp, storage=storage,
+                                  streaming=not no_streaming)
+    with session.open_db(db_path()) as db:
+        if evaluate_path:
+            outcome, sim = session.evaluate_plan_file(cluster, workload, evaluate_path, options, db)
+            outcomes = [outcome]
+        else:
+            outcomes, sim = session.run_searches(cluster, workload, search, options, db, console)
+        snapshot = db.snapshot_hash() if db is not None else ""
+        best = session.best(outcomes, sim, options)
+        if len(outcomes) > 1:
+            print_comparison(console, outcomes, reference="verl", title=f"{workload.name} on {cluster.name}")
+        if best is None:
+            reasons = "; ".join(o.error or "; ".join(o.score.violations[:2]) for o in outcomes if o.error or o.score)
+            raise InfeasibleError(f"no feasible plan for {workload.name} on {cluster.name}: {reasons}")
+        print_plan(console, sim, best.candidate, best.score, title=f"{best.search} plan")
+        for problem in session.independent_memory_check(sim, best, options, snapshot):
+            console.print(f"[yellow]memory check disagrees:[/yellow] {problem}")
+        if out_path:
+            session.write_plan(sim, best, options, snapshot, Path(out_path))
+            console.print(f"plan written to {out_path}")
+        if gantt_path:
+            from hetprof.planner.gantt import save_gantt
+
+            save_gantt(best.score, best.candidate, gantt_path,
+                       title=f"{workload.name} on {cluster.name} ({best.search}): "
+                             f"{best.score.iteration_s:.2f} s per iteration")
+            console.print(f"Gantt chart written to {gantt_path}")
+        for text in what_ifs:
+            changed = session.what_if_cluster(cluster, text)
+            if evaluate_path:
+                after, after_sim = session.evaluate_plan_file(changed, workload, evaluate_path, options, db)
+                after_list = [after]
+            else:
+                after_list, after_sim = session.run_searches(changed, workload, search, options, db, console)
+            after_best = session.best(after_list, after_sim, options)
+            rows = [session.renamed(best, "before"), session.renamed(after_best, f"after: {text}")
+                    if after_best else session.failed(f"after: {text}", after_list)]
+            print_comparison(console, rows, reference="before", title=f"what if {text}?")
+            if after_best is not None and math.isfinite(after_best.score.iteration_s):
+                print_plan(console, after_sim, after_best.candidate, after_best.score, title=f"plan after {text!r}")

@@ -1,0 +1,81 @@
+"""Candidate + Score <-> the plan file (hetprof.specs.Plan) that `hetprof run` executes.
+
+The plan is self-describing: it embeds the cluster and workload, the prediction with its
+breakdown, and where it came from (search, seed, objective, cost model, profile snapshot), so it
+can be run, re-scored or checked without the search that made it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from hetprof.errors import InfeasibleError, SpecError
+from hetprof.planner.candidate import Candidate, TaskLayout
+from hetprof.planner.simulator import Score, Simulator
+from hetprof.specs import Group, Layout, Plan, Prediction, Tasklet, TaskPlacement
+
+
+def group_name(index: int) -> str:
+    return f"group{index}"
+
+
+def to_plan(sim: Simulator, candidate: Candidate, score: Score | None = None, *, search: str = "",
+            seed: int = 0, objective: str = "throughput", trace: Iterable[Mapping[str, Any]] = (),
+            profile_snapshot: str = "") -> Plan:
+    """The plan file for a feasible candidate; an infeasible one raises InfeasibleError with its reasons."""
+    score = score if score is not None else sim.evaluate(candidate)
+    if not score.feasible:
+        reasons = "; ".join(score.violations[:5]) or "no finite iteration time"
+        raise InfeasibleError(f"the {search or 'given'} plan is infeasible: {reasons}")
+    groups = [Group(group_name(i), list(tasks), list(devs))
+              for i, (tasks, devs) in enumerate(zip(candidate.groups, candidate.group_devices, strict=True))]
+    placements = []
+    for t in sim.tasks:
+        lay = candidate.layout(t)
+        tasklets = []
+        for r in range(lay.dp):
+            start = 0
+            for s, layers in enumerate(lay.layer_splits[r]):
+                tasklets.append(Tasklet(replica=r, stage=s, devices=list(lay.stage_devices(r, s)),
+                                        layer_start=start, layer_end=start + layers, batch_share=lay.shares[r]))
+                start += layers
+        peak = max(sim.task_eval(lay).memory[d].total for d in lay.devices())
+        placements.append(TaskPlacement(task=t, group=group_name(candidate.group_of(t)),
+                                        layout=Layout(dp=lay.dp, tp=lay.tp, pp=lay.pp), tasklets=tasklets,
+                                        predicted_s=_finite(score.task_seconds.get(t)), memory_bytes=float(peak)))
+    headroom = {d: float(sim.capacity[d] - score.memory_peak.get(d, 0.0)) for d in candidate.devices()}
+    prediction = Prediction(iteration_s=score.iteration_s, breakdown=dict(score.breakdown),
+                            bottleneck=score.bottleneck, memory_headroom=headroom,
+                            cost_per_iteration=score.cost_per_iteration, throughput=score.throughput)
+    plan = Plan(cluster=sim.cluster.to_dict(), workload=sim.workload.to_dict(), groups=groups, tasks=placements,
+                predicted=prediction, cost_model=getattr(sim.cost_model, "name", "") or type(sim.cost_model).__name__,
+                profile_snapshot=profile_snapshot, search=search, seed=seed, objective=objective,
+                search_trace=[dict(x) for x in trace])
+    plan.validate()
+    return plan
+
+
+def from_plan(plan: Plan) -> Candidate:
+    """The candidate a plan file describes (to re-score it, e.g. with another cost model or cluster)."""
+    plan.validate()
+    index = {g.name: i for i, g in enumerate(plan.groups)}
+    layouts: dict[str, TaskLayout] = {}
+    for ti, tp in enumerate(plan.tasks):
+        if tp.task in layouts:
+            raise SpecError(None, f"tasks[{ti}].task", "each task placed once", tp.task)
+        replicas, shares, splits = [], [], []
+        for r in range(tp.layout.dp):
+            stages = sorted((k for k in tp.tasklets if k.replica == r), key=lambda k: k.stage)
+            replicas.append(tuple(d for k in stages for d in k.devices))
+            shares.append(stages[0].batch_share)
+            splits.append(tuple(k.layer_end - k.layer_start for k in stages))
+        layouts[tp.task] = TaskLayout(tp.task, tp.layout.tp, tp.layout.pp, tuple(replicas), tuple(shares),
+                                      tuple(splits))
+    groups = [tuple(t.task for t in plan.tasks if index[t.group] == i) for i in range(len(plan.groups))]
+    return Candidate(groups, [tuple(g.devices) for g in plan.groups], layouts)
+
+
+def _finite(x: float | None) -> float | None:
+    return float(x) if x is not None and math.isfinite(x) else None

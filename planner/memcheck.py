@@ -1,0 +1,76 @@
+"""An independent memory check of a plan file: does every device hold what the plan puts on it?
+
+It reads only the plan (its cluster, workload and tasklets) and the cost models' memory formulas
+(`hetprof.costmodels.memory`), never the simulator, so a bug in the simulator's bookkeeping cannot
+hide itself. The rule it applies is the one a colocated RL worker lives by: tasks sharing a device
+may all stay resident if their states plus the largest working set fit; otherwise they offload
+between phases and each must fit alone. Generation must have room for at least one sequence's KV.
+"""
+
+from __future__ import annotations
+
+from hetprof.catalog import lookup
+from hetprof.costmodels import memory as mem
+from hetprof.specs import TASKS, Plan
+
+GB = 1e9
+
+
+def device_demands(plan: Plan) -> tuple[dict[str, list[tuple[str, float, float]]], list[str]]:
+    """Per device: (task, total bytes, offloadable bytes) of each tasklet on it, and KV-room problems."""
+    cluster, workload = plan.cluster_spec(), plan.workload_spec()
+    types = {d.id: d.type for d in cluster.devices()}
+    roles = workload.roles()
+    seq_len = max(1, round(workload.prompt_len.mean + workload.response_len.mean))
+    n = workload.sequences_per_step
+    dtype, recompute = workload.precision, workload.training.recompute
+    demands: dict[str, list[tuple[str, float, float]]] = {}
+    problems: list[str] = []
+    for placement in plan.tasks:
+        kind, role = TASKS[placement.task]
+        model = roles[role]
+        tp = placement.layout.tp
+        for k in placement.tasklets:
+            layers = k.layer_end - k.layer_start
+            batch = max(1, round(k.batch_share * n))
+            for d in k.devices:
+                capacity = lookup(types[d]).memory_bytes
+                concurrent = batch
+                if kind == "generation":
+                    room = mem.max_concurrent_sequences(model, layers, tp, seq_len, dtype, capacity)
+                    if room < 1:
+                        problems.append(f"{d} ({types[d]}): {placement.task} has no room for even one "
+                                        f"sequence's KV cache next to {layers} layers of {model.name} at TP{tp}")
+                    concurrent = min(batch, max(room, 1))
+                est = mem.task_memory(kind, model, layers, tp, batch, seq_len, dtype, recompute, concurrent)
+                demands.setdefault(d, []).append((placement.task, est.total, est.weights + est.grads + est.optimizer))
+    return demands, problems
+
+
+def device_peaks(plan: Plan) -> dict[str, float]:
+    """Peak bytes per device under the resident-or-offload rule."""
+    demands, _ = device_demands(plan)
+    types = {d.id: d.type for d in plan.cluster_spec().devices()}
+    return {d: _peak(items, lookup(types[d]).memory_bytes) for d, items in demands.items()}
+
+
+def check_plan(plan: Plan) -> list[str]:
+    """Every memory violation of a plan, as sentences (empty: every device holds its tasks)."""
+    demands, problems = device_demands(plan)
+    types = {d.id: d.type for d in plan.cluster_spec().devices()}
+    for d, items in sorted(demands.items()):
+        capacity = lookup(types[d]).memory_bytes
+        peak = _peak(items, capacity)
+        if peak > capacity:
+            worst = max(items, key=lambda x: x[1])
+            problems.append(f"{d} ({types[d]}, {capacity / GB:.0f} GB) needs {peak / GB:.1f} GB at its peak "
+                            f"({worst[0]} alone needs {worst[1] / GB:.1f} GB; tasks on it: "
+                            f"{', '.join(t for t, _, _ in items)})")
+    return problems
+
+
+def _peak(items: list[tuple[str, float, float]], capacity: float) -> float:
+    if len(items) == 1:
+        return items[0][1]
+    resident = sum(off for _, _, off in items) + max(total - off for _, total, off in items)
+    return resident if resident <= capacity else max(total for _, total, _ in items)

@@ -1,0 +1,126 @@
+"""Readable reports of plans: one plan in detail, several searches side by side as ratios.
+
+What an engineer asks of a plan first: which tasks share which GPUs, each task's layout and time,
+what bounds the iteration, and how close each GPU type runs to its memory limit. The comparison
+table answers "how much better is the search than the baselines" as ratios, the form the
+published results use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import Counter
+from collections.abc import Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from hetprof.planner.candidate import Candidate
+from hetprof.planner.simulator import Score, Simulator
+from hetprof.units import fmt_bytes, fmt_seconds
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """One search's answer, for the side-by-side table."""
+
+    search: str
+    candidate: Candidate | None
+    score: Score | None
+    seconds: float = 0.0
+    error: str = ""
+    trace: tuple[dict, ...] = ()
+    extra: dict = dataclasses.field(default_factory=dict, compare=False)
+
+
+def _types(sim: Simulator, devices: Sequence[str]) -> str:
+    counts = Counter(sim.devices[d].type for d in devices)
+    return " + ".join(f"{n}×{t}" for t, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def _regions(sim: Simulator, devices: Sequence[str]) -> str:
+    return ", ".join(sorted({sim.devices[d].region for d in devices}))
+
+
+def _secs(x: float) -> str:
+    return fmt_seconds(x) if math.isfinite(x) else "∞"
+
+
+def _shares(shares: Sequence[float]) -> str:
+    if max(shares) - min(shares) < 1e-9:
+        return f"equal ({len(shares)}×{shares[0]:.3f})"
+    if len(shares) <= 4:
+        return ", ".join(f"{s:.3f}" for s in shares)
+    return f"{min(shares):.3f} … {max(shares):.3f}"
+
+
+def print_plan(console: Console, sim: Simulator, cand: Candidate, score: Score, title: str = "plan") -> None:
+    """Groups, GPUs, layouts, per-task times, bottleneck, memory headroom per GPU type."""
+    wl = sim.workload
+    head = (f"[bold]{title}[/bold]: {wl.name} ({wl.algorithm}, {wl.mode}"
+            + (f", staleness {wl.staleness}" if wl.mode == "async" else "") + f") on {sim.cluster.name} — "
+            f"cost model {getattr(sim.cost_model, 'name', type(sim.cost_model).__name__)}")
+    console.print(head)
+    if not score.feasible:
+        console.print("[red]infeasible:[/red]")
+        for v in score.violations:
+            console.print(f"  • {v}")
+        return
+    groups = Table(title="groups (tasks in a group time-share its GPUs)")
+    for col in ("group", "tasks", "GPUs", "regions"):
+        groups.add_column(col)
+    for i, (tasks, devs) in enumerate(zip(cand.groups, cand.group_devices, strict=True)):
+        groups.add_row(str(i), ", ".join(tasks), _types(sim, devs), _regions(sim, devs))
+    console.print(groups)
+    tasks = Table(title="tasks")
+    for col, just in (("task", "left"), ("group", "right"), ("layout", "left"), ("GPUs", "left"),
+                      ("batch shares", "left"), ("seconds", "right"), ("offload", "right")):
+        tasks.add_column(col, justify=just)
+    for t in sim.tasks:
+        lay = cand.layout(t)
+        shares = _shares(lay.shares)
+        off = score.offload_s.get(t, 0.0)
+        tasks.add_row(t, str(cand.group_of(t)), lay.describe(), _types(sim, lay.devices()), shares,
+                      _secs(score.task_seconds.get(t, math.inf)), _secs(off) if off else "")
+    console.print(tasks)
+    crit = Table(title="critical path of one steady-state iteration")
+    crit.add_column("what")
+    crit.add_column("seconds", justify="right")
+    crit.add_column("share", justify="right")
+    total = sum(score.breakdown.values()) or 1.0
+    for name, secs in sorted(score.breakdown.items(), key=lambda kv: -kv[1]):
+        crit.add_row(name, _secs(secs), f"{100 * secs / total:.0f}%")
+    console.print(crit)
+    mem = Table(title="memory headroom at the peak phase (least free GPU of each type)")
+    mem.add_column("GPU type")
+    mem.add_column("free", justify="right")
+    for t, free in sorted(score.memory_headroom.items()):
+        mem.add_row(t, fmt_bytes(free))
+    console.print(mem)
+    console.print(f"iteration [bold]{_secs(score.iteration_s)}[/bold] · throughput {score.throughput:.1f} seq/s · "
+                  f"bottleneck [bold]{score.bottleneck}[/bold] · ${score.cost_per_iteration:.3f} per iteration "
+                  f"(${score.price_per_hour:.2f}/h for {len(set(cand.devices()))} GPUs)")
+
+
+def print_comparison(console: Console, outcomes: Sequence[Outcome], reference: str | None = None,
+                     title: str = "searches side by side") -> None:
+    """Throughput and cost of each search, as ratios to `reference` (default: the best)."""
+    feasible = [o for o in outcomes if o.score is not None and o.score.feasible]
+    ref = next((o for o in feasible if o.search == reference), None)
+    if ref is None and feasible:
+        ref = min(feasible, key=lambda o: o.score.iteration_s)
+    table = Table(title=title + (f" (ratios against {ref.search})" if ref else ""))
+    for col, just in (("search", "left"), ("iteration", "right"), ("seq/s", "right"),
+                      (f"throughput ×{ref.search}" if ref else "throughput ratio", "right"),
+                      ("$ / iteration", "right"), ("search time", "right"), ("note", "left")):
+        table.add_column(col, justify=just)
+    for o in outcomes:
+        if o.score is None or not o.score.feasible:
+            why = o.error or ("; ".join(o.score.violations[:1]) if o.score else "no plan")
+            table.add_row(o.search, "—", "—", "—", "—", f"{o.seconds:.1f} s", f"[red]{why}[/red]")
+            continue
+        ratio = ref.score.iteration_s / o.score.iteration_s if ref else 1.0
+        table.add_row(o.search, _secs(o.score.iteration_s), f"{o.score.throughput:.1f}", f"{ratio:.2f}",
+                      f"{o.score.cost_per_iteration:.3f}", f"{o.seconds:.1f} s", o.score.bottleneck)
+    console.print(table)

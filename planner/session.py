@@ -1,0 +1,142 @@
+"""One planning session: load the cost model and simulator, run searches, write and check the plan.
+
+The CLI is a thin shell over these functions so that benchmarks and tests drive exactly the same
+path a user does, without parsing terminal output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from hetprof.errors import HetprofError
+from hetprof.planner.convert import from_plan, to_plan
+from hetprof.planner.memcheck import check_plan
+from hetprof.planner.report import Outcome
+from hetprof.planner.simulator import Simulator
+from hetprof.planner.whatif import apply_what_if
+from hetprof.specs import ClusterSpec, Plan, WorkloadSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanOptions:
+    objective: str = "throughput"
+    budget: float | None = None
+    budget_s: float = 60.0
+    max_evals: int | None = None
+    seed: int = 0
+    cost_model: str = "analytical"
+    max_tp: int = 8
+    max_pp: int = 4
+    storage: str | None = None
+    streaming: bool = True
+
+
+@contextlib.contextmanager
+def open_db(path: Path | None) -> Iterator[object | None]:
+    """The profile database read-only if it exists; planning never creates one."""
+    if path is None or not Path(path).exists():
+        yield None
+        return
+    from hetprof.profiles import ProfileDB
+
+    with ProfileDB(path, readonly=True) as db:
+        yield db
+
+
+def make_simulator(cluster: ClusterSpec, workload: WorkloadSpec, options: PlanOptions, db=None) -> Simulator:
+    """Cost model + simulator; raises InfeasibleError early for missing links or models that fit nowhere."""
+    from hetprof.costmodels import get_cost_model
+
+    cm = get_cost_model(options.cost_model, db=db)
+    sim = Simulator(cluster, workload, cm, seed=options.seed, db=db, streaming=options.streaming)
+    sim.check_fits(options.max_tp, options.max_pp)
+    return sim
+
+
+def search_list(name: str) -> list[str]:
+    from hetprof.planner.search import search_names
+
+    return search_names() if name == "all" else [name]
+
+
+def run_search(sim: Simulator, name: str, options: PlanOptions) -> Outcome:
+    from hetprof.planner.search import SearchContext, get_search
+
+    cls = get_search(name)
+    study = f"{name}:{sim.cluster.name}:{sim.workload.name}:{options.objective}:seed{options.seed}"
+    ctx = SearchContext(sim=sim, objective=options.objective, budget=options.budget, seed=options.seed,
+                        time_budget_s=options.budget_s, max_tp=options.max_tp, max_pp=options.max_pp,
+                        max_evals=options.max_evals, storage=options.storage, study_name=study)
+    res = cls(ctx).run()
+    return Outcome(name, res.candidate, res.score, res.seconds, trace=tuple(res.trace),
+                   extra={"evaluations": res.evaluations, **res.extra})
+
+
+def run_searches(cluster: ClusterSpec, workload: WorkloadSpec, search: str, options: PlanOptions, db=None,
+                 console=None) -> tuple[list[Outcome], Simulator]:
+    """Each requested search on one simulator. With "all", a search that fails becomes a row saying why."""
+    sim = make_simulator(cluster, workload, options, db)
+    names = search_list(search)
+    outcomes = []
+    for name in names:
+        started = time.perf_counter()
+        status = console.status(f"searching with {name} …") if console is not None else contextlib.nullcontext()
+        try:
+            with status:
+                outcomes.append(run_search(sim, name, options))
+        except HetprofError as exc:
+            if len(names) == 1:
+                raise
+            outcomes.append(Outcome(name, None, None, time.perf_counter() - started, error=str(exc)))
+    return outcomes, sim
+
+
+def evaluate_plan_file(cluster: ClusterSpec, workload: WorkloadSpec, path: str | Path, options: PlanOptions,
+                       db=None) -> tuple[Outcome, Simulator]:
+    """Score an existing plan on this cluster and workload (devices must still exist)."""
+    plan = Plan.load(path)
+    candidate = from_plan(plan)
+    sim = make_simulator(cluster, workload, options, db)
+    return Outcome(plan.search or "plan file", candidate, sim.evaluate(candidate)), sim
+
+
+def best(outcomes: Sequence[Outcome], sim: Simulator, options: PlanOptions) -> Outcome | None:
+    """The outcome with the lowest objective value among feasible ones."""
+    scored = [(sim.objective_value(o.score, options.objective, options.budget), i, o)
+              for i, o in enumerate(outcomes) if o.score is not None and o.score.feasible]
+    scored = [x for x in scored if math.isfinite(x[0])]
+    return min(scored)[2] if scored else None
+
+
+def plan_of(sim: Simulator, outcome: Outcome, options: PlanOptions, snapshot: str = "") -> Plan:
+    return to_plan(sim, outcome.candidate, outcome.score, search=outcome.search, seed=options.seed,
+                   objective=options.objective, trace=outcome.trace, profile_snapshot=snapshot)
+
+
+def write_plan(sim: Simulator, outcome: Outcome, options: PlanOptions, snapshot: str, path: Path) -> Plan:
+    plan = plan_of(sim, outcome, options, snapshot)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    plan.save(path)
+    return plan
+
+
+def independent_memory_check(sim: Simulator, outcome: Outcome, options: PlanOptions, snapshot: str = "") -> list[str]:
+    return check_plan(plan_of(sim, outcome, options, snapshot))
+
+
+def what_if_cluster(cluster: ClusterSpec, text: str) -> ClusterSpec:
+    return apply_what_if(cluster, text)
+
+
+def renamed(outcome: Outcome, name: str) -> Outcome:
+    return dataclasses.replace(outcome, search=name)
+
+
+def failed(name: str, outcomes: Sequence[Outcome]) -> Outcome:
+    reasons = "; ".join(o.error or "; ".join(o.score.violations[:1]) for o in outcomes if o.error or o.score)
+    return Outcome(name, None, None, error=reasons or "no feasible plan")
