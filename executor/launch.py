@@ -116,6 +116,10 @@ def launch(options: RunOptions, nnodes: int = 1, node_rank: int = 0, rdzv: str |
     if nnodes > 1 and not rdzv:
         raise ExecutionError("a multi-host run needs --rdzv HOST:PORT (node 0's address, reachable from all)")
     endpoint = rdzv or f"127.0.0.1:{free_port()}"
+    if local_addr is None and nnodes > 1:
+        # The cluster spec's address for this host is how the others reach it; torch would
+        # otherwise advertise the host name, which need not resolve there (namespaces, NAT).
+        local_addr = plan.cluster_spec().host(host).address
     log_dir = tempfile.mkdtemp(prefix="hetprof-run-")
     config = LaunchConfig(
         min_nodes=nnodes, max_nodes=nnodes, nproc_per_node=nproc,
