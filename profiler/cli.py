@@ -106,7 +106,8 @@ def profile(suites, devices, all_gpus, quick, models, task_names, layers_run, dt
         cpu = hostinfo.cpu_info()
         console.print(f"[yellow]No GPU profiled ({why or 'CPU chosen'}): measuring the CPU[/] — "
                       f"{cpu['model']}, {cpu['cores']} cores, "
-                      f"{(cpu['memory_bytes'] or 0) / 2**30:.1f} GiB, {threads} thread(s) per measurement")
+                      f"{(cpu['memory_bytes'] or 0) / 2**30:.1f} GiB, {threads} thread(s) per measurement",
+                      soft_wrap=True)
     opts = ProfileOptions(
         db_path=db_path(), suites=names, devices=devices, all_gpus=all_gpus, quick=quick,
         models=_models(models, on_gpu), threads=threads, host=host or socket.gethostname(),
@@ -119,4 +120,4 @@ def profile(suites, devices, all_gpus, quick, models, task_names, layers_run, dt
         summary = run_profile(opts, view.add, notes.append)
     console.print(summary_table(summary, time.perf_counter() - start, opts.db_path))
     for text in notes:
-        console.print(f"[yellow]note:[/] {text}")
+        console.print(f"[yellow]note:[/] {text}", soft_wrap=True)

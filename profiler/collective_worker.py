@@ -50,6 +50,7 @@ def worker(rank: int, world: int, init_method: str, backend: str, ops: list[str]
     try:
         out_rows = []
         for op in ops:
+            verify(dist, torch, op, world, device)
             for size in sizes:
                 out_rows.append((op, size, _time_one(dist, torch, op, size, world, device, warmup, repeats)))
         if rank == 0:
@@ -60,6 +61,25 @@ def worker(rank: int, world: int, init_method: str, backend: str, ops: list[str]
         raise
     finally:
         dist.destroy_process_group()
+
+
+def verify(dist, torch, op: str, world: int, device) -> None:
+    """Check the collective computes the right thing among `world` ranks before timing it."""
+    rank = dist.get_rank()
+    x = torch.full((world * 4,), float(rank + 1), device=device)
+    if op == "all_reduce":
+        dist.all_reduce(x)
+        want = torch.full_like(x, world * (world + 1) / 2)
+    elif op == "broadcast":
+        dist.broadcast(x, src=0)
+        want = torch.ones_like(x)
+    else:
+        parts = [torch.empty(4, device=device) for _ in range(world)]
+        dist.all_gather(parts, x[:4].contiguous())
+        x = torch.cat(parts)
+        want = torch.arange(1, world + 1, device=device, dtype=x.dtype).repeat_interleave(4)
+    if not torch.equal(x, want):
+        raise RuntimeError(f"{op} among {world} ranks returned wrong values on rank {rank}")
 
 
 def _time_one(dist, torch, op: str, size: int, world: int, device, warmup: int, repeats: int) -> list[float]:

@@ -1,0 +1,152 @@
+"""Device suites on the CPU: numbers agree with plain torch timed side by side; no NVML needed."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import pytest
+import torch
+
+from hetprof.errors import SpecError
+from hetprof.profiler import devices, hostinfo, registry
+from hetprof.profiler.context import ProfileContext
+from hetprof.profiler.suites.compute import ComputeSuite
+from hetprof.profiler.suites.inventory import InventorySuite
+from hetprof.profiler.suites.memory import MemorySuite, sizes_for
+from hetprof.profiles import ProfileDB
+
+
+@pytest.fixture
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _ctx(db, device_id=None, **kw) -> ProfileContext:
+    return ProfileContext(db=db, host="t", device="cpu", device_id=device_id, quick=True, threads=1,
+                          devices=["cpu"], **kw)
+
+
+def _plain_median(fn, repeats: int = 7) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def test_matmul_tflops_within_2x_of_plain_torch(tmp_path, one_thread):
+    a, b = torch.rand(1024, 1024) + 0.5, torch.rand(1024, 1024) + 0.5
+    before = 2 * 1024**3 / _plain_median(lambda: a @ b) / 1e12
+    with ProfileDB(tmp_path / "p.db") as db:
+        ctx = _ctx(db)
+        ComputeSuite().run(ctx)
+        df = db.samples("compute.matmul")
+    after = 2 * 1024**3 / _plain_median(lambda: a @ b) / 1e12
+    reference = max(before, after)  # the machine is shared: the better of two side-by-side timings
+    ours = df[(df.m == 1024) & (df.n == 1024) & (df.k == 1024)]["tflops"].median()
+    assert set(df["dtype"]) == {"fp32"}  # fp32 only on the CPU
+    assert 0.5 < ours / reference < 2.0, (ours, before, after)
+    assert "best" in ctx.summary[0].headline and "median" in ctx.summary[0].headline
+    assert (df["threads"] == 1).all()
+
+
+def test_copy_bandwidth_within_2x_of_plain_torch(tmp_path, one_thread):
+    size = sizes_for("cpu", True)[0]
+    llc = hostinfo.last_level_cache_bytes()
+    if llc:
+        assert size >= 4 * llc  # streams from memory, not from cache
+    src = torch.rand(size // 4) + 0.5
+    dst = torch.empty_like(src)
+    before = 2 * size / _plain_median(lambda: dst.copy_(src))
+    with ProfileDB(tmp_path / "p.db") as db:
+        MemorySuite().run(_ctx(db))
+        df = db.samples("memory.copy")
+    after = 2 * size / _plain_median(lambda: dst.copy_(src))
+    ours = df[df.size_bytes == size]["bandwidth_Bps"].median()
+    assert 0.5 < ours / max(before, after) < 2.0, (ours, before, after)
+    assert ((df["bandwidth_Bps"] * df["seconds"]).round() == 2 * df["size_bytes"]).all()
+
+
+def test_inventory_and_fingerprint_without_nvml(tmp_path, monkeypatch):
+    import pynvml
+
+    def no_library():
+        raise pynvml.NVMLError_LibraryNotFound()
+
+    monkeypatch.setattr(pynvml, "nvmlInit", no_library)
+    ok, why = hostinfo.nvml_status()
+    assert not ok and "NVML" in why
+    info = devices.describe("cpu", "t", threads=1)
+    assert info.kind == "cpu" and info.catalog_type == "cpu" and info.memory_bytes > 0
+    assert info.extra["cores"] >= 1 and info.extra["threads"] == 1 and "NVML" in info.extra["nvml"]
+    with ProfileDB(tmp_path / "p.db") as db:
+        dev = db.add_device(info)
+        ctx = _ctx(db, dev)
+        InventorySuite().run(ctx)
+        df = db.samples("inventory.device")
+    assert df.loc[0, "kind"] == "cpu" and df.loc[0, "cores"] >= 1
+    assert "NVML" in ctx.summary[0].headline
+
+
+def test_fingerprint_is_stable_across_runs(tmp_path):
+    with ProfileDB(tmp_path / "p.db") as db:
+        first = db.add_device(devices.describe("cpu", "t", 1))
+        again = db.add_device(devices.describe("cpu", "t", 1))
+        other = db.add_device(devices.describe("cpu", "t", 2))
+    assert first == again and first != other  # thread count decides comparability on a CPU
+
+
+def test_device_selection_errors_name_the_option():
+    with pytest.raises(SpecError, match="--device"):
+        devices.select_devices(("gpu0",), False)
+    if not torch.cuda.is_available():
+        with pytest.raises(SpecError, match="GPU index below 0"):
+            devices.select_devices(("cuda:0",), False)
+        assert devices.select_devices((), True) == ["cpu"]
+    assert devices.select_devices(("cpu,cpu",), False) == ["cpu"]
+
+
+def test_registry_lists_builtins_and_refuses_unknown_suites():
+    names = list(registry.available())
+    assert names[:6] == ["inventory", "compute", "memory", "collectives", "tasks", "link"]
+    assert [c.name for c in registry.resolve(None)] == ["inventory", "compute", "memory", "collectives", "tasks"]
+    with pytest.raises(SpecError, match="--suite.*inventory"):
+        registry.resolve(["flops"])
+
+
+def test_third_party_suites_come_from_entry_points(monkeypatch):
+    class Echo(registry.Suite):
+        name = "echo"
+
+    class FakeEP:
+        def __init__(self, name, obj):
+            self.name, self.value, self.obj = name, f"pkg:{name}", obj
+
+        def load(self):
+            return self.obj
+
+    monkeypatch.setattr(registry, "entry_points", lambda group: [FakeEP("echo", Echo)])
+    assert registry.resolve(["echo"]) == [Echo]
+    monkeypatch.setattr(registry, "entry_points", lambda group: [FakeEP("bad", object)])
+    with pytest.raises(SpecError, match="Suite subclass"):
+        registry.available()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_compute_and_memory(tmp_path):
+    with ProfileDB(tmp_path / "p.db") as db:
+        dev = db.add_device(devices.describe("cuda:0", "t", 1))
+        ctx = ProfileContext(db=db, host="t", device="cuda:0", device_id=dev, quick=True, threads=1,
+                             devices=["cuda:0"])
+        ComputeSuite().run(ctx)
+        MemorySuite().run(ctx)
+        df = db.samples("compute.matmul")
+    assert set(df["dtype"]) == {"bf16", "fp16", "fp32"}
+    assert df[df.dtype == "bf16"]["tflops"].max() > df[df.dtype == "fp32"]["tflops"].max()

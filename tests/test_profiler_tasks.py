@@ -1,0 +1,82 @@
+"""Task rows: the contract's keys, measured on the same HF model code the executor runs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hetprof.models import PRESETS
+from hetprof.profiler import taskmodels
+from hetprof.profiler.context import ProfileContext
+from hetprof.profiler.suites.tasks import TasksSuite
+from hetprof.profiles import ProfileDB
+
+SHAPE_KEYS = {"model", "layers_run", "hidden", "ffn", "heads", "kv_heads", "head_dim", "vocab", "dtype"}
+
+
+@pytest.fixture(scope="module")
+def task_rows(tmp_path_factory):
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with ProfileDB(tmp_path_factory.mktemp("tasks") / "p.db") as db:
+            ctx = ProfileContext(db=db, host="t", device="cpu", device_id=None, quick=True, threads=1,
+                                 models=[PRESETS["tiny"]], devices=["cpu"])
+            steps = TasksSuite().steps(ctx)
+            done = []
+            ctx.advance = done.append
+            TasksSuite().run(ctx)
+            return db.samples("task."), steps, sum(done)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_rows_carry_the_contract_keys(task_rows):
+    df, _, _ = task_rows
+    for bench, length_key in (("task.prefill", "seq_len"), ("task.decode", "context_len"),
+                              ("task.train", "seq_len")):
+        rows = df[df.benchmark == bench]
+        assert len(rows) > 0, bench
+        assert rows[[*SHAPE_KEYS, "batch", length_key, "seconds", "threads"]].notna().all().all(), bench
+        assert (rows["model"] == "tiny").all() and (rows["threads"] == 1).all()
+        assert (rows["layers_run"] == PRESETS["tiny"].layers).all() and rows["with_head"].all()
+        assert (rows["seconds"] > 0).all()
+        assert rows["batch"].nunique() >= 3 and rows[length_key].nunique() >= 3  # range for a regression
+    assert (df[df.benchmark == "task.train"]["recompute"] == False).all()  # noqa: E712
+
+
+def test_progress_steps_match_the_sweep(task_rows):
+    _, steps, done = task_rows
+    assert steps == done > 0
+
+
+def test_more_work_takes_longer(task_rows):
+    df, _, _ = task_rows
+    pre = df[df.benchmark == "task.prefill"].groupby(["batch", "seq_len"])["seconds"].median()
+    assert pre.loc[(16, 128)] > 2 * pre.loc[(1, 16)]  # 128× the tokens
+    dec = df[df.benchmark == "task.decode"].groupby(["batch", "context_len"])["seconds"].median()
+    # one new token per sequence costs far less than the whole prompt (tiny decode is overhead-bound)
+    assert dec.loc[(16, 128)] < pre.loc[(16, 128)] / 2
+
+
+def test_big_presets_run_a_few_blocks_without_the_head():
+    tm = taskmodels.plan_model(PRESETS["qwen3-8b"], "bf16", None)
+    assert tm.layers_run == 2 and not tm.with_head
+    assert taskmodels.plan_model(PRESETS["tiny-2x"], "fp32", None).with_head
+    assert taskmodels.plan_model(PRESETS["qwen3-8b"], "bf16", 3).layers_run == 3
+
+
+def test_block_model_matches_the_preset_shapes():
+    shape = PRESETS["tiny-2x"]
+    tm = taskmodels.plan_model(shape, "fp32", 1)
+    model = taskmodels.build(tm, "cpu")
+    cfg = model.config
+    assert (cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads, cfg.num_key_value_heads,
+            cfg.num_hidden_layers) == (shape.hidden, shape.ffn, shape.heads, shape.kv_heads, 1)
+    assert sum(p.numel() for p in model.layers[0].parameters()) == shape.params_per_layer
+    x = taskmodels.inputs(tm, 2, 8, "cpu")  # a block without its head is fed embeddings, never zeros
+    assert x["inputs_embeds"].shape == (2, 8, shape.hidden) and bool((x["inputs_embeds"] != 0).all())
+    whole = taskmodels.plan_model(shape, "fp32", None)
+    ids = taskmodels.inputs(whole, 2, 8, "cpu")["input_ids"]
+    assert int(ids.max()) < shape.vocab
+    assert taskmodels.build(whole, "cpu")(input_ids=ids).logits.shape == (2, 8, shape.vocab)
