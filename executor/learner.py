@@ -1,0 +1,144 @@
+"""One RL update of one model: PPO epochs × mini-batches × micro-batches around an algorithm's loss.
+
+The runtime hands in a DDP-wrapped model when a training task has several replicas. Two things
+follow from that, and both are handled here rather than left to each caller:
+- every replica must run the same number of forward/backward passes per step, or DDP's
+  all-reduce waits forever; so mini- and micro-batches are *counts*, never sizes, and a replica
+  with a smaller batch share just runs smaller pieces;
+- replicas hold uneven batch shares (the plan balances them to device speed), so the loss is
+  divided by the *global* token count (all-reduced), which makes DDP's gradient average equal to the
+  token mean over the whole batch instead of a mean of per-replica means.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import defaultdict
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hetprof.executor.algorithms.base import Algorithm, RLBatch
+from hetprof.executor.logprobs import token_logprobs
+
+
+class Learner:
+    """Trains the actor (role "actor") or the critic (role "critic") on scored batches."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, algorithm: Algorithm,
+                 ppo_epochs: int = 1, mini_batches: int = 1, micro_batches: int = 1,
+                 max_grad_norm: float | None = 1.0, role: str = "actor", temperature: float = 1.0,
+                 recompute_proximal: bool = True, seed: int = 0,
+                 lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None):
+        if role not in ("actor", "critic"):
+            raise ValueError(f"role must be 'actor' or 'critic', got {role!r}")
+        if role == "critic" and not algorithm.needs_critic:
+            raise ValueError(f"algorithm {algorithm.name!r} trains no critic")
+        if min(ppo_epochs, mini_batches, micro_batches) < 1:
+            raise ValueError("ppo_epochs, mini_batches and micro_batches must be >= 1")
+        self.model = model
+        self.optimizer = optimizer
+        self.algorithm = algorithm
+        self.ppo_epochs = ppo_epochs
+        self.mini_batches = mini_batches
+        self.micro_batches = micro_batches
+        self.max_grad_norm = max_grad_norm
+        self.role = role
+        self.temperature = temperature
+        self.recompute_proximal = recompute_proximal
+        self.lr_scheduler = lr_scheduler
+        self.steps = 0  # optimizer steps taken
+        self.updates = 0  # update() calls (weight versions produced)
+        self._rng = torch.Generator().manual_seed(seed)
+
+    # ---- helpers -------------------------------------------------------------------------------
+    def _ddp_group(self):
+        if isinstance(self.model, nn.parallel.DistributedDataParallel) and dist.is_initialized():
+            return self.model.process_group
+        return None
+
+    def _denominator(self, mask: torch.Tensor) -> torch.Tensor:
+        """Token count for the loss mean: global over DDP replicas, divided by their number."""
+        tokens = mask.float().sum()
+        group = self._ddp_group()
+        if group is None:
+            return tokens.clamp(min=1.0)
+        total = tokens.detach().clone()
+        dist.all_reduce(total, group=group)
+        return (total / dist.get_world_size(group)).clamp(min=1.0)
+
+    @torch.no_grad()
+    def proximal_logprobs(self, batch: RLBatch) -> torch.Tensor:
+        """The current policy's log-probs before this update (the decoupled objective's π_prox)."""
+        was = self.model.training
+        self.model.eval()
+        try:
+            return token_logprobs(self.model, batch.input_ids, batch.attention_mask, self.temperature)
+        finally:
+            self.model.train(was)
+
+    # ---- the update ------------------------------------------------------------------------------
+    def update(self, batch: RLBatch) -> dict[str, float]:
+        """One RL update over `batch`; returns the mean of each statistic over all micro-steps."""
+        start = time.perf_counter()
+        if self.role == "actor" and self.recompute_proximal and batch.proximal_logprobs is None:
+            batch.proximal_logprobs = self.proximal_logprobs(batch)
+        if batch.advantages is None:
+            self.algorithm.advantages(batch)
+        self.model.train()
+        sums: dict[str, float] = defaultdict(float)
+        count = 0
+        n = len(batch)
+        for _ in range(self.ppo_epochs):
+            order = torch.randperm(n, generator=self._rng).to(batch.input_ids.device)
+            for mini_idx in torch.tensor_split(order, self.mini_batches):
+                mini = batch.select(mini_idx)
+                denom = self._denominator(mini.mask)
+                self.optimizer.zero_grad(set_to_none=True)
+                micro_parts = torch.tensor_split(torch.arange(len(mini), device=order.device), self.micro_batches)
+                for i, micro_idx in enumerate(micro_parts):
+                    last = i == len(micro_parts) - 1
+                    stats = self._micro_step(mini.select(micro_idx), denom, sync=last)
+                    for k, v in stats.items():
+                        sums[k] += v
+                    count += 1
+                sums["grad_norm"] += self._step() * len(micro_parts)
+        self.updates += 1
+        out = {k: v / max(count, 1) for k, v in sums.items()}
+        out.update({"optimizer_steps": float(self.steps), "update_seconds": time.perf_counter() - start,
+                    "lr": float(self.optimizer.param_groups[0]["lr"])})
+        if self.role == "actor" and "reward_mean" not in out:
+            out["reward_mean"] = float(batch.rewards.float().mean())
+        return out
+
+    def _micro_step(self, micro: RLBatch, denom: torch.Tensor, sync: bool) -> dict[str, float]:
+        no_sync = getattr(self.model, "no_sync", None)
+        ctx = no_sync() if (no_sync is not None and not sync and self._ddp_group() is not None) else contextlib.nullcontext()
+        with ctx:
+            if len(micro) == 0:
+                # An empty piece (a replica with a tiny share) still joins DDP's all-reduce.
+                loss = sum(p.sum() * 0.0 for p in self.model.parameters() if p.requires_grad)
+                loss.backward()
+                return {}
+            if self.role == "actor":
+                lp, ent = token_logprobs(self.model, micro.input_ids, micro.attention_mask, self.temperature,
+                                         with_entropy=True)
+                loss, stats = self.algorithm.loss(micro, lp, ent, denominator=denom)
+            else:
+                values = self.model(micro.input_ids, micro.attention_mask)[:, :-1]
+                loss, stats = self.algorithm.value_loss(micro, values, denominator=denom)
+            loss.backward()
+        return stats
+
+    def _step(self) -> float:
+        norm = 0.0
+        if self.max_grad_norm is not None:
+            norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm))
+        self.optimizer.step()
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()
+        self.steps += 1
+        return norm
+

@@ -1,0 +1,153 @@
+"""Tokenizers the executor feeds its models with.
+
+The `tiny` presets train on a CPU in seconds only because their vocabulary is 64 characters, so
+the character tokenizer here *is* their vocabulary: its ids must stay stable, since checkpoints and
+weight syncs of tiny models carry embedding rows in this order. Real checkpoints bring their own
+tokenizer files, read from a local path (nothing is downloaded). Random-weight presets with big
+vocabularies have no tokenizer at all; the character ids are valid ids for them, which is all a
+throughput run needs.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from hetprof.errors import SpecError
+
+PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
+_SPECIALS = (PAD, BOS, EOS, UNK)
+# Digits and letters first (the arithmetic task's answers and words), then what word problems and
+# GSM8K answers ("#### 7") use. Upper case folds to lower case: 64 ids leave no room for both.
+_SYMBOLS = " +-*/=?.,#:()!'\n$%<>;\"&_"
+CHARS = string.digits + string.ascii_lowercase + _SYMBOLS
+VOCAB_SIZE = len(_SPECIALS) + len(CHARS)
+assert VOCAB_SIZE == 64, VOCAB_SIZE
+
+
+class Tokenizer(Protocol):
+    """What the executor needs from any tokenizer (the char one or a transformers one)."""
+
+    pad_id: int
+    bos_id: int
+    eos_id: int
+    vocab_size: int
+
+    def encode(self, text: str, add_bos: bool = True) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int], skip_special: bool = True) -> str: ...
+
+
+class CharTokenizer:
+    """One id per character of a fixed 64-symbol alphabet; unknown characters map to <unk>."""
+
+    pad_id = 0
+    bos_id = 1
+    eos_id = 2
+    unk_id = 3
+    vocab_size = VOCAB_SIZE
+
+    def __init__(self) -> None:
+        self._to_id = {c: i + len(_SPECIALS) for i, c in enumerate(CHARS)}
+        self._to_char = {i: c for c, i in self._to_id.items()}
+
+    def encode(self, text: str, add_bos: bool = True) -> list[int]:
+        ids = [self._to_id.get(c, self.unk_id) for c in text.lower()]
+        return [self.bos_id, *ids] if add_bos else ids
+
+    def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
+        """Text of `ids`, stopping at the first <eos> (what follows it was never generated)."""
+        out: list[str] = []
+        for raw in ids:
+            i = int(raw)
+            if i == self.eos_id:
+                if not skip_special:
+                    out.append(EOS)
+                break
+            if i < len(_SPECIALS):
+                if not skip_special:
+                    out.append(_SPECIALS[i])
+                continue
+            out.append(self._to_char.get(i, "?"))
+        return "".join(out)
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+
+class HFTokenizer:
+    """A transformers tokenizer behind the executor's small interface (ids as plain lists)."""
+
+    def __init__(self, tok) -> None:
+        self._tok = tok
+        eos = tok.eos_token_id
+        if eos is None:
+            raise SpecError(str(getattr(tok, "name_or_path", "tokenizer")), "eos_token_id",
+                            "a tokenizer with an end-of-sequence token")
+        self.eos_id = int(eos)
+        self.pad_id = int(tok.pad_token_id) if tok.pad_token_id is not None else self.eos_id
+        self.bos_id = int(tok.bos_token_id) if tok.bos_token_id is not None else self.eos_id
+        self._has_bos = tok.bos_token_id is not None
+        self.vocab_size = len(tok)
+
+    def encode(self, text: str, add_bos: bool = True) -> list[int]:
+        ids = self._tok.encode(text, add_special_tokens=False)
+        return [self.bos_id, *ids] if add_bos and self._has_bos else list(ids)
+
+    def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
+        ids = [int(i) for i in ids]
+        if self.eos_id in ids:
+            ids = ids[: ids.index(self.eos_id) + (0 if skip_special else 1)]
+        return self._tok.decode(ids, skip_special_tokens=skip_special)
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+
+def load_tokenizer(model_ref: str) -> Tokenizer:
+    """The tokenizer for a model reference: a local HF directory's own, else the char tokenizer.
+
+    A directory without tokenizer files (a config-only shape) gets the char tokenizer, like the
+    random-weight presets: its ids are below any real vocabulary size.
+    """
+    path = Path(model_ref)
+    if path.is_dir() and any((path / f).is_file() for f in
+                             ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")):
+        from transformers import AutoTokenizer
+
+        try:
+            tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        except (OSError, ValueError) as exc:
+            raise SpecError(str(path), "tokenizer", "loadable tokenizer files", str(exc)) from None
+        return HFTokenizer(tok)
+    return CharTokenizer()
+
+
+def pad_left(sequences: Sequence[Sequence[int]], pad_id: int,
+             device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad id lists into (input_ids, attention_mask) so every row's next token is at the end.
+
+    Generation appends at the right edge for all rows at once; left padding is what lets a batch of
+    prompts of different lengths share one decode step.
+    """
+    if not sequences:
+        raise ValueError("pad_left needs at least one sequence")
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        if len(seq) == 0:
+            raise ValueError(f"sequence {row} is empty (a prompt needs at least one token)")
+        ids[row, width - len(seq):] = torch.as_tensor(list(seq), dtype=torch.long)
+        mask[row, width - len(seq):] = 1
+    return ids.to(device), mask.to(device)
+
+
+def encode_batch(tokenizer: Tokenizer, texts: Sequence[str],
+                 device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """Encode texts with a leading <bos> and left-pad them for generation."""
+    return pad_left([tokenizer.encode(t) for t in texts], tokenizer.pad_id, device)
