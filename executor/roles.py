@@ -205,6 +205,12 @@ class RoleSet:
 
         return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
 
+    def holds_receiver(self, role: str) -> bool:
+        """Whether this rank holds a copy a sync must overwrite (a separate module from the trainer's)."""
+        name = "actor_gen" if role == "actor" else "critic_infer"
+        trainer = self.models.get("actor_train" if role == "actor" else "critic_train")
+        return name in self.models and (trainer is None or unwrap(trainer) is not unwrap(self.models[name]))
+
     def model_for_sync(self, role: str, sender: bool) -> torch.nn.Module:
         """The module whose parameters a sync edge sends (trainer) or overwrites (generator/inference)."""
         if role == "actor":

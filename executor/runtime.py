@@ -273,8 +273,14 @@ class Worker:
                 continue
             t0 = time.perf_counter()
             if self.rank == sync.src:
-                named = full.items() if full is not None else self.roles.model_for_sync(role, True).named_parameters()
-                stats = sync.send(named, version)
+                named = dict(full.items() if full is not None
+                             else self.roles.model_for_sync(role, True).named_parameters())
+                stats = sync.send(named.items(), version)
+                if self.roles.holds_receiver(role):  # the trainer's own generator (or critic_infer) copy
+                    self.roles.apply_weights(role)({n: t.detach().to(sync.wire_dtype or t.dtype)
+                                                    for n, t in named.items()})
+                if role == "actor" and "actor_gen" in self.tasks:
+                    self.version = version
             else:
                 stats, got = sync.receive(self.roles.apply_weights(role))
                 if role == "actor":
@@ -283,8 +289,11 @@ class Worker:
                 times[name] = time.perf_counter() - t0
                 info.setdefault("sync", {})[name] = {"bytes": stats.bytes, "seconds": stats.seconds}
             if self.opts.verify_sync and info is not None:
-                model = self.roles.model_for_sync(role, sender=self.rank == sync.src)
-                info.setdefault("digest", {})[name] = state_digest(model.named_parameters(), sync.wire_dtype)
+                models = [self.roles.model_for_sync(role, sender=True)] if self.rank == sync.src else []
+                if self.roles.holds_receiver(role):
+                    models.append(self.roles.model_for_sync(role, sender=False))
+                info.setdefault("digest", {})[name] = [state_digest(m.named_parameters(), sync.wire_dtype)
+                                                       for m in models]
         if "actor_gen" in self.tasks and info is not None:
             info["gen_version"] = self.version
 
@@ -314,11 +323,11 @@ class Worker:
             return float(sum(t.get(key, 0.0) * t["n"] for t in train) / n)
 
         sync = mine.get("sync", {}).get("weight_sync", {"bytes": 0, "seconds": 0.0})
-        digests = [g.get("digest", {}).get("weight_sync") for g in gathered]
-        digests = [d for d in digests if d]
+        digests = [d for g in gathered for d in g.get("digest", {}).get("weight_sync", [])]
         verified = None
         if self.opts.verify_sync:
-            verified = len(set(digests)) == 1 and len(digests) == len(self.topo.sync_members("weight_sync"))
+            # one digest from the trainer and one from every generator copy, all equal
+            verified = len(set(digests)) == 1 and len(digests) == 1 + len(self.topo.generators)
             if not verified:
                 raise ExecutionError(f"iteration {b}: after the weight sync a generator's weights differ from "
                                      f"the trainer's ({len(set(digests))} distinct digests)")
