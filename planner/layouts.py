@@ -11,8 +11,8 @@ sequences — the two balancing levers HetRL's tasklet level adds over homogeneo
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
-import functools
 import math
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
@@ -26,7 +26,7 @@ from hetprof.specs.plan import TASKS
 if TYPE_CHECKING:
     from hetprof.planner.simulator import Simulator
 
-MAX_LAYER_MOVES = 64
+MAX_LAYER_MOVES = 8
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -219,12 +219,87 @@ def _capacity(seconds_at, limit: float, total: int) -> int:
     return lo
 
 
-def balance_shares(seconds_at: Sequence, total: int, iterations: int = 40) -> list[int] | None:
+class _Timer:
+    """One replica kind's seconds at a batch, and whether that batch fits its GPUs' memory."""
+
+    def __init__(self, sim: Simulator, task: str, replica: tuple[str, ...], tp: int, pp: int,
+                 split: tuple[int, ...]) -> None:
+        self.sim, self.task, self.replica, self.tp, self.pp, self.split = sim, task, replica, tp, pp, split
+        self._fits: dict[int, bool] = {}
+
+    def fits(self, b: int) -> bool:
+        hit = self._fits.get(b)
+        if hit is None:
+            hit = self._fits[b] = _overflow(self.sim, self.task, self.replica, self.tp, self.split, b) <= 0
+        return hit
+
+    def __call__(self, b: int) -> float:
+        if b <= 0:
+            return 0.0
+        if not self.fits(b):
+            return math.inf
+        return _replica_seconds(self.sim, self.task, self.replica, self.tp, self.pp, b, self.split)
+
+
+def _most_fitting(fits, total: int) -> int:
+    """Largest batch in 0..total that fits (memory grows with the batch)."""
+    lo, hi = 0, total
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class _Curve:
+    """A replica kind's time against its batch, from a geometric sample of batches.
+
+    The cost model is exact but not free, and balancing asks for many batch sizes; sampling
+    1, 2, 4, … up to the most that fits in memory and interpolating (kept monotone) costs a
+    dozen calls per kind instead of hundreds. The simulator judges the final shares exactly.
+    """
+
+    def __init__(self, seconds_at, total: int) -> None:
+        fits = getattr(seconds_at, "fits", None)
+        self.most = _most_fitting(fits, total) if fits else _capacity(seconds_at, math.inf, total)
+        points = sorted({min(self.most, 1 << i) for i in range(total.bit_length() + 1)} | {self.most}) \
+            if self.most else []
+        self.b = [0] + points
+        self.t = [0.0]
+        for b in points:
+            self.t.append(max(self.t[-1], seconds_at(b)))
+
+    def at(self, b: float) -> float:
+        if b <= 0:
+            return 0.0
+        if b > self.most:
+            return math.inf
+        i = bisect.bisect_left(self.b, b)
+        if self.b[i] == b:
+            return self.t[i]
+        b0, b1, t0, t1 = self.b[i - 1], self.b[i], self.t[i - 1], self.t[i]
+        return t0 + (t1 - t0) * (b - b0) / (b1 - b0)
+
+    def capacity(self, limit: float) -> int:
+        """Most sequences finished within `limit` on the interpolated curve."""
+        if not self.most or limit < self.t[1] - 1e-15:
+            return 0
+        i = bisect.bisect_right(self.t, limit) - 1
+        if i >= len(self.b) - 1:
+            return self.most
+        b0, b1, t0, t1 = self.b[i], self.b[i + 1], self.t[i], self.t[i + 1]
+        return int(b0 + (b1 - b0) * (limit - t0) / (t1 - t0)) if t1 > t0 else b1
+
+
+def balance_shares(seconds_at: Sequence, total: int, iterations: int = 60) -> list[int] | None:
     """Sequences per replica minimising the slowest replica's time (min-max, integer).
 
-    `seconds_at[i](b)` is replica i's time for b sequences. Generation time is far from linear in
-    the batch (decode is bandwidth-bound and the longest response sets the pace), so shares are
-    not proportional to speed: the finishing time T is bisected and each replica takes as many
+    `seconds_at[i](b)` is replica i's time for b sequences; replicas passing the same function
+    are one kind and are balanced together. Generation time is far from linear in the batch
+    (decode is bandwidth-bound and the longest response sets the pace), so shares are not
+    proportional to speed: the finishing time T is bisected and each replica takes as many
     sequences as it can finish by T. A replica too slow for even one sequence by the optimal T
     gets none (the caller drops it rather than let it straggle). Times are infinite where a
     batch does not fit in memory; None if the replicas cannot hold the batch at all.
@@ -232,24 +307,30 @@ def balance_shares(seconds_at: Sequence, total: int, iterations: int = 40) -> li
     n = len(seconds_at)
     if n == 0:
         return []
-    most = [_capacity(f, math.inf, total) for f in seconds_at]   # what fits in memory at all
-    if sum(most) < total:
+    kinds: dict[int, _Curve] = {}
+    for f in seconds_at:
+        if id(f) not in kinds:
+            kinds[id(f)] = _Curve(f, total)
+    curves = [kinds[id(f)] for f in seconds_at]
+    if sum(c.most for c in curves) < total:
         return None
-    hi = max(seconds_at[i](m) for i, m in enumerate(most) if m)
-    lo = 0.0
+    lo, hi = 0.0, max(c.at(c.most) for c in curves if c.most)
     for _ in range(iterations):
         mid = (lo + hi) / 2
-        if sum(_capacity(f, mid, total) for f in seconds_at) >= total:
+        if sum(c.capacity(mid) for c in curves) >= total:
             hi = mid
         else:
             lo = mid
-        if hi - lo <= 1e-6 * hi:
+        if hi - lo <= 1e-9 * hi:
             break
-    counts = [_capacity(f, hi, total) for f in seconds_at]
+    counts = [c.capacity(hi) for c in curves]
+    while sum(counts) < total:          # rounding on the interpolated curve: top up the fastest finisher
+        i = min(range(n), key=lambda j: (curves[j].at(counts[j] + 1), j))
+        counts[i] += 1
     surplus = sum(counts) - total
     while surplus > 0:
         # take the surplus from whoever is slowest at its current load
-        i = max((j for j in range(n) if counts[j] > 0), key=lambda j: (seconds_at[j](counts[j]), -j))
+        i = max((j for j in range(n) if counts[j] > 0), key=lambda j: (curves[j].at(counts[j]), -j))
         counts[i] -= 1
         surplus -= 1
     return counts
@@ -292,21 +373,12 @@ def balanced_layout(sim: Simulator, task: str, replicas: Sequence[tuple[str, ...
             splits_by_key[key] = balance_layers(sim, task, r, tp, pp, nominal)
         splits.append(splits_by_key[key])
 
-    def timer(r: tuple[str, ...], split: tuple[int, ...]):
-        def seconds(b: int) -> float:
-            if b <= 0:
-                return 0.0
-            if _overflow(sim, task, r, tp, split, b) > 0:
-                return math.inf
-            return _replica_seconds(sim, task, r, tp, pp, b, split)
-        return functools.lru_cache(maxsize=None)(seconds)
-
     timers = []
-    shared: dict[tuple, object] = {}
+    shared: dict[tuple, _Timer] = {}
     for r, split in zip(replicas, splits, strict=True):
         key = (_replica_key(sim, r, tp, pp), split)
         if key not in shared:
-            shared[key] = timer(r, split)
+            shared[key] = _Timer(sim, task, r, tp, pp, split)
         timers.append(shared[key])
     counts = balance_shares(timers, total)
     if counts is None:
@@ -332,16 +404,33 @@ def layout_cost(sim: Simulator, layout: TaskLayout) -> float:
     return math.inf if judged.violations else float(judged.seconds)
 
 
+def best_of(sim: Simulator, shapes: Sequence[tuple[int, int]], build) -> tuple[TaskLayout | None, tuple[int, int] | None]:
+    """The fastest of the layouts `build(tp, pp)` gives, trying few pipeline depths per TP.
+
+    For each TP degree, deeper pipelines are tried only until one fits memory, plus one more:
+    past that, extra stages add bubbles and transfers without freeing anything needed.
+    """
+    best, best_shape, best_t = None, None, math.inf
+    by_tp: dict[int, list[int]] = {}
+    for tp, pp in shapes:
+        by_tp.setdefault(tp, []).append(pp)
+    for tp in sorted(by_tp):
+        extra = None
+        for pp in sorted(by_tp[tp]):
+            if extra is not None and pp > extra:
+                break
+            layout = build(tp, pp)
+            t = math.inf if layout is None else layout_cost(sim, layout)
+            if math.isfinite(t) and extra is None:
+                extra = pp + 1
+            if t < best_t:
+                best, best_shape, best_t = layout, (tp, pp), t
+    return best, best_shape
+
+
 def best_layout(sim: Simulator, task: str, devices: Sequence[str], max_tp: int = 8, max_pp: int = 4,
                 order: Sequence[str] | None = None) -> TaskLayout | None:
-    """The fastest balanced layout of `task` on `devices` by its replicas' time, or None if none fits."""
+    """The fastest balanced layout of `task` on `devices` by its own time, or None if none fits."""
     order = tuple(order) if order is not None else canonical_order(sim, devices)
-    best, best_t = None, math.inf
-    for shape in feasible_shapes(sim, task, order, max_tp, max_pp):
-        layout = build_layout(sim, task, order, shape.tp, shape.pp)
-        if layout is None:
-            continue
-        t = layout_cost(sim, layout)
-        if t < best_t:
-            best, best_t = layout, t
-    return best
+    shapes = [(s.tp, s.pp) for s in feasible_shapes(sim, task, order, max_tp, max_pp)]
+    return best_of(sim, shapes, lambda tp, pp: build_layout(sim, task, order, tp, pp))[0]

@@ -103,15 +103,8 @@ class Assembler:
         return self.shapes(task, tuple(sorted(per_host.values())))
 
     def _best_shape(self, task: str, order: tuple[str, ...]) -> ShapeChoice | None:
-        best, best_t = None, float("inf")
-        for tp, pp in self.shapes_for(task, order):
-            lay = self.layout(task, order, tp, pp)
-            if lay is None:
-                continue
-            t = layouts.layout_cost(self.sim, lay)
-            if t < best_t:
-                best, best_t = (tp, pp), t
-        return best
+        return layouts.best_of(self.sim, self.shapes_for(task, order),
+                               lambda tp, pp: self.layout(task, order, tp, pp))[1]
 
     def assemble(self, grouping: Grouping, orders: Orders, shapes: dict[str, ShapeChoice]) -> Candidate | None:
         """The candidate, or None when some task has no layout on its group's devices."""
