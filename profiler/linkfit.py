@@ -1,9 +1,10 @@
 """The α–β link model fitted to raw point-to-point timings: t(S) = α + S / β.
 
-Ordinary least squares on every raw sample (not on medians, so the spread informs the fit). The
-residual reported is the root-mean-square relative error of the fit over the samples, a unitless
-figure that says how well a straight line explains the link (a shaper's burst, a congested path
-or a bimodal route shows up here).
+Least squares over the per-size medians of the raw samples: a shared host's occasional straggler
+(a descheduled sender, a retransmit) then cannot tilt the line, while every raw sample is still
+stored. The residual reported is the root-mean-square relative error of the fit over all raw
+samples, a unitless figure that says how well a straight line explains the link (a shaper's
+burst, a congested path or a bimodal route shows up here).
 """
 
 from __future__ import annotations
@@ -28,10 +29,12 @@ def fit_alpha_beta(sizes: list[float], seconds: list[float]) -> LinkFit:
 
     s = np.asarray(sizes, dtype=float)
     t = np.asarray(seconds, dtype=float)
-    if len(s) < 2 or len(np.unique(s)) < 2:
+    levels = np.unique(s)
+    if len(levels) < 2:
         raise ExecutionError("link fit needs samples at two or more message sizes")
+    medians = np.array([np.median(t[s == level]) for level in levels])
+    (alpha, inv_beta), *_ = np.linalg.lstsq(np.column_stack([np.ones_like(levels), levels]), medians, rcond=None)
     design = np.column_stack([np.ones_like(s), s])
-    (alpha, inv_beta), *_ = np.linalg.lstsq(design, t, rcond=None)
     if not inv_beta > 0:
         raise ExecutionError(f"link fit: time does not grow with message size (slope {inv_beta:.3g} s/B); "
                              "the sizes are too small to see the bandwidth")

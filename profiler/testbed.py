@@ -78,7 +78,7 @@ def shaped_pair(rate_mbit: float, mtu: int = 9000, tag: str = "") -> Iterator[Sh
     """Two namespaces joined by a veth pair shaped at `rate_mbit` both ways; removed on exit."""
     pid = os.getpid()
     ns = (f"hp{tag}{pid}a", f"hp{tag}{pid}b")
-    dev = (f"hpv{pid}a"[:15], f"hpv{pid}b"[:15])
+    dev = (f"hpv{tag}{pid}a"[-15:], f"hpv{tag}{pid}b"[-15:])
     addr = (f"{SUBNET}.1", f"{SUBNET}.2")
     try:
         for n in ns:
