@@ -178,15 +178,40 @@ class Topology:
 
 
 # ---- point-to-point exchange of tensor dicts ------------------------------------------------
-# Rollouts and inference results travel between task leaders as {name: tensor}; a header (the
-# JSON of names, dtypes and shapes) goes first so the receiver can allocate. Tags keep messages of
-# different kinds apart on gloo (NCCL orders them per pair).
+# Rollouts and inference results travel between task leaders as {name: tensor}. Each message is
+# two sends whatever the number of tensors: the sizes, then one byte buffer holding a JSON header
+# (names, dtypes, shapes, offsets) followed by every tensor's bytes. Per-send latency, not bandwidth,
+# dominates these small messages, so packing them is what keeps the exchange cheap. Tags keep
+# messages of different kinds and batches apart.
 
 def _dtype(name: str) -> torch.dtype:
     value = getattr(torch, name.removeprefix("torch."), None)
     if not isinstance(value, torch.dtype):
         raise ExecutionError(f"message header names an unknown dtype {name!r}")
     return value
+
+
+def pack(tensors: dict[str, torch.Tensor], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sizes [2] int64, buffer uint8) of a tensor dict; `unpack` inverts it."""
+    parts, header, offset = [], {}, 0
+    for name, t in tensors.items():
+        raw = t.detach().contiguous().reshape(-1).view(torch.uint8).to(device)
+        header[name] = [str(t.dtype), list(t.shape), offset, raw.numel()]
+        parts.append(raw)
+        offset += raw.numel()
+    head = torch.frombuffer(bytearray(json.dumps(header).encode()), dtype=torch.uint8).to(device)
+    buffer = torch.cat([head, *parts]) if parts else head
+    return torch.tensor([head.numel(), offset], dtype=torch.int64, device=device), buffer
+
+
+def unpack(sizes: torch.Tensor, buffer: torch.Tensor) -> dict[str, torch.Tensor]:
+    head_len = int(sizes[0])
+    header = json.loads(bytes(buffer[:head_len].cpu().numpy().tobytes()).decode())
+    data = buffer[head_len:]
+    out = {}
+    for name, (dtype, shape, offset, nbytes) in header.items():
+        out[name] = data[offset:offset + nbytes].clone().view(_dtype(dtype)).reshape(shape)
+    return out
 
 
 class Outbox:
@@ -196,12 +221,7 @@ class Outbox:
         self._pending: list[tuple[dist.Work, torch.Tensor]] = []
 
     def send(self, tensors: dict[str, torch.Tensor], dst: int, tag: int, device: torch.device) -> None:
-        header = json.dumps({k: [str(v.dtype), list(v.shape)] for k, v in tensors.items()}).encode()
-        payload = torch.frombuffer(bytearray(header), dtype=torch.uint8).to(device)
-        length = torch.tensor([payload.numel()], dtype=torch.int64, device=device)
-        for t in [length, payload, *(v.contiguous().to(device) for v in tensors.values())]:
-            if t.numel() == 0:
-                continue
+        for t in pack(tensors, device):
             self._pending.append((dist.isend(t, dst, tag=tag), t))
         self._prune()
 
@@ -215,15 +235,8 @@ class Outbox:
 
 
 def recv_tensors(src: int, tag: int, device: torch.device) -> dict[str, torch.Tensor]:
-    length = torch.empty(1, dtype=torch.int64, device=device)
-    dist.recv(length, src, tag=tag)
-    payload = torch.empty(int(length.item()), dtype=torch.uint8, device=device)
-    dist.recv(payload, src, tag=tag)
-    header = json.loads(bytes(payload.cpu().tolist()).decode())
-    out = {}
-    for name, (dtype, shape) in header.items():
-        t = torch.empty(shape, dtype=_dtype(dtype), device=device)
-        if t.numel():
-            dist.recv(t, src, tag=tag)
-        out[name] = t
-    return out
+    sizes = torch.empty(2, dtype=torch.int64, device=device)
+    dist.recv(sizes, src, tag=tag)
+    buffer = torch.empty(int(sizes.sum()), dtype=torch.uint8, device=device)
+    dist.recv(buffer, src, tag=tag)
+    return unpack(sizes, buffer)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime
 import os
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -65,6 +66,19 @@ def take(batch: dict[str, torch.Tensor], keys: tuple[str, ...], rows: slice) -> 
     return {k: batch[k][rows] for k in keys if k in batch}
 
 
+class Laps:
+    """Wall time between successive calls, by name (a phase's time includes its waits)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._mark = time.perf_counter()
+
+    def __call__(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = self.seconds.get(name, 0.0) + now - self._mark
+        self._mark = now
+
+
 class Worker:
     """The tasks of one rank and the loop that runs them."""
 
@@ -88,6 +102,8 @@ class Worker:
         self.hash = plan_hash(self.plan)
         self.run_name = f"run-{self.hash[:8]}-{datetime.datetime.now(datetime.UTC):%Y%m%dT%H%M%S}"
         self.log = RunLog(options.log) if self.is_leader else None
+        self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hetprof-records")
+        self._pending: list[Future] = []
 
     # ---- setup -------------------------------------------------------------------------------
     def _make_sync(self, group: str, role: str) -> WeightSync | None:
@@ -151,30 +167,46 @@ class Worker:
         for step in schedule(start, self.opts.iterations, self.k):
             times: dict[str, float] = {}
             info: dict[str, Any] = {"rank": self.rank, "device": self.device_id, "pid": os.getpid()}
+            # Wall time of each phase on this rank, waits included: where the leader's iteration
+            # went beyond the stages' compute (the executor's own overhead) shows up here.
+            lap = Laps()
+
             if step.generate is not None and "actor_gen" in self.tasks:
                 self._generate(step.generate, times, info)
+                lap("generate")
             if step.consume is not None:
                 b = step.consume
                 batch = self._assemble(b, times) if self.is_leader else None
+                lap("collect_rollouts")
                 for task in self.topo.inference_tasks():
                     batch = self._infer(task.task, b, batch, times)
+                    lap(task.task)
                 if self.is_leader:
                     batch = self._score(b, batch, counter, times, info)
+                    lap("reward_advantage")
                 self._train(b, batch, times, info)
+                lap("train")
                 if self.is_leader:
                     counter.advance()
                 self._sync(b + 1, times, info)
+                lap("sync")
                 if self.opts.checkpoint_dir and ((b + 1) % self.opts.checkpoint_every == 0
                                                  or b + 1 == self.opts.iterations):
                     info["saved"] = self._save_checkpoint(b + 1)
+                    lap("checkpoint")
             info["times"] = times
+            info["phases"] = lap.seconds
             gathered: list[Any] = [None] * dist.get_world_size()
             dist.all_gather_object(gathered, info)
+            lap("stats")
             now = time.perf_counter()
             if step.consume is not None and self.is_leader:
                 self._record(step.consume, now - last, gathered, info)
             last = now
         self.outbox.flush()
+        self.writer.shutdown(wait=True)
+        for f in self._pending:
+            f.result()  # a failed write (disk full, locked database) fails the run visibly
 
     # ---- phases ------------------------------------------------------------------------------
     def _generate(self, b: int, times: dict, info: dict) -> None:
@@ -351,13 +383,22 @@ class Worker:
             "layouts": {t: tr.layout for t, tr in self.topo.tasks.items()},
             "devices": {t: list(tr.devices) for t, tr in self.topo.tasks.items()},
             "pids": {g["device"]: g["pid"] for g in gathered}, "time": time.time(),
+            "leader_phases": mine["phases"],
         }
+        commit = bool(self.opts.checkpoint_dir and any(g.get("saved") for g in gathered))
+        # Writing the log, the database and the console is the leader's bookkeeping, not RL work:
+        # a writer thread does it while the next iteration runs, in order, so it adds no latency.
+        self._pending = [f for f in self._pending if not f.done() or f.result()]
+        self._pending.append(self.writer.submit(self._publish, rec, commit))
+
+    def _publish(self, rec: dict, commit: bool) -> None:
         if self.log is not None:
             self.log.write(rec)
         if self.opts.db:
             write_db(self.opts.db, [rec])
-        if self.opts.checkpoint_dir and any(g.get("saved") for g in gathered):
-            checkpoint.commit(self.opts.checkpoint_dir, b + 1, {"plan_hash": self.hash, "run": self.run_name})
+        if commit:
+            checkpoint.commit(self.opts.checkpoint_dir, rec["iteration"] + 1,
+                              {"plan_hash": self.hash, "run": self.run_name})
         if not self.opts.quiet:
             self.roles.console.print(console_line(rec))
 
