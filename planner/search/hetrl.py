@@ -29,6 +29,8 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from hetprof.planner.search import register_search
 from hetprof.planner.search.base import Ledger, Search, SearchResult
 from hetprof.planner.search.evolution import Arm, ArmEvolution, Genome, rank_arms
@@ -202,13 +204,21 @@ class HetRLSearch(Search):
         arms = enumerate_arms(groupings, types, totals) if exact else structured_arms(groupings, types, totals)
         total_evals = ctx.max_evals or ctx.options.get("evals") or max(400, EVALS_PER_ARM * len(arms))
         ledger.max_evals = total_evals
+        arms = self._affordable(arms, groupings, types, totals, total_evals)
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         name = ctx.study_name or f"hetrl-{problem_key(sim, ctx.objective, ctx.budget)}-seed{ctx.seed}"
-        study = optuna.create_study(study_name=name, storage=ctx.storage, direction="minimize",
-                                    load_if_exists=True,
+        # The search runs on an in-memory study (an RDB round trip per trial call would cost more
+        # than the simulator); each finished bracket is copied to the storage in one batch.
+        study = optuna.create_study(direction="minimize",
                                     sampler=optuna.samplers.TPESampler(seed=ctx.seed, n_startup_trials=10))
+        stored = None
+        if ctx.storage:
+            stored = optuna.create_study(study_name=name, storage=ctx.storage, direction="minimize",
+                                         load_if_exists=True)
+            study.add_trials([t for t in stored.get_trials(deepcopy=False) if t.state.is_finished()])
         resumed = self._stored_candidates(study)
+        saved = len(study.trials)
 
         pool = None
         if ctx.workers > 1:
@@ -244,6 +254,10 @@ class HetRLSearch(Search):
                 remaining = ledger.max_evals - ledger.evaluations
                 budget = remaining if exact else max(len(states), remaining // (1 if brackets >= 3 else 2))
                 survivor = self._halving(states, trials, budget, ledger, pool, study)
+                if stored is not None:
+                    fresh = [t for t in study.get_trials(deepcopy=False)[saved:] if t.state.is_finished()]
+                    stored.add_trials(fresh)
+                    saved += len(fresh)
                 best_arm = survivor if best_arm is None or survivor.value <= best_arm.value else best_arm
                 carry = survivor
                 if exact or ledger.exhausted:
@@ -268,6 +282,22 @@ class HetRLSearch(Search):
                              resumed_candidates=len(resumed))
 
     # ---- pieces ---------------------------------------------------------------------------------
+    def _affordable(self, arms: list[Arm], groupings, types, totals, evals: int) -> list[Arm]:
+        """As many arms as halving can afford (two looks each per rung, every rung costing about
+        the same): structured arms first, then a seeded sample of the rest."""
+        room = len(arms)
+        while room > 1 and 2 * room * (math.ceil(math.log(room, ETA)) + 1) > evals:
+            room -= 1
+        if len(arms) <= room:
+            return arms
+        first = structured_arms(groupings, types, totals)
+        known = set(arms)
+        chosen = [a for a in first if a in known][:room]
+        rest = [a for a in arms if a not in set(chosen)]
+        rng = np.random.default_rng([self.ctx.seed, 1])
+        picks = rng.choice(len(rest), size=room - len(chosen), replace=False) if room > len(chosen) else []
+        return chosen + [rest[int(i)] for i in sorted(picks)]
+
     def _stored_candidates(self, study: optuna.Study) -> dict[str, list[Candidate]]:
         """Best candidates earlier runs stored in this study, by arm label (resuming a search)."""
         out: dict[str, list[Candidate]] = {}

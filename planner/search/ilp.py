@@ -29,14 +29,14 @@ from hetprof.planner.search.restricted import RestrictedSpace
 from hetprof.specs.plan import TASKS
 
 TANGENTS = 48
-SHORTLIST = 4
+SHORTLIST = 12
 STAGE = {"generation": 0, "inference": 1, "training": 2}
 
 
 def _replica_rate(space: RestrictedSpace, task: str, t: str, tp: int, pp: int, total: int) -> tuple[float, int]:
     """(sequences/s, most sequences that fit) of one type-t replica of shape tp×pp; (0, 0) if none fits."""
     sim = space.sim
-    reps = space.replicas([d for h in space.hosts[t] for d in h], tp, pp)
+    reps = space.replicas([d for h in space.hosts[t] for d in h], tp, pp)  # t is a kind: type/GPUs per host
     if not reps:
         return 0.0, 0
     rep = reps[0]
@@ -167,11 +167,17 @@ class ILPSearch(Search):
             info = _cbc_summary(text)
             info["status"] = pulp.LpStatus[status]
             info["model_objective"] = pulp.value(prob.objective)
-            if status != pulp.LpStatusOptimal and info.get("model_objective") is None:
+            if status != pulp.LpStatusOptimal or prob.sol_status not in (pulp.LpSolutionOptimal,
+                                                                          pulp.LpSolutionIntegerFeasible):
+                solves.append(info)
                 break
-            counts = tuple(tuple(next(v for v in range(space.totals[t] + 1) if (u[g, t, v].value() or 0) > 0.5)
-                                 for t in types) for g in range(len(grouping)))
-            chosen = {k: next(c for c in shapes[k] if (z[k, c].value() or 0) > 0.5) for k in tasks}
+            try:
+                counts = tuple(tuple(next(v for v in range(space.totals[t] + 1) if (u[g, t, v].value() or 0) > 0.5)
+                                     for t in types) for g in range(len(grouping)))
+                chosen = {k: next(c for c in shapes[k] if (z[k, c].value() or 0) > 0.5) for k in tasks}
+            except StopIteration:
+                solves.append(info)
+                break
             cand = space.candidate(counts, chosen)
             value = ledger.evaluate(cand)[0] if cand is not None else math.inf
             info.update(counts={f"group{g}": dict(zip(types, c, strict=True)) for g, c in enumerate(counts)},
@@ -197,10 +203,9 @@ class ILPSearch(Search):
         if tuple(tuple(g) for g in warm.groups) != space.grouping:
             return False
         types = space.types
-        sim = space.sim
         for g, devs in enumerate(warm.group_devices):
             for t in types:
-                n = sum(1 for d in devs if sim.devices[d].type == t)
+                n = sum(1 for d in devs if d in space.members(t))
                 for v in range(space.totals[t] + 1):
                     u[g, t, v].setInitialValue(1 if v == n else 0)
         for k, lay in warm.layouts:
@@ -211,7 +216,7 @@ class ILPSearch(Search):
                 z[k, cc].setInitialValue(1 if cc == c else 0)
             for (kk, t, cc), var in w.items():
                 if kk == k:
-                    n = sum(1 for r in lay.replicas if cc == c and all(sim.devices[d].type == t for d in r))
+                    n = sum(1 for r in lay.replicas if cc == c and all(d in space.members(t) for d in r))
                     var.setInitialValue(min(n, var.upBound))
         return True
 

@@ -1,7 +1,8 @@
 """The ILP's restricted space: a fixed grouping, whole-host GPU counts and type-pure replicas.
 
-An exact integer program needs a space it can describe linearly. Here a group receives, of every
-GPU type, `x` devices taken host by host (full hosts first, then part of one more), and each task
+An exact integer program needs a space it can describe linearly. GPUs are pooled by *kind*: a
+GPU type on hosts of one size (A100 on 8-GPU hosts and A100 on 2-GPU hosts are two kinds), so
+every host of a kind looks the same. A group receives, of every kind, `x` devices taken host by host (full hosts first, then part of one more), and each task
 picks one TP×PP and runs as many replicas as fit on each type separately (a replica never mixes
 types, so its speed is a per-type constant). Batch shares and layer splits are then balanced as
 everywhere else. `exhaustive --restricted` enumerates exactly this space, which is how the tests
@@ -30,20 +31,22 @@ class RestrictedSpace:
         self.sim = sim
         self.grouping = grouping
         self.max_tp, self.max_pp = max_tp, max_pp
-        self.types = gpu_types(sim)
         by_type = devices_by_type(sim)
         self.hosts: dict[str, list[tuple[str, ...]]] = {}
-        for t in self.types:
+        for t in gpu_types(sim):
             per: dict[str, list[str]] = {}
             for d in by_type[t]:
                 per.setdefault(sim.devices[d].host, []).append(d)
-            self.hosts[t] = [tuple(v) for v in per.values()]
-        self.totals = {t: len(by_type[t]) for t in self.types}
+            for devs in per.values():
+                self.hosts.setdefault(f"{t}/{len(devs)}", []).append(tuple(devs))
+        self.types = tuple(sorted(self.hosts))          # kinds: "type/GPUs per host"
+        self.totals = {k: sum(len(h) for h in self.hosts[k]) for k in self.types}
+        self._members = {k: {d for h in self.hosts[k] for d in h} for k in self.types}
         self._layouts: dict[tuple, object] = {}
 
     def host_size(self, t: str) -> int:
-        """Devices per host of type t (hosts of one type are assumed uniform; the largest is used)."""
-        return max(len(h) for h in self.hosts[t])
+        """Devices per host of kind t (uniform by construction)."""
+        return len(self.hosts[t][0])
 
     def hosts_needed(self, t: str, count: int) -> int:
         return math.ceil(count / self.host_size(t)) if count else 0
@@ -53,8 +56,11 @@ class RestrictedSpace:
         n = self.host_size(t)
         return (count // n) * (n // tp) + (count % n) // tp
 
+    def members(self, kind: str) -> set[str]:
+        return self._members[kind]
+
     def feasible_counts(self) -> list[tuple[tuple[int, ...], ...]]:
-        """Every x[g][t] whose host blocks fit the cluster, each group non-empty."""
+        """Every x[g][kind] whose host blocks fit the cluster, each group non-empty."""
         k = len(self.grouping)
         per_type = []
         for t in self.types:
@@ -92,7 +98,7 @@ class RestrictedSpace:
         """Type-pure replicas: per type, same-host TP groups chunked into pp stages."""
         out = []
         for t in self.types:
-            mine = [d for d in devices if self.sim.devices[d].type == t]
+            mine = [d for d in devices if d in self._members[t]]
             out.extend(layouts.arrange(self.sim, mine, tp, pp))
         return out
 
