@@ -60,9 +60,11 @@ def _models(text: str | None, on_gpu: bool):
 @click.option("--per-region", is_flag=True, help="link suite: one representative host pair per region pair")
 @click.option("--link-target-s", type=click.FloatRange(min=0.01), help="link suite: seconds the largest "
               "message should take (default 0.4, quick 0.25)")
+@click.option("--max-message", metavar="SIZE", help="collectives: largest message (e.g. 256MiB; default "
+              "1GiB on GPUs, 64MiB on CPU, less with --quick)")
 @click.option("--list-suites", is_flag=True, help="list the available suites and exit")
 def profile(suites, devices, all_gpus, quick, models, task_names, layers_run, dtype, threads, host, region,
-            nnodes, node_rank, rdzv, rdzv_id, local_addr, per_region, link_target_s, list_suites) -> None:
+            nnodes, node_rank, rdzv, rdzv_id, local_addr, per_region, link_target_s, max_message, list_suites) -> None:
     """Measure devices, collectives, links and RL tasks into the profile database.
 
     \b
@@ -95,6 +97,14 @@ def profile(suites, devices, all_gpus, quick, models, task_names, layers_run, dt
             raise SpecError("command line", "--rdzv", "HOST:PORT of the rendezvous (rank 0's address)", None)
         if node_rank >= nnodes:
             raise SpecError("command line", "--node-rank", f"a rank below --nnodes ({nnodes})", node_rank)
+    max_bytes = None
+    if max_message:
+        from hetprof.units import parse_size
+
+        try:
+            max_bytes = int(parse_size(max_message))
+        except ValueError as exc:
+            raise SpecError("command line", "--max-message", "a size such as 64MiB", max_message) from exc
     tasks = _split(task_names)
     bad = [t for t in tasks if t not in ("prefill", "decode", "train")]
     if bad:
@@ -113,7 +123,8 @@ def profile(suites, devices, all_gpus, quick, models, task_names, layers_run, dt
         models=_models(models, on_gpu), threads=threads, host=host or socket.gethostname(),
         options={"tasks": tasks, "layers_run": layers_run, "dtype": dtype, "region": region, "nnodes": nnodes,
                  "node_rank": node_rank, "rdzv": rdzv, "rdzv_id": rdzv_id, "local_addr": local_addr,
-                 "per_region": per_region, "link_target_s": link_target_s})
+                 "per_region": per_region, "link_target_s": link_target_s,
+                 "collective_max_bytes": max_bytes})
     start = time.perf_counter()
     notes: list[str] = []
     with ProgressView(console) as view:

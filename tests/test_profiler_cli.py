@@ -30,7 +30,7 @@ def test_quick_tasks_profile_writes_rows_and_a_summary(tmp_path):
 def test_bad_input_names_the_option(tmp_path):
     db = str(tmp_path / "p.db")
     for args, needle in ((["--models", "gpt-17"], "--models"), (["--suite", "flops"], "--suite"),
-                         (["--device", "gpu0"], "--device"), (["--tasks", "sample"], "--tasks"),
+                         (["--device", "gpu0"], "--device"), (["--tasks", "sample"], "--tasks"), (["--max-message", "lots"], "--max-message"),
                          (["--suite", "link", "--nnodes", "2", "--node-rank", "2", "--rdzv", "h:1"], "--node-rank"),
                          (["--suite", "link", "--nnodes", "2", "--rdzv", "nohost"], "--rdzv")):
         res = _run("--db", db, "profile", "--quick", *args)

@@ -136,3 +136,24 @@ def test_namespaces_are_removed_when_the_body_fails():
         raise RuntimeError("boom")
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert not any(n in listed for n in names)
+
+
+@pytest.mark.slow
+def test_three_hosts_per_region_measure_one_pair_per_region_pair(tmp_path):
+    """Three hosts on loopback under one rendezvous: eu, eu, us -> the eu-eu and one eu-us pair."""
+    db, port = tmp_path / "p.db", _free_port()
+    regions = ("eu", "eu", "us")
+    procs = [subprocess.Popen([*HETPROF, "--db", str(db), "profile", "--suite", "link", "--quick", "--nnodes", "3",
+                               "--node-rank", str(r), "--rdzv", f"127.0.0.1:{port}", "--rdzv-id", "three",
+                               "--host", f"n{r}", "--region", regions[r], "--per-region",
+                               "--link-target-s", "0.05"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for r in range(3)]
+    for p in procs:
+        out, _ = p.communicate(timeout=170)
+        assert p.returncode == 0, out[-2000:]
+    with ProfileDB(db) as pdb:
+        links = pdb.links()
+    assert len(links) == 4  # two unordered pairs, both directions, each recorded once by its sender
+    assert sorted(tuple(sorted(x)) for x in zip(links.src_region, links.dst_region, strict=True)) == [
+        ("eu", "eu"), ("eu", "eu"), ("eu", "us"), ("eu", "us")]
+    assert (links["beta_Bps"] > 0).all() and links["residual"].notna().all()

@@ -20,7 +20,10 @@ OPS = ["all_reduce", "all_gather", "broadcast"]
 KiB, MiB, GiB = 1024, 1024**2, 1024**3
 
 
-def sizes_for(cuda: bool, quick: bool) -> list[int]:
+def sizes_for(cuda: bool, quick: bool, max_bytes: int | None = None) -> list[int]:
+    """Message sizes: 4 KiB up to 1 GiB on GPUs, 64 MiB on the CPU (fewer with --quick), capped at max_bytes."""
+    if max_bytes:
+        return [s for s in sizes_for(cuda, quick) if s <= max_bytes] or [min(sizes_for(cuda, quick))]
     if cuda:
         return [64 * KiB * 16**i for i in range(4)] if quick else [4 * KiB * 4**i for i in range(9)]  # ..1 GiB
     return [4 * KiB * 16**i for i in range(4)] if quick else [4 * KiB * 4**i for i in range(8)]  # ..64 MiB
@@ -87,7 +90,8 @@ class CollectivesSuite(Suite):
             return
         policy = ctx.policy
         for world in worlds:
-            rows = run_world(world, backend, sizes_for(bool(gpus), ctx.quick), warmup=policy.warmup,
+            sizes = sizes_for(bool(gpus), ctx.quick, ctx.options.get("collective_max_bytes"))
+            rows = run_world(world, backend, sizes, warmup=policy.warmup,
                              repeats=min(policy.repeats, 10), threads=ctx.threads)
             for op in OPS:
                 factor = bus_factor(op, world)
