@@ -77,13 +77,28 @@ def _safe(fn, *args, default=None):
     return value.decode() if isinstance(value, bytes) else value
 
 
+def _handle(pynvml: Any, index: int) -> Any:
+    """NVML's handle for CUDA device `index`, matched by UUID: NVML and CUDA number GPUs differently
+    when CUDA_VISIBLE_DEVICES or CUDA_DEVICE_ORDER is set."""
+    import torch
+
+    uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+    if uuid is not None:
+        for candidate in (f"GPU-{uuid}", str(uuid)):
+            try:
+                return pynvml.nvmlDeviceGetHandleByUUID(candidate)
+            except Exception:
+                continue
+    return pynvml.nvmlDeviceGetHandleByIndex(index)
+
+
 def nvml_gpu(index: int) -> dict[str, Any]:
-    """Static identity of GPU `index` (stable across runs: it becomes part of the fingerprint)."""
+    """Static identity of CUDA device `index` (stable across runs: it becomes part of the fingerprint)."""
     import pynvml
 
     pynvml.nvmlInit()
     try:
-        h = pynvml.nvmlDeviceGetHandleByIndex(index)
+        h = _handle(pynvml, index)
         mem = _safe(pynvml.nvmlDeviceGetMemoryInfo, h)
         info = {
             "name": _safe(pynvml.nvmlDeviceGetName, h, default="unknown GPU"),
@@ -113,7 +128,7 @@ def nvml_live(index: int) -> dict[str, float]:
 
     pynvml.nvmlInit()
     try:
-        h = pynvml.nvmlDeviceGetHandleByIndex(index)
+        h = _handle(pynvml, index)
         out = {
             "sm_clock_mhz": _safe(pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_SM),
             "mem_clock_mhz": _safe(pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_MEM),

@@ -55,8 +55,8 @@ def build(task: TaskModel, device: Any, *, seed: int = 0) -> Any:
     config = AutoConfig.for_model(model_type, **cfg)
     torch.manual_seed(seed)
     cls = AutoModelForCausalLM if task.with_head else AutoModel
-    model = cls.from_config(config, dtype=getattr(torch, TORCH_DTYPES[task.dtype]))
-    return model.to(device)
+    model = cls.from_config(config)
+    return model.to(device=device, dtype=getattr(torch, TORCH_DTYPES[task.dtype]))
 
 
 def inputs(task: TaskModel, batch: int, seq: int, device: Any, generator: Any = None) -> dict:
