@@ -55,7 +55,7 @@ def build(task: TaskModel, device: Any, *, seed: int = 0) -> Any:
     config = AutoConfig.for_model(model_type, **cfg)
     torch.manual_seed(seed)
     cls = AutoModelForCausalLM if task.with_head else AutoModel
-    model = cls.from_config(config)
+    model = cls.from_config(config, attn_implementation="sdpa")  # the executor's attention kernel
     return model.to(device=device, dtype=getattr(torch, TORCH_DTYPES[task.dtype]))
 
 
