@@ -63,9 +63,9 @@ def save_gantt(score: Score, candidate: Candidate, path: str | Path, title: str 
     legend = [Patch(color=c, label=t) for t, c in TASK_COLOURS.items() if any(e.name.startswith(t) for e in events)]
     legend += [Patch(facecolor="white", edgecolor="black", hatch="///", label="transfer / weight sync"),
                Patch(color="#bbbbbb", label="offload / reload")]
-    ax.legend(handles=legend, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=4)
+    ax.legend(handles=legend, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.32), ncol=4)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return path

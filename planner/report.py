@@ -47,6 +47,10 @@ def _secs(x: float) -> str:
     return fmt_seconds(x) if math.isfinite(x) else "∞"
 
 
+def _dollars(x: float) -> str:
+    return f"${x:.2f}" if x >= 1 else f"${x:.3g}"
+
+
 def _shares(shares: Sequence[float]) -> str:
     if max(shares) - min(shares) < 1e-9:
         return f"equal ({len(shares)}×{shares[0]:.3f})"
@@ -99,8 +103,8 @@ def print_plan(console: Console, sim: Simulator, cand: Candidate, score: Score, 
         mem.add_row(t, fmt_bytes(free))
     console.print(mem)
     console.print(f"iteration [bold]{_secs(score.iteration_s)}[/bold] · throughput {score.throughput:.1f} seq/s · "
-                  f"bottleneck [bold]{score.bottleneck}[/bold] · ${score.cost_per_iteration:.3f} per iteration "
-                  f"(${score.price_per_hour:.2f}/h for {len(set(cand.devices()))} GPUs)")
+                  f"bottleneck [bold]{score.bottleneck}[/bold] · {_dollars(score.cost_per_iteration)} per iteration "
+                  f"({_dollars(score.price_per_hour)}/h for {len(set(cand.devices()))} GPUs)")
 
 
 def print_comparison(console: Console, outcomes: Sequence[Outcome], reference: str | None = None,
@@ -122,5 +126,5 @@ def print_comparison(console: Console, outcomes: Sequence[Outcome], reference: s
             continue
         ratio = ref.score.iteration_s / o.score.iteration_s if ref else 1.0
         table.add_row(o.search, _secs(o.score.iteration_s), f"{o.score.throughput:.1f}", f"{ratio:.2f}",
-                      f"{o.score.cost_per_iteration:.3f}", f"{o.seconds:.1f} s", o.score.bottleneck)
+                      _dollars(o.score.cost_per_iteration), f"{o.seconds:.1f} s", o.score.bottleneck)
     console.print(table)

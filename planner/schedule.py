@@ -141,9 +141,9 @@ def _play(inp: ScheduleInput) -> tuple[ScheduleResult, dict, dict, list[float]]:
             it_end = max(it_end, node.end)
             for edge, seconds in weights_out[task]:
                 ready = node.end + seconds
+                # A transfer, not compute: the group may run other work meanwhile; only the
+                # consumer waits for it (through its dependency).
                 weight_ready[(edge.name, it)] = ready
-                if inp.group_of[edge.dst] == g:  # resharding within the group occupies its GPUs
-                    group_free[g] = (ready, ("weights-local", edge, (task, it), ready))
         ends.append(it_end)
     m = 2 if inp.iterations >= 3 else 1
     last = inp.iterations - 1
@@ -196,7 +196,7 @@ def _critical_path(inp: ScheduleInput, nodes: dict, lo: float, last: int) -> dic
     guard = 0
     while cursor is not None and cursor[-1] > lo and guard < 10_000:
         guard += 1
-        if cursor[0] in ("weights", "weights-local", "edge"):
+        if cursor[0] in ("weights", "edge"):
             _, edge, src_key, at = cursor
             src = nodes[src_key]
             begin = src.end if cursor[0] != "edge" else min(src.out[-1], at)

@@ -58,10 +58,15 @@ def make_simulator(cluster: ClusterSpec, workload: WorkloadSpec, options: PlanOp
     return sim
 
 
-def search_list(name: str) -> list[str]:
+EXHAUSTIVE_MAX_GPUS = 8  # "all" includes the exhaustive search only where it can finish
+
+
+def search_list(name: str, gpus: int = 0) -> list[str]:
     from hetprof.planner.search import search_names
 
-    return search_names() if name == "all" else [name]
+    if name != "all":
+        return [name]
+    return [n for n in search_names() if n != "exhaustive" or gpus <= EXHAUSTIVE_MAX_GPUS]
 
 
 def run_search(sim: Simulator, name: str, options: PlanOptions) -> Outcome:
@@ -81,7 +86,7 @@ def run_searches(cluster: ClusterSpec, workload: WorkloadSpec, search: str, opti
                  console=None) -> tuple[list[Outcome], Simulator]:
     """Each requested search on one simulator. With "all", a search that fails becomes a row saying why."""
     sim = make_simulator(cluster, workload, options, db)
-    names = search_list(search)
+    names = search_list(search, len(sim.devices))
     outcomes = []
     for name in names:
         started = time.perf_counter()
