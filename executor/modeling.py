@@ -87,7 +87,7 @@ def build_causal_lm(model_ref: str | ModelShape, seed: int = 0, dtype: str | tor
         try:
             model = AutoModelForCausalLM.from_pretrained(str(ckpt), dtype=dt, local_files_only=True,
                                                          attn_implementation=attn_implementation)
-        except (OSError, ValueError) as exc:
+        except Exception as exc:  # any unreadable checkpoint is a user error
             raise SpecError(str(ckpt), "model", "a loadable Hugging Face checkpoint", str(exc)) from None
         return model.to(device)
     with seeded(seed):
@@ -138,7 +138,7 @@ def _build_scalar(model_ref: str | ModelShape, seed: int, dtype, device, zero_he
         if ckpt is not None:
             try:
                 backbone = AutoModel.from_pretrained(str(ckpt), dtype=dt, local_files_only=True)
-            except (OSError, ValueError) as exc:
+            except Exception as exc:  # any unreadable checkpoint is a user error
                 raise SpecError(str(ckpt), "model", "a loadable Hugging Face checkpoint", str(exc)) from None
         else:
             backbone = AutoModel.from_config(hf_config(model_ref), dtype=dt)
