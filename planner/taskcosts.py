@@ -75,6 +75,9 @@ class TaskCosts:
         self._replica: dict[tuple, ReplicaCost] = {}
         self._eval: dict[TaskLayout, TaskEval] = {}
         self._mem: dict[tuple, MemoryEstimate] = {}
+        self._sig: dict[tuple, tuple] = {}
+        self._stage: dict[tuple, float] = {}
+        self._capacity = {t: lookup(t).memory_bytes for t in {d.type for d in devices.values()}}
 
     # ---- small helpers --------------------------------------------------------------------------
     def work(self, task: str, batch: int, layers: int | None = None, response_len: float | None = None) -> Work:
@@ -94,6 +97,15 @@ class TaskCosts:
 
     def _stage_signature(self, devices: Sequence[str], tp: int, pp: int) -> tuple:
         """(types, tp link) per stage and the link across each stage boundary: what decides a replica's time."""
+        key = (tuple(devices), tp, pp)
+        hit = self._sig.get(key)
+        if hit is None:
+            if len(self._sig) >= EVAL_MEMO_LIMIT:
+                self._sig.clear()
+            hit = self._sig[key] = self._signature(key[0], tp, pp)
+        return hit
+
+    def _signature(self, devices: tuple[str, ...], tp: int, pp: int) -> tuple:
         hosts = [frozenset(self.devices[d].host for d in devices[s * tp:(s + 1) * tp]) for s in range(pp)]
         stages = tuple((tuple(sorted({self.devices[d].type for d in devices[s * tp:(s + 1) * tp]})),
                         self.links.slowest(hosts[s]) if len(hosts[s]) > 1 else None) for s in range(pp))
@@ -152,13 +164,11 @@ class TaskCosts:
         stages, bounds = sig
         if len(stages) == 1:
             types, link = stages[0]
-            work = self.work(task, batch, None, response)
-            return max(self.cm.task_time(work, Placement(t, tp, 1, tp_link=link)).seconds for t in types)
+            return max(self.stage_time(task, t, tp, link, None, batch, response) for t in types)
         model = self.graph.model_of(task)
         times = []
         for s, (types, link) in enumerate(stages):
-            work = self.work(task, batch, split[s], response)
-            t_s = max(self.cm.task_time(work, Placement(t, tp, 1, tp_link=link)).seconds for t in types)
+            t_s = max(self.stage_time(task, t, tp, link, split[s], batch, response) for t in types)
             times.append(t_s * _layer_fraction(model, split[s], last=s == len(stages) - 1))
         pp = len(stages)
         m = max(1, min(batch, 2 * pp))
@@ -173,6 +183,18 @@ class TaskCosts:
             per = [self.cm.collective_time("p2p", msg, 2, b) for b in bounds]
             comm = (sum(per) + (m - 1) * max(per)) * (2 if kind == "training" else 1)
         return pipe + comm
+
+    def stage_time(self, task: str, device_type: str, tp: int, link, layers: int | None, batch: int,
+                   response: float) -> float:
+        """The cost model's seconds for one stage, memoised on plain values (cheaper to hash than Work)."""
+        key = (task, device_type, tp, link, layers, batch, response)
+        hit = self._stage.get(key)
+        if hit is None:
+            if len(self._stage) >= EVAL_MEMO_LIMIT * 10:
+                self._stage.clear()
+            work = self.work(task, batch, layers, response)
+            hit = self._stage[key] = self.cm.task_time(work, Placement(device_type, tp, 1, tp_link=link)).seconds
+        return hit
 
     # ---- memory ---------------------------------------------------------------------------------
     def memory(self, task: str, device_type: str, tp: int, layers: int, batch: int) -> MemoryEstimate:
@@ -220,7 +242,7 @@ class TaskCosts:
                 dev = self.devices[d]
                 est = self.memory(task, dev.type, tp, split[i // tp], max(1, batch))
                 memory[d] = est
-                cap = lookup(dev.type).memory_bytes
+                cap = self._capacity[dev.type]
                 if est.total > cap:
                     over.setdefault((dev.type, split[i // tp], est), []).append(d)
                 host_fraction[dev.host] = host_fraction.get(dev.host, 0.0) + layout.shares[r] / len(devices)
