@@ -26,6 +26,7 @@ from hetprof.executor.modeling import (
     unwrap,
 )
 from hetprof.executor.tokenizer import load_tokenizer
+from hetprof.executor.weightsync import flatten_params
 from hetprof.models import PRESETS
 from hetprof.specs import WorkloadSpec
 
@@ -79,6 +80,7 @@ class RoleSet:
         self.learners: dict[str, Any] = {}
         if "actor_gen" in tasks:
             self.models["actor_gen"] = build_causal_lm(actor, seed=seed, dtype=self.infer_dtype, device=device)
+            flatten_params(self.models["actor_gen"], options.bucket_mb)  # syncs land in place
             self.backend = get_backend(options.backend)(self.models["actor_gen"], self.tokenizer, device)
         if "ref_infer" in tasks:
             self.models["ref_infer"] = build_causal_lm(model_ref(workload, "reference"), seed=seed,
@@ -86,6 +88,7 @@ class RoleSet:
         if "critic_infer" in tasks:
             self.models["critic_infer"] = build_value_model(model_ref(workload, "critic"), seed=seed + 1,
                                                             dtype=self.infer_dtype, device=device).eval()
+            flatten_params(self.models["critic_infer"], options.bucket_mb)
         if "reward_infer" in tasks:
             from hetprof.executor.rewards import RewardModelScorer
 
@@ -116,6 +119,8 @@ class RoleSet:
 
         group = self.topo.groups.get(task)
         ranks = self.topo.tasks[task].ranks
+        if self.device.type == "cpu" or len(ranks) == 1:
+            flatten_params(model, self.opts.bucket_mb)  # syncs broadcast straight from the weights
         wrapped = model
         if len(ranks) > 1:
             wrapped = _fsdp(model, group) if self.device.type == "cuda" else _ddp(model, group, self.device)
@@ -220,6 +225,10 @@ class RoleSet:
         if name not in self.models:
             raise ExecutionError(f"weight sync: this rank holds no {name} model")
         return unwrap(self.models[name])
+
+    def sync_target(self, role: str) -> torch.nn.Module:
+        """The module a received sync lands in (its flattened buckets are written in place)."""
+        return unwrap(self.models["actor_gen" if role == "actor" else "critic_infer"])
 
     def apply_weights(self, role: str):
         if role == "actor":

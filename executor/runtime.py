@@ -314,7 +314,7 @@ class Worker:
                 if role == "actor" and "actor_gen" in self.tasks:
                     self.version = version
             else:
-                stats, got = sync.receive(self.roles.apply_weights(role))
+                stats, got = sync.receive(self.roles.apply_weights(role), target=self.roles.sync_target(role))
                 if role == "actor":
                     self.version = got
             if times is not None:

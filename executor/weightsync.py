@@ -68,6 +68,42 @@ def make_buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: float)
     return buckets
 
 
+def flatten_params(module: torch.nn.Module, bucket_mb: float = DEFAULT_BUCKET_MB) -> int:
+    """Re-home a module's parameters into one flat buffer per sync bucket (each parameter a view).
+
+    A sync of such a module needs no packing on the trainer and no unpacking on a generator: the
+    broadcast reads and writes the parameters' own memory. Call it before an optimizer or DDP
+    takes the parameters; values are unchanged. Returns the number of flat buffers made.
+    """
+    params = dict(module.named_parameters())
+    buckets = make_buckets(params.items(), bucket_mb * 1e6)
+    with torch.no_grad():
+        for bucket in buckets:
+            first = params[bucket.names[0]]
+            flat = torch.empty(bucket.numel, dtype=bucket.dtype, device=first.device)
+            offset = 0
+            for name, shape in zip(bucket.names, bucket.shapes, strict=True):
+                n = shape.numel()
+                view = flat[offset:offset + n].view(shape)
+                view.copy_(params[name])
+                params[name].data = view
+                offset += n
+    return len(buckets)
+
+
+def _flat_view(tensors: list[torch.Tensor], numel: int) -> torch.Tensor | None:
+    """The one flat tensor these parameters are consecutive views of, or None (then pack a copy)."""
+    first = tensors[0]
+    storage = first.untyped_storage()
+    offset = first.storage_offset()
+    for t in tensors:
+        if (hasattr(t, "full_tensor") or not t.is_contiguous() or t.untyped_storage().data_ptr() != storage.data_ptr()
+                or t.storage_offset() != offset):
+            return None
+        offset += t.numel()
+    return first.detach().new_empty(0).set_(storage, first.storage_offset(), (numel,))
+
+
 def _full(tensor: torch.Tensor) -> torch.Tensor:
     """The whole tensor even when it is an FSDP/DTensor shard (gathers it)."""
     full = getattr(tensor, "full_tensor", None)
@@ -104,6 +140,7 @@ class WeightSync:
             reference = ((n, t.detach().to(wire_dtype)) for n, t in reference)
         self.buckets = make_buckets(reference, bucket_mb * 1e6)
         self.names = [n for b in self.buckets for n in b.names]
+        self._scratch: dict[tuple[torch.dtype, int], torch.Tensor] = {}
 
     @property
     def total_bytes(self) -> int:
@@ -118,27 +155,74 @@ class WeightSync:
             raise ExecutionError(f"weight sync: {who} has parameters that differ from the trainer's "
                                  f"(only on {who}: {extra}, only on trainer: {missing})")
 
+    def _scratch_buffer(self, bucket: Bucket, slot: int) -> torch.Tensor:
+        """One of two reusable flat buffers per dtype, sized to that dtype's largest bucket.
+
+        Allocating a fresh buffer per bucket per sync costs page faults on every sync (it made
+        syncs several times slower than a plain broadcast); two slots let one bucket travel while
+        the next is packed or the previous unpacked.
+        """
+        key = (bucket.dtype, slot)
+        buf = self._scratch.get(key)
+        if buf is None:
+            size = max(b.numel for b in self.buckets if b.dtype == bucket.dtype)
+            buf = self._scratch[key] = torch.empty(size, dtype=bucket.dtype, device=self.device)
+        return buf[:bucket.numel]
+
     def send(self, named: Iterable[tuple[str, torch.Tensor]], version: int = 0) -> SyncStats:
         params = dict(named)
         start = time.perf_counter()
         dist.broadcast(torch.tensor([version], dtype=torch.int64, device=self.device), self.src, group=self.group)
+        in_flight: list[dist.Work | None] = [None, None]
         with torch.no_grad():
-            for bucket in self.buckets:
-                flat = torch.cat([_full(params[n]).detach().reshape(-1).to(self.device, bucket.dtype)
-                                  for n in bucket.names])
-                dist.broadcast(flat, self.src, group=self.group)
+            for i, bucket in enumerate(self.buckets):
+                slot = i % 2
+                if in_flight[slot] is not None:
+                    in_flight[slot].wait()  # this slot's previous bucket has left
+                tensors = [params[n] for n in bucket.names]
+                flat = _flat_view(tensors, bucket.numel) if tensors[0].dtype == bucket.dtype else None
+                if flat is None:
+                    flat = self._scratch_buffer(bucket, slot)
+                    torch.cat([_full(t).detach().reshape(-1).to(self.device, bucket.dtype) for t in tensors], out=flat)
+                in_flight[slot] = dist.broadcast(flat, self.src, group=self.group, async_op=True)
+            for work in in_flight:
+                if work is not None:
+                    work.wait()
         return SyncStats(time.perf_counter() - start, self.total_bytes, len(self.buckets))
 
-    def receive(self, apply: Callable[[dict[str, torch.Tensor]], None]) -> tuple[SyncStats, int]:
-        """Receive one sync; returns its stats and the weight version it carried."""
+    def receive(self, apply: Callable[[dict[str, torch.Tensor]], None],
+                target: torch.nn.Module | None = None) -> tuple[SyncStats, int]:
+        """Receive one sync; returns its stats and the weight version it carried.
+
+        Buckets whose parameters in `target` are views of one flat buffer (`flatten_params`) are
+        received in place; the others land in a scratch buffer and go through `apply`, with bucket
+        i+1 already on its way while bucket i is applied.
+        """
         start = time.perf_counter()
         version = torch.empty(1, dtype=torch.int64, device=self.device)
         dist.broadcast(version, self.src, group=self.group)
-        for bucket in self.buckets:
-            flat = torch.empty(bucket.numel, dtype=bucket.dtype, device=self.device)
-            dist.broadcast(flat, self.src, group=self.group)
-            views = torch.split(flat, [s.numel() for s in bucket.shapes])
-            apply({n: v.view(s) for n, v, s in zip(bucket.names, views, bucket.shapes, strict=True)})
+        own = dict(target.named_parameters()) if target is not None else {}
+
+        def post(i: int) -> tuple[dist.Work, torch.Tensor, bool]:
+            bucket = self.buckets[i]
+            flat = None
+            if own and all(n in own for n in bucket.names) and own[bucket.names[0]].dtype == bucket.dtype:
+                flat = _flat_view([own[n] for n in bucket.names], bucket.numel)
+            in_place = flat is not None
+            if flat is None:
+                flat = self._scratch_buffer(bucket, i % 2)
+            with torch.no_grad():
+                return dist.broadcast(flat, self.src, group=self.group, async_op=True), flat, in_place
+
+        pending = post(0) if self.buckets else None
+        for i, bucket in enumerate(self.buckets):
+            work, flat, in_place = pending
+            work.wait()
+            if i + 1 < len(self.buckets):
+                pending = post(i + 1)  # its slot held bucket i-1, which is applied already
+            if not in_place:
+                views = torch.split(flat, [s.numel() for s in bucket.shapes])
+                apply({n: v.view(s) for n, v, s in zip(bucket.names, views, bucket.shapes, strict=True)})
         return SyncStats(time.perf_counter() - start, self.total_bytes, len(self.buckets)), int(version.item())
 
 

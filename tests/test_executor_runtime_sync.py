@@ -16,7 +16,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from hetprof.executor.launch import free_port
-from hetprof.executor.weightsync import WeightSync, copy_into, make_buckets, state_digest
+from hetprof.executor.weightsync import WeightSync, copy_into, flatten_params, make_buckets, state_digest
 
 WORLD = 4
 SYNC_RANKS = [0, 1, 3]  # rank 2 is on no sync edge, like an inference-only device
@@ -36,8 +36,8 @@ def _worker(rank: int, port: int, out: str) -> None:
     try:
         torch.set_num_threads(1)
         group = dist.new_group(SYNC_RANKS)
-        for wire in (None, "bfloat16"):
-            _sync_rounds(rank, group, Path(out) / str(wire), wire)
+        for wire, flat in ((None, False), ("bfloat16", False), (None, True)):
+            _sync_rounds(rank, group, Path(out) / f"{wire}-{flat}", wire, flat)
         if rank < 2:
             _p2p(rank, out)
         dist.barrier()
@@ -45,9 +45,11 @@ def _worker(rank: int, port: int, out: str) -> None:
         dist.destroy_process_group()
 
 
-def _sync_rounds(rank: int, group, out: Path, wire: str | None) -> None:
+def _sync_rounds(rank: int, group, out: Path, wire: str | None, flat: bool) -> None:
     out.mkdir(exist_ok=True)
     model = _model(seed=rank)  # every rank starts different
+    if flat:  # parameters as views of per-bucket buffers: the broadcast reads/writes them in place
+        assert flatten_params(model, bucket_mb=0.001) > 2
     wire_dtype = getattr(torch, wire) if wire else None
     sync = WeightSync(group, 0, model.named_parameters(), bucket_mb=0.001, device="cpu", wire_dtype=wire_dtype)
     for version in (1, 2):
@@ -61,7 +63,7 @@ def _sync_rounds(rank: int, group, out: Path, wire: str | None) -> None:
             if wire_dtype is not None:  # a generator computing in the wire dtype
                 model = model.to(wire_dtype)
                 sync = WeightSync(group, 0, model.named_parameters(), bucket_mb=0.001, wire_dtype=wire_dtype)
-            _, got = sync.receive(copy_into(model))
+            _, got = sync.receive(copy_into(model), target=model)
         else:
             got = None
         torch.save({"state": {k: v.detach() for k, v in model.named_parameters()}, "version": got,
@@ -75,9 +77,9 @@ def spawned(tmp_path_factory) -> Path:
     return out
 
 
-@pytest.mark.parametrize("wire", [None, "bfloat16"])
-def test_generators_hold_the_trainers_weights_bitwise_after_each_sync(spawned, wire):
-    tmp_path = spawned / str(wire)
+@pytest.mark.parametrize("wire,flat", [(None, False), ("bfloat16", False), (None, True)])
+def test_generators_hold_the_trainers_weights_bitwise_after_each_sync(spawned, wire, flat):
+    tmp_path = spawned / f"{wire}-{flat}"
     for version in (1, 2):
         sender = torch.load(tmp_path / f"r0-v{version}.pt", weights_only=True)
         assert sender["buckets"] > 2  # a tiny bucket size forces several buckets

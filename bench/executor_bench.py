@@ -1,0 +1,184 @@
+"""Executor benchmark: how close a real run comes to its plan, what the runtime adds, how fast sync is.
+
+Three ratios, each measured side by side in this one run:
+- measured / predicted iteration time of a CPU plan, after `hetprof profile` (task suite, tiny model)
+  and `hetprof fit` have fed the fitted cost model the planner predicts with (goal 0.85–1.15);
+- executor overhead = measured iteration / sum of the measured stage times (goal ≤ 1.10), i.e. what
+  message passing, batching and bookkeeping add to generation, inference, training and sync;
+- weight-sync effective bandwidth / a plain gloo broadcast of the same bytes over the same group
+  (goal ≥ 0.8): what bucketing, flattening and unflattening cost.
+
+    .venv/bin/python bench/executor_bench.py            # 12 iterations, 64 MB sync model
+    .venv/bin/python bench/executor_bench.py --quick    # 6 iterations, 16 MB
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from rich.console import Console
+from rich.table import Table
+from torch import nn
+
+from hetprof.executor.launch import free_port
+from hetprof.executor.records import read_log
+from hetprof.executor.weightsync import DEFAULT_BUCKET_MB, WeightSync, copy_into, flatten_params
+
+ROOT = Path(__file__).resolve().parents[1]
+HETPROF = str(Path(sys.executable).with_name("hetprof"))
+WORKLOAD = ROOT / "examples" / "workloads" / "grpo-tiny.yaml"
+console = Console()
+
+
+def hetprof(*args: str, db: Path, cwd: Path) -> subprocess.CompletedProcess:
+    done = subprocess.run([HETPROF, "--db", str(db), *args], capture_output=True, text=True, cwd=cwd)
+    if done.returncode != 0:
+        console.print(f"[red]hetprof {' '.join(args)} failed:[/red]\n{done.stderr[-2000:]}")
+        sys.exit(done.returncode)
+    return done
+
+
+# ---- 1 and 2: a planned CPU run ---------------------------------------------------------------
+def planned_run(work: Path, iterations: int, slots: int) -> dict:
+    db = work / "profiles.db"
+    cluster = work / "cluster.yaml"
+    cluster.write_text(f"name: bench-cpu\nhosts:\n  - name: localhost\n    gpus: {{type: cpu, count: {slots}}}\n"
+                       f"    region: local\n")
+    t0 = time.perf_counter()
+    hetprof("profile", "--quick", "--suite", "tasks", "--models", "tiny", db=db, cwd=work)
+    hetprof("fit", db=db, cwd=work)
+    # The runtime carries out data parallelism; plan within what it runs (it refuses the rest).
+    hetprof("plan", "--cluster", str(cluster), "--workload", str(WORKLOAD), "--cost-model", "fitted",
+            "--search", "hetrl", "--seed", "0", "--max-tp", "1", "--max-pp", "1", "--out", str(work / "plan.json"),
+            db=db, cwd=work)
+    prep = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    hetprof("run", str(work / "plan.json"), "--iterations", str(iterations), "--log", str(work / "run.jsonl"),
+            "--seed", "0", "--quiet", db=db, cwd=work)
+    wall = time.perf_counter() - t0
+    records = read_log(work / "run.jsonl")
+    steady = records[2:] if len(records) > 4 else records[1:]
+    measured = statistics.median(r["iteration_s"] for r in steady)
+    predicted = steady[0].get("predicted_iteration_s")
+    overhead = statistics.median(r["iteration_s"] / sum(r["stages"].values()) for r in steady)
+    plan = json.loads((work / "plan.json").read_text())
+    return {"measured": measured, "predicted": predicted, "overhead": overhead, "prep_s": prep, "run_s": wall,
+            "iterations": len(records), "layouts": {t["task"]: t["layout"] for t in plan["tasks"]},
+            "per_task": {task: (statistics.median(r["stages"][task] for r in steady if task in r["stages"]),
+                                steady[0]["predicted"].get(task)) for task in steady[0]["stages"]},
+            "reward_first": records[0]["reward_mean"], "reward_last": records[-1]["reward_mean"]}
+
+
+# ---- 3: weight sync vs plain broadcast ------------------------------------------------------
+def sync_model(total_mb: float) -> nn.Module:
+    """Transformer-like parameter shapes: big matrices and many small norm vectors."""
+    hidden = 512
+    per_layer = 4 * hidden * hidden * 4 + 2 * hidden * 4  # bytes of 4 matrices + 2 norms
+    layers = max(1, int(total_mb * 1e6 // per_layer))
+    blocks = []
+    for _ in range(layers):
+        blocks += [nn.Linear(hidden, hidden, bias=False) for _ in range(4)]
+        blocks += [nn.LayerNorm(hidden, bias=False), nn.LayerNorm(hidden, bias=False)]
+    return nn.Sequential(*blocks)
+
+
+def _sync_worker(rank: int, world: int, port: int, total_mb: float, repeats: int, out: str,
+                 bucket_mb: float) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(rank)
+        model = sync_model(total_mb)
+        flatten_params(model, bucket_mb)  # as the runtime lays out trainer and generator models
+        group = dist.new_group(list(range(world)))
+        sync = WeightSync(group, 0, model.named_parameters(), bucket_mb=bucket_mb)
+        flat = torch.empty(sync.total_bytes // 4, dtype=torch.float32)
+        apply = copy_into(model)
+        times: dict[str, list[float]] = {"sync": [], "plain": []}
+        for i in range(repeats + 1):  # the first round warms up connections and allocations
+            for kind in (("sync", "plain") if i % 2 == 0 else ("plain", "sync")):  # alternate the order
+                dist.barrier(group)
+                t0 = time.perf_counter()
+                if kind == "plain":
+                    dist.broadcast(flat, 0, group=group)
+                elif rank == 0:
+                    sync.send(model.named_parameters(), i)
+                else:
+                    sync.receive(apply, target=model)
+                dist.barrier(group)  # done when the slowest receiver is done
+                if i:
+                    times[kind].append(time.perf_counter() - t0)
+        if rank == 0:
+            Path(out).write_text(json.dumps({"bytes": sync.total_bytes, "buckets": len(sync.buckets), **times}))
+    finally:
+        dist.destroy_process_group()
+
+
+def sync_bandwidth(total_mb: float, repeats: int, work: Path, bucket_mb: float = DEFAULT_BUCKET_MB) -> dict:
+    out = work / "sync.json"
+    mp.spawn(_sync_worker, args=(3, free_port(), total_mb, repeats, str(out), bucket_mb), nprocs=3, join=True)
+    data = json.loads(out.read_text())
+    sync_bw = data["bytes"] / statistics.median(data["sync"])
+    plain_bw = data["bytes"] / statistics.median(data["plain"])
+    return {"bytes": data["bytes"], "buckets": data["buckets"], "sync_Bps": sync_bw, "plain_Bps": plain_bw}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer iterations and a smaller sync model")
+    parser.add_argument("--slots", type=int, default=2, help="CPU worker slots of the planned cluster")
+    parser.add_argument("--sync-mb", type=float, help="size of the weight-sync model (default 64, quick 16)")
+    parser.add_argument("--bucket-mb", type=float, default=DEFAULT_BUCKET_MB, help="weight-sync bucket size")
+    parser.add_argument("--sync-only", action="store_true", help="only the weight-sync ratio")
+    args = parser.parse_args()
+    iterations, mb, repeats = (6, 16.0, 5) if args.quick else (12, 64.0, 9)
+    mb = args.sync_mb or mb
+    with tempfile.TemporaryDirectory(prefix="hetprof-executor-bench-") as tmp:
+        work = Path(tmp)
+        console.print(f"weight sync vs plain broadcast ({mb:.0f} MB, 1 sender → 2 receivers, gloo)…")
+        bw = sync_bandwidth(mb, repeats, work, args.bucket_mb)
+        if args.sync_only:
+            console.print(f"sync {bw['sync_Bps'] / 1e9:.2f} GB/s, plain {bw['plain_Bps'] / 1e9:.2f} GB/s, ratio "
+                          f"{bw['sync_Bps'] / bw['plain_Bps']:.2f} ({bw['buckets']} buckets)")
+            return
+        console.print(f"profile → fit → plan → run ({iterations} iterations, {args.slots} CPU slots)…")
+        run = planned_run(work, iterations, args.slots)
+
+    table = Table(title=f"executor benchmark ({'quick' if args.quick else 'full'}; {os.cpu_count()} cores)")
+    for col in ("ratio", "value", "goal", "measured from"):
+        table.add_column(col, justify="left" if col in ("ratio", "measured from") else "right")
+    pred = run["predicted"]
+    table.add_row("measured / predicted iteration", f"{run['measured'] / pred:.2f}" if pred else "—", "0.85–1.15",
+                  f"median {run['measured'] * 1e3:.1f} ms vs plan {pred * 1e3 if pred else float('nan'):.1f} ms "
+                  f"(fitted cost model)")
+    table.add_row("executor overhead", f"{run['overhead']:.3f}", "≤ 1.10",
+                  "iteration / sum of stage times (median)")
+    table.add_row("weight-sync / plain broadcast bandwidth", f"{bw['sync_Bps'] / bw['plain_Bps']:.2f}", "≥ 0.8",
+                  f"{bw['sync_Bps'] / 1e9:.2f} vs {bw['plain_Bps'] / 1e9:.2f} GB/s, {bw['bytes'] / 1e6:.0f} MB "
+                  f"in {bw['buckets']} buckets")
+    console.print(table)
+    tasks = Table(title="per task: measured (median) vs predicted")
+    for col in ("task", "measured ms", "predicted ms", "ratio"):
+        tasks.add_column(col, justify="right")
+    for task, (measured, predicted) in run["per_task"].items():
+        tasks.add_row(task, f"{measured * 1e3:.1f}", f"{predicted * 1e3:.1f}" if predicted else "—",
+                      f"{measured / predicted:.2f}" if predicted else "—")
+    console.print(tasks)
+    console.print(f"layouts {run['layouts']}; reward {run['reward_first']:.3f} → {run['reward_last']:.3f}; "
+                  f"profile+fit+plan {run['prep_s']:.0f} s, run {run['run_s']:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
