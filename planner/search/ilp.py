@@ -7,7 +7,9 @@ type-pure replicas run. A replica of type t and shape c processes r[k,t,c] seque
 and holds at most m[k,t,c] sequences in memory — constants measured once with the simulator's
 `replica_seconds`. A task's time B/rate is convex in its rate, so it is bounded below by tangent
 cuts; the objective is min-max: per workflow stage the busiest group (sync: stages add up), or
-the busiest group overall (async: generation overlaps training).
+the busiest group overall (async: generation overlaps training). Region indicators per group
+price what the cluster's links add: gradient all-reduce of a training task whose group spans two
+regions, and the weight sync between the training and generation groups' regions.
 
 The MILP is a model of the simulator, not the simulator, so the best `shortlist` MILP solutions
 (each later one excluded by a no-good cut) are built and scored by the simulator, and the best
@@ -138,11 +140,41 @@ class ILPSearch(Search):
                 rho = lo * (hi / lo) ** (j / (TANGENTS - 1)) if hi > lo else lo
                 prob += T[k] >= 2 * total / rho - total * flow / (rho * rho)
 
+        # ---- where groups sit: regions a group spans, and what crossing them costs ----
+        regions = sorted(set(space.region.values()))
+        rho = {(g, r): pulp.LpVariable(f"rho_{g}_{ri}", cat="Binary")
+               for g in range(len(grouping)) for ri, r in enumerate(regions)}
+        for g in range(len(grouping)):
+            for t in types:
+                for v in range(1, space.totals[t] + 1):
+                    prob += u[g, t, v] <= rho[g, space.region[t]]
+        link = _region_links(space, regions)
+        cm = sim.cost_model
+        for k in tasks:
+            if TASKS[k][0] != "training":
+                continue
+            grads = layouts.task_model(sim, k).weight_bytes(sim.workload.precision)
+            g = owner[k]
+            for i, r1 in enumerate(regions):
+                for r2 in regions[i + 1:]:
+                    # data parallelism across two regions all-reduces gradients over their link
+                    cross = cm.collective_time("all_reduce", grads, 2, link[r1, r2])
+                    prob += T[k] >= cross * (rho[g, r1] + rho[g, r2] - 1)
+        sync = pulp.LpVariable("S", 0)
+        for src, dst in (("actor_train", "actor_gen"), ("critic_train", "critic_infer")):
+            if src in owner and dst in owner and owner[src] != owner[dst]:
+                model = layouts.task_model(sim, src)
+                for r1 in regions:
+                    for r2 in regions:
+                        cost = cm.weight_sync_time(model, link[r1, r2], 1, sim.workload.precision)
+                        prob += sync >= cost * (rho[owner[src], r1] + rho[owner[dst], r2] - 1)
+
         asynchronous = sim.workload.mode == "async"
         if asynchronous:
             Z = pulp.LpVariable("Z", 0)
             for g in grouping:
-                prob += Z >= pulp.lpSum(T[k] for k in g)
+                extra = sync if "actor_gen" in g else 0
+                prob += Z >= pulp.lpSum(T[k] for k in g) + extra
             prob += Z
         else:
             Zs = {s: pulp.LpVariable(f"Z_{s}", 0) for s in set(STAGE.values())}
@@ -151,7 +183,7 @@ class ILPSearch(Search):
                     members = [k for k in g if STAGE[TASKS[k][0]] == s]
                     if members:
                         prob += Zs[s] >= pulp.lpSum(T[k] for k in members)
-            prob += pulp.lpSum(Zs.values())
+            prob += pulp.lpSum(Zs.values()) + sync
 
         warmed = self._warm_start(warm, space, u, z, w, shapes) if warm is not None else False
         limit = float(ctx.options.get("time_limit_s", max(1.0, ctx.time_budget_s - heuristic_s)))
@@ -219,6 +251,14 @@ class ILPSearch(Search):
                     n = sum(1 for r in lay.replicas if cc == c and all(d in space.members(t) for d in r))
                     var.setInitialValue(min(n, var.upBound))
         return True
+
+
+def _region_links(space: RestrictedSpace, regions: list[str]) -> dict:
+    """The slowest link between two regions' hosts (a region with itself: its slowest inner link)."""
+    sim = space.sim
+    hosts = {r: {sim.devices[h[0]].host for k in space.types if space.region[k] == r for h in space.hosts[k]}
+             for r in regions}
+    return {(a, b): sim.links.slowest_between(hosts[a], hosts[b]) for a in regions for b in regions}
 
 
 def _cbc_summary(log: str) -> dict:

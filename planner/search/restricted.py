@@ -1,8 +1,8 @@
 """The ILP's restricted space: a fixed grouping, whole-host GPU counts and type-pure replicas.
 
 An exact integer program needs a space it can describe linearly. GPUs are pooled by *kind*: a
-GPU type on hosts of one size (A100 on 8-GPU hosts and A100 on 2-GPU hosts are two kinds), so
-every host of a kind looks the same. A group receives, of every kind, `x` devices taken host by host (full hosts first, then part of one more), and each task
+GPU type on hosts of one size (A100 on 8-GPU hosts and A100 on 2-GPU hosts are two kinds) in one
+region, so every host of a kind looks the same and the program can see which regions a group spans. A group receives, of every kind, `x` devices taken host by host (full hosts first, then part of one more), and each task
 picks one TP×PP and runs as many replicas as fit on each type separately (a replica never mixes
 types, so its speed is a per-type constant). Batch shares and layer splits are then balanced as
 everywhere else. `exhaustive --restricted` enumerates exactly this space, which is how the tests
@@ -38,8 +38,10 @@ class RestrictedSpace:
             for d in by_type[t]:
                 per.setdefault(sim.devices[d].host, []).append(d)
             for devs in per.values():
-                self.hosts.setdefault(f"{t}/{len(devs)}", []).append(tuple(devs))
-        self.types = tuple(sorted(self.hosts))          # kinds: "type/GPUs per host"
+                region = sim.devices[devs[0]].region
+                self.hosts.setdefault(f"{t}/{len(devs)}@{region}", []).append(tuple(devs))
+        self.types = tuple(sorted(self.hosts))          # kinds: "type/GPUs per host@region"
+        self.region = {k: sim.devices[self.hosts[k][0][0]].region for k in self.types}
         self.totals = {k: sum(len(h) for h in self.hosts[k]) for k in self.types}
         self._members = {k: {d for h in self.hosts[k] for d in h} for k in self.types}
         self._layouts: dict[tuple, object] = {}

@@ -1,0 +1,187 @@
+"""Planner searches side by side on the HetRL evaluation cluster (DESIGN §9).
+
+For each network scenario × Qwen3 size × algorithm × mode, every search plans the same problem
+with the same simulator and the table shows throughput ratios measured in this one run:
+hetrl/verl, hetrl/streamrl, hetrl/arealhex (async rows), hetrl/ilp, and hetrl's search time.
+Then hetrl's search time on 128- and 256-GPU versions of the cluster.
+
+    .venv/bin/python bench/planner_bench.py --quick            # a subset, small budgets
+    .venv/bin/python bench/planner_bench.py --budget-s 60      # the full grid, 60 s per hetrl search
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from hetprof.costmodels import get_cost_model
+from hetprof.errors import InfeasibleError
+from hetprof.planner.search import SearchContext, get_search
+from hetprof.planner.simulator import Simulator
+from hetprof.specs import ClusterSpec, WorkloadSpec
+
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIOS = ["single-region", "multi-region", "multi-country", "multi-continent"]
+MODELS = ["4b", "8b", "14b"]
+ALGORITHMS = ["ppo", "grpo"]
+MODES = ["sync", "async"]
+
+
+def load(scenario: str, model: str, algorithm: str, mode: str) -> tuple[ClusterSpec, WorkloadSpec]:
+    cluster = ClusterSpec.load(ROOT / "examples" / "clusters" / f"hetrl-{scenario}.yaml")
+    workload = WorkloadSpec.load(ROOT / "examples" / "workloads" / f"qwen3-{model}-{algorithm}-{mode}.yaml")
+    return cluster, workload
+
+
+def scaled(cluster: ClusterSpec, factor: int) -> ClusterSpec:
+    """The same cluster with every host entry repeated `factor` times (same regions and links)."""
+    data = cluster.to_dict()
+    data["name"] = f"{cluster.name}-x{factor}"
+    data["hosts"] = [{**h, "count": h.get("count", 1) * factor} for h in data["hosts"]]
+    return ClusterSpec.from_dict(data)
+
+
+def search(sim: Simulator, name: str, budget_s: float, seed: int, workers: int, **kw):
+    ctx = SearchContext(sim=sim, seed=seed, time_budget_s=budget_s, workers=workers, **kw)
+    t0 = time.perf_counter()
+    try:
+        res = get_search(name)(ctx).run()
+    except InfeasibleError as err:
+        return None, time.perf_counter() - t0, str(err)
+    return res, time.perf_counter() - t0, ""
+
+
+def ratio(other, mine) -> float:
+    """Throughput of hetrl over another search's: their iteration time over ours."""
+    if other is None or mine is None:
+        return math.nan
+    return other.score.iteration_s / mine.score.iteration_s
+
+
+def fmt(x: float) -> str:
+    return "—" if x != x else f"{x:.2f}×"
+
+
+def run_row(scenario, model, algorithm, mode, args, cm) -> dict:
+    cluster, workload = load(scenario, model, algorithm, mode)
+    sim = Simulator(cluster, workload, cm, seed=args.seed)
+    row = {"scenario": scenario, "model": f"qwen3-{model}", "algorithm": algorithm, "mode": mode}
+    het, het_s, err = search(sim, "hetrl", args.budget_s, args.seed, args.workers)
+    row["hetrl_s"] = het_s
+    row["hetrl_iter_s"] = het.score.iteration_s if het else math.nan
+    row["hetrl_error"] = err
+    row["hetrl_best_at_s"] = het.trace[-1]["t"] if het and het.trace else math.nan
+    for name in ("verl", "streamrl") + (("arealhex",) if mode == "async" else ()):
+        res, secs, err = search(sim, name, args.budget_s, args.seed, 1)
+        row[name] = ratio(res, het)
+        row[f"{name}_s"] = secs
+        row[f"{name}_error"] = err
+    if het is not None and not args.no_ilp:
+        res, secs, err = search(sim, "ilp", args.budget_s, args.seed, 1, warm_start=het.candidate,
+                                options={"time_limit_s": args.ilp_limit_s, "shortlist": args.shortlist})
+        row["ilp"] = ratio(res, het)
+        row["ilp_optimal"] = bool(res and res.extra.get("optimal"))
+        row["ilp_gap"] = res.extra.get("gap") if res else None
+        row["ilp_s"] = secs
+        row["ilp_error"] = err
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="a subset: two scenarios, Qwen3-8B, small budgets")
+    ap.add_argument("--budget-s", type=float, default=None, help="hetrl time budget per row (default 60, quick 15)")
+    ap.add_argument("--ilp-limit-s", type=float, default=None, help="CBC time limit per solve")
+    ap.add_argument("--shortlist", type=int, default=6, help="ILP solutions re-ranked by the simulator")
+    ap.add_argument("--scenarios", nargs="*", default=None)
+    ap.add_argument("--models", nargs="*", default=None)
+    ap.add_argument("--no-ilp", action="store_true")
+    ap.add_argument("--no-scale", action="store_true", help="skip the 128/256-GPU timing")
+    ap.add_argument("--scale-budget-s", type=float, default=None, help="hetrl budget at 256 GPUs (default 180)")
+    ap.add_argument("--workers", type=int, default=1, help="hetrl evaluation processes")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    args = ap.parse_args()
+    quick = args.quick
+    args.budget_s = args.budget_s or (15.0 if quick else 60.0)
+    args.ilp_limit_s = args.ilp_limit_s or (5.0 if quick else 20.0)
+    scenarios = args.scenarios or (["single-region", "multi-region"] if quick else SCENARIOS)
+    models = args.models or (["8b"] if quick else MODELS)
+    console = Console(width=180)
+    cm = get_cost_model("analytical")
+
+    rows = []
+    for scenario in scenarios:
+        for model in models:
+            for algorithm in ALGORITHMS:
+                for mode in MODES:
+                    row = run_row(scenario, model, algorithm, mode, args, cm)
+                    rows.append(row)
+                    console.print(f"[dim]{scenario} qwen3-{model} {algorithm} {mode}: hetrl "
+                                  f"{row['hetrl_iter_s']:.1f} s/iter in {row['hetrl_s']:.0f} s[/dim]")
+
+    table = Table(title=f"Throughput of hetrl relative to each search (HetRL 64-GPU cluster; hetrl budget "
+                        f"{args.budget_s:.0f} s; same simulator, one run)")
+    for col in ("scenario", "model", "alg", "mode", "hetrl s/iter", "÷verl", "÷streamrl", "÷arealhex",
+                "÷ilp", "ilp opt", "hetrl search s", "best at s"):
+        table.add_column(col, justify="right" if col not in ("scenario", "model", "alg", "mode") else "left")
+    for r in rows:
+        table.add_row(r["scenario"], r["model"], r["algorithm"], r["mode"], f"{r['hetrl_iter_s']:.1f}",
+                      fmt(r.get("verl", math.nan)), fmt(r.get("streamrl", math.nan)),
+                      fmt(r.get("arealhex", math.nan)), fmt(r.get("ilp", math.nan)),
+                      "yes" if r.get("ilp_optimal") else "no", f"{r['hetrl_s']:.1f}",
+                      f"{r['hetrl_best_at_s']:.1f}")
+    console.print(table)
+
+    verl = [r["verl"] for r in rows if r.get("verl") == r.get("verl")]
+    best_base = []
+    for r in rows:
+        vals = [r[k] for k in ("verl", "streamrl", "arealhex") if k in r and r[k] == r[k]]
+        if vals:
+            best_base.append(min(vals))
+    ilp_opt = [r["ilp"] for r in rows if r.get("ilp_optimal") and r.get("ilp") == r.get("ilp")]
+    summary = Table(title="Goals")
+    summary.add_column("measure")
+    summary.add_column("measured", justify="right")
+    summary.add_column("goal", justify="right")
+    if verl:
+        summary.add_row("mean hetrl/verl", f"{statistics.mean(verl):.2f}×", "≥ 3.0×")
+    if best_base:
+        summary.add_row("min over rows of hetrl/best baseline", f"{min(best_base):.3f}×", "≥ 1.0×")
+        summary.add_row("rows where hetrl ≥ best baseline", f"{sum(b >= 1 - 1e-9 for b in best_base)}/{len(best_base)}",
+                        "all")
+    if ilp_opt:
+        summary.add_row("min hetrl/ilp where ILP proved optimal", f"{min(ilp_opt):.3f}×", "≥ 0.98×")
+    summary.add_row("max hetrl search time, 64 GPUs", f"{max(r['hetrl_s'] for r in rows):.1f} s", "≤ 60 s")
+    console.print(summary)
+
+    if not args.no_scale:
+        scale = Table(title="hetrl search time on larger versions of the cluster (multi-region, qwen3-8b ppo sync)")
+        for col in ("GPUs", "budget s", "search s", "best found at s", "evaluations", "s/iter", "÷verl"):
+            scale.add_column(col, justify="right")
+        top = args.scale_budget_s or (45.0 if quick else 180.0)
+        for factor in (2, 4):
+            cluster, workload = load("multi-region", "8b", "ppo", "sync")
+            sim = Simulator(scaled(cluster, factor), workload, cm, seed=args.seed)
+            budget = top * factor / 4
+            het, secs, _ = search(sim, "hetrl", budget, args.seed, args.workers)
+            base, _, _ = search(sim, "verl", budget, args.seed, 1)
+            scale.add_row(str(64 * factor), f"{budget:.0f}", f"{secs:.1f}",
+                          f"{het.trace[-1]['t']:.1f}" if het else "—", str(het.evaluations if het else 0),
+                          f"{het.score.iteration_s:.1f}" if het else "—", fmt(ratio(base, het)))
+            rows.append({"scale_gpus": 64 * factor, "hetrl_s": secs, "budget_s": budget,
+                         "best_at_s": het.trace[-1]["t"] if het else None})
+        console.print(scale)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1, default=str) + "\n")
+
+
+if __name__ == "__main__":
+    main()
