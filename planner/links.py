@@ -11,6 +11,8 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable
 
+import numpy as np
+
 from hetprof.costmodels import LinkSpec
 from hetprof.errors import InfeasibleError
 from hetprof.specs import ClusterSpec
@@ -63,6 +65,11 @@ class LinkTable:
             self._pair[(a, b)] = self._pair[(b, a)] = link
         if missing:
             raise InfeasibleError(self._missing_message(missing))
+        # Dense views for transfers between many hosts at once (seconds per byte, latency).
+        self.hosts = names
+        self.index = {h: i for i, h in enumerate(names)}
+        self.seconds_per_byte = np.array([[1.0 / self._pair[(a, b)].beta_Bps for b in names] for a in names])
+        self.latency = np.array([[self._pair[(a, b)].alpha_s for b in names] for a in names])
         self._slowest: dict[frozenset[str], LinkSpec | None] = {}
         self._between: dict[tuple[frozenset[str], frozenset[str]], LinkSpec] = {}
 
@@ -95,6 +102,17 @@ class LinkTable:
         if key not in self._between:
             self._between[key] = _worst([self.between(a, b) for a in key[0] for b in key[1]])
         return self._between[key]
+
+    def transfer_profile(self, src: np.ndarray, dst: np.ndarray) -> tuple[float, float]:
+        """(latency, seconds per byte of payload) of data spread over hosts by `src` going to `dst`.
+
+        Host pair (a, b) moves payload × src[a] × dst[b] under the α–β model; every host's network
+        interface carries its flows one after another, so the busiest sender or receiver decides.
+        """
+        busy = np.outer(src, dst) * self.seconds_per_byte
+        used = np.outer(src > 0, dst > 0)
+        latency = float(self.latency[used].max()) if used.any() else 0.0
+        return latency, float(max(busy.sum(axis=1).max(), busy.sum(axis=0).max()))
 
     def spans_regions(self, hosts: Iterable[str]) -> bool:
         return len({self.region[h] for h in hosts}) > 1

@@ -311,31 +311,20 @@ class Simulator:
         """Forward data of one step between two groups, over the links between the hosts holding it.
 
         Sample r of the producer goes to the consumer replica that processes it, so host pair (a, b)
-        moves total × f_a × f_b. Each host's network interface carries its flows one after another,
-        so the transfer takes as long as the busiest sender or receiver (plus one latency).
+        moves payload × f_a × f_b; each host's interface carries its flows in turn, so the busiest
+        sender or receiver decides (LinkTable.transfer_profile). The profile is linear in the
+        payload, so it is computed once per pair of layouts and shared by every edge between them.
         """
-        key = (edge, src, dst)
-        hit = self._edges.get(key)
-        if hit is not None:
-            return hit
-        if len(self._edges) >= MEMO_LIMIT:
-            self._edges.clear()
+        key = (src, dst)
+        profile = self._edges.get(key)
+        if profile is None:
+            if len(self._edges) >= MEMO_LIMIT:
+                self._edges.clear()
+            profile = self._edges[key] = self.links.transfer_profile(evals[src.task].host_vector,
+                                                                     evals[dst.task].host_vector)
+        latency, per_byte = profile
         total = edge.payload_bytes(self.workload.sequences_per_step, self.costs.prompt + self.costs.response)
-        send: dict[str, float] = {}
-        receive: dict[str, float] = {}
-        latency = 0.0
-        for ha, fa in evals[src.task].host_fraction.items():
-            for hb, fb in evals[dst.task].host_fraction.items():
-                if fa <= 0 or fb <= 0:
-                    continue
-                link = self.links.between(ha, hb)
-                busy = self.cost_model.collective_time("p2p", total * fa * fb, 2, link) - link.alpha_s
-                send[ha] = send.get(ha, 0.0) + busy
-                receive[hb] = receive.get(hb, 0.0) + busy
-                latency = max(latency, link.alpha_s)
-        seconds = latency + max(max(send.values(), default=0.0), max(receive.values(), default=0.0))
-        self._edges[key] = seconds
-        return seconds
+        return latency + total * per_byte if total > 0 else 0.0
 
     def _weight_sync_seconds(self, edge: Edge, train: TaskLayout, gen: TaskLayout) -> float:
         """Trainer -> consumer weights over the slowest link of the sync set.

@@ -52,6 +52,7 @@ class TaskEval:
     host_fraction: dict[str, float]             # host -> fraction of the task's data it holds
     violations: tuple[str, ...]
     grad_sync_s: float = 0.0
+    host_vector: np.ndarray | None = dataclasses.field(default=None, compare=False, repr=False)  # by LinkTable.index
 
 
 class TaskCosts:
@@ -260,7 +261,10 @@ class TaskCosts:
             grad = self._grad_sync(layout)
             seconds += grad
         curve = self._curve(kind, seconds, finish)
-        return TaskEval(seconds, tuple(replica_s), curve, memory, host_fraction, tuple(problems), grad)
+        vector = np.zeros(len(self.links.hosts))
+        for host, fraction in host_fraction.items():
+            vector[self.links.index[host]] = fraction
+        return TaskEval(seconds, tuple(replica_s), curve, memory, host_fraction, tuple(problems), grad, vector)
 
     def _grad_sync(self, layout: TaskLayout) -> float:
         """Data-parallel gradient all-reduce per optimizer step, over the slowest link among the replicas."""
