@@ -112,6 +112,8 @@ def launch(options: RunOptions, nnodes: int = 1, node_rank: int = 0, rdzv: str |
     plan = load_plan(options.plan_path)
     check_supported(plan)
     host = node_host(plan, nnodes, node_rank)
+    if options.resume and node_rank == 0:
+        check_resumable(options.checkpoint_dir, plan)
     nproc = len(host_devices(plan, host))
     if nnodes > 1 and not rdzv:
         raise ExecutionError("a multi-host run needs --rdzv HOST:PORT (node 0's address, reachable from all)")
@@ -148,6 +150,19 @@ def launch(options: RunOptions, nnodes: int = 1, node_rank: int = 0, rdzv: str |
             os.environ.pop("OMP_NUM_THREADS", None)
         else:
             os.environ["OMP_NUM_THREADS"] = env_before
+
+
+def check_resumable(checkpoint_dir: str | Path, plan: Plan) -> int:
+    """Refuse --resume before any worker starts when there is nothing (or another plan's) to resume."""
+    from hetprof.executor.checkpoint import committed
+
+    meta = committed(checkpoint_dir)
+    if meta is None:
+        raise ExecutionError(f"--resume: no complete checkpoint under {checkpoint_dir}")
+    if meta.get("plan_hash") != plan_hash(plan):
+        raise ExecutionError(f"--resume: the checkpoint under {checkpoint_dir} was made for plan "
+                             f"{meta.get('plan_hash')}, not this plan ({plan_hash(plan)})")
+    return int(meta["iteration"])
 
 
 def plan_is_cpu(plan: Plan) -> bool:

@@ -266,6 +266,10 @@ class Worker:
         info["staleness_max"] = max(ages)
         info["staleness_mean"] = sum(ages) / len(ages)
         info["tokens"] = int(batch["response_mask"].sum())
+        resp = batch["response_mask"].sum(1).float()
+        info["prompt_tokens_mean"] = float((batch["attention_mask"].sum(1).float() - resp).mean())
+        info["response_tokens_mean"] = float(resp.mean())
+        self._check_lengths(info)
         batch = self.roles.score(batch, self.roles.prompts(b))
         info["reward_mean"] = float(batch["rewards"].mean())
         times["reward"] = time.perf_counter() - t0
@@ -273,6 +277,18 @@ class Worker:
         batch = self.roles.advantages(batch)
         times["advantage"] = time.perf_counter() - t0
         return batch
+
+    def _check_lengths(self, info: dict) -> None:
+        """Say once when the data's lengths are far from the workload's: the plan was predicted for those."""
+        if getattr(self, "_lengths_checked", False):
+            return
+        self._lengths_checked = True
+        for what, dist_, seen in (("prompts", self.workload.prompt_len, info["prompt_tokens_mean"]),
+                                  ("responses", self.workload.response_len, info["response_tokens_mean"])):
+            if not 0.67 <= seen / dist_.mean <= 1.5:
+                self.roles.console.print(
+                    f"[yellow]note: {what} average {seen:.0f} tokens but the workload says {dist_.mean:g} "
+                    f"({what[:-1]}_len.mean); the plan's predictions assume the workload's lengths[/yellow]")
 
     def _train(self, b: int, batch: dict | None, times: dict, info: dict) -> None:
         """Split the scored batch over each training task's replicas by the plan's shares; DDP
@@ -355,14 +371,19 @@ class Worker:
             return float(sum(t.get(key, 0.0) * t["n"] for t in train) / n)
 
         sync = mine.get("sync", {}).get("weight_sync", {"bytes": 0, "seconds": 0.0})
-        digests = [d for g in gathered for d in g.get("digest", {}).get("weight_sync", [])]
         verified = None
         if self.opts.verify_sync:
-            # one digest from the trainer and one from every generator copy, all equal
-            verified = len(set(digests)) == 1 and len(digests) == 1 + len(self.topo.generators)
-            if not verified:
-                raise ExecutionError(f"iteration {b}: after the weight sync a generator's weights differ from "
-                                     f"the trainer's ({len(set(digests))} distinct digests)")
+            for edge, receivers in (("weight_sync", self.topo.generators),
+                                    ("critic_sync", self.topo.tasks.get("critic_infer", None))):
+                if not self.topo.sync_members(edge):
+                    continue
+                count = len(receivers if edge == "weight_sync" else receivers.ranks)
+                digests = [d for g in gathered for d in g.get("digest", {}).get(edge, [])]
+                # one digest from the trainer and one from every receiving copy, all equal
+                if len(set(digests)) != 1 or len(digests) != 1 + count:
+                    raise ExecutionError(f"iteration {b}: after the {edge} a receiver's weights differ from the "
+                                         f"trainer's ({len(set(digests))} distinct digests of {len(digests)})")
+            verified = True
         tokens = sum(g.get("gen_tokens", 0) for g in gathered)
         predicted = {t.task: t.predicted_s for t in self.plan.tasks if t.predicted_s}
         predicted.update({k: v for k, v in self.plan.predicted.breakdown.items() if k not in predicted and v})
@@ -374,7 +395,8 @@ class Worker:
             "replicas": replicas, "predicted": predicted,
             "predicted_iteration_s": predicted_iteration, "predicted_s": predicted_iteration,
             "tokens": tokens, "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
-            "reward_mean": mine["reward_mean"], "kl": weighted("kl"), "clip_frac": weighted("clip_frac"),
+            "reward_mean": mine["reward_mean"], "prompt_tokens_mean": mine["prompt_tokens_mean"],
+            "response_tokens_mean": mine["response_tokens_mean"], "kl": weighted("kl"), "clip_frac": weighted("clip_frac"),
             "entropy": weighted("entropy"), "policy_loss": weighted("policy_loss"),
             "staleness_max": mine["staleness_max"], "staleness_mean": mine["staleness_mean"],
             "gen_versions": sorted({g["gen_version"] for g in gathered if "gen_version" in g}),

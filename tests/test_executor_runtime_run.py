@@ -76,9 +76,14 @@ def test_async_k2_keeps_every_trained_sample_within_two_versions_and_syncs_bitwi
 
 
 def test_killed_worker_stops_the_run_naming_it_and_resume_completes(tmp_path):
-    plan = write_plan(tmp_path / "plan.json", 2,
-                      {"actor_gen": ["localhost:0"], "ref_infer": ["localhost:1"], "actor_train": ["localhost:1"]},
-                      mode="async", staleness=1)
+    # PPO with a critic and a reward model, async k = 1: every role, both sync edges and both
+    # trained models' checkpoints take part in the kill and the resume.
+    plan = write_plan(tmp_path / "plan.json", 3,
+                      {"actor_gen": ["localhost:0"], "ref_infer": ["localhost:1"], "reward_infer": ["localhost:2"],
+                       "critic_infer": ["localhost:1"], "actor_train": ["localhost:1", "localhost:2"],
+                       "critic_train": ["localhost:2"]},
+                      shares={"actor_train": [0.6, 0.4]}, mode="async", staleness=1, algorithm="ppo",
+                      responses_per_prompt=2, models={"actor": "tiny", "critic": "tiny", "reward": "tiny"})
     log, ckpt = tmp_path / "run.jsonl", tmp_path / "ckpt"
     cmd = [HETPROF, "--db", str(tmp_path / "db.sqlite"), "run", str(plan), "--iterations", "8", "--log", str(log),
            "--checkpoint-dir", str(ckpt), "--checkpoint-every", "2", "--seed", "0", "--timeout", "60"]
@@ -99,7 +104,7 @@ def test_killed_worker_stops_the_run_naming_it_and_resume_completes(tmp_path):
             proc.kill()
     assert time.time() - killed_at < 60
     assert proc.returncode != 0
-    assert "localhost:0" in err and "SIGKILL" in err and "actor_gen" in err
+    assert "worker localhost:0 (tasks actor_gen" in err and "SIGKILL" in err
     time.sleep(1.0)
     assert not [d for d, pid in pids.items() if alive(pid)], "worker processes left behind"
     committed = json.loads((ckpt / "COMMITTED.json").read_text())["iteration"]
@@ -115,21 +120,27 @@ def test_killed_worker_stops_the_run_naming_it_and_resume_completes(tmp_path):
     assert all(r["staleness_max"] <= 1 for r in records)
     resumed = [json.loads(line) for line in log.read_text().splitlines()][len(before):]
     assert resumed[0]["iteration"] == committed  # lost at most the iterations since the checkpoint
-    assert all(r["sync_verified"] is True for r in resumed)
+    assert all(r["sync_verified"] is True for r in resumed)  # actor and critic edges
+    assert {"critic_infer", "critic_train", "reward_infer", "critic_sync"} <= set(records[-1]["stages"])
+    assert len(records[-1]["replicas"]["actor_train"]) == 2
+    assert (ckpt / "critic_train").is_dir() and (ckpt / "actor_train").is_dir()
 
     out = subprocess.run([HETPROF, "validate", str(log)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "per task" in out.stdout and "actor_train" in out.stdout
 
 
-def test_resume_refuses_a_different_plan(tmp_path):
+def test_resume_refuses_a_different_plan_before_starting_workers(tmp_path):
     from hetprof.executor import checkpoint
 
     plan = write_plan(tmp_path / "plan.json", 2,
                       {"actor_gen": ["localhost:0"], "ref_infer": ["localhost:1"], "actor_train": ["localhost:1"]})
     checkpoint.commit(tmp_path / "ckpt", 2, {"plan_hash": "0123456789abcdef", "run": "other"})
     done = hetprof_run(plan, tmp_path, "--iterations", "3", "--checkpoint-dir", str(tmp_path / "ckpt"), "--resume")
-    assert done.returncode != 0
+    assert done.returncode == 4  # ExecutionError
     assert "made for plan 0123456789abcdef" in done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "run.jsonl").exists()
+    done = hetprof_run(plan, tmp_path, "--iterations", "3", "--checkpoint-dir", str(tmp_path / "none"), "--resume")
+    assert done.returncode == 4 and "no complete checkpoint" in done.stderr
 
 
 @pytest.mark.parametrize("layout", [{"tp": 2}, {"pp": 2}])
