@@ -101,6 +101,9 @@ def test_separate_groups_overlap_when_dependencies_allow(cm):
     gen = [e for e in s.timeline if e.kind == "compute" and e.group == 0]
     train = [e for e in s.timeline if e.kind == "compute" and e.group == 1 and e.name.startswith("actor_train")]
     assert any(g.start < t.end and t.start < g.end for g in gen for t in train), "generation and training overlap"
+    assert any("(step +1)" in g.name for g in gen)  # it is the next step's generation that overlaps
+    assert {e.kind for e in s.timeline} >= {"compute", "transfer", "weights"}
+    assert all(0 <= e.start <= e.end <= s.iteration_s + 1e-9 for e in s.timeline)
 
 
 def test_streaming_lets_the_next_stage_start_on_finished_samples(cm):
