@@ -310,14 +310,18 @@ def balance_shares(seconds_at: Sequence, total: int, iterations: int = 60) -> li
     kinds: dict[int, _Curve] = {}
     for f in seconds_at:
         if id(f) not in kinds:
-            kinds[id(f)] = _Curve(f, total)
+            kinds[id(f)] = f if isinstance(f, _Curve) else _Curve(f, total)
     curves = [kinds[id(f)] for f in seconds_at]
-    if sum(c.most for c in curves) < total:
+    copies: dict[int, int] = {}
+    for f in seconds_at:
+        copies[id(f)] = copies.get(id(f), 0) + 1
+    distinct = [(kinds[k], m) for k, m in copies.items()]
+    if sum(c.most * m for c, m in distinct) < total:
         return None
-    lo, hi = 0.0, max(c.at(c.most) for c in curves if c.most)
+    lo, hi = 0.0, max(c.at(c.most) for c, _ in distinct if c.most)
     for _ in range(iterations):
         mid = (lo + hi) / 2
-        if sum(c.capacity(mid) for c in curves) >= total:
+        if sum(c.capacity(mid) * m for c, m in distinct) >= total:
             hi = mid
         else:
             lo = mid
@@ -337,18 +341,20 @@ def balance_shares(seconds_at: Sequence, total: int, iterations: int = 60) -> li
 
 
 def build_layout(sim: Simulator, task: str, order: Sequence[str], tp: int, pp: int,
-                 balanced: bool = True) -> TaskLayout | None:
+                 balanced: bool = True, memo: dict | None = None) -> TaskLayout | None:
     """The layout of `task` with degrees tp×pp on devices taken in `order`; None if none fits.
 
     balanced=False gives what a heterogeneity-unaware system does: equal layer splits and
-    equal batch shares.
+    equal batch shares. `memo` (a dict the caller keeps) shares layer splits and time curves
+    of replica kinds across calls: a search builds thousands of layouts from the same kinds.
     """
-    return balanced_layout(sim, task, arrange(sim, order, tp, pp), tp, pp, balanced)
+    return balanced_layout(sim, task, arrange(sim, order, tp, pp), tp, pp, balanced, memo)
 
 
 def balanced_layout(sim: Simulator, task: str, replicas: Sequence[tuple[str, ...]], tp: int, pp: int,
-                    balanced: bool = True) -> TaskLayout | None:
+                    balanced: bool = True, memo: dict | None = None) -> TaskLayout | None:
     """A layout over given replicas with balanced (or, balanced=False, equal) layer splits and shares."""
+    memo = {} if memo is None else memo
     replicas = list(replicas)
     if not replicas:
         return None
@@ -365,21 +371,19 @@ def balanced_layout(sim: Simulator, task: str, replicas: Sequence[tuple[str, ...
         return TaskLayout(task=task, tp=tp, pp=pp, replicas=tuple(replicas),
                           shares=tuple(c / total for c in counts), layer_splits=tuple(split for _ in replicas))
     nominal = max(1, total // dp)
-    splits_by_key: dict[tuple, tuple[int, ...]] = {}
     splits = []
-    for r in replicas:
-        key = _replica_key(sim, r, tp, pp)
-        if key not in splits_by_key:
-            splits_by_key[key] = balance_layers(sim, task, r, tp, pp, nominal)
-        splits.append(splits_by_key[key])
-
     timers = []
-    shared: dict[tuple, _Timer] = {}
-    for r, split in zip(replicas, splits, strict=True):
-        key = (_replica_key(sim, r, tp, pp), split)
-        if key not in shared:
-            shared[key] = _Timer(sim, task, r, tp, pp, split)
-        timers.append(shared[key])
+    for r in replicas:
+        kind = _replica_key(sim, r, tp, pp)
+        skey = ("split", task, kind, tp, pp, nominal)
+        if skey not in memo:
+            memo[skey] = balance_layers(sim, task, r, tp, pp, nominal)
+        split = memo[skey]
+        splits.append(split)
+        tkey = ("curve", task, kind, tp, pp, split, total)
+        if tkey not in memo:
+            memo[tkey] = _Curve(_Timer(sim, task, r, tp, pp, split), total)
+        timers.append(memo[tkey])
     counts = balance_shares(timers, total)
     if counts is None:
         return None

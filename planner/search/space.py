@@ -87,9 +87,10 @@ class Assembler:
         self.layout = functools.lru_cache(maxsize=1 << 16)(self._layout)
         self.shapes = functools.lru_cache(maxsize=1 << 16)(self._shapes)
         self.best_shape = functools.lru_cache(maxsize=1 << 14)(self._best_shape)
+        self.memo: dict = {}
 
     def _layout(self, task: str, order: tuple[str, ...], tp: int, pp: int) -> TaskLayout | None:
-        return layouts.build_layout(self.sim, task, order, tp, pp)
+        return layouts.build_layout(self.sim, task, order, tp, pp, memo=self.memo)
 
     def _shapes(self, task: str, per_host: tuple[int, ...]) -> tuple[ShapeChoice, ...]:
         model = layouts.task_model(self.sim, task)
