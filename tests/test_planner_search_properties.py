@@ -151,3 +151,16 @@ def test_balance_shares_is_min_max():
     counts = layouts.balance_shares([linear(3.0), linear(1.0)], 40)
     assert counts == [30, 10]
     assert layouts.balance_shares([lambda b: math.inf if b > 5 else b, lambda b: math.inf if b > 5 else b], 20) is None
+
+
+def test_objectives_cost_and_budget_are_honoured():
+    sim = small_sim()
+    fast = get_search("hetrl")(SearchContext(sim=sim, seed=0, max_pp=2, max_evals=800)).run()
+    cheap = get_search("hetrl")(SearchContext(sim=sim, seed=0, max_pp=2, max_evals=800, objective="cost")).run()
+    assert cheap.score.cost_per_iteration <= fast.score.cost_per_iteration * (1 + 1e-9)
+    assert fast.score.iteration_s <= cheap.score.iteration_s * (1 + 1e-9)
+    budget = fast.score.price_per_hour * 0.6
+    capped = get_search("hetrl")(SearchContext(sim=sim, seed=0, max_pp=2, max_evals=800,
+                                               objective="throughput-under-budget", budget=budget)).run()
+    assert capped.score.price_per_hour <= budget + 1e-9
+    assert capped.score.iteration_s >= fast.score.iteration_s * (1 - 1e-9)

@@ -45,6 +45,7 @@ class RestrictedSpace:
         self.totals = {k: sum(len(h) for h in self.hosts[k]) for k in self.types}
         self._members = {k: {d for h in self.hosts[k] for d in h} for k in self.types}
         self._layouts: dict[tuple, object] = {}
+        self.memo: dict = {}
 
     def host_size(self, t: str) -> int:
         """Devices per host of kind t (uniform by construction)."""
@@ -112,7 +113,8 @@ class RestrictedSpace:
                 tp, pp = shapes[task]
                 key = (task, devs, tp, pp)
                 if key not in self._layouts:
-                    self._layouts[key] = layouts.balanced_layout(self.sim, task, self.replicas(devs, tp, pp), tp, pp)
+                    self._layouts[key] = layouts.balanced_layout(self.sim, task, self.replicas(devs, tp, pp), tp, pp,
+                                                                    memo=self.memo)
                 lay = self._layouts[key]
                 if lay is None:
                     return None
