@@ -51,17 +51,17 @@ class LinkTable:
         self._pair: dict[tuple[str, str], LinkSpec] = {}
         missing: list[tuple[str, str]] = []
         names = [h.name for h in hosts]
+        spec = _SpecLinks(cluster, hosts)
         for a, b in itertools.combinations_with_replacement(names, 2):
             key = frozenset((a, b))
             if key in measured:
                 link = measured[key]
                 self.measured_pairs.add(key)
             else:
-                params = cluster.link_between(a, b)
-                if params is None:
+                link = spec.between(a, b)
+                if link is None:
                     missing.append((a, b))
                     continue
-                link = LinkSpec(params.alpha_s, params.beta_Bps)
             self._pair[(a, b)] = self._pair[(b, a)] = link
         if missing:
             raise InfeasibleError(self._missing_message(missing))
@@ -116,6 +116,34 @@ class LinkTable:
 
     def spans_regions(self, hosts: Iterable[str]) -> bool:
         return len({self.region[h] for h in hosts}) > 1
+
+
+class _SpecLinks:
+    """The spec's links, asked once per class of equivalent pairs rather than once per host pair.
+
+    A spec link depends only on the two hosts' regions, on overrides that name either host, and
+    (within a host) on its GPU type, so hosts no override names are interchangeable within a region.
+    Asking per pair costs O(hosts) each and made 256-host clusters take a minute to load.
+    """
+
+    def __init__(self, cluster: ClusterSpec, hosts) -> None:
+        self.cluster = cluster
+        self.region = {h.name: h.region for h in hosts}
+        self.gpu = {h.name: h.gpus.type for h in hosts}
+        self.named = {name for link in cluster.network.links for name in link.between}
+        self._memo: dict[tuple, LinkSpec | None] = {}
+
+    def between(self, a: str, b: str) -> LinkSpec | None:
+        if a == b:
+            key: tuple = ("host", self.gpu[a])
+        elif a in self.named or b in self.named:
+            key = ("pair", a, b)
+        else:
+            key = ("regions", *sorted((self.region[a], self.region[b])))
+        if key not in self._memo:
+            params = self.cluster.link_between(a, b)
+            self._memo[key] = None if params is None else LinkSpec(params.alpha_s, params.beta_Bps)
+        return self._memo[key]
 
 
 def _worst(links: list[LinkSpec]) -> LinkSpec:

@@ -82,7 +82,9 @@ class Simulator:
         self.links = LinkTable(cluster, db)
         lengths = workload.response_len.sample(workload.sequences_per_step, np.random.default_rng(seed))
         self.costs = TaskCosts(cost_model, self.graph, workload, self.devices, self.links, lengths, chunks)
-        host_price = {h: cluster.price_per_hour(h) for h in cluster.host_names()}
+        # (ClusterSpec.price_per_hour looks a host up by expanding the spec; once per host is enough.)
+        host_price = {h.name: h.price_per_hour if h.price_per_hour is not None else lookup(h.gpus.type).price_per_hour
+                      for h in cluster.expanded_hosts()}
         self.price = {d: host_price[dev.host] for d, dev in self.devices.items()}
         self.capacity = {d: lookup(dev.type).memory_bytes for d, dev in self.devices.items()}
         self.staleness = workload.staleness if workload.mode == "async" else 0
