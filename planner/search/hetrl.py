@@ -202,8 +202,12 @@ class HetRLSearch(Search):
         n_enum = arm_count(groupings, totals)
         exact = n_enum <= ctx.options.get("enumerate_limit", ENUMERATE_LIMIT)
         arms = enumerate_arms(groupings, types, totals) if exact else structured_arms(groupings, types, totals)
-        total_evals = ctx.max_evals or ctx.options.get("evals") or max(400, EVALS_PER_ARM * len(arms))
-        ledger.max_evals = total_evals
+        # With an evaluation budget the search is deterministic; without one it is paced by the
+        # clock (rungs sized from the measured evaluation rate) and uses the whole time budget.
+        counted = ctx.max_evals or ctx.options.get("evals")
+        total_evals = counted or max(400, EVALS_PER_ARM * len(arms))
+        ledger.max_evals = counted
+        self._timed = counted is None
         arms = self._affordable(arms, groupings, types, totals, total_evals)
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -251,9 +255,10 @@ class HetRLSearch(Search):
                 if carry is not None:
                     states.append(carry)
                     trials.append(None)
-                remaining = ledger.max_evals - ledger.evaluations
+                remaining = (ledger.max_evals or total_evals) - ledger.evaluations
                 budget = remaining if exact else max(len(states), remaining // (1 if brackets >= 3 else 2))
-                survivor = self._halving(states, trials, budget, ledger, pool, study)
+                survivor = self._halving(states, trials, budget, ledger, pool, study,
+                                         final=exact or brackets >= 3)
                 if stored is not None:
                     fresh = [t for t in study.get_trials(deepcopy=False)[saved:] if t.state.is_finished()]
                     stored.add_trials(fresh)
@@ -357,7 +362,7 @@ class HetRLSearch(Search):
                 ledger.offer(cand, score, value)
 
     def _halving(self, states: list[ArmEvolution], trials: list, budget: int, ledger: Ledger, pool,
-                 study: optuna.Study) -> ArmEvolution:
+                 study: optuna.Study, final: bool = True) -> ArmEvolution:
         """Synchronous successive halving over `states`; returns the surviving arm."""
         import optuna
 
@@ -365,6 +370,7 @@ class HetRLSearch(Search):
         rungs = max(1, math.ceil(math.log(max(1, len(alive)), ETA))) + 1
         per_arm = max(2, budget // max(1, len(alive) * rungs))
         start = ledger.evaluations
+        started = time.perf_counter()
         rung = 0
         trial_of = {id(s): t for s, t in zip(states, trials, strict=True)}
         while True:
@@ -382,14 +388,28 @@ class HetRLSearch(Search):
                     self._close(study, trial_of[id(s)], s, optuna.trial.TrialState.PRUNED)
             alive = kept
             per_arm *= ETA
+            if self._timed:
+                per_arm = self._paced(alive, ledger, start, started)
             rung += 1
         left = budget - (ledger.evaluations - start)
+        if self._timed:
+            # the clock stops the last bracket; an earlier one leaves half the time to the next
+            rate = (ledger.evaluations - start) / max(1e-6, time.perf_counter() - started)
+            left = 1 << 30 if final else int(rate * max(0.0, ledger.deadline - time.perf_counter()) / 2)
         if left > 0 and not ledger.exhausted:
             self._advance(alive[:1], left, ledger, pool)
         ranked = rank_arms(alive, len(alive))
         for s in ranked:
             self._close(study, trial_of[id(s)], s, optuna.trial.TrialState.COMPLETE)
         return ranked[0]
+
+    @staticmethod
+    def _paced(alive: list[ArmEvolution], ledger: Ledger, start: int, started: float) -> int:
+        """Evaluations per arm for the next rung so the remaining rungs fit the time left."""
+        rate = (ledger.evaluations - start) / max(1e-6, time.perf_counter() - started)
+        left = max(0.0, ledger.deadline - time.perf_counter())
+        rungs = max(1, math.ceil(math.log(max(1, len(alive)), ETA))) + 1
+        return max(2, int(rate * left / (len(alive) * rungs)))
 
     @staticmethod
     def _close(study: optuna.Study, trial, state: ArmEvolution, how) -> None:
