@@ -119,7 +119,7 @@ def shapes_for_hosts(model: ModelShape, per_host: Sequence[int], max_tp: int = 8
 
 # ---- balancing -----------------------------------------------------------------------------------
 
-def _replica_seconds(sim: Simulator, task: str, devices: tuple[str, ...], tp: int, pp: int, batch: int,
+def replica_time(sim: Simulator, task: str, devices: tuple[str, ...], tp: int, pp: int, batch: int,
                      split: tuple[int, ...] | None) -> float:
     try:
         t = sim.replica_seconds(task, devices, tp, pp, batch, split)
@@ -128,7 +128,7 @@ def _replica_seconds(sim: Simulator, task: str, devices: tuple[str, ...], tp: in
     return float(t) if t is not None and t == t else math.inf
 
 
-def _overflow(sim: Simulator, task: str, replica: tuple[str, ...], tp: int, split: Sequence[int], batch: int) -> float:
+def replica_overflow(sim: Simulator, task: str, replica: tuple[str, ...], tp: int, split: Sequence[int], batch: int) -> float:
     """Bytes by which the replica's stages exceed their GPUs' memory at this batch (0 if it fits)."""
     over = 0.0
     for s, layers in enumerate(split):
@@ -171,8 +171,8 @@ def balance_layers(sim: Simulator, task: str, replica: tuple[str, ...], tp: int,
     split = _proportional(layers, [_type_speed(t, kind) for t in stage_types])
 
     def judge(candidate: Sequence[int]) -> tuple[float, float]:
-        return (_overflow(sim, task, replica, tp, candidate, batch),
-                _replica_seconds(sim, task, replica, tp, pp, batch, tuple(candidate)))
+        return (replica_overflow(sim, task, replica, tp, candidate, batch),
+                replica_time(sim, task, replica, tp, pp, batch, tuple(candidate)))
 
     best = judge(split)
     for _ in range(MAX_LAYER_MOVES):
@@ -206,7 +206,7 @@ def _replica_key(sim: Simulator, replica: tuple[str, ...], tp: int, pp: int) -> 
     return types, tuple(hops), hosts
 
 
-def _capacity(seconds_at, limit: float, total: int) -> int:
+def largest_batch_within(seconds_at, limit: float, total: int) -> int:
     """Most sequences (0..total) a replica finishes within `limit` (its time grows with batch)."""
     lo, hi = 0, total
     while lo < hi:
@@ -230,7 +230,7 @@ class _Timer:
     def fits(self, b: int) -> bool:
         hit = self._fits.get(b)
         if hit is None:
-            hit = self._fits[b] = _overflow(self.sim, self.task, self.replica, self.tp, self.split, b) <= 0
+            hit = self._fits[b] = replica_overflow(self.sim, self.task, self.replica, self.tp, self.split, b) <= 0
         return hit
 
     def __call__(self, b: int) -> float:
@@ -238,7 +238,7 @@ class _Timer:
             return 0.0
         if not self.fits(b):
             return math.inf
-        return _replica_seconds(self.sim, self.task, self.replica, self.tp, self.pp, b, self.split)
+        return replica_time(self.sim, self.task, self.replica, self.tp, self.pp, b, self.split)
 
 
 def _most_fitting(fits, total: int) -> int:
@@ -263,7 +263,7 @@ class _Curve:
 
     def __init__(self, seconds_at, total: int) -> None:
         fits = getattr(seconds_at, "fits", None)
-        self.most = _most_fitting(fits, total) if fits else _capacity(seconds_at, math.inf, total)
+        self.most = _most_fitting(fits, total) if fits else largest_batch_within(seconds_at, math.inf, total)
         points = sorted({min(self.most, 1 << i) for i in range(total.bit_length() + 1)} | {self.most}) \
             if self.most else []
         self.b = [0] + points
@@ -397,7 +397,7 @@ def layout_seconds(sim: Simulator, layout: TaskLayout) -> float:
     total = task_batch(sim)
     worst = 0.0
     for r, share, split in zip(layout.replicas, layout.shares, layout.layer_splits, strict=True):
-        worst = max(worst, _replica_seconds(sim, layout.task, tuple(r), layout.tp, layout.pp,
+        worst = max(worst, replica_time(sim, layout.task, tuple(r), layout.tp, layout.pp,
                                             max(1, round(share * total)), tuple(split)))
     return worst
 

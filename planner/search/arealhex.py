@@ -47,8 +47,8 @@ def rollout_milp(sim, devices: list[str], max_tp: int) -> tuple[int, dict[str, i
             mine = [d for d in layouts.canonical_order(sim, devices) if sim.devices[d].type == t]
             rep = layouts.arrange(sim, mine, tp, 1)[0]
             batch = max(1, math.ceil(total / max(1, groups)))
-            s = layouts._replica_seconds(sim, "actor_gen", rep, tp, 1, batch, None)
-            if layouts._overflow(sim, "actor_gen", rep, tp, (model.layers,), batch) > 0 or not math.isfinite(s):
+            s = layouts.replica_time(sim, "actor_gen", rep, tp, 1, batch, None)
+            if layouts.replica_overflow(sim, "actor_gen", rep, tp, (model.layers,), batch) > 0 or not math.isfinite(s):
                 continue
             options[tp, t] = (batch / s, groups)
     if not options:

@@ -47,11 +47,11 @@ def _replica_rate(space: RestrictedSpace, task: str, t: str, tp: int, pp: int, t
     def seconds(b: int) -> float:
         if b <= 0:
             return 0.0
-        if layouts._overflow(sim, task, rep, tp, split, b) > 0:
+        if layouts.replica_overflow(sim, task, rep, tp, split, b) > 0:
             return math.inf
-        return layouts._replica_seconds(sim, task, rep, tp, pp, b, split)
+        return layouts.replica_time(sim, task, rep, tp, pp, b, split)
 
-    most = layouts._capacity(seconds, math.inf, total)
+    most = layouts.largest_batch_within(seconds, math.inf, total)
     if most == 0:
         return 0.0, 0
     ref = max(1, min(most, math.ceil(total / max(1, len(reps)))))
