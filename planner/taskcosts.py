@@ -216,7 +216,7 @@ class TaskCosts:
 
     def batches(self, layout: TaskLayout) -> list[int]:
         """Sequences per replica: the shares of the step's batch (0 for an idle replica)."""
-        return [round(s * self.sequences) if s > 0 else 0 for s in layout.shares]
+        return [max(1, round(s * self.sequences)) if s > 0 else 0 for s in layout.shares]
 
     def _evaluate(self, layout: TaskLayout) -> TaskEval:
         task, tp, pp = layout.task, layout.tp, layout.pp
@@ -228,8 +228,7 @@ class TaskCosts:
         memory: dict[str, MemoryEstimate] = {}
         host_fraction: dict[str, float] = {}
         over: dict[tuple, list[str]] = {}
-        for r, devices in enumerate(layout.replicas):
-            batch = max(1, round(layout.shares[r] * self.sequences)) if layout.shares[r] > 0 else 0
+        for r, (devices, batch) in enumerate(zip(layout.replicas, self.batches(layout), strict=True)):
             split = layout.layer_splits[r]
             if batch:
                 cost = self.replica(task, devices, tp, pp, batch, split)
