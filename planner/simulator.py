@@ -164,7 +164,9 @@ class Simulator:
             t = self.devices[d].type
             headroom[t] = min(headroom.get(t, math.inf), self.capacity[d] - peak)
         if problems or not all(math.isfinite(s) for s in task_seconds.values()):
-            return self._infeasible(cand, problems or ["a task has no finite time"], task_seconds=task_seconds,
+            endless = [t for t, v in task_seconds.items() if not math.isfinite(v)]
+            problems = problems or [f"the cost model gives {', '.join(endless)} no finite time on these GPUs"]
+            return self._infeasible(cand, problems, task_seconds=task_seconds,
                                     memory_peak=peaks, memory_headroom=headroom)
         forward, transfer_s = [], {}
         for edge in self.graph.edges:
