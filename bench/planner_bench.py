@@ -116,6 +116,10 @@ def main() -> None:
     models = args.models or (["8b"] if quick else MODELS)
     console = Console(width=180)
     cm = get_cost_model("analytical")
+    for name in ("hetrl", "ilp", "arealhex", "verl", "streamrl"):
+        get_search(name)               # import every search (and Optuna, PuLP) before anything is timed
+    import optuna  # noqa: F401
+    import pulp  # noqa: F401
 
     rows = []
     for scenario in scenarios:
