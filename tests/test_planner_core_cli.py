@@ -127,3 +127,15 @@ def test_all_searches_side_by_side(specs):
     assert "ratios against verl" in res.output
     for name in ("hetrl", "verl", "streamrl", "ilp"):
         assert name in res.output
+
+
+def test_same_seed_same_plan(tmp_path, specs):
+    plans = []
+    for name in ("one.json", "two.json"):
+        out = tmp_path / name
+        res = run("-c", specs[0], "-w", specs[1], "--search", "hetrl", "--seed", "5", "--max-evals", "40",
+                  "--budget-s", "60", "--out", str(out))
+        assert res.exit_code == 0, res.output
+        data = json.loads(out.read_text())
+        plans.append({k: data[k] for k in ("groups", "tasks", "predicted", "seed", "search")})
+    assert plans[0] == plans[1]
