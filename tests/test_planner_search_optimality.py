@@ -20,6 +20,9 @@ CLUSTERS = {
     "a100x2+l4x2/1-region": [
         {"name": "a", "gpus": {"type": "A100-40GB", "count": 2}, "region": "us"},
         {"name": "b", "gpus": {"type": "L4", "count": 2}, "region": "us"}],
+    "a100x2+l40s/2-regions": [
+        {"name": "a", "gpus": {"type": "A100-40GB", "count": 2}, "region": "us"},
+        {"name": "c", "gpus": {"type": "L40S", "count": 1}, "region": "eu"}],
     "h100+a100+l4/3-regions": [
         {"name": "h", "gpus": {"type": "H100", "count": 1}, "region": "us"},
         {"name": "a", "gpus": {"type": "A100-40GB", "count": 1}, "region": "eu"},
@@ -27,10 +30,12 @@ CLUSTERS = {
 }
 
 
-def make_sim(cluster: str, mode: str = "sync", model: str = "qwen3-0.6b", prompts: int = 16) -> Simulator:
+def make_sim(cluster: str, mode: str = "sync", model: str = "qwen3-0.6b", prompts: int = 16,
+             algorithm: str = "grpo") -> Simulator:
     spec = ClusterSpec.from_dict({"name": cluster, "hosts": CLUSTERS[cluster], "network": NET})
+    roles = {"actor": model, **({"critic": model} if algorithm == "ppo" else {})}
     work = WorkloadSpec.from_dict({
-        "name": "w", "algorithm": "grpo", "mode": mode, "models": {"actor": model},
+        "name": "w", "algorithm": algorithm, "mode": mode, "models": roles,
         "prompts_per_step": prompts, "responses_per_prompt": 4, "prompt_len": {"mean": 256},
         "response_len": {"mean": 256, "dist": "lognormal", "std": 128}})
     return Simulator(spec, work, get_cost_model("analytical"))
@@ -54,6 +59,15 @@ def test_hetrl_finds_the_exhaustive_optimum(cluster, mode):
     assert found.objective_value <= truth.objective_value * 1.005, (found.candidate, truth.candidate)
     # the heuristic's space is the exhaustive one: it can never beat the optimum
     assert found.objective_value >= truth.objective_value * (1 - 1e-9)
+
+
+def test_hetrl_finds_the_exhaustive_optimum_for_ppo():
+    """PPO has five tasks (52 groupings): the arm level is much wider than GRPO's."""
+    sim = make_sim("a100x2+l40s/2-regions", "sync", prompts=8, algorithm="ppo")
+    truth = run(sim, "exhaustive")
+    found = run(sim, "hetrl", max_evals=1500)
+    assert truth.extra["candidates"] > 500
+    assert found.objective_value <= truth.objective_value * 1.005
 
 
 @pytest.mark.parametrize(("cluster", "mode"), INSTANCES[:3])
