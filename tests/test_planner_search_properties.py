@@ -106,10 +106,12 @@ def test_registry_names_and_errors():
     assert {"hetrl", "ilp", "arealhex", "verl", "streamrl", "exhaustive"} <= set(search_names())
     with pytest.raises(SpecError, match="one of"):
         get_search("nope")
-    with pytest.raises(InfeasibleError, match="objective"):
+    with pytest.raises(SpecError, match="objective"):
         SearchContext(sim=small_sim(), objective="fastest")
-    with pytest.raises(InfeasibleError, match="budget"):
+    with pytest.raises(SpecError, match="budget"):
         SearchContext(sim=small_sim(), objective="throughput-under-budget")
+    with pytest.raises(SpecError, match="max_tp"):
+        SearchContext(sim=small_sim(), max_tp=0)
 
 
 def test_exhaustive_refuses_a_large_cluster():

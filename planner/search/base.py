@@ -13,7 +13,7 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
-from hetprof.errors import InfeasibleError
+from hetprof.errors import InfeasibleError, SpecError
 
 if TYPE_CHECKING:
     from hetprof.planner.candidate import Candidate
@@ -46,18 +46,17 @@ class SearchContext:
 
     def __post_init__(self) -> None:
         if self.objective not in ("throughput", "cost", "throughput-under-budget"):
-            raise InfeasibleError(f"objective must be throughput, cost or throughput-under-budget, "
-                                  f"got {self.objective!r}")
+            raise SpecError(None, "objective", "throughput, cost or throughput-under-budget", self.objective)
         if self.objective == "throughput-under-budget" and (self.budget is None or self.budget <= 0):
-            raise InfeasibleError("objective throughput-under-budget needs a positive budget ($/hour)")
+            raise SpecError(None, "budget", "a positive $/hour budget (objective throughput-under-budget)",
+                            self.budget)
         if self.time_budget_s <= 0:
-            raise InfeasibleError(f"time budget must be positive seconds, got {self.time_budget_s}")
-        if self.max_tp < 1 or self.max_pp < 1:
-            raise InfeasibleError(f"max_tp and max_pp must be at least 1, got {self.max_tp} and {self.max_pp}")
+            raise SpecError(None, "time_budget_s", "positive seconds", self.time_budget_s)
+        for name in ("max_tp", "max_pp", "workers"):
+            if getattr(self, name) < 1:
+                raise SpecError(None, name, "an integer ≥ 1", getattr(self, name))
         if self.max_evals is not None and self.max_evals < 1:
-            raise InfeasibleError(f"max_evals must be at least 1, got {self.max_evals}")
-        if self.workers < 1:
-            raise InfeasibleError(f"workers must be at least 1, got {self.workers}")
+            raise SpecError(None, "max_evals", "an integer ≥ 1", self.max_evals)
 
 
 @dataclasses.dataclass
