@@ -123,18 +123,23 @@ def _play(inp: ScheduleInput) -> tuple[ScheduleResult, dict, dict, list[float]]:
             pre, post = inp.swap.get(task, (0.0, 0.0))
             node.start, node.start_by = start, start_by
             node.compute_start = start + pre
-            prev, done = node.compute_start, 0.0
             curve = inp.curve[task]
-            for j in range(k):
-                chunk = curve[j] - done
-                done = curve[j]
-                if need[j] > prev:
-                    prev = need[j] + chunk
-                    if j == k - 1:
-                        node.tail_by = _tail_binder(node, forward_in[task], it)
-                else:
-                    prev += chunk
-                node.out.append(prev)
+            if need[0] == need[-1]:  # nothing streams in: all input is there before the compute starts
+                begin = max(node.compute_start, need[-1])
+                node.out = [begin + c for c in curve]
+                prev = node.out[-1]
+            else:
+                prev, done = node.compute_start, 0.0
+                for j in range(k):
+                    chunk = curve[j] - done
+                    done = curve[j]
+                    if need[j] > prev:
+                        prev = need[j] + chunk
+                        if j == k - 1:
+                            node.tail_by = _tail_binder(node, forward_in[task], it)
+                    else:
+                        prev += chunk
+                    node.out.append(prev)
             node.end = prev + post
             nodes[(task, it)] = node
             group_free[g] = (node.end, ("group", (task, it)))
