@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from hetprof.errors import ExecutionError
 from hetprof.executor.manual import manual_plan
 from hetprof.executor.records import read_log
 from hetprof.profiles import ProfileDB
@@ -52,9 +53,9 @@ def alive(pid: int) -> bool:
 
 
 def test_async_k2_keeps_every_trained_sample_within_two_versions_and_syncs_bitwise(tmp_path):
-    plan = write_plan(tmp_path / "plan.json", 3,
-                      {"actor_gen": ["localhost:0", "localhost:1"], "ref_infer": ["localhost:2"],
-                       "actor_train": ["localhost:2"]},
+    plan = write_plan(tmp_path / "plan.json", 2,
+                      {"actor_gen": ["localhost:0", "localhost:1"], "ref_infer": ["localhost:1"],
+                       "actor_train": ["localhost:1"]},
                       shares={"actor_gen": [0.75, 0.25]}, mode="async", staleness=2)
     done = hetprof_run(plan, tmp_path, "--iterations", "5", "--verify-sync")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -78,14 +79,14 @@ def test_async_k2_keeps_every_trained_sample_within_two_versions_and_syncs_bitwi
 def test_killed_worker_stops_the_run_naming_it_and_resume_completes(tmp_path):
     # PPO with a critic and a reward model, async k = 1: every role, both sync edges and both
     # trained models' checkpoints take part in the kill and the resume.
-    plan = write_plan(tmp_path / "plan.json", 3,
-                      {"actor_gen": ["localhost:0"], "ref_infer": ["localhost:1"], "reward_infer": ["localhost:2"],
-                       "critic_infer": ["localhost:1"], "actor_train": ["localhost:1", "localhost:2"],
-                       "critic_train": ["localhost:2"]},
+    plan = write_plan(tmp_path / "plan.json", 2,
+                      {"actor_gen": ["localhost:0"], "ref_infer": ["localhost:1"], "reward_infer": ["localhost:0"],
+                       "critic_infer": ["localhost:1"], "actor_train": ["localhost:1", "localhost:0"],
+                       "critic_train": ["localhost:0"]},
                       shares={"actor_train": [0.6, 0.4]}, mode="async", staleness=1, algorithm="ppo",
                       responses_per_prompt=2, models={"actor": "tiny", "critic": "tiny", "reward": "tiny"})
     log, ckpt = tmp_path / "run.jsonl", tmp_path / "ckpt"
-    cmd = [HETPROF, "--db", str(tmp_path / "db.sqlite"), "run", str(plan), "--iterations", "8", "--log", str(log),
+    cmd = [HETPROF, "--db", str(tmp_path / "db.sqlite"), "run", str(plan), "--iterations", "6", "--log", str(log),
            "--checkpoint-dir", str(ckpt), "--checkpoint-every", "2", "--seed", "0", "--timeout", "60"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     try:
@@ -111,11 +112,11 @@ def test_killed_worker_stops_the_run_naming_it_and_resume_completes(tmp_path):
     before = {r["iteration"] for r in read_log(log)}
     assert committed >= 2 and committed <= max(before) + 1
 
-    done = hetprof_run(plan, tmp_path, "--iterations", "8", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "2",
+    done = hetprof_run(plan, tmp_path, "--iterations", "6", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "2",
                        "--resume", "--verify-sync")
     assert done.returncode == 0, done.stderr[-3000:]
     records = read_log(log)
-    assert [r["iteration"] for r in records] == list(range(8))
+    assert [r["iteration"] for r in records] == list(range(6))
     assert len({r["run"] for r in records}) == 1  # the resumed run continues the same run
     assert all(r["staleness_max"] <= 1 for r in records)
     resumed = [json.loads(line) for line in log.read_text().splitlines()][len(before):]
@@ -139,27 +140,29 @@ def test_resume_refuses_a_different_plan_before_starting_workers(tmp_path):
     assert done.returncode == 4  # ExecutionError
     assert "made for plan 0123456789abcdef" in done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "run.jsonl").exists()
-    done = hetprof_run(plan, tmp_path, "--iterations", "3", "--checkpoint-dir", str(tmp_path / "none"), "--resume")
-    assert done.returncode == 4 and "no complete checkpoint" in done.stderr
 
 
-@pytest.mark.parametrize("layout", [{"tp": 2}, {"pp": 2}])
-def test_layouts_the_runtime_cannot_carry_out_are_refused_up_front(tmp_path, layout):
+def test_layouts_the_runtime_cannot_carry_out_are_refused_up_front(tmp_path):
+    from hetprof.executor.groups import check_supported
+    from hetprof.specs import Plan
+
     plan_path = write_plan(tmp_path / "plan.json", 2,
                            {"actor_gen": ["localhost:0"], "ref_infer": ["localhost:1"], "actor_train": ["localhost:1"]})
-    data = json.loads(plan_path.read_text())
-    train = next(t for t in data["tasks"] if t["task"] == "actor_gen")
-    train["layout"].update(layout)
-    if "tp" in layout:
-        train["tasklets"][0]["devices"] = ["localhost:0", "localhost:1"]
-    else:
-        train["tasklets"] = [{**train["tasklets"][0], "stage": 0, "layer_end": 1},
-                             {**train["tasklets"][0], "stage": 1, "layer_start": 1, "devices": ["localhost:1"]}]
-    for g in data["groups"]:
+    base = json.loads(plan_path.read_text())
+    for g in base["groups"]:
         g["devices"] = ["localhost:0", "localhost:1"]
-    plan_path.write_text(json.dumps(data))
+    tp, pp = json.loads(json.dumps(base)), json.loads(json.dumps(base))
+    gen = next(t for t in tp["tasks"] if t["task"] == "actor_gen")
+    gen["layout"]["tp"] = 2
+    gen["tasklets"][0]["devices"] = ["localhost:0", "localhost:1"]
+    train = next(t for t in pp["tasks"] if t["task"] == "actor_train")
+    train["layout"]["pp"] = 2
+    train["tasklets"] = [{**train["tasklets"][0], "stage": 0, "layer_end": 1, "devices": ["localhost:0"]},
+                         {**train["tasklets"][0], "stage": 1, "layer_start": 1}]
+    with pytest.raises(ExecutionError, match=r"actor_train.*PP2"):
+        check_supported(Plan.from_dict(pp))
+    plan_path.write_text(json.dumps(tp))
     start = time.time()
     done = hetprof_run(plan_path, tmp_path, "--iterations", "1", timeout=60)
-    assert done.returncode != 0
-    assert "actor_gen" in done.stderr and ("TP2" in done.stderr or "PP2" in done.stderr)
-    assert time.time() - start < 30  # refused before any worker starts
+    assert done.returncode == 4 and "actor_gen" in done.stderr and "TP2" in done.stderr
+    assert time.time() - start < 30 and not (tmp_path / "run.jsonl").exists()  # no worker started

@@ -133,6 +133,17 @@ def test_node_host_refuses_a_node_count_the_plan_does_not_have():
         node_host(plan, 2, 2)
 
 
+def test_resume_without_a_checkpoint_is_refused_up_front(tmp_path):
+    from hetprof.executor.launch import check_resumable
+
+    plan = manual_plan(cluster({"h": 2}), workload(), {"actor_gen": ["h:0"], "ref_infer": ["h:1"],
+                                                       "actor_train": ["h:1"]})
+    with pytest.raises(ExecutionError, match="no complete checkpoint"):
+        check_resumable(tmp_path, plan)
+    checkpoint.commit(tmp_path, 4, {"plan_hash": plan_hash(plan), "run": "r"})
+    assert check_resumable(tmp_path, plan) == 4
+
+
 def test_run_options_refuse_bad_values():
     for bad, match in [({"iterations": 0}, "--iterations"), ({"checkpoint_every": 0}, "--checkpoint-every"),
                        ({"resume": True}, "--resume needs"), ({"timeout_s": 0}, "--timeout")]:
