@@ -1,0 +1,75 @@
+"""`hetprof fit`: learn per-task cost models from the profile database and say how good they are."""
+
+from __future__ import annotations
+
+import click
+
+from hetprof.cli import db_option, db_path
+
+TASK_TYPES = ("task.prefill", "task.decode", "task.train")
+
+
+@click.command("fit")
+@db_option
+@click.option("--task", type=click.Choice(TASK_TYPES), help="fit only this task type")
+@click.option("--device", metavar="TYPE", help="fit only rows of this catalog device type (e.g. cpu, A100-40GB)")
+@click.option("--report", "report", type=click.Path(dir_okay=False), metavar="FILE.png",
+              help="write a predicted-vs-measured plot (held-out fitted and analytical)")
+@click.option("--stat", type=click.Choice(["min", "median", "p25"]), default="min", show_default=True,
+              help="how a shape's repeats become one target (min resists interference on busy hosts)")
+@click.option("--seed", type=int, default=0, show_default=True, help="seed of the boosted families")
+@click.option("--store/--no-store", default=True, show_default=True, help="write the fitted models to the DB")
+def fit(task, device, report, stat, seed, store) -> None:
+    """Fit per-task cost models on the profile database's task rows and store them.
+
+    Prints, per task type and device type, the rows used, the held-out MAPE of the fitted model
+    (folds hold out whole shape ranges: the largest/smallest batch, length, layers, or a whole
+    model) next to the analytical model's MAPE on the same rows.
+
+    \b
+    Examples:
+      hetprof profile --quick --suite tasks --models tiny,tiny-2x && hetprof fit
+      hetprof fit --task task.decode --device cpu --report fit.png
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    from hetprof.costmodels import fitting
+    from hetprof.errors import ProfileDBError
+    from hetprof.profiles import ProfileDB
+
+    console = Console()
+    path = db_path()
+    if not path.exists():
+        raise ProfileDBError(f"{path}: no profile database; run `hetprof profile --suite tasks` first")
+    skipped: list[str] = []
+    with ProfileDB(path) as db:
+        with console.status("fitting…") as status:
+            fits = fitting.fit_database(db, task=task, device=device, seed=seed, stat=stat, skipped=skipped,
+                                        progress=lambda m: status.update(f"fitting… {m}"))
+        if not fits:
+            what = " ".join(filter(None, [task, f"on {device}" if device else ""])) or "task"
+            raise ProfileDBError(f"{path}: no {what} rows to fit; run `hetprof profile --suite tasks` first")
+        ids = fitting.store(db, fits) if store else []
+    table = Table(title=f"hetprof fit ({path.name}, target: {stat} of repeats)")
+    for col, just in (("task type", "left"), ("device", "left"), ("dtype", "left"), ("shapes", "right"),
+                      ("samples", "right"), ("family", "left"), ("held-out MAPE", "right"),
+                      ("folds", "right"), ("analytical MAPE", "right"), ("train MAPE", "right"),
+                      ("model id", "left")):
+        table.add_column(col, justify=just)
+    for i, f in enumerate(fits):
+        good = f.heldout.mape <= 0.10
+        table.add_row(f.task_type, f.device_type, f.dtype, str(f.n_rows), str(f.n_samples), f.family,
+                      f"[{'green' if good else 'yellow'}]{_pct(f.heldout.mape)}[/]", str(f.heldout.n_folds),
+                      _pct(f.analytical_mape), _pct(f.train_mape), ids[i][:12] if ids else "(not stored)")
+    console.print(table)
+    for note in skipped:
+        console.print(f"[yellow]skipped:[/] {note}")
+    if report:
+        from hetprof.costmodels.report import plot_fits
+
+        console.print(f"wrote {plot_fits(fits, report)}")
+
+
+def _pct(v: float) -> str:
+    return "n/a" if v != v else f"{v:.1%}"

@@ -1,0 +1,125 @@
+"""The fitted cost model: learned phase times where the database has rows, the roofline elsewhere.
+
+Loads the newest valid `fitted` entry per (task type, device type, dtype) from the profile
+database. Entries are data from possibly untrusted sources, so loading is validation only: the
+family must be one of ours (`families.FAMILIES`, looked up by name, never imported), the features
+must be exactly ours, every number finite, trees well-formed and monotone, coefficients ≥ 0. An
+entry that fails is skipped and reported in `rejected`; an older valid one is used instead.
+For a phase with no usable entry the analytical model answers and the estimate says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+from typing import Any
+
+import numpy as np
+
+from hetprof.catalog import canonical_name
+from hetprof.costmodels.analytical import AnalyticalCostModel
+from hetprof.costmodels.base import CostModel
+from hetprof.costmodels.data import LinkSpec, Phase, PhaseTime
+from hetprof.costmodels.families import Family, get_family
+from hetprof.costmodels.features import FEATURES, PHASE_TASK, TASK_PHASE, phase_features
+from hetprof.costmodels.fitting import FORMAT, MODEL_NAME
+from hetprof.models import DTYPE_BYTES
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedModel:
+    id: str
+    task_type: str
+    device_type: str
+    dtype: str
+    family: Family
+    params: dict[str, Any]
+    heldout_mape: float | None
+
+    def predict(self, x: list[float]) -> float:
+        return float(self.family.predict(self.params, np.asarray([x], float))[0])
+
+
+def validate_entry(entry: dict[str, Any]) -> LoadedModel:
+    """A LoadedModel from one database entry, or ValueError saying what is wrong with it."""
+    params = entry.get("params")
+    if not isinstance(params, dict):
+        raise ValueError("params is not an object")
+    if params.get("format") != FORMAT:
+        raise ValueError(f"format {params.get('format')!r} is not {FORMAT}")
+    task_type = params.get("task_type")
+    if task_type not in TASK_PHASE or task_type != entry.get("task_type"):
+        raise ValueError(f"task_type {str(task_type)[:40]!r} is not a task benchmark or disagrees with the row")
+    device = params.get("device_type")
+    device = canonical_name(device) if isinstance(device, str) else None
+    if device is None:
+        raise ValueError("device_type is not a catalog device type")
+    dtype = params.get("dtype")
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}")
+    if params.get("features") != list(FEATURES):
+        raise ValueError("fitted on other features than this version computes")
+    family = get_family(params.get("family"))
+    if entry.get("family") != family.name:
+        raise ValueError("family disagrees with the row's family")
+    model = params.get("model")
+    if not isinstance(model, dict):
+        raise ValueError("model is not an object")
+    family.check(model, len(FEATURES))
+    mape = (entry.get("metrics") or {}).get("heldout_mape")
+    return LoadedModel(str(entry.get("id", "")), task_type, device, dtype, family, model,
+                       float(mape) if isinstance(mape, (int, float)) else None)
+
+
+class FittedCostModel(CostModel):
+    """Learned per-phase times (profile-database entries); analytical fallback per device type."""
+
+    name = "fitted"
+
+    def __init__(self, db: Any | None = None, models: list[LoadedModel] | None = None):
+        super().__init__()
+        self.analytical = AnalyticalCostModel(db)
+        self.rejected: list[str] = []
+        self.models: dict[tuple[str, str, str], LoadedModel] = {}
+        for m in models if models is not None else self._load(db):
+            self.models[(m.task_type, m.device_type, m.dtype)] = m
+
+    def _load(self, db: Any | None) -> list[LoadedModel]:
+        if db is None:
+            return []
+        index = db.cost_models()
+        if not len(index):
+            return []
+        index = index[index["name"] == MODEL_NAME]
+        loaded: dict[tuple[str, str, str], LoadedModel] = {}
+        for model_id in index.sort_values("created")["id"]:  # newer entries replace older ones
+            try:
+                m = validate_entry(db.get_cost_model(model_id))
+            except Exception as exc:  # noqa: BLE001 - any malformed entry is refused the same way
+                self.rejected.append(f"cost model {str(model_id)[:12]}: {exc}")
+                continue
+            loaded[(m.task_type, m.device_type, m.dtype)] = m
+        if self.rejected:
+            warnings.warn(f"ignored {len(self.rejected)} invalid fitted cost-model entries: "
+                          + "; ".join(self.rejected[:3]), stacklevel=3)
+        return list(loaded.values())
+
+    def lookup(self, phase_kind: str, device_type: str, dtype: str) -> LoadedModel | None:
+        name = canonical_name(device_type)
+        return self.models.get((PHASE_TASK[phase_kind], name or device_type, dtype))
+
+    def phase_time(self, phase: Phase, device_type: str) -> PhaseTime:
+        model = self.lookup(phase.kind, device_type, phase.dtype)
+        if model is not None:
+            seconds = model.predict(phase_features(phase, device_type))
+            if math.isfinite(seconds) and seconds > 0:
+                return PhaseTime(seconds, "fitted")
+            reason = f"fitted {model.task_type} on {device_type} gave {seconds!r}"
+        else:
+            reason = f"no fitted {PHASE_TASK[phase.kind]} model for {device_type} ({phase.dtype})"
+        fallback = self.analytical.phase_time(phase, device_type)
+        return PhaseTime(fallback.seconds, fallback.source, f"{reason}: analytical ({fallback.source})")
+
+    def device_link(self, device_type: str) -> tuple[LinkSpec, str]:
+        return self.analytical.device_link(device_type)

@@ -1,0 +1,212 @@
+"""`hetprof fit`'s engine: task rows → per (task type, device type, dtype) fitted models in the DB.
+
+Each profiled shape's samples are summarised by their median (the raw samples stay in the
+database), turned into a Phase and its features, and fitted by the family that range-fold cross-
+validation prefers. The stored entry is plain JSON that re-creates the model (see fitted.py), with
+the profile snapshot it was fitted on and its honest held-out error next to the analytical model's
+error on the same rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from hetprof.catalog import canonical_name
+from hetprof.costmodels.analytical import AnalyticalCostModel
+from hetprof.costmodels.data import Phase
+from hetprof.costmodels.features import FEATURES, TASK_PHASE, RowError, phase_features, phase_from_row
+from hetprof.costmodels.validation import HeldOut, choose_family, mape, nested_heldout
+from hetprof.errors import ProfileDBError
+
+FORMAT = 1
+MODEL_NAME = "fitted"
+# How a shape's repeats become one training target. Interference on a shared host only ever adds
+# time, so the minimum estimates the kernel's own time best there; the median suits quiet GPUs.
+STATS = {"min": lambda s: float(s.min()), "median": lambda s: float(s.median()),
+         "p25": lambda s: float(s.quantile(0.25))}
+DEFAULT_STAT = "min"
+_NON_SHAPE = {"sample_id", "run_id", "benchmark", "device_id", "device_name", "catalog_type", "host", "seq",
+              "seconds"}
+
+
+@dataclasses.dataclass
+class TaskFit:
+    """One fitted model and everything `hetprof fit` reports about it."""
+
+    task_type: str
+    device_type: str
+    dtype: str
+    threads: int | None
+    n_rows: int
+    n_samples: int
+    family: str
+    params: dict[str, Any]
+    family_cv: dict[str, float]
+    heldout: HeldOut
+    measured: np.ndarray
+    analytical: np.ndarray
+    fitted_train: np.ndarray
+    shape_range: dict[str, list[float]]
+    stat: str = DEFAULT_STAT
+
+    @property
+    def analytical_mape(self) -> float:
+        return mape(self.analytical, self.measured)
+
+    @property
+    def train_mape(self) -> float:
+        return mape(self.fitted_train, self.measured)
+
+    def entry(self) -> dict[str, Any]:
+        """The data stored in the database: enough to re-create the model, nothing executable."""
+        return {"format": FORMAT, "task_type": self.task_type, "phase": TASK_PHASE[self.task_type],
+                "device_type": self.device_type, "dtype": self.dtype, "threads": self.threads,
+                "features": list(FEATURES), "family": self.family, "model": self.params,
+                "range": self.shape_range, "target": self.stat}
+
+    def metrics(self) -> dict[str, float]:
+        m = {"n_rows": self.n_rows, "n_samples": self.n_samples, "heldout_mape": self.heldout.mape,
+             "heldout_folds": self.heldout.n_folds, "analytical_mape": self.analytical_mape,
+             "train_mape": self.train_mape, **{f"cv_mape_{k}": v for k, v in self.family_cv.items()}}
+        return {k: float(v) for k, v in m.items() if np.isfinite(v)}
+
+
+@dataclasses.dataclass
+class Group:
+    """The rows of one (task type, device type, dtype[, threads]) with their phases."""
+
+    task_type: str
+    device_type: str
+    dtype: str
+    threads: int | None
+    phases: list[Phase]
+    seconds: np.ndarray
+    n_samples: int
+    shapes: pd.DataFrame  # model, batch, length, layers per row (for the range folds)
+
+
+def task_groups(db: Any, task: str | None = None, device: str | None = None,
+                skipped: list[str] | None = None, stat: str = DEFAULT_STAT, envelope: bool = True
+                ) -> list[Group]:
+    """Task rows of the database grouped for fitting, one median row per profiled shape."""
+    df = db.samples(benchmark="task.")
+    if not len(df):
+        return []
+    if task:
+        df = df[df["benchmark"] == task]
+    df = df[df["benchmark"].isin(list(TASK_PHASE))]
+    if "seconds" not in df or not len(df):
+        return []
+    df = df[pd.to_numeric(df["seconds"], errors="coerce") > 0].copy()
+    df["device_type"] = df["catalog_type"].map(lambda c: canonical_name(c) if isinstance(c, str) else None)
+    unknown = df["device_type"].isna()
+    if unknown.any() and skipped is not None:
+        skipped.append(f"{int(unknown.sum())} task samples on devices without a catalog type")
+    df = df[~unknown]
+    if device:
+        want = canonical_name(device)
+        if want is None:
+            raise ProfileDBError(f"--device {device!r} is not a catalog device type")
+        df = df[df["device_type"] == want]
+    if "dtype" not in df:
+        df["dtype"] = "bf16"
+    df["dtype"] = df["dtype"].fillna("bf16")
+    groups: list[Group] = []
+    for (bench, dev, dtype), part in df.groupby(["benchmark", "device_type", "dtype"], sort=True):
+        threads = None
+        if "threads" in part and part["threads"].notna().any():
+            counts = part["threads"].dropna().astype(int)
+            threads = 1 if (counts == 1).any() else int(counts.mode().iloc[0])
+            part = part[part["threads"].fillna(threads).astype(int) == threads]
+        group = _group(str(bench), str(dev), str(dtype), threads, part, skipped, stat, envelope)
+        if group is not None:
+            groups.append(group)
+    return groups
+
+
+def _group(bench: str, dev: str, dtype: str, threads: int | None, part: pd.DataFrame,
+           skipped: list[str] | None, stat: str, envelope: bool) -> Group | None:
+    keys = [c for c in part.columns if c not in _NON_SHAPE and part[c].notna().any()]
+    keys = [c for c in keys if c != "device_type"]
+    shaped = part[keys].astype(str).agg("|".join, axis=1) if keys else pd.Series("", index=part.index)
+    phases_, secs, shapes, bad = [], [], [], 0
+    for _, rows in part.groupby(shaped.to_numpy(), sort=True):
+        first = rows.iloc[0].to_dict()
+        try:
+            ph = phase_from_row(bench, first)
+        except (RowError, ValueError) as exc:
+            bad += len(rows)
+            if skipped is not None and bad == len(rows):
+                skipped.append(f"{bench} on {dev}: {exc}")
+            continue
+        phases_.append(ph)
+        secs.append(STATS[stat](rows["seconds"].astype(float)))
+        shapes.append({"model": str(first.get("model", "")), "batch": ph.batch, "length": ph.tokens,
+                       "layers": ph.layers})
+    if not phases_:
+        return None
+    secs_arr = np.asarray(secs)
+    if envelope:
+        secs_arr = monotone_envelope(phases_, secs_arr)
+    return Group(bench, dev, dtype, threads, phases_, secs_arr, len(part) - bad, pd.DataFrame(shapes))
+
+
+def monotone_envelope(phases_: list[Phase], seconds: np.ndarray) -> np.ndarray:
+    """Each shape's time, capped by the fastest time of any shape that does at least its work.
+
+    Physics says more work is never cheaper; on a shared host interference only adds time. So
+    when a shape with the same model and settings but a batch and length at least as large was
+    measured faster, that time is a tighter upper bound on this shape's own time.
+    """
+    out = seconds.copy()
+    for i, p in enumerate(phases_):
+        for j, q in enumerate(phases_):
+            if (j != i and q.batch >= p.batch and q.tokens >= p.tokens and q.layers == p.layers
+                    and q.model == p.model and q.recompute == p.recompute and q.with_head == p.with_head
+                    and q.tp == p.tp):
+                out[i] = min(out[i], seconds[j])
+    return out
+
+
+def fit_group(group: Group, analytical: AnalyticalCostModel, seed: int = 0,
+              progress: Callable[[str], None] | None = None) -> TaskFit:
+    """Choose a family, measure its nested held-out error, and fit it on every row."""
+    x = np.asarray([phase_features(p, group.device_type) for p in group.phases])
+    y = group.seconds
+    heldout = nested_heldout(x, y, group.shapes, seed, progress)
+    family, scores = choose_family(x, y, group.shapes, seed)
+    params = family.fit(x, y, seed)
+    family.check(params, len(FEATURES))  # what we store must pass what loading demands
+    analytic = np.asarray([analytical.phase_time(p, group.device_type).seconds for p in group.phases])
+    rng = {c: [float(group.shapes[c].min()), float(group.shapes[c].max())] for c in ("batch", "length", "layers")}
+    return TaskFit(group.task_type, group.device_type, group.dtype, group.threads, len(y), group.n_samples,
+                   family.name, params, scores, heldout, y, analytic, family.predict(params, x), rng)
+
+
+def fit_database(db: Any, task: str | None = None, device: str | None = None, seed: int = 0,
+                 progress: Callable[[str], None] | None = None, skipped: list[str] | None = None,
+                 stat: str = DEFAULT_STAT, envelope: bool = True) -> list[TaskFit]:
+    """Fit every task group the database has rows for (optionally one task type / device type)."""
+    analytical = AnalyticalCostModel(db)
+    fits = []
+    if stat not in STATS:
+        raise ValueError(f"unknown statistic {stat!r} (one of {', '.join(STATS)})")
+    for group in task_groups(db, task, device, skipped, stat, envelope):
+        if progress:
+            progress(f"fitting {group.task_type} on {group.device_type} ({group.dtype}): {len(group.seconds)} shapes")
+        fit = fit_group(group, analytical, seed, progress)
+        fit.stat = f"{stat}+envelope" if envelope else stat
+        fits.append(fit)
+    return fits
+
+
+def store(db: Any, fits: list[TaskFit]) -> list[str]:
+    """Write each fit as a cost-model entry tied to the database's current snapshot."""
+    snapshot = db.snapshot_hash()
+    return [db.add_cost_model(name=MODEL_NAME, task_type=f.task_type, family=f.family, params=f.entry(),
+                              metrics=f.metrics(), snapshot=snapshot) for f in fits]
