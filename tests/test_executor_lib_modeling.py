@@ -20,6 +20,16 @@ from hetprof.executor.tokenizer import CharTokenizer, pad_left
 from hetprof.models import PRESETS
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models gain nothing from intra-op threads, and on a shared CPU threads contend badly."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+
 def _same(a, b) -> bool:
     return all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
 

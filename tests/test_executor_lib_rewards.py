@@ -20,6 +20,16 @@ from hetprof.executor.rewards import (
 from hetprof.executor.tokenizer import CharTokenizer
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models gain nothing from intra-op threads, and on a shared CPU threads contend badly."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+
 @pytest.mark.parametrize("text, expected", [
     ("she has 3 + 4 = 7 apples\n#### 7", "7"),
     ("#### 1,234", "1234"),
