@@ -50,16 +50,40 @@ def hetprof(*args: str, db: Path, cwd: Path) -> subprocess.CompletedProcess:
 
 
 # ---- 1 and 2: a planned CPU run ---------------------------------------------------------------
+def truthful_workload(work: Path) -> Path:
+    """The example GRPO workload with the lengths the run will really see.
+
+    A plan is predicted for the workload's lengths; the built-in arithmetic prompts are several
+    times longer than the example file says, and a random tiny model rarely stops before the cap.
+    Comparing a prediction for other lengths with the run would measure the spec, not the model.
+    """
+    import yaml
+
+    from hetprof.executor.data import PromptSource
+    from hetprof.executor.tokenizer import CharTokenizer
+
+    spec = yaml.safe_load(WORKLOAD.read_text())
+    tok = CharTokenizer()
+    lengths = [len(tok.encode(p.text)) for p in PromptSource.builtin(256, seed=0).batch(0)]
+    spec["prompt_len"] = {"mean": round(statistics.mean(lengths), 1), "max": max(lengths)}
+    cap = spec["response_len"].get("max") or 2 * spec["response_len"]["mean"]
+    spec["response_len"] = {"mean": cap, "max": cap}
+    path = work / "workload.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
 def planned_run(work: Path, iterations: int, slots: int) -> dict:
     db = work / "profiles.db"
     cluster = work / "cluster.yaml"
     cluster.write_text(f"name: bench-cpu\nhosts:\n  - name: localhost\n    gpus: {{type: cpu, count: {slots}}}\n"
                        f"    region: local\n")
+    workload = truthful_workload(work)
     t0 = time.perf_counter()
     hetprof("profile", "--quick", "--suite", "tasks", "--models", "tiny", db=db, cwd=work)
     hetprof("fit", db=db, cwd=work)
     # The runtime carries out data parallelism; plan within what it runs (it refuses the rest).
-    hetprof("plan", "--cluster", str(cluster), "--workload", str(WORKLOAD), "--cost-model", "fitted",
+    hetprof("plan", "--cluster", str(cluster), "--workload", str(workload), "--cost-model", "fitted",
             "--search", "hetrl", "--seed", "0", "--max-tp", "1", "--max-pp", "1", "--out", str(work / "plan.json"),
             db=db, cwd=work)
     prep = time.perf_counter() - t0
