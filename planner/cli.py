@@ -94,8 +94,11 @@ def plan(cluster_path: str, workload_path: str, search: str, objective: str, bud
             reasons = "; ".join(o.error or "; ".join(o.score.violations[:2]) for o in outcomes if o.error or o.score)
             raise InfeasibleError(f"no feasible plan for {workload.name} on {cluster.name}: {reasons}")
         print_plan(console, sim, best.candidate, best.score, title=f"{best.search} plan")
-        for problem in session.independent_memory_check(sim, best, options, snapshot):
-            console.print(f"[yellow]memory check disagrees:[/yellow] {problem}")
+        problems = session.independent_memory_check(sim, best, options, snapshot)
+        for problem in problems:
+            console.print(f"[yellow]independent memory check disagrees:[/yellow] {problem}")
+        if not problems:
+            console.print("independent memory check: every GPU holds what the plan puts on it")
         if out_path:
             session.write_plan(sim, best, options, snapshot, Path(out_path))
             console.print(f"plan written to {out_path}")

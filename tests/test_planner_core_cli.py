@@ -61,7 +61,7 @@ def test_evaluate_a_plan_file_writes_report_plan_and_gantt(tmp_path, specs, plan
     res = run("-c", specs[0], "-w", specs[1], "--evaluate", plan_file, "--out", str(out), "--gantt", str(png))
     assert res.exit_code == 0, res.output
     for phrase in ("by hand plan", "groups", "actor_gen", "critical path", "bottleneck", "memory headroom",
-                   "A100-40GB", "L4", "$"):
+                   "A100-40GB", "L4", "$", "independent memory check: every GPU holds"):
         assert phrase in res.output
     plan = Plan.load(out)
     plan.validate()
