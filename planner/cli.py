@@ -91,7 +91,7 @@ def plan(cluster_path: str, workload_path: str, search: str, objective: str, bud
         if len(outcomes) > 1:
             print_comparison(console, outcomes, reference="verl", title=f"{workload.name} on {cluster.name}")
         if best is None:
-            reasons = "; ".join(o.error or "; ".join(o.score.violations[:2]) for o in outcomes if o.error or o.score)
+            reasons = "; ".join(session.why_not(o, options) for o in outcomes)
             raise InfeasibleError(f"no feasible plan for {workload.name} on {cluster.name}: {reasons}")
         print_plan(console, sim, best.candidate, best.score, title=f"{best.search} plan")
         problems = session.independent_memory_check(sim, best, options, snapshot)
@@ -118,7 +118,7 @@ def plan(cluster_path: str, workload_path: str, search: str, objective: str, bud
                 after_list, after_sim = session.run_searches(changed, workload, search, options, db, console)
             after_best = session.best(after_list, after_sim, options)
             rows = [session.renamed(best, "before"), session.renamed(after_best, f"after: {text}")
-                    if after_best else session.failed(f"after: {text}", after_list)]
+                    if after_best else session.failed(f"after: {text}", after_list, options)]
             print_comparison(console, rows, reference="before", title=f"what if {text}?")
             if after_best is not None and math.isfinite(after_best.score.iteration_s):
                 print_plan(console, after_sim, after_best.candidate, after_best.score, title=f"plan after {text!r}")

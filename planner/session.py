@@ -142,6 +142,20 @@ def renamed(outcome: Outcome, name: str) -> Outcome:
     return dataclasses.replace(outcome, search=name)
 
 
-def failed(name: str, outcomes: Sequence[Outcome]) -> Outcome:
-    reasons = "; ".join(o.error or "; ".join(o.score.violations[:1]) for o in outcomes if o.error or o.score)
+def why_not(outcome: Outcome, options: PlanOptions) -> str:
+    """Why an outcome is not an acceptable plan, in one phrase."""
+    if outcome.error:
+        return f"{outcome.search}: {outcome.error}"
+    if outcome.score is None:
+        return f"{outcome.search}: no plan"
+    if not outcome.score.feasible:
+        return f"{outcome.search}: " + "; ".join(outcome.score.violations[:2])
+    if options.budget is not None and outcome.score.price_per_hour > options.budget:
+        return (f"{outcome.search}: its GPUs cost ${outcome.score.price_per_hour:.2f}/h, over the "
+                f"${options.budget:.2f}/h budget")
+    return f"{outcome.search}: no finite objective"
+
+
+def failed(name: str, outcomes: Sequence[Outcome], options: PlanOptions | None = None) -> Outcome:
+    reasons = "; ".join(why_not(o, options or PlanOptions()) for o in outcomes)
     return Outcome(name, None, None, error=reasons or "no feasible plan")

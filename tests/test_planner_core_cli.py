@@ -75,7 +75,7 @@ def test_what_if_replans_the_changed_cluster(specs, plan_file):
               "--what-if", "link east:west 1ms 100Gbps", "--what-if", "remove 2xL4")
     assert res.exit_code == 0, res.output
     assert "what if link east:west 1ms 100Gbps?" in res.output
-    assert "after: remove 2xL4" in res.output and "'b:0', which is not in" in res.output
+    assert "after: remove 2xL4" in res.output and "device 'b:0'" in res.output
 
 
 def test_a_region_without_a_link_is_a_clear_error(tmp_path, specs):
@@ -139,3 +139,12 @@ def test_same_seed_same_plan(tmp_path, specs):
         data = json.loads(out.read_text())
         plans.append({k: data[k] for k in ("groups", "tasks", "predicted", "seed", "search")})
     assert plans[0] == plans[1]
+
+
+def test_a_plan_over_budget_is_refused_with_its_price(specs, plan_file):
+    res = run("-c", specs[0], "-w", specs[1], "--evaluate", plan_file,
+              "--objective", "throughput-under-budget", "--budget", "0.5")
+    assert res.exit_code == 3
+    assert "over the $0.50/h budget" in res.output
+    ok = run("-c", specs[0], "-w", specs[1], "--evaluate", plan_file, "--objective", "cost")
+    assert ok.exit_code == 0 and "per iteration" in ok.output
