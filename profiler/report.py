@@ -37,8 +37,11 @@ class ProgressView:
 
 def summary_table(rows: list[SummaryRow], seconds: float, db_path: Path) -> Table:
     table = Table(title=f"hetprof profile: {len(rows)} benchmark runs in {seconds:.1f} s -> {db_path}")
-    for col in ("suite", "benchmark", "device", "samples", "result"):
-        table.add_column(col, justify="right" if col == "samples" else "left")
+    table.add_column("suite")
+    table.add_column("benchmark", no_wrap=True, min_width=21)  # names are what users grep for: never cut
+    table.add_column("device", no_wrap=True)
+    table.add_column("samples", justify="right")
+    table.add_column("result")
     for r in rows:
         table.add_row(r.suite, r.benchmark, r.device, str(r.samples), r.headline)
     return table
