@@ -31,7 +31,8 @@ class Learner:
                  ppo_epochs: int = 1, mini_batches: int = 1, micro_batches: int = 1,
                  max_grad_norm: float | None = 1.0, role: str = "actor", temperature: float = 1.0,
                  recompute_proximal: bool = True, seed: int = 0,
-                 lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None):
+                 lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+                 process_group: dist.ProcessGroup | None = None):
         if role not in ("actor", "critic"):
             raise ValueError(f"role must be 'actor' or 'critic', got {role!r}")
         if role == "critic" and not algorithm.needs_critic:
@@ -49,15 +50,33 @@ class Learner:
         self.temperature = temperature
         self.recompute_proximal = recompute_proximal
         self.lr_scheduler = lr_scheduler
+        self.process_group = process_group
         self.steps = 0  # optimizer steps taken
         self.updates = 0  # update() calls (weight versions produced)
         self._rng = torch.Generator().manual_seed(seed)
 
     # ---- helpers -------------------------------------------------------------------------------
     def _ddp_group(self):
-        if isinstance(self.model, nn.parallel.DistributedDataParallel) and dist.is_initialized():
+        """The group whose replicas average this model's gradients (DDP's own, or the one given for FSDP)."""
+        if not dist.is_initialized():
+            return None
+        if self.process_group is not None:
+            return self.process_group
+        if isinstance(self.model, nn.parallel.DistributedDataParallel):
             return self.model.process_group
         return None
+
+    def _gradient_sync(self, enabled: bool):
+        """Skip the gradient all-reduce on all but the last micro-batch (DDP no_sync / FSDP2 flag)."""
+        if self._ddp_group() is None or enabled:
+            return contextlib.nullcontext()
+        no_sync = getattr(self.model, "no_sync", None)
+        if callable(no_sync):
+            return no_sync()
+        setter = getattr(self.model, "set_requires_gradient_sync", None)
+        if callable(setter):
+            return _fsdp_no_sync(setter)
+        return contextlib.nullcontext()
 
     def _denominator(self, mask: torch.Tensor) -> torch.Tensor:
         """Token count for the loss mean: global over DDP replicas, divided by their number."""
@@ -79,20 +98,35 @@ class Learner:
         finally:
             self.model.train(was)
 
+    def state_dict(self) -> dict:
+        """Optimizer state, step counters and the mini-batch shuffler, so a resumed run shuffles alike."""
+        return {"optimizer": self.optimizer.state_dict(), "steps": self.steps, "updates": self.updates,
+                "rng": self._rng.get_state(),
+                "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.steps, self.updates = int(state["steps"]), int(state["updates"])
+        self._rng.set_state(state["rng"])
+        if self.lr_scheduler is not None and state.get("lr_scheduler") is not None:
+            self.lr_scheduler.load_state_dict(state["lr_scheduler"])
+
     # ---- the update ------------------------------------------------------------------------------
     def update(self, batch: RLBatch) -> dict[str, float]:
         """One RL update over `batch`; returns the mean of each statistic over all micro-steps."""
         start = time.perf_counter()
+        if len(batch) == 0:
+            raise ValueError("an update needs at least one sequence (a replica with no share must not train)")
         if self.role == "actor" and self.recompute_proximal and batch.proximal_logprobs is None:
             batch.proximal_logprobs = self.proximal_logprobs(batch)
         if batch.advantages is None:
             self.algorithm.advantages(batch)
         self.model.train()
         sums: dict[str, float] = defaultdict(float)
-        count = 0
-        n = len(batch)
+        counts: dict[str, int] = defaultdict(int)
+        filler = batch.select(torch.arange(1, device=batch.input_ids.device))
         for _ in range(self.ppo_epochs):
-            order = torch.randperm(n, generator=self._rng).to(batch.input_ids.device)
+            order = torch.randperm(len(batch), generator=self._rng).to(batch.input_ids.device)
             for mini_idx in torch.tensor_split(order, self.mini_batches):
                 mini = batch.select(mini_idx)
                 denom = self._denominator(mini.mask)
@@ -100,28 +134,26 @@ class Learner:
                 micro_parts = torch.tensor_split(torch.arange(len(mini), device=order.device), self.micro_batches)
                 for i, micro_idx in enumerate(micro_parts):
                     last = i == len(micro_parts) - 1
-                    stats = self._micro_step(mini.select(micro_idx), denom, sync=last)
-                    for k, v in stats.items():
+                    if len(micro_idx) == 0:
+                        # A replica whose share is smaller than the piece count still runs a forward and
+                        # backward (of zero weight), so DDP's collectives stay matched across replicas.
+                        self._micro_step(filler, denom, sync=last, weight=0.0)
+                        continue
+                    for k, v in self._micro_step(mini.select(micro_idx), denom, sync=last).items():
                         sums[k] += v
-                    count += 1
-                sums["grad_norm"] += self._step() * len(micro_parts)
+                        counts[k] += 1
+                sums["grad_norm"] += self._step()
+                counts["grad_norm"] += 1
         self.updates += 1
-        out = {k: v / max(count, 1) for k, v in sums.items()}
+        out = {k: v / counts[k] for k, v in sums.items()}
         out.update({"optimizer_steps": float(self.steps), "update_seconds": time.perf_counter() - start,
                     "lr": float(self.optimizer.param_groups[0]["lr"])})
-        if self.role == "actor" and "reward_mean" not in out:
+        if self.role == "actor":
             out["reward_mean"] = float(batch.rewards.float().mean())
         return out
 
-    def _micro_step(self, micro: RLBatch, denom: torch.Tensor, sync: bool) -> dict[str, float]:
-        no_sync = getattr(self.model, "no_sync", None)
-        ctx = no_sync() if (no_sync is not None and not sync and self._ddp_group() is not None) else contextlib.nullcontext()
-        with ctx:
-            if len(micro) == 0:
-                # An empty piece (a replica with a tiny share) still joins DDP's all-reduce.
-                loss = sum(p.sum() * 0.0 for p in self.model.parameters() if p.requires_grad)
-                loss.backward()
-                return {}
+    def _micro_step(self, micro: RLBatch, denom: torch.Tensor, sync: bool, weight: float = 1.0) -> dict[str, float]:
+        with self._gradient_sync(sync):
             if self.role == "actor":
                 lp, ent = token_logprobs(self.model, micro.input_ids, micro.attention_mask, self.temperature,
                                          with_entropy=True)
@@ -129,16 +161,27 @@ class Learner:
             else:
                 values = self.model(micro.input_ids, micro.attention_mask)[:, :-1]
                 loss, stats = self.algorithm.value_loss(micro, values, denominator=denom)
-            loss.backward()
+            (loss * weight if weight != 1.0 else loss).backward()
         return stats
 
     def _step(self) -> float:
         norm = 0.0
         if self.max_grad_norm is not None:
-            norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm))
+            total = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+            full = getattr(total, "full_tensor", None)  # FSDP2: a DTensor norm
+            norm = float(full() if callable(full) else total)
         self.optimizer.step()
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()
         self.steps += 1
         return norm
 
+
+
+@contextlib.contextmanager
+def _fsdp_no_sync(setter):
+    setter(False)
+    try:
+        yield
+    finally:
+        setter(True)

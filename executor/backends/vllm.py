@@ -65,7 +65,9 @@ class VLLMBackend(GenerationBackend):
 
         check_sampling(max_new_tokens, temperature, top_p)
         eos, pad = self.tokenizer.eos_id, self.tokenizer.pad_id
-        base = int(torch.randint(0, 2**31 - 1, (1,), generator=generator)) if generator is not None else None
+        base = None
+        if generator is not None:  # per-request seeds drawn from the caller's generator: reproducible
+            base = int(torch.randint(0, 2**31 - 1, (1,), generator=generator, device=generator.device))
         params = [SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, logprobs=0,
                                  stop_token_ids=[eos], detokenize=False,
                                  seed=None if base is None else base + i)
