@@ -33,6 +33,10 @@ class Family:
     name = ""
     min_rows = 3
 
+    def predict_one(self, params: dict[str, Any], x: list[float]) -> float:
+        """One row, in plain Python: the planner asks one phase at a time, where numpy's set-up dominates."""
+        return float(self.predict(params, np.asarray([x], float))[0])
+
     def fit(self, x: np.ndarray, y: np.ndarray, seed: int = 0) -> dict[str, Any]:
         raise NotImplementedError
 
@@ -89,6 +93,9 @@ class NNLS(Family):
     def predict(self, params: dict[str, Any], x: np.ndarray) -> np.ndarray:
         return x @ np.asarray(params["coef"], float)
 
+    def predict_one(self, params: dict[str, Any], x: list[float]) -> float:
+        return float(sum(c * v for c, v in zip(params["coef"], x, strict=True)))
+
     def check(self, params: dict[str, Any], n_features: int) -> None:
         _check_coef(params, n_features)
 
@@ -101,12 +108,19 @@ def _log_features(x: np.ndarray) -> np.ndarray:
 
 def _fit_trees(z: np.ndarray, target: np.ndarray, seed: int) -> dict[str, Any]:
     from sklearn.ensemble import HistGradientBoostingRegressor
+    from threadpoolctl import threadpool_limits
 
     n = len(target)
     reg = HistGradientBoostingRegressor(
         max_iter=40, learning_rate=0.2, max_leaf_nodes=8, min_samples_leaf=max(3, n // 15),
         l2_regularization=1.0, monotonic_cst=[1] * z.shape[1], early_stopping=False, random_state=seed)
-    reg.fit(z, target)
+    with threadpool_limits(1):  # tiny data: OpenMP workers only add synchronisation on a busy host
+        reg.fit(z, target)
+    return export_trees(reg)
+
+
+def export_trees(reg: Any) -> dict[str, Any]:
+    """A fitted HistGradientBoostingRegressor as plain arrays (its private predictor nodes)."""
     trees = []
     for (pred,) in reg._predictors:  # one tree per iteration for a single-output regressor
         nodes = pred.nodes
@@ -144,6 +158,22 @@ def _trees_predict(params: dict[str, Any], z: np.ndarray) -> np.ndarray:
     for tree in params["trees"]:
         out += _tree_predict(tree, z)
     return out
+
+
+def _trees_predict_one(params: dict[str, Any], z: list[float]) -> float:
+    out = float(params["baseline"])
+    for tree in params["trees"]:
+        feature, threshold, left, right, leaf = (tree["feature"], tree["threshold"], tree["left"],
+                                                 tree["right"], tree["leaf"])
+        node = 0
+        while not leaf[node]:  # children have larger indices (checked on load): the walk ends
+            node = left[node] if z[feature[node]] <= threshold[node] else right[node]
+        out += tree["value"][node]
+    return out
+
+
+def _log_one(x: list[float]) -> list[float]:
+    return [math.log(max(v, 0.0) + LOG_EPS) for v in x]
 
 
 def _check_trees(params: dict[str, Any], n_features: int) -> None:
@@ -203,6 +233,9 @@ class HGB(Family):
     def predict(self, params: dict[str, Any], x: np.ndarray) -> np.ndarray:
         return np.exp(_trees_predict(params, _log_features(x)))
 
+    def predict_one(self, params: dict[str, Any], x: list[float]) -> float:
+        return math.exp(_trees_predict_one(params, _log_one(x)))
+
     def check(self, params: dict[str, Any], n_features: int) -> None:
         _check_trees(params, n_features)
 
@@ -220,6 +253,10 @@ class NNLSxHGB(Family):
     def predict(self, params: dict[str, Any], x: np.ndarray) -> np.ndarray:
         base = x @ np.asarray(params["coef"], float)
         return base * np.exp(_trees_predict(params, _log_features(x)))
+
+    def predict_one(self, params: dict[str, Any], x: list[float]) -> float:
+        base = sum(c * v for c, v in zip(params["coef"], x, strict=True))
+        return base * math.exp(_trees_predict_one(params, _log_one(x)))
 
     def check(self, params: dict[str, Any], n_features: int) -> None:
         _check_coef(params, n_features)

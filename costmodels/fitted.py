@@ -15,8 +15,6 @@ import math
 import warnings
 from typing import Any
 
-import numpy as np
-
 from hetprof.catalog import canonical_name
 from hetprof.costmodels.analytical import AnalyticalCostModel
 from hetprof.costmodels.base import CostModel
@@ -38,7 +36,7 @@ class LoadedModel:
     heldout_mape: float | None
 
     def predict(self, x: list[float]) -> float:
-        return float(self.family.predict(self.params, np.asarray([x], float))[0])
+        return self.family.predict_one(self.params, x)
 
 
 def validate_entry(entry: dict[str, Any]) -> LoadedModel:

@@ -52,6 +52,7 @@ class TaskFit:
     analytical: np.ndarray
     fitted_train: np.ndarray
     shape_range: dict[str, list[float]]
+    phases: list[Phase] = dataclasses.field(default_factory=list, repr=False)
     stat: str = DEFAULT_STAT
 
     @property
@@ -185,7 +186,8 @@ def fit_group(group: Group, analytical: AnalyticalCostModel, seed: int = 0,
     analytic = np.asarray([analytical.phase_time(p, group.device_type).seconds for p in group.phases])
     rng = {c: [float(group.shapes[c].min()), float(group.shapes[c].max())] for c in ("batch", "length", "layers")}
     return TaskFit(group.task_type, group.device_type, group.dtype, group.threads, len(y), group.n_samples,
-                   family.name, params, scores, heldout, y, analytic, family.predict(params, x), rng)
+                   family.name, params, scores, heldout, y, analytic, family.predict(params, x), rng,
+                   list(group.phases))
 
 
 def fit_database(db: Any, task: str | None = None, device: str | None = None, seed: int = 0,

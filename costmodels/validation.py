@@ -35,27 +35,44 @@ def mape(pred: np.ndarray, true: np.ndarray) -> float:
 def range_folds(shapes: pd.DataFrame) -> list[Fold]:
     """Folds holding out the extremes of each varied shape column, and each model in turn.
 
-    `shapes` has columns model, batch, length, layers (one row per sample). A fold is kept only
-    when both sides are non-empty and the training side has at least MIN_TRAIN_ROWS rows.
+    `shapes` has columns model, batch, length, layers (one row per shape). A fold is kept only
+    when both sides are non-empty, the training side has at least MIN_TRAIN_ROWS rows, and it still
+    varies along the held-out direction (see `_identifiable`).
     """
     folds: list[Fold] = []
     n = len(shapes)
-    for col, label in (("batch", "batch"), ("length", "length"), ("layers", "layers")):
-        values = shapes[col].to_numpy()
+    for col in ("batch", "length", "model", "layers"):  # a model fold is named before its layers twin
+        values = shapes[col].to_numpy() if col != "model" else shapes[col].astype(str).to_numpy()
         if len(np.unique(values)) < 2:
             continue
-        folds.append(Fold(f"largest {label}", values == values.max()))
-        folds.append(Fold(f"smallest {label}", values == values.min()))
-    models = shapes["model"].astype(str).to_numpy()
-    if len(np.unique(models)) > 1:
-        folds.extend(Fold(f"model {m}", models == m) for m in np.unique(models))
+        if col == "model":
+            folds.extend(Fold(f"model {m}", values == m) for m in np.unique(values))
+        else:
+            folds.append(Fold(f"largest {col}", values == values.max()))
+            folds.append(Fold(f"smallest {col}", values == values.min()))
     kept, seen = [], set()
     for f in folds:  # e.g. "most layers" and "model X" are the same rows when models differ in depth
         key = f.test.tobytes()
-        if key not in seen and 0 < f.test.sum() < n and n - f.test.sum() >= MIN_TRAIN_ROWS:
-            seen.add(key)
-            kept.append(f)
+        if key in seen or not 0 < f.test.sum() < n or n - f.test.sum() < MIN_TRAIN_ROWS:
+            continue
+        if not _identifiable(shapes[~f.test], f.name):
+            continue
+        seen.add(key)
+        kept.append(f)
     return kept
+
+
+def _identifiable(train: pd.DataFrame, name: str) -> bool:
+    """Whether the training side still shows a trend in the direction the fold extrapolates.
+
+    Holding out the largest batch when only two batch sizes exist leaves one batch size to learn
+    from: no fit can tell per-sequence from fixed cost then, so the fold would measure luck, not
+    extrapolation. Likewise a model fold needs at least two other models (of different depth).
+    """
+    column = "model" if name.startswith("model ") else name.split()[-1]
+    if train[column].nunique() < 2:
+        return False
+    return column != "model" or train["layers"].nunique() >= 2 or train["model"].nunique() >= 3
 
 
 def _eligible(n: int, candidates: tuple[str, ...] = CANDIDATES) -> list[Family]:
