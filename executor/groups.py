@@ -55,13 +55,28 @@ def device_kind(cluster: ClusterSpec, device_id: str) -> str:
 
 
 def check_supported(plan: Plan, cuda_available: bool | None = None) -> str:
-    """Refuse what this executor cannot carry out; returns the torch.distributed backend to use."""
+    """Refuse what this executor cannot carry out; returns the torch.distributed backend to use.
+
+    Carried out: data parallelism everywhere (uneven shares), and tensor parallelism for generation
+    and inference tasks (torch's tensor-parallel API over each replica's devices). Refused, naming
+    the task and its layout: pipeline stages, and tensor parallelism in training.
+    """
+    roles = plan.workload_spec().roles()
     for t in plan.tasks:
-        if t.layout.tp > 1 or t.layout.pp > 1:
+        if t.layout.pp > 1:
             raise ExecutionError(
-                f"task {t.task} has layout {t.layout}: this executor runs data parallelism only "
-                f"(tp = 1, pp = 1); tensor/pipeline parallel execution is refused rather than changed — "
-                f"replan with --max-tp 1 --max-pp 1 or edit the plan")
+                f"task {t.task} has layout {t.layout}: this executor does not run pipeline stages (pp > 1); "
+                f"it is refused rather than changed — replan with --max-pp 1 or edit the plan")
+        if t.layout.tp > 1:
+            if t.kind == "training":
+                raise ExecutionError(
+                    f"task {t.task} has layout {t.layout}: tensor parallelism is carried out for generation "
+                    f"and inference only, not training; replan with --max-tp 1 or edit the plan")
+            shape = roles[t.role]
+            if shape.heads % t.layout.tp or shape.kv_heads % t.layout.tp or shape.ffn % t.layout.tp:
+                raise ExecutionError(
+                    f"task {t.task} has layout {t.layout}: TP{t.layout.tp} must divide the {t.role} model's "
+                    f"attention heads ({shape.heads}), KV heads ({shape.kv_heads}) and FFN width ({shape.ffn})")
         devices = t.devices()
         if len(set(devices)) != len(devices):
             raise ExecutionError(f"task {t.task} places two replicas on one device ({devices}); "
@@ -87,14 +102,29 @@ class TaskRanks:
     task: str
     kind: str
     role: str
-    ranks: tuple[int, ...]
+    ranks: tuple[int, ...]  # each replica's lead (its first TP rank)
     shares: tuple[float, ...]
-    devices: tuple[str, ...]
+    devices: tuple[str, ...]  # each replica's lead device
     layout: str
+    tp_ranks: tuple[tuple[int, ...], ...] = ()  # every rank of each replica (tp of them)
 
     @property
     def lead(self) -> int:
         return self.ranks[0]
+
+    @property
+    def tp(self) -> int:
+        return len(self.tp_ranks[0]) if self.tp_ranks else 1
+
+    @property
+    def all_ranks(self) -> tuple[int, ...]:
+        return tuple(r for replica in self.tp_ranks for r in replica) if self.tp_ranks else self.ranks
+
+    def replica_of(self, rank: int) -> int:
+        for i, replica in enumerate(self.tp_ranks or tuple((r,) for r in self.ranks)):
+            if rank in replica:
+                return i
+        raise ValueError(f"rank {rank} runs no replica of {self.task}")
 
 
 class Topology:
@@ -107,13 +137,14 @@ class Topology:
         self.tasks: dict[str, TaskRanks] = {}
         for t in plan.tasks:
             tasklets = sorted(t.tasklets, key=lambda k: k.replica)
-            missing = [k.devices[0] for k in tasklets if k.devices[0] not in rank_of]
+            missing = [d for k in tasklets for d in k.devices if d not in rank_of]
             if missing:
                 raise ExecutionError(f"task {t.task}: no worker runs device(s) {missing}")
             self.tasks[t.task] = TaskRanks(
                 t.task, TASKS[t.task][0], TASKS[t.task][1],
                 tuple(rank_of[k.devices[0]] for k in tasklets), tuple(k.batch_share for k in tasklets),
-                tuple(k.devices[0] for k in tasklets), str(t.layout))
+                tuple(k.devices[0] for k in tasklets), str(t.layout),
+                tuple(tuple(rank_of[d] for d in k.devices) for k in tasklets))
         if "actor_gen" not in self.tasks or "actor_train" not in self.tasks:
             raise ExecutionError("a plan needs placements for actor_gen and actor_train")
         self.groups: dict[str, dist.ProcessGroup | None] = {}
@@ -126,7 +157,8 @@ class Topology:
 
     @property
     def generators(self) -> tuple[int, ...]:
-        return self.tasks["actor_gen"].ranks
+        """Every rank holding a generator copy (all TP ranks of every replica)."""
+        return self.tasks["actor_gen"].all_ranks
 
     @property
     def sync_ranks(self) -> list[int]:
@@ -142,11 +174,11 @@ class Topology:
         if edge == "weight_sync":
             return sorted({self.leader, *self.generators})
         if edge == "critic_sync" and "critic_train" in self.tasks and "critic_infer" in self.tasks:
-            return sorted({self.tasks["critic_train"].lead, *self.tasks["critic_infer"].ranks})
+            return sorted({self.tasks["critic_train"].lead, *self.tasks["critic_infer"].all_ranks})
         return []
 
     def tasks_on(self, rank: int) -> list[str]:
-        return [name for name, t in self.tasks.items() if rank in t.ranks]
+        return [name for name, t in self.tasks.items() if rank in t.all_ranks]
 
     def inference_tasks(self) -> list[TaskRanks]:
         return [self.tasks[n] for n in INFERENCE_ORDER if n in self.tasks]
@@ -169,6 +201,10 @@ class Topology:
         for t in self.inference_tasks():
             self.groups[t.task] = dist.new_group(sorted(t.ranks), backend=backend)
         self.groups["actor_gen"] = dist.new_group(sorted(self.generators), backend=backend)
+        for t in self.tasks.values():  # one group per tensor-parallel replica
+            for i, replica in enumerate(t.tp_ranks):
+                if len(replica) > 1:
+                    self.groups[f"{t.task}/tp{i}"] = dist.new_group(list(replica), backend=backend)
         self.groups["weight_sync"] = dist.new_group(self.sync_ranks, backend=backend)
         if self.sync_members("critic_sync"):
             self.groups["critic_sync"] = dist.new_group(self.sync_members("critic_sync"), backend=backend)

@@ -20,7 +20,9 @@ from hetprof.specs import workload_tasks as tasks_of
 def manual_plan(cluster: ClusterSpec | Mapping[str, Any], workload: WorkloadSpec | Mapping[str, Any],
                 placement: Mapping[str, Sequence[str]], shares: Mapping[str, Sequence[float]] | None = None,
                 predicted: Prediction | None = None, task_seconds: Mapping[str, float] | None = None) -> Plan:
-    """A data-parallel plan: `placement[task]` lists one device per replica, `shares[task]` their batch shares."""
+    """A plan from placements: `placement[task]` lists each replica's device, or its list of devices
+    for tensor parallelism (all replicas of a task with the same TP degree); `shares[task]` their
+    batch shares."""
     cluster_d = cluster.to_dict() if isinstance(cluster, ClusterSpec) else dict(cluster)
     workload_d = workload.to_dict() if isinstance(workload, WorkloadSpec) else dict(workload)
     wl = WorkloadSpec.from_dict(workload_d)
@@ -29,9 +31,13 @@ def manual_plan(cluster: ClusterSpec | Mapping[str, Any], workload: WorkloadSpec
     for task in tasks_of(wl):
         if task not in placement:
             raise SpecError(None, f"placement.{task}", "a list of device ids for every task of the workload", None)
-        devices = list(placement[task])
+        devices = [[d] if isinstance(d, str) else list(d) for d in placement[task]]
         if not devices:
             raise SpecError(None, f"placement.{task}", "at least one device", devices)
+        tp = len(devices[0])
+        if any(len(d) != tp for d in devices):
+            raise SpecError(None, f"placement.{task}", "replicas with the same number of devices (TP degree)",
+                            devices)
         share = list((shares or {}).get(task) or [1.0 / len(devices)] * len(devices))
         if len(share) != len(devices):
             raise SpecError(None, f"shares.{task}", f"{len(devices)} shares (one per replica)", share)
@@ -41,8 +47,8 @@ def manual_plan(cluster: ClusterSpec | Mapping[str, Any], workload: WorkloadSpec
                 "reward_infer": "reward", "critic_infer": "critic", "critic_train": "critic"}[task]
         n_layers = layers[role].layers
         placements.append(TaskPlacement(
-            task=task, group="", layout=Layout(dp=len(devices)),
-            tasklets=[Tasklet(replica=i, stage=0, devices=[d], layer_start=0, layer_end=n_layers, batch_share=s)
+            task=task, group="", layout=Layout(dp=len(devices), tp=tp),
+            tasklets=[Tasklet(replica=i, stage=0, devices=d, layer_start=0, layer_end=n_layers, batch_share=s)
                       for i, (d, s) in enumerate(zip(devices, share, strict=True))],
             predicted_s=(task_seconds or {}).get(task)))
     # Tasks whose device sets overlap time-share those devices: they form one group, as in the planner.

@@ -25,6 +25,7 @@ from hetprof.executor.modeling import (
     torch_dtype,
     unwrap,
 )
+from hetprof.executor.tensorpar import is_sharded, load_full, tensor_parallel
 from hetprof.executor.tokenizer import load_tokenizer
 from hetprof.executor.weightsync import flatten_params
 from hetprof.models import PRESETS
@@ -79,22 +80,23 @@ class RoleSet:
         self.models: dict[str, torch.nn.Module] = {}
         self.learners: dict[str, Any] = {}
         if "actor_gen" in tasks:
-            self.models["actor_gen"] = build_causal_lm(actor, seed=seed, dtype=self.infer_dtype, device=device)
-            flatten_params(self.models["actor_gen"], options.bucket_mb)  # syncs land in place
+            model = build_causal_lm(actor, seed=seed, dtype=self.infer_dtype, device=device)
+            self.models["actor_gen"] = self._place("actor_gen", model)
             self.backend = get_backend(options.backend)(self.models["actor_gen"], self.tokenizer, device)
         if "ref_infer" in tasks:
-            self.models["ref_infer"] = build_causal_lm(model_ref(workload, "reference"), seed=seed,
-                                                       dtype=self.infer_dtype, device=device).eval()
+            model = build_causal_lm(model_ref(workload, "reference"), seed=seed, dtype=self.infer_dtype,
+                                    device=device).eval()
+            self.models["ref_infer"] = self._place("ref_infer", model, flatten=False)
         if "critic_infer" in tasks:
-            self.models["critic_infer"] = build_value_model(model_ref(workload, "critic"), seed=seed + 1,
-                                                            dtype=self.infer_dtype, device=device).eval()
-            flatten_params(self.models["critic_infer"], options.bucket_mb)
+            model = build_value_model(model_ref(workload, "critic"), seed=seed + 1, dtype=self.infer_dtype,
+                                      device=device).eval()
+            self.models["critic_infer"] = self._place("critic_infer", model)
         if "reward_infer" in tasks:
             from hetprof.executor.rewards import RewardModelScorer
 
             rm = build_reward_model(model_ref(workload, "reward"), seed=seed + 2, dtype=self.infer_dtype,
                                     device=device).eval()
-            self.models["reward_infer"] = rm
+            self.models["reward_infer"] = self._place("reward_infer", rm, flatten=False)
             self.reward_model = RewardModelScorer(rm, self.tokenizer, device)
         if "actor_train" in tasks:
             model = build_causal_lm(actor, seed=seed, dtype=self.train_dtype, device=device)
@@ -106,6 +108,17 @@ class RoleSet:
         from hetprof.executor.rewards import get_reward
 
         self.reward_fn = get_reward(options.reward)
+
+    def _place(self, task: str, model: torch.nn.Module, flatten: bool = True) -> torch.nn.Module:
+        """Shard a generation/inference model over its replica's TP ranks, or (TP1) lay its weights
+        out flat so weight syncs land in place."""
+        tr = self.topo.tasks[task]
+        if tr.tp > 1:
+            replica = tr.replica_of(self.rank)
+            return tensor_parallel(model, self.topo.groups[f"{task}/tp{replica}"], self.device.type, task)
+        if flatten:
+            flatten_params(model, self.opts.bucket_mb)
+        return model
 
     def _prompt_source(self) -> PromptSource:
         n = self.workload.prompts_per_step
@@ -231,6 +244,9 @@ class RoleSet:
         return unwrap(self.models["actor_gen" if role == "actor" else "critic_infer"])
 
     def apply_weights(self, role: str):
+        target = self.sync_target(role)
+        if is_sharded(target):
+            return load_full(target)  # each TP rank keeps its shard of the full tensors
         if role == "actor":
             return self.backend.load_weights
         params = dict(unwrap(self.models["critic_infer"]).named_parameters())

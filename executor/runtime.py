@@ -210,8 +210,10 @@ class Worker:
 
     # ---- phases ------------------------------------------------------------------------------
     def _generate(self, b: int, times: dict, info: dict) -> None:
+        """Generate this replica's prompts; the TP ranks of a replica all run it (same seed, same
+        tokens) and its first rank sends the rollout to the leader."""
         gen = self.topo.tasks["actor_gen"]
-        replica = gen.ranks.index(self.rank)
+        replica = gen.replica_of(self.rank)
         prompts = self.roles.prompts(b)
         counts = split_counts(len(prompts), gen.shares, minimum=1)
         mine = offsets(counts)[replica]
@@ -220,6 +222,8 @@ class Worker:
         out["prompt_index"] = torch.arange(mine.start, mine.stop).repeat_interleave(
             self.workload.responses_per_prompt)
         times["actor_gen"] = time.perf_counter() - t0
+        if self.rank != gen.ranks[replica]:
+            return
         info["gen_tokens"] = int(out["response_mask"].sum())
         if self.is_leader:
             self._own_rollout = out
@@ -235,23 +239,29 @@ class Worker:
         return pad_cat(parts, self.roles.pad_id)
 
     def _infer(self, task: str, b: int, batch: dict | None, times: dict) -> dict | None:
+        """Scatter the batch over the task's replicas by share (every TP rank of a replica gets its
+        slice), compute, and gather the replicas' results (from each replica's first rank)."""
         tr = self.topo.tasks[task]
         keys = ("input_ids", "attention_mask", "response_mask")
+        replicas = tr.tp_ranks or tuple((r,) for r in tr.ranks)
         if self.is_leader:
             counts = split_counts(batch["input_ids"].shape[0], tr.shares, minimum=1)
             slices = offsets(counts)
-            for r, rows in zip(tr.ranks, slices, strict=True):
-                if r != self.rank:
-                    self.outbox.send(take(batch, keys, rows), r, tag(b, INFER_IN[task]), self.device)
-        if self.rank in tr.ranks:
+            for members, rows in zip(replicas, slices, strict=True):
+                for r in members:
+                    if r != self.rank:
+                        self.outbox.send(take(batch, keys, rows), r, tag(b, INFER_IN[task]), self.device)
+        result = None
+        if self.rank in tr.all_ranks:
+            replica = tr.replica_of(self.rank)
             if self.is_leader:
-                part = take(batch, keys, slices[tr.ranks.index(self.rank)])
+                part = take(batch, keys, slices[replica])
             else:
                 part = recv_tensors(self.leader, tag(b, INFER_IN[task]), self.device)
             t0 = time.perf_counter()
             result = self.roles.infer(task, part)
             times[task] = time.perf_counter() - t0
-            if not self.is_leader:
+            if not self.is_leader and self.rank == tr.ranks[replica]:
                 self.outbox.send(result, self.leader, tag(b, INFER_OUT[task]), self.device)
         if self.is_leader:
             results = [result if r == self.rank else recv_tensors(r, tag(b, INFER_OUT[task]), self.device)
@@ -377,7 +387,7 @@ class Worker:
                                     ("critic_sync", self.topo.tasks.get("critic_infer", None))):
                 if not self.topo.sync_members(edge):
                     continue
-                count = len(receivers if edge == "weight_sync" else receivers.ranks)
+                count = len(receivers if edge == "weight_sync" else receivers.all_ranks)
                 digests = [d for g in gathered for d in g.get("digest", {}).get(edge, [])]
                 # one digest from the trainer and one from every receiving copy, all equal
                 if len(set(digests)) != 1 or len(digests) != 1 + count:

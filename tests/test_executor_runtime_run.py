@@ -53,8 +53,9 @@ def alive(pid: int) -> bool:
 
 
 def test_async_k2_keeps_every_trained_sample_within_two_versions_and_syncs_bitwise(tmp_path):
+    # two generators with uneven shares; the reference model tensor-parallel over both devices
     plan = write_plan(tmp_path / "plan.json", 2,
-                      {"actor_gen": ["localhost:0", "localhost:1"], "ref_infer": ["localhost:1"],
+                      {"actor_gen": ["localhost:0", "localhost:1"], "ref_infer": [["localhost:0", "localhost:1"]],
                        "actor_train": ["localhost:1"]},
                       shares={"actor_gen": [0.75, 0.25]}, mode="async", staleness=2)
     done = hetprof_run(plan, tmp_path, "--iterations", "5", "--verify-sync")
@@ -65,6 +66,8 @@ def test_async_k2_keeps_every_trained_sample_within_two_versions_and_syncs_bitwi
     assert max(r["staleness_max"] for r in records) == 2  # it really ran two versions ahead
     assert all(r["sync_verified"] is True for r in records)
     assert all(r["mode"] == "async" and r["staleness_bound"] == 2 for r in records)
+    assert records[0]["layouts"]["ref_infer"] == "DP1×TP2×PP1"  # reference log-probs tensor-parallel
+    assert records[0]["kl"] < 1e-4  # ...and equal to the generator's at the first update
     # the steps that still generate (the last k only drain) time both generator replicas
     generating = [r for r in records if "actor_gen" in r["replicas"]]
     assert len(generating) == 5 - 2 and all(len(r["replicas"]["actor_gen"]) == 2 for r in generating)
@@ -77,10 +80,11 @@ def test_async_k2_keeps_every_trained_sample_within_two_versions_and_syncs_bitwi
 
 
 def test_killed_worker_stops_the_run_naming_it_and_resume_completes(tmp_path):
-    # PPO with a critic and a reward model, async k = 1: every role, both sync edges and both
-    # trained models' checkpoints take part in the kill and the resume.
+    # PPO with a critic and a reward model, async k = 1, generation tensor-parallel (TP2): every
+    # role, both sync edges and both trained models' checkpoints take part in the kill and resume.
     plan = write_plan(tmp_path / "plan.json", 2,
-                      {"actor_gen": ["localhost:0"], "ref_infer": ["localhost:1"], "reward_infer": ["localhost:0"],
+                      {"actor_gen": [["localhost:0", "localhost:1"]], "ref_infer": ["localhost:1"],
+                       "reward_infer": ["localhost:0"],
                        "critic_infer": ["localhost:1"], "actor_train": ["localhost:1", "localhost:0"],
                        "critic_train": ["localhost:0"]},
                       shares={"actor_train": [0.6, 0.4]}, mode="async", staleness=1, algorithm="ppo",
@@ -125,6 +129,7 @@ def test_killed_worker_stops_the_run_naming_it_and_resume_completes(tmp_path):
     assert {"critic_infer", "critic_train", "reward_infer", "critic_sync"} <= set(records[-1]["stages"])
     assert len(records[-1]["replicas"]["actor_train"]) == 2
     assert (ckpt / "critic_train").is_dir() and (ckpt / "actor_train").is_dir()
+    assert records[-1]["layouts"]["actor_gen"] == "DP1×TP2×PP1"
 
     out = subprocess.run([HETPROF, "validate", str(log)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "per task" in out.stdout and "actor_train" in out.stdout
@@ -152,9 +157,9 @@ def test_layouts_the_runtime_cannot_carry_out_are_refused_up_front(tmp_path):
     for g in base["groups"]:
         g["devices"] = ["localhost:0", "localhost:1"]
     tp, pp = json.loads(json.dumps(base)), json.loads(json.dumps(base))
-    gen = next(t for t in tp["tasks"] if t["task"] == "actor_gen")
-    gen["layout"]["tp"] = 2
-    gen["tasklets"][0]["devices"] = ["localhost:0", "localhost:1"]
+    train = next(t for t in tp["tasks"] if t["task"] == "actor_train")
+    train["layout"]["tp"] = 2
+    train["tasklets"][0]["devices"] = ["localhost:0", "localhost:1"]
     train = next(t for t in pp["tasks"] if t["task"] == "actor_train")
     train["layout"]["pp"] = 2
     train["tasklets"] = [{**train["tasklets"][0], "stage": 0, "layer_end": 1, "devices": ["localhost:0"]},
@@ -164,5 +169,5 @@ def test_layouts_the_runtime_cannot_carry_out_are_refused_up_front(tmp_path):
     plan_path.write_text(json.dumps(tp))
     start = time.time()
     done = hetprof_run(plan_path, tmp_path, "--iterations", "1", timeout=60)
-    assert done.returncode == 4 and "actor_gen" in done.stderr and "TP2" in done.stderr
+    assert done.returncode == 4 and "actor_train" in done.stderr and "TP2" in done.stderr
     assert time.time() - start < 30 and not (tmp_path / "run.jsonl").exists()  # no worker started

@@ -106,21 +106,36 @@ def test_topology_leads_training_and_builds_sync_edges():
         Topology(plan, {"a:0": 0, "a:1": 1, "b:0": 2})
 
 
-def test_check_supported_refuses_gpus_without_cuda_and_tp_naming_the_task():
-    gpu = {"name": "g", "hosts": [{"name": "n", "gpus": {"type": "A100-40GB", "count": 2}}]}
-    plan = manual_plan(gpu, workload(), {"actor_gen": ["n:0"], "ref_infer": ["n:1"], "actor_train": ["n:1"]})
-    with pytest.raises(ExecutionError, match="no CUDA device"):
-        check_supported(plan, cuda_available=False)
-    assert check_supported(plan, cuda_available=True) == "nccl"
-    data = plan.to_dict()
-    data["tasks"][0]["layout"]["tp"] = 2
-    data["tasks"][0]["tasklets"][0]["devices"] = ["n:0", "n:1"]
-    for g in data["groups"]:
-        g["devices"] = ["n:0", "n:1"]
+def test_check_supported_refuses_gpus_without_cuda_and_layouts_it_cannot_run_naming_the_task():
     from hetprof.specs import Plan
 
-    with pytest.raises(ExecutionError, match=r"actor_gen.*TP2"):
+    gpu = {"name": "g", "hosts": [{"name": "n", "gpus": {"type": "A100-40GB", "count": 2}}]}
+    plan = manual_plan(gpu, workload(), {"actor_gen": [["n:0", "n:1"]], "ref_infer": ["n:1"], "actor_train": ["n:1"]})
+    with pytest.raises(ExecutionError, match="no CUDA device"):
+        check_supported(plan, cuda_available=False)
+    assert check_supported(plan, cuda_available=True) == "nccl"  # TP2 generation is carried out
+    data = plan.to_dict()
+    train = next(t for t in data["tasks"] if t["task"] == "actor_train")
+    train["layout"]["tp"] = 2
+    train["tasklets"][0]["devices"] = ["n:0", "n:1"]
+    for g in data["groups"]:
+        g["devices"] = ["n:0", "n:1"]
+    with pytest.raises(ExecutionError, match=r"actor_train.*TP2.*not training"):
         check_supported(Plan.from_dict(data), cuda_available=True)
+    tp4 = manual_plan(cluster({"h": 4}), workload(), {"actor_gen": [["h:0", "h:1", "h:2", "h:3"]],
+                                                      "ref_infer": ["h:1"], "actor_train": ["h:1"]})
+    with pytest.raises(ExecutionError, match=r"actor_gen.*TP4 must divide.*KV heads \(2\)"):
+        check_supported(tp4)
+
+
+def test_tensor_parallel_topology_counts_every_rank_of_a_replica():
+    plan = manual_plan(cluster({"h": 3}), workload(), {"actor_gen": [["h:0", "h:1"]], "ref_infer": [["h:1", "h:2"]],
+                                                       "actor_train": ["h:2"]})
+    topo = Topology(plan, {"h:0": 0, "h:1": 1, "h:2": 2})
+    gen = topo.tasks["actor_gen"]
+    assert gen.ranks == (0,) and gen.all_ranks == (0, 1) and gen.tp == 2 and gen.replica_of(1) == 0
+    assert topo.generators == (0, 1) and topo.sync_members("weight_sync") == [0, 1, 2]
+    assert topo.tasks_on(1) == ["actor_gen", "ref_infer"]
 
 
 def test_node_host_refuses_a_node_count_the_plan_does_not_have():
