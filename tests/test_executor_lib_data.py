@@ -136,3 +136,25 @@ def test_prompt_source_is_deterministic_covers_epochs_and_resumes():
 def test_builtin_source_defaults():
     src = PromptSource.builtin(batch_size=8, seed=1)
     assert len(src.next_batch()) == 8 and src.cursor == 1
+
+
+def test_local_hf_tokenizer_directory(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from hetprof.executor.tokenizer import HFTokenizer
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "[UNK]": 3, "two": 4, "plus": 5, "is": 6, "4": 7}
+    raw = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=raw, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                   unk_token="[UNK]")
+    fast.save_pretrained(tmp_path)
+    tok = load_tokenizer(str(tmp_path))
+    assert isinstance(tok, HFTokenizer)
+    assert (tok.pad_id, tok.bos_id, tok.eos_id, tok.vocab_size) == (0, 1, 2, 8)
+    ids = tok.encode("two plus two is 4")
+    assert ids == [1, 4, 5, 4, 6, 7]
+    assert tok.decode(ids[1:] + [tok.eos_id, 4, 4]) == "two plus two is 4"
+    padded, mask = encode_batch(tok, ["two", "two plus two"])
+    assert padded[0].tolist() == [0, 0, 1, 4] and mask[0].tolist() == [0, 0, 1, 1]
