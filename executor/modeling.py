@@ -12,9 +12,13 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 from hetprof.errors import SpecError
 from hetprof.models import ModelShape, resolve_model
@@ -54,7 +58,7 @@ def _shape(model_ref: str | ModelShape) -> ModelShape:
                         model_ref) from None
 
 
-def hf_config(model_ref: str | ModelShape):
+def hf_config(model_ref: str | ModelShape) -> PretrainedConfig:
     """The transformers config object for a preset, a ModelShape, or a local config."""
     from transformers import AutoConfig
 

@@ -18,13 +18,14 @@ from importlib.metadata import entry_points
 import torch
 
 from hetprof.errors import SpecError
+from hetprof.executor.tokenizer import Tokenizer, pad_left
 
 RewardFn = Callable[[Sequence[str], Sequence[str], Sequence[str | None]], list[float]]
 ENTRY_POINT_GROUP = "hetprof.rewards"
 _REGISTRY: dict[str, Callable[[], RewardFn]] = {}
 
 
-def register_reward(name: str):
+def register_reward(name: str) -> Callable[[Callable[[], RewardFn]], Callable[[], RewardFn]]:
     """Register a factory (no arguments) returning a batched reward function."""
 
     def deco(factory: Callable[[], RewardFn]) -> Callable[[], RewardFn]:
@@ -160,7 +161,7 @@ class RewardModelScorer:
     with texts makes it usable wherever a rule-based reward is.
     """
 
-    def __init__(self, model: torch.nn.Module, tokenizer, device: torch.device | str = "cpu",
+    def __init__(self, model: torch.nn.Module, tokenizer: Tokenizer, device: torch.device | str = "cpu",
                  micro_batch_size: int = 64):
         self.model = model
         self.tokenizer = tokenizer
@@ -178,8 +179,6 @@ class RewardModelScorer:
 
     def __call__(self, prompts: Sequence[str], responses: Sequence[str],
                  answers: Sequence[str | None]) -> list[float]:
-        from hetprof.executor.tokenizer import pad_left
-
         seqs = [self.tokenizer.encode(p) + self.tokenizer.encode(r, add_bos=False) + [self.tokenizer.eos_id]
                 for p, r in zip(prompts, responses, strict=True)]
         ids, mask = pad_left(seqs, self.tokenizer.pad_id)

@@ -13,11 +13,14 @@ from __future__ import annotations
 import string
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from hetprof.errors import SpecError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 _SPECIALS = (PAD, BOS, EOS, UNK)
@@ -82,7 +85,7 @@ class CharTokenizer:
 class HFTokenizer:
     """A transformers tokenizer behind the executor's small interface (ids as plain lists)."""
 
-    def __init__(self, tok) -> None:
+    def __init__(self, tok: PreTrainedTokenizerBase) -> None:
         self._tok = tok
         eos = tok.eos_token_id
         if eos is None:

@@ -7,6 +7,7 @@ and calling `register_algorithm("name")` or declaring an entry point in `hetprof
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from importlib.metadata import entry_points
 
 from hetprof.errors import SpecError
@@ -16,7 +17,7 @@ ENTRY_POINT_GROUP = "hetprof.algorithms"
 _REGISTRY: dict[str, type[Algorithm]] = {}
 
 
-def register_algorithm(name: str):
+def register_algorithm(name: str) -> Callable[[type[Algorithm]], type[Algorithm]]:
     """Class decorator adding an algorithm under `name`."""
 
     def deco(cls: type[Algorithm]) -> type[Algorithm]:

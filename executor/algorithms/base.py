@@ -16,11 +16,16 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
 from hetprof.errors import SpecError
 from hetprof.executor.logprobs import masked_mean
+
+if TYPE_CHECKING:
+    from hetprof.executor.backends.base import Rollout
 
 
 @dataclasses.dataclass
@@ -68,7 +73,8 @@ class RLBatch:
     versions: torch.Tensor | None = None            # [B] weight version each sample was generated with
 
     @classmethod
-    def from_rollout(cls, rollout, rewards, group_size: int = 1, **extra) -> RLBatch:
+    def from_rollout(cls, rollout: Rollout, rewards: Sequence[float] | torch.Tensor, group_size: int = 1,
+                     **extra: torch.Tensor | None) -> RLBatch:
         """A batch from a backend's `Rollout` and per-sequence rewards (list or tensor)."""
         rewards = torch.as_tensor(rewards, dtype=torch.float32, device=rollout.input_ids.device)
         return cls(input_ids=rollout.input_ids, attention_mask=rollout.attention_mask,

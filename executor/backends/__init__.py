@@ -7,6 +7,7 @@ asks for one by the name the user gave (`hetprof run --backend NAME`), never by 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from importlib.metadata import entry_points
 
 from hetprof.errors import SpecError
@@ -16,7 +17,7 @@ ENTRY_POINT_GROUP = "hetprof.backends"
 _REGISTRY: dict[str, type[GenerationBackend]] = {}
 
 
-def register_backend(name: str):
+def register_backend(name: str) -> Callable[[type[GenerationBackend]], type[GenerationBackend]]:
     """Class decorator adding a backend under `name` (a later registration of a name replaces it)."""
 
     def deco(cls: type[GenerationBackend]) -> type[GenerationBackend]:

@@ -83,7 +83,7 @@ class VLLMBackend(GenerationBackend):
                 raise ExecutionError("vLLM returned fewer log-probs than tokens; cannot form a rollout")
             responses.append(toks)
             lps.append(lp)
-            finished.append(bool(toks) and toks[-1] == eos)
+            finished.append(comp.finish_reason == "stop")
         ids, prompt_mask = pad_left(prompt_ids, pad)
         batch, width = ids.shape
         resp_w = max(1, max(len(r) for r in responses))
