@@ -33,8 +33,12 @@ def _one_thread():
     torch.set_num_threads(before)
 
 
-def _train(algorithm: str, seed: int, iterations: int = 20, prompts: int = 8, group: int = 8):
-    """A single-process RL loop: generate → reward → reference/critic → advantages → update."""
+def _train(algorithm: str, seed: int, iterations: int = 20, prompts: int = 8, group: int = 8, staleness: int = 0):
+    """A single-process RL loop: generate → reward → reference/critic → advantages → update.
+
+    With `staleness` k > 0 the generator holds its own copy of the actor, k weight versions behind
+    the trainer (what async mode does across processes), so the decoupled objective has work to do.
+    """
     torch.manual_seed(seed)
     actor = build_causal_lm("tiny", seed=seed)
     reference = copy.deepcopy(actor).eval()
@@ -47,11 +51,15 @@ def _train(algorithm: str, seed: int, iterations: int = 20, prompts: int = 8, gr
         critic_learner = Learner(critic, torch.optim.Adam(critic.parameters(), lr=1e-2), algo, ppo_epochs=4,
                                  mini_batches=2, role="critic", seed=seed)
     source = PromptSource.builtin(prompts, seed=seed, words=False)
-    generator = get_backend("hf")(actor, TOK)
+    rollout_model = copy.deepcopy(actor) if staleness else actor
+    versions = [copy.deepcopy(actor.state_dict())]  # versions[v]: the weights after v updates
+    generator = get_backend("hf")(rollout_model, TOK)
     sampler = torch.Generator().manual_seed(seed)
     reward = get_reward("arithmetic")
     history = []
-    for _ in range(iterations):
+    for step in range(iterations):
+        if staleness:
+            generator.load_weights(versions[max(0, step - staleness)])
         batch_prompts = [p for p in source.next_batch() for _ in range(group)]
         rollout = generator.generate([TOK.encode(p.text) for p in batch_prompts], max_new_tokens=3,
                                      temperature=1.0, generator=sampler)
@@ -67,6 +75,8 @@ def _train(algorithm: str, seed: int, iterations: int = 20, prompts: int = 8, gr
         stats = learner.update(batch)
         if critic_learner is not None:
             stats.update(critic_learner.update(batch))
+        if staleness:
+            versions.append(copy.deepcopy(actor.state_dict()))
         history.append(stats)
     return history
 
@@ -87,6 +97,16 @@ def test_reward_rises_on_the_tiny_model(algorithm):
     assert history[-1]["entropy"] < history[0]["entropy"]
     if algorithm == "ppo":
         assert "value_loss" in history[-1] and "explained_variance" in history[-1]
+
+
+def test_async_staleness_is_corrected_and_still_learns():
+    history = _train("grpo", seed=1, staleness=2)
+    rewards = [h["reward_mean"] for h in history]
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    assert last > first + 0.08, f"reward {first:.3f} -> {last:.3f} with 2 stale versions"
+    weights = [h["behaviour_weight_mean"] for h in history]
+    assert weights[0] == pytest.approx(1.0, abs=1e-4)  # version 0 generated and trained: nothing stale
+    assert max(abs(w - 1.0) for w in weights[3:]) > 1e-3  # later batches come from older weights
 
 
 def _fixed_batch(seed: int = 0) -> RLBatch:
