@@ -11,6 +11,7 @@ The agent's report names only local ranks; this module maps them back to the pla
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import socket
 import tempfile
@@ -79,7 +80,7 @@ def node_host(plan: Plan, nnodes: int, node_rank: int) -> str:
     return hosts[node_rank]
 
 
-def describe_failures(exc: Exception, plan: Plan, host: str) -> str:
+def describe_failures(exc: Exception, plan: Plan, host: str, log_dir: str | None = None) -> str:
     """One sentence per failed worker, naming its device and tasks; killed ones first (the cause)."""
     failures = getattr(exc, "failures", {}) or {}
     devices = host_devices(plan, host)
@@ -90,13 +91,17 @@ def describe_failures(exc: Exception, plan: Plan, host: str) -> str:
         dev = devices[local_rank] if local_rank < len(devices) else f"local rank {local_rank}"
         how = (f"killed by signal {-failure.exitcode} ({failure.signal_name()})" if failure.exitcode < 0
                else f"exited with code {failure.exitcode}")
-        message = failure.message if isinstance(failure.message, str) else str(failure.message)
-        first = message.strip().splitlines()[0] if message.strip() and failure.exitcode >= 0 else ""
+        message = failure.message
+        if isinstance(message, dict):  # the error file's structured form: {"message": "...", "extraInfo": ...}
+            message = message.get("message", "")
+        message = str(message).strip().removeprefix("ExecutionError: ")
+        first = message.splitlines()[0] if message and failure.exitcode >= 0 else ""
         lines.append(f"worker {dev} (tasks {', '.join(tasks_of.get(dev, [])) or '-'}; pid {failure.pid}) {how}"
                      + (f": {first}" if first and "To enable traceback" not in first else ""))
     if not lines:
         return f"the run on host {host} failed: {exc}"
-    return "the run failed — " + "; ".join(lines)
+    where = f" (worker logs and tracebacks: {log_dir})" if log_dir else ""
+    return "the run failed — " + "; ".join(lines) + where
 
 
 def launch(options: RunOptions, nnodes: int = 1, node_rank: int = 0, rdzv: str | None = None,
@@ -132,14 +137,18 @@ def launch(options: RunOptions, nnodes: int = 1, node_rank: int = 0, rdzv: str |
         rdzv_configs={"is_host": node_rank == 0, "join_timeout": max(60, int(options.timeout_s))},
         max_restarts=0, monitor_interval=0.2, start_method="spawn",
         logs_specs=DefaultLogsSpecs(log_dir=log_dir), local_addr=local_addr,
+        shutdown_timeout=5,  # seconds between SIGTERM and SIGKILL for the survivors of a failure
     )
     env_before = os.environ.get("OMP_NUM_THREADS")
     if plan_is_cpu(plan):
         os.environ["OMP_NUM_THREADS"] = "1"  # one core per `cpu` slot, inherited by the spawned workers
+    # The agent logs each failure with its traceback at ERROR; the summary below says it once, in
+    # the plan's words, and points at the files that keep the tracebacks.
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     try:
         elastic_launch(config, worker_main)(options, host)
     except ChildFailedError as exc:
-        raise ExecutionError(describe_failures(exc, plan, host)) from None
+        raise ExecutionError(describe_failures(exc, plan, host, log_dir)) from None
     except Exception as exc:  # rendezvous/agent failures: name the host and the endpoint
         if isinstance(exc, ExecutionError):
             raise

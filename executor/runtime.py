@@ -209,6 +209,15 @@ class Worker:
             f.result()  # a failed write (disk full, locked database) fails the run visibly
 
     # ---- phases ------------------------------------------------------------------------------
+    def _recv(self, src: int, tag_: int, what: str) -> dict[str, torch.Tensor]:
+        """Receive from a peer; a dead or hung peer becomes an error that names it."""
+        try:
+            return recv_tensors(src, tag_, self.device)
+        except (RuntimeError, dist.DistError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ExecutionError(f"{self.topo.describe(self.rank)} got no {what} from {self.topo.describe(src)}: "
+                                 f"{first}") from None
+
     def _generate(self, b: int, times: dict, info: dict) -> None:
         """Generate this replica's prompts; the TP ranks of a replica all run it (same seed, same
         tokens) and its first rank sends the rollout to the leader."""
@@ -234,7 +243,7 @@ class Worker:
         t0 = time.perf_counter()
         parts = []
         for r in self.topo.tasks["actor_gen"].ranks:
-            parts.append(self._own_rollout if r == self.rank else recv_tensors(r, tag(b, ROLLOUT), self.device))
+            parts.append(self._own_rollout if r == self.rank else self._recv(r, tag(b, ROLLOUT), f"rollouts of batch {b}"))
         times["wait_rollouts"] = time.perf_counter() - t0
         return pad_cat(parts, self.roles.pad_id)
 
@@ -257,14 +266,14 @@ class Worker:
             if self.is_leader:
                 part = take(batch, keys, slices[replica])
             else:
-                part = recv_tensors(self.leader, tag(b, INFER_IN[task]), self.device)
+                part = self._recv(self.leader, tag(b, INFER_IN[task]), f"{task} inputs of batch {b}")
             t0 = time.perf_counter()
             result = self.roles.infer(task, part)
             times[task] = time.perf_counter() - t0
             if not self.is_leader and self.rank == tr.ranks[replica]:
                 self.outbox.send(result, self.leader, tag(b, INFER_OUT[task]), self.device)
         if self.is_leader:
-            results = [result if r == self.rank else recv_tensors(r, tag(b, INFER_OUT[task]), self.device)
+            results = [result if r == self.rank else self._recv(r, tag(b, INFER_OUT[task]), f"{task} results of batch {b}")
                        for r in tr.ranks]
             merged = pad_cat(results, 0)
             batch = {**batch, **merged}
@@ -316,7 +325,7 @@ class Worker:
             if self.is_leader:
                 part = take(batch, tuple(batch), slices[tr.ranks.index(self.rank)])
             else:
-                part = recv_tensors(self.leader, tag(b, kind), self.device)
+                part = self._recv(self.leader, tag(b, kind), f"{tr.task} inputs of batch {b}")
             t0 = time.perf_counter()
             stats = self.roles.train(tr.task, part)
             times[tr.task] = time.perf_counter() - t0

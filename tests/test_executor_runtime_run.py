@@ -171,3 +171,32 @@ def test_layouts_the_runtime_cannot_carry_out_are_refused_up_front(tmp_path):
     done = hetprof_run(plan_path, tmp_path, "--iterations", "1", timeout=60)
     assert done.returncode == 4 and "actor_train" in done.stderr and "TP2" in done.stderr
     assert time.time() - start < 30 and not (tmp_path / "run.jsonl").exists()  # no worker started
+
+
+def test_hung_worker_stops_the_run_within_the_timeout_naming_it(tmp_path):
+    plan = write_plan(tmp_path / "plan.json", 2,
+                      {"actor_gen": ["localhost:0"], "ref_infer": ["localhost:1"], "actor_train": ["localhost:1"]})
+    log = tmp_path / "run.jsonl"
+    cmd = [HETPROF, "--db", str(tmp_path / "db.sqlite"), "run", str(plan), "--iterations", "500", "--log", str(log),
+           "--timeout", "5", "--quiet"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        deadline = time.time() + 150
+        while time.time() < deadline and proc.poll() is None:
+            if log.is_file() and len(log.read_text().splitlines()) >= 2:
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        pids = json.loads(log.read_text().splitlines()[-1])["pids"]
+        os.kill(pids["localhost:0"], signal.SIGSTOP)  # the generator hangs (alive, silent)
+        stopped_at = time.time()
+        _, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    took = time.time() - stopped_at
+    assert proc.returncode == 4 and took < 60, (took, err[-2000:])
+    assert "from rank 0 (device localhost:0; tasks actor_gen)" in err and "Timed out" in err
+    assert "Traceback" not in err and "py_callstack" not in err  # one clear message, tracebacks in files
+    time.sleep(1.0)
+    assert not [d for d, pid in pids.items() if alive(pid)], "worker processes left behind"
