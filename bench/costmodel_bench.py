@@ -26,7 +26,9 @@ def profile(db: Path, models: str, quick: bool, rounds: int) -> float:
     for r in range(rounds):
         cmd = [exe, "--db", str(db), "profile", "--suite", "tasks", "--models", models, *(["--quick"] if quick else [])]
         print(f"round {r + 1}/{rounds}: {' '.join(cmd[1:])}", flush=True)
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            sys.exit(f"profiling failed ({done.returncode}):\n{done.stderr[-3000:]}")
     return time.perf_counter() - start
 
 
@@ -74,17 +76,20 @@ def main() -> None:
     table = Table(title=f"cost models on task rows profiled here ({args.models}, {'quick' if args.quick else 'full'} "
                         f"sweep × {rounds})")
     for col in ("task type", "device", "shapes", "samples", "fitted held-out MAPE", "analytical MAPE",
-                "analytical / fitted", "family", "folds"):
+                "analytical/fitted", "repeat noise", "family", "folds"):
         table.add_column(col, justify="left" if col in ("task type", "device", "family") else "right")
     for f in fits:
         ok = f.heldout.mape <= 0.10
         table.add_row(f.task_type, f"{f.device_type} {f.dtype}", str(f.n_rows), str(f.n_samples),
                       f"[{'green' if ok else 'red'}]{f.heldout.mape:.1%}[/]", f"{f.analytical_mape:.1%}",
-                      f"{f.analytical_mape / f.heldout.mape:.1f}×", f.family, str(f.heldout.n_folds))
-    console = Console()
+                      f"{f.analytical_mape / f.heldout.mape:.1f}×", f"{f.noise:.1%}", f.family,
+                      str(f.heldout.n_folds))
+    console = Console(width=max(Console().width, 130))  # a table of ratios is unreadable when wrapped
     console.print(table)
     console.print(f"profiling {prof_s:.0f} s, fitting {fit_s:.1f} s; cache-cold task_time query: analytical "
                   f"{a_us:.0f} µs, fitted {f_us:.0f} µs (fitted / analytical {f_us / a_us:.2f}×)")
+    console.print("repeat noise: how far a shape's target moves between two profiler rounds (or halves of its "
+                  "repeats) — the floor under any model's error on these rows")
     console.print("goal: fitted held-out MAPE ≤ 10% for every task type — "
                   + ("[green]met[/]" if all(f.heldout.mape <= 0.10 for f in fits) else "[red]not met[/]"))
 

@@ -52,16 +52,17 @@ def fit(task, device, report, stat, seed, store) -> None:
             raise ProfileDBError(f"{path}: no {what} rows to fit; run `hetprof profile --suite tasks` first")
         ids = fitting.store(db, fits) if store else []
     table = Table(title=f"hetprof fit ({path.name}, target: {stat} of repeats)")
-    table.caption = "MAPE: held-out = fitted on the rest, scored on held-out shape ranges; analytical = roofline"
+    table.caption = ("MAPE. held-out: fitted on the rest, scored on held-out shape ranges; analytical: roofline "
+                     "on the same rows; noise: how much the target moves between halves of its repeats")
     for col, just in (("task", "left"), ("device", "left"), ("dtype", "left"), ("shapes", "right"),
                       ("samples", "right"), ("family", "left"), ("held-out", "right"), ("folds", "right"),
-                      ("analytical", "right"), ("train", "right"), ("id", "left")):
+                      ("analytical", "right"), ("train", "right"), ("noise", "right"), ("id", "left")):
         table.add_column(col, justify=just)
     for i, f in enumerate(fits):
         good = f.heldout.mape <= 0.10
         table.add_row(f.task_type, f.device_type, f.dtype, str(f.n_rows), str(f.n_samples), f.family,
                       f"[{'green' if good else 'yellow'}]{_pct(f.heldout.mape)}[/]", str(f.heldout.n_folds),
-                      _pct(f.analytical_mape), _pct(f.train_mape), ids[i][:8] if ids else "-")
+                      _pct(f.analytical_mape), _pct(f.train_mape), _pct(f.noise), ids[i][:8] if ids else "-")
     console.print(table)
     for note in skipped:
         console.print(f"[yellow]skipped:[/] {note}")

@@ -53,6 +53,7 @@ class TaskFit:
     fitted_train: np.ndarray
     shape_range: dict[str, list[float]]
     phases: list[Phase] = dataclasses.field(default_factory=list, repr=False)
+    noise: float = float("nan")
     stat: str = DEFAULT_STAT
 
     @property
@@ -73,7 +74,8 @@ class TaskFit:
     def metrics(self) -> dict[str, float]:
         m = {"n_rows": self.n_rows, "n_samples": self.n_samples, "heldout_mape": self.heldout.mape,
              "heldout_folds": self.heldout.n_folds, "analytical_mape": self.analytical_mape,
-             "train_mape": self.train_mape, **{f"cv_mape_{k}": v for k, v in self.family_cv.items()}}
+             "train_mape": self.train_mape, "repeat_noise": self.noise,
+             **{f"cv_mape_{k}": v for k, v in self.family_cv.items()}}
         return {k: float(v) for k, v in m.items() if np.isfinite(v)}
 
 
@@ -89,6 +91,7 @@ class Group:
     seconds: np.ndarray
     n_samples: int
     shapes: pd.DataFrame  # model, batch, length, layers per row (for the range folds)
+    noise: float = float("nan")  # mean relative difference of the target between halves of the repeats
 
 
 def task_groups(db: Any, task: str | None = None, device: str | None = None,
@@ -135,7 +138,7 @@ def _group(bench: str, dev: str, dtype: str, threads: int | None, part: pd.DataF
     keys = [c for c in part.columns if c not in _NON_SHAPE and part[c].notna().any()]
     keys = [c for c in keys if c != "device_type"]
     shaped = part[keys].astype(str).agg("|".join, axis=1) if keys else pd.Series("", index=part.index)
-    phases_, secs, shapes, bad = [], [], [], 0
+    phases_, secs, shapes, noise, bad = [], [], [], [], 0
     for _, rows in part.groupby(shaped.to_numpy(), sort=True):
         first = rows.iloc[0].to_dict()
         try:
@@ -147,6 +150,7 @@ def _group(bench: str, dev: str, dtype: str, threads: int | None, part: pd.DataF
             continue
         phases_.append(ph)
         secs.append(STATS[stat](rows["seconds"].astype(float)))
+        noise.append(repeat_noise(rows, STATS[stat]))
         shapes.append({"model": str(first.get("model", "")), "batch": ph.batch, "length": ph.tokens,
                        "layers": ph.layers})
     if not phases_:
@@ -154,7 +158,28 @@ def _group(bench: str, dev: str, dtype: str, threads: int | None, part: pd.DataF
     secs_arr = np.asarray(secs)
     if envelope:
         secs_arr = monotone_envelope(phases_, secs_arr)
-    return Group(bench, dev, dtype, threads, phases_, secs_arr, len(part) - bad, pd.DataFrame(shapes))
+    return Group(bench, dev, dtype, threads, phases_, secs_arr, len(part) - bad, pd.DataFrame(shapes),
+                 float(np.nanmean(noise)) if not np.isnan(noise).all() else float("nan"))
+
+
+def repeat_noise(rows: pd.DataFrame, stat: Callable[[pd.Series], float]) -> float:
+    """How far the target statistic moves between two independent halves of a shape's repeats.
+
+    The halves are two profiler runs when the shape was profiled more than once (interference on a
+    busy host comes in bursts longer than one shape's repeats), odd and even repeats otherwise.
+    It is the floor under any model's error: a target that moves 20% between halves cannot be
+    predicted to better than about that.
+    """
+    seconds = rows["seconds"].astype(float)
+    runs = rows["run_id"].to_numpy() if "run_id" in rows else np.zeros(len(rows))
+    first = runs == runs[0]
+    if (~first).any():
+        a, b = stat(seconds[first]), stat(seconds[~first])
+    elif len(seconds) >= 4:
+        a, b = stat(seconds.iloc[0::2]), stat(seconds.iloc[1::2])
+    else:
+        return float("nan")
+    return abs(a - b) / max(min(a, b), 1e-30)
 
 
 def monotone_envelope(phases_: list[Phase], seconds: np.ndarray) -> np.ndarray:
@@ -187,7 +212,7 @@ def fit_group(group: Group, analytical: AnalyticalCostModel, seed: int = 0,
     rng = {c: [float(group.shapes[c].min()), float(group.shapes[c].max())] for c in ("batch", "length", "layers")}
     return TaskFit(group.task_type, group.device_type, group.dtype, group.threads, len(y), group.n_samples,
                    family.name, params, scores, heldout, y, analytic, family.predict(params, x), rng,
-                   list(group.phases))
+                   list(group.phases), noise=group.noise)
 
 
 def fit_database(db: Any, task: str | None = None, device: str | None = None, seed: int = 0,
