@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hetprof.executor.algorithms.base import Algorithm, RLBatch
-from hetprof.executor.logprobs import token_logprobs
+from hetprof.executor.logprobs import first_response_column, token_logprobs
 
 
 class Learner:
@@ -94,7 +94,8 @@ class Learner:
         was = self.model.training
         self.model.eval()
         try:
-            return token_logprobs(self.model, batch.input_ids, batch.attention_mask, self.temperature)
+            return token_logprobs(self.model, batch.input_ids, batch.attention_mask, self.temperature,
+                                  from_column=first_response_column(batch.mask))
         finally:
             self.model.train(was)
 
@@ -156,7 +157,8 @@ class Learner:
         with self._gradient_sync(sync):
             if self.role == "actor":
                 lp, ent = token_logprobs(self.model, micro.input_ids, micro.attention_mask, self.temperature,
-                                         with_entropy=True)
+                                         with_entropy=True, from_column=first_response_column(micro.mask),
+                                         entropy_grad=self.algorithm.config.entropy_coef > 0)
                 loss, stats = self.algorithm.loss(micro, lp, ent, denominator=denom)
             else:
                 values = self.model(micro.input_ids, micro.attention_mask)[:, :-1]

@@ -13,54 +13,78 @@ from torch import nn
 from hetprof.executor.modeling import position_ids
 
 
+def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    # Temperature 0 means greedy sampling, whose behaviour log-probs the generator reports at T = 1.
+    logits = logits.float()
+    return logits / temperature if temperature > 0 and temperature != 1.0 else logits
+
+
 def logits_to_logprobs(logits: torch.Tensor, targets: torch.Tensor,
                        temperature: float = 1.0) -> torch.Tensor:
     """log softmax(logits / T)[target], in fp32, without materialising the full log-softmax."""
-    logits = logits.float()
-    if temperature != 1.0:
-        logits = logits / temperature
+    logits = _scaled(logits, temperature)
     picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     return picked - torch.logsumexp(logits, dim=-1)
 
 
 def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """Entropy of softmax(logits / T) per position, in fp32."""
-    logits = logits.float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    logp = torch.log_softmax(logits, dim=-1)
+    logp = torch.log_softmax(_scaled(logits, temperature), dim=-1)
     return -(logp.exp() * logp).sum(-1)
 
 
-def forward_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """Logits of a causal LM (plain, DDP- or FSDP-wrapped) with padding-aware positions."""
+def forward_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   keep_last: int | None = None) -> torch.Tensor:
+    """Logits of a causal LM (plain, DDP- or FSDP-wrapped) with padding-aware positions.
+
+    `keep_last` asks the model for the last positions' logits only (transformers' `logits_to_keep`),
+    which skips the LM head over the prompt: most of the memory for a big vocabulary.
+    """
+    kwargs = {"logits_to_keep": keep_last} if keep_last else {}
     out = model(input_ids=input_ids, attention_mask=attention_mask,
-                position_ids=position_ids(attention_mask), use_cache=False)
+                position_ids=position_ids(attention_mask), use_cache=False, **kwargs)
     return out.logits
+
+
+def first_response_column(mask: torch.Tensor) -> int:
+    """The first shifted column any row's response occupies (0 when the mask is empty)."""
+    cols = mask.bool().any(dim=0).nonzero()
+    return int(cols[0]) if cols.numel() else 0
 
 
 def token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    temperature: float = 1.0, with_entropy: bool = False,
-                   micro_batch_size: int | None = None):
+                   micro_batch_size: int | None = None, from_column: int = 0,
+                   entropy_grad: bool = True):
     """Log-probs [B, T-1] of each next token; with `with_entropy`, also the entropy [B, T-1].
 
     Gradients flow when called outside `torch.no_grad()` (the training recompute); reference and
     proximal log-probs are called under no_grad. `micro_batch_size` bounds the logits memory
-    (B × T × vocab floats) for big vocabularies.
+    (B × T × vocab floats) for big vocabularies. `from_column` computes only columns ≥ it (the
+    response block; earlier columns are returned as 0). `entropy_grad=False` keeps the entropy out of
+    the autograd graph when it is only logged.
     """
-    n = input_ids.shape[0]
+    n, width = input_ids.shape
+    from_column = max(0, min(from_column, width - 1))
+    keep = width - from_column if from_column > 0 else None
     step = micro_batch_size or n
     lps, ents = [], []
     for lo in range(0, n, step):
         ids, mask = input_ids[lo:lo + step], attention_mask[lo:lo + step]
-        logits = forward_logits(model, ids, mask)[:, :-1]
-        lps.append(logits_to_logprobs(logits, ids[:, 1:], temperature))
+        logits = forward_logits(model, ids, mask, keep)[:, :-1]
+        lps.append(logits_to_logprobs(logits, ids[:, from_column + 1:], temperature))
         if with_entropy:
-            ents.append(entropy_from_logits(logits, temperature))
-    lp = torch.cat(lps) if len(lps) > 1 else lps[0]
+            ents.append(entropy_from_logits(logits if entropy_grad else logits.detach(), temperature))
+    lp = _left_zero_pad(torch.cat(lps) if len(lps) > 1 else lps[0], from_column)
     if with_entropy:
-        return lp, (torch.cat(ents) if len(ents) > 1 else ents[0])
+        return lp, _left_zero_pad(torch.cat(ents) if len(ents) > 1 else ents[0], from_column)
     return lp
+
+
+def _left_zero_pad(x: torch.Tensor, columns: int) -> torch.Tensor:
+    if columns == 0:
+        return x
+    return torch.cat([x.new_zeros(x.shape[0], columns), x], dim=1)
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:

@@ -193,3 +193,22 @@ def test_vllm_backend_generates_and_takes_new_weights():  # pragma: no cover - G
     ref = get_backend("hf")(other, TOK, device="cuda").generate(_prompts(), 8, temperature=0.0)
     assert greedy.response_ids()[0][:2] == ref.response_ids()[0][:2]
     gen.close()
+
+
+def test_logprob_options_agree_with_the_plain_recompute(model):
+    from hetprof.executor.logprobs import first_response_column
+
+    out = get_backend("hf")(model, TOK).generate(_prompts(), 6, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        plain, ent = token_logprobs(model, out.input_ids, out.attention_mask, with_entropy=True)
+        start = first_response_column(out.shifted_mask)
+        assert start == out.prompt_width - 1
+        tail, tail_ent = token_logprobs(model, out.input_ids, out.attention_mask, with_entropy=True,
+                                        micro_batch_size=4, from_column=start)
+    assert tail.shape == plain.shape
+    assert torch.allclose(tail[:, start:], plain[:, start:], atol=1e-5)
+    assert torch.allclose(tail_ent[:, start:], ent[:, start:], atol=1e-5)
+    assert tail[:, :start].abs().sum() == 0
+    assert (ent > 0).all() and (ent <= math.log(64) + 1e-4).all()
+    greedy = token_logprobs(model, out.input_ids, out.attention_mask, temperature=0.0)
+    assert torch.allclose(greedy, token_logprobs(model, out.input_ids, out.attention_mask))
