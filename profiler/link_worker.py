@@ -14,6 +14,7 @@ import itertools
 import time
 from typing import Any
 
+from hetprof.errors import ExecutionError
 from hetprof.profiler.linkfit import fit_alpha_beta
 
 KiB = 1024
@@ -81,19 +82,31 @@ def _exchange(dist, torch, dst: int, size: int) -> float:
 
 def _send_side(dist, torch, dst: int, me: dict, peer: dict, spec: dict) -> dict:
     target = float(spec.get("target_s", 0.4))
-    size, probe = FIRST_PROBE, 0.0
-    while True:  # probe: grow until a message takes a noticeable fraction of the target
+    size, probe, previous = FIRST_PROBE, 0.0, None
+    while size < MAX_MESSAGE:
+        # grow until a message takes a noticeable time AND quadrupling it at least doubled the time:
+        # past the latency floor, and not fooled by one descheduled exchange on a busy host
         probe = min(_exchange(dist, torch, dst, size) for _ in range(2))
-        if probe >= target / 8 or size >= MAX_MESSAGE:
+        if probe >= target / 8 and previous is not None and probe >= 2 * previous:
             break
+        previous = probe
         size = min(MAX_MESSAGE, size * 4)
     sizes = sweep_sizes(size / probe, target, int(spec.get("sizes", 6)), FIRST_PROBE)
     samples: list[tuple[int, float]] = []
-    for _ in range(int(spec.get("repeats", 3))):
-        for s in sizes:
-            samples.append((s, _exchange(dist, torch, dst, s)))
+    for attempt in range(3):
+        for _ in range(int(spec.get("repeats", 3))):
+            for s in sizes:
+                samples.append((s, _exchange(dist, torch, dst, s)))
+        try:
+            fit = fit_alpha_beta([s for s, _ in samples], [t for _, t in samples])
+            break
+        except ExecutionError:
+            if attempt == 2 or sizes[-1] >= MAX_MESSAGE:
+                dist.send(torch.tensor([STOP], dtype=torch.int64), dst)
+                raise
+            # noise swamped the slope: larger messages, and keep what was measured
+            sizes = sorted({min(MAX_MESSAGE, s * 4) for s in sizes})
     dist.send(torch.tensor([STOP], dtype=torch.int64), dst)
-    fit = fit_alpha_beta([s for s, _ in samples], [t for _, t in samples])
     return {"src_host": me["host"], "dst_host": peer["host"], "src_region": me.get("region"),
             "dst_region": peer.get("region"), "samples": samples, "alpha_s": fit.alpha_s,
             "alpha_fit": fit.alpha_fit, "beta_Bps": fit.beta_Bps, "residual": fit.residual}
