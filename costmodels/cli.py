@@ -48,8 +48,9 @@ def fit(task, device, report, stat, seed, store) -> None:
             fits = fitting.fit_database(db, task=task, device=device, seed=seed, stat=stat, skipped=skipped,
                                         progress=lambda m: status.update(f"fitting… {m}"))
         if not fits:
-            what = " ".join(filter(None, [task, f"on {device}" if device else ""])) or "task"
-            raise ProfileDBError(f"{path}: no {what} rows to fit; run `hetprof profile --suite tasks` first")
+            where = f" on {device}" if device else ""
+            raise ProfileDBError(f"{path}: no {task or 'task'} rows{where} to fit; "
+                                 "run `hetprof profile --suite tasks` first")
         ids = fitting.store(db, fits) if store else []
     table = Table(title=f"hetprof fit ({path.name}, target: {stat} of repeats)")
     table.caption = ("MAPE. held-out: fitted on the rest, scored on held-out shape ranges; analytical: roofline "

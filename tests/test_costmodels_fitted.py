@@ -195,3 +195,7 @@ def test_fit_cli_prints_table_and_writes_report(tmp_path):
     assert res.exit_code == 2 and "no task.train rows" in res.output
     res = CliRunner(env={"COLUMNS": "200"}).invoke(cli, ["--db", str(tmp_path / "none.db"), "fit"])
     assert res.exit_code == 2 and "no profile database" in res.output
+    res = CliRunner(env={"COLUMNS": "200"}).invoke(cli, ["--db", str(path), "fit", "--device", "Z80"])
+    assert res.exit_code == 2 and "--device 'Z80' is not a catalog device type" in res.output
+    res = CliRunner(env={"COLUMNS": "200"}).invoke(cli, ["--db", str(path), "fit", "--device", "A100"])
+    assert res.exit_code == 2 and "no task rows on A100 to fit" in res.output
