@@ -149,6 +149,8 @@ def test_bad_sampling_settings_are_refused(model):
         args = {"max_new_tokens": 2, **kwargs}
         with pytest.raises(ExecutionError, match=word):
             gen.generate(_prompts(2), **args)
+    with pytest.raises(ExecutionError, match="max_position_embeddings \\(512\\)"):
+        gen.generate([[1] * 500], max_new_tokens=20)
 
 
 def test_registry():

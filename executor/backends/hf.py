@@ -54,6 +54,10 @@ class HFBackend(GenerationBackend):
         pad, eos = self.tokenizer.pad_id, self.tokenizer.eos_id
         ids, mask = pad_left(prompt_ids, pad, self.device)
         batch, width = ids.shape
+        limit = getattr(self.model.config, "max_position_embeddings", None)
+        if limit is not None and width + max_new_tokens > limit:
+            raise ExecutionError(f"prompt ({width} tokens) + max_new_tokens ({max_new_tokens}) exceed the "
+                                 f"model's max_position_embeddings ({limit})")
         was_training = self.model.training
         self.model.eval()  # no dropout while sampling, even when the trainer shares this module
         try:
