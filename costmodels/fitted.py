@@ -34,6 +34,7 @@ class LoadedModel:
     family: Family
     params: dict[str, Any]
     heldout_mape: float | None
+    snapshot: str = ""
 
     def predict(self, x: list[float]) -> float:
         return self.family.predict_one(self.params, x)
@@ -67,7 +68,7 @@ def validate_entry(entry: dict[str, Any]) -> LoadedModel:
     family.check(model, len(FEATURES))
     mape = (entry.get("metrics") or {}).get("heldout_mape")
     return LoadedModel(str(entry.get("id", "")), task_type, device, dtype, family, model,
-                       float(mape) if isinstance(mape, (int, float)) else None)
+                       float(mape) if isinstance(mape, (int, float)) else None, str(entry.get("snapshot") or ""))
 
 
 class FittedCostModel(CostModel):
@@ -82,6 +83,9 @@ class FittedCostModel(CostModel):
         self.models: dict[tuple[str, str, str], LoadedModel] = {}
         for m in models if models is not None else self._load(db):
             self.models[(m.task_type, m.device_type, m.dtype)] = m
+        # entries fitted before the database gained rows: still usable, but `hetprof fit` would learn more
+        current = db.snapshot_hash() if db is not None and self.models else ""
+        self.stale = sorted(m.id for m in self.models.values() if current and m.snapshot != current)
 
     def _load(self, db: Any | None) -> list[LoadedModel]:
         if db is None:

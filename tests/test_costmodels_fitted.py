@@ -55,14 +55,20 @@ def _phases(fit):
     return fit.phases
 
 
-def test_store_and_reload_from_the_database(synth_db):
+def test_store_and_reload_from_the_database(synth_db, tmp_path):
     path, fits, ids = synth_db
     with ProfileDB(path) as db:
         entry = db.get_cost_model(ids[0])
         assert entry["snapshot"] and entry["params"]["features"] == list(FEATURES)
         assert entry["metrics"]["heldout_mape"] == pytest.approx(fits[0].heldout.mape)
         cm = get_cost_model("fitted", db=db)
-    assert not cm.rejected and len(cm.models) == 3
+    assert not cm.rejected and len(cm.models) == 3 and not cm.stale
+    grown = tmp_path / "grown.db"
+    with ProfileDB(path) as db:
+        db.conn.execute("VACUUM INTO ?", (str(grown),))  # a copy: the module's database stays as fitted
+    with ProfileDB(grown) as db:
+        add_rows(db, models=("tiny",), batches=(8,), lengths=(16,), tasks=("decode",), seed=9)
+        assert len(get_cost_model("fitted", db=db).stale) == 3  # new rows since the fit
     tiny = PRESETS["tiny"]
     ph = Phase("decode", tiny, 2, 4, 64, with_head=True, dtype="fp32")
     t = cm.phase_time(ph, "cpu")
