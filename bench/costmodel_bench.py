@@ -84,7 +84,7 @@ def main() -> None:
                       f"[{'green' if ok else 'red'}]{f.heldout.mape:.1%}[/]", f"{f.analytical_mape:.1%}",
                       f"{f.analytical_mape / f.heldout.mape:.1f}×", f"{f.noise:.1%}", f.family,
                       str(f.heldout.n_folds))
-    console = Console(width=max(Console().width, 130))  # a table of ratios is unreadable when wrapped
+    console = Console(width=max(Console().width, 150))  # a table of ratios is unreadable when wrapped
     console.print(table)
     console.print(f"profiling {prof_s:.0f} s, fitting {fit_s:.1f} s; cache-cold task_time query: analytical "
                   f"{a_us:.0f} µs, fitted {f_us:.0f} µs (fitted / analytical {f_us / a_us:.2f}×)")

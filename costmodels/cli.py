@@ -17,9 +17,11 @@ TASK_TYPES = ("task.prefill", "task.decode", "task.train")
               help="write a predicted-vs-measured plot (held-out fitted and analytical)")
 @click.option("--stat", type=click.Choice(["min", "median", "p25"]), default="min", show_default=True,
               help="how a shape's repeats become one target (min resists interference on busy hosts)")
+@click.option("--envelope/--no-envelope", default=True, show_default=True,
+              help="cap a shape's target by faster-measured shapes that do at least its work")
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the boosted families")
 @click.option("--store/--no-store", default=True, show_default=True, help="write the fitted models to the DB")
-def fit(task, device, report, stat, seed, store) -> None:
+def fit(task, device, report, stat, envelope, seed, store) -> None:
     """Fit per-task cost models on the profile database's task rows and store them.
 
     Prints, per task type and device type, the rows used, the held-out MAPE of the fitted model
@@ -45,14 +47,15 @@ def fit(task, device, report, stat, seed, store) -> None:
     skipped: list[str] = []
     with ProfileDB(path) as db:
         with console.status("fitting…") as status:
-            fits = fitting.fit_database(db, task=task, device=device, seed=seed, stat=stat, skipped=skipped,
-                                        progress=lambda m: status.update(f"fitting… {m}"))
+            fits = fitting.fit_database(db, task=task, device=device, seed=seed, stat=stat, envelope=envelope,
+                                        skipped=skipped, progress=lambda m: status.update(f"fitting… {m}"))
         if not fits:
             where = f" on {device}" if device else ""
             raise ProfileDBError(f"{path}: no {task or 'task'} rows{where} to fit; "
                                  "run `hetprof profile --suite tasks` first")
         ids = fitting.store(db, fits) if store else []
-    table = Table(title=f"hetprof fit ({path.name}, target: {stat} of repeats)")
+    target = f"{stat} of repeats" + (", monotone envelope" if envelope else "")
+    table = Table(title=f"hetprof fit ({path.name}, target: {target})")
     table.caption = ("MAPE. held-out: fitted on the rest, scored on held-out shape ranges; analytical: roofline "
                      "on the same rows; noise: how much the target moves between halves of its repeats")
     for col, just in (("task", "left"), ("device", "left"), ("dtype", "left"), ("shapes", "right"),
