@@ -39,7 +39,7 @@ class AlgorithmConfig:
     behaviour_cap: float | None = 5.0  # cap on π_prox/π_behav (decoupled objective); None = uncapped
     scale_std: bool = True             # GRPO: divide by the group's std (False = Dr. GRPO)
     gamma: float = 1.0                 # PPO discount
-    lam: float = 0.95                  # PPO GAE λ
+    lam: float = 1.0                   # PPO GAE λ: 1 (Monte-Carlo) suits one terminal reward per answer
     value_clip: float | None = 0.2     # PPO value-loss clip range; None = no clipping
     whiten_advantages: bool = True     # PPO: normalise advantages over the batch
 
