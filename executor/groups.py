@@ -12,6 +12,7 @@ without CUDA) is refused here, before a process starts, naming the task and its 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 
 import torch
@@ -253,8 +254,9 @@ def unpack(sizes: torch.Tensor, buffer: torch.Tensor) -> dict[str, torch.Tensor]
 class Outbox:
     """Non-blocking sends whose buffers stay alive until delivered (generators run ahead)."""
 
-    def __init__(self) -> None:
+    def __init__(self, timeout_s: float = 300.0) -> None:
         self._pending: list[tuple[dist.Work, torch.Tensor]] = []
+        self.timeout = datetime.timedelta(seconds=timeout_s)
 
     def send(self, tensors: dict[str, torch.Tensor], dst: int, tag: int, device: torch.device) -> None:
         for t in pack(tensors, device):
@@ -266,7 +268,9 @@ class Outbox:
 
     def flush(self) -> None:
         for work, _ in self._pending:
-            work.wait()
+            if work.wait(self.timeout) is False:
+                raise ExecutionError(f"a message was not delivered within {self.timeout.total_seconds():.0f} s; "
+                                     f"its receiver is dead or hung")
         self._pending.clear()
 
 

@@ -14,7 +14,9 @@ splits the batch over the training replicas by the plan's shares, and records th
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import os
+import signal
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -95,7 +97,7 @@ class Worker:
         self.leader = topo.leader
         self.is_leader = rank == self.leader
         self.roles = RoleSet(self.workload, self.tasks, device, options, topo, rank)
-        self.outbox = Outbox()
+        self.outbox = Outbox(options.timeout_s)
         self.version = 0  # generator: weight version held; leader: optimizer iterations applied
         self.actor_sync = self._make_sync("weight_sync", "actor")
         self.critic_sync = self._make_sync("critic_sync", "critic")
@@ -113,7 +115,7 @@ class Worker:
         src = self.topo.sync_source(group)
         model = self.roles.model_for_sync(role, sender=self.rank == src)
         return WeightSync(self.topo.groups[group], src, model.named_parameters(), self.opts.bucket_mb,
-                          device=self.device, wire_dtype=self.roles.wire_dtype)
+                          device=self.device, wire_dtype=self.roles.wire_dtype, timeout_s=self.opts.timeout_s)
 
     def _resume_point(self) -> int:
         """Iteration to start at (0, or the last committed checkpoint's); the leader decides for all."""
@@ -447,6 +449,7 @@ class Worker:
 @record
 def worker_main(options: RunOptions, host: str) -> None:
     """Entry point of one spawned worker (elastic sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT)."""
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID` shows where a worker waits
     plan = load_plan(options.plan_path)
     backend = check_supported(plan)
     local_rank = int(os.environ["LOCAL_RANK"])
@@ -459,15 +462,15 @@ def worker_main(options: RunOptions, host: str) -> None:
         device = torch.device("cuda", int(device_id.rsplit(":", 1)[1]))
         torch.cuda.set_device(device)
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=options.timeout_s))
-    try:
-        ids: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(ids, device_id)
-        if len(set(ids)) != len(ids):
-            raise ExecutionError(f"two workers claim the same device: {sorted(ids)}")
-        topo = Topology(plan, {d: r for r, d in enumerate(ids)})
-        topo.build_groups()
-        Worker(options, topo, dist.get_rank(), device).run()
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    ids: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(ids, device_id)
+    if len(set(ids)) != len(ids):
+        raise ExecutionError(f"two workers claim the same device: {sorted(ids)}")
+    topo = Topology(plan, {d: r for r, d in enumerate(ids)})
+    topo.build_groups()
+    Worker(options, topo, dist.get_rank(), device).run()
+    dist.barrier()
+    # Torn down only on success: after a failure a peer may be dead or hung, and tearing down
+    # could wait on it; the process exits and the agent stops the rest.
+    dist.destroy_process_group()
 

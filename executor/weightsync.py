@@ -12,6 +12,7 @@ Each sync first broadcasts the weight version, so a generator knows which versio
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import hashlib
 import time
 from collections.abc import Callable, Iterable
@@ -131,8 +132,9 @@ class WeightSync:
 
     def __init__(self, group: dist.ProcessGroup | None, src: int, reference: Iterable[tuple[str, torch.Tensor]],
                  bucket_mb: float = DEFAULT_BUCKET_MB, device: torch.device | str = "cpu",
-                 wire_dtype: torch.dtype | None = None):
+                 wire_dtype: torch.dtype | None = None, timeout_s: float = 300.0):
         self.group = group
+        self.timeout = datetime.timedelta(seconds=timeout_s)
         self.src = src
         self.device = torch.device(device)
         self.wire_dtype = wire_dtype
@@ -154,6 +156,17 @@ class WeightSync:
             extra, missing = sorted(theirs - ours)[:3], sorted(ours - theirs)[:3]
             raise ExecutionError(f"weight sync: {who} has parameters that differ from the trainer's "
                                  f"(only on {who}: {extra}, only on trainer: {missing})")
+
+    def _wait(self, work: dist.Work) -> None:
+        """An async collective's wait has no deadline of its own; a dead or hung member must not
+        keep the others waiting forever."""
+        try:
+            done = work.wait(self.timeout)
+        except RuntimeError as exc:
+            raise ExecutionError(f"weight sync (from rank {self.src}) failed: {str(exc).strip()[:300]}") from None
+        if done is False:
+            raise ExecutionError(f"weight sync (from rank {self.src}) did not complete within "
+                                 f"{self.timeout.total_seconds():.0f} s; a member of its group is dead or hung")
 
     def _scratch_buffer(self, bucket: Bucket, slot: int) -> torch.Tensor:
         """One of two reusable flat buffers per dtype, sized to that dtype's largest bucket.
@@ -178,7 +191,7 @@ class WeightSync:
             for i, bucket in enumerate(self.buckets):
                 slot = i % 2
                 if in_flight[slot] is not None:
-                    in_flight[slot].wait()  # this slot's previous bucket has left
+                    self._wait(in_flight[slot])  # this slot's previous bucket has left
                 tensors = [params[n] for n in bucket.names]
                 flat = _flat_view(tensors, bucket.numel) if tensors[0].dtype == bucket.dtype else None
                 if flat is None:
@@ -187,7 +200,7 @@ class WeightSync:
                 in_flight[slot] = dist.broadcast(flat, self.src, group=self.group, async_op=True)
             for work in in_flight:
                 if work is not None:
-                    work.wait()
+                    self._wait(work)
         return SyncStats(time.perf_counter() - start, self.total_bytes, len(self.buckets))
 
     def receive(self, apply: Callable[[dict[str, torch.Tensor]], None],
@@ -217,7 +230,7 @@ class WeightSync:
         pending = post(0) if self.buckets else None
         for i, bucket in enumerate(self.buckets):
             work, flat, in_place = pending
-            work.wait()
+            self._wait(work)
             if i + 1 < len(self.buckets):
                 pending = post(i + 1)  # its slot held bucket i-1, which is applied already
             if not in_place:
