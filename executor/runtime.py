@@ -17,6 +17,7 @@ import datetime
 import faulthandler
 import os
 import signal
+import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -115,7 +116,8 @@ class Worker:
         src = self.topo.sync_source(group)
         model = self.roles.model_for_sync(role, sender=self.rank == src)
         return WeightSync(self.topo.groups[group], src, model.named_parameters(), self.opts.bucket_mb,
-                          device=self.device, wire_dtype=self.roles.wire_dtype, timeout_s=self.opts.timeout_s)
+                          device=self.device, wire_dtype=self.roles.wire_dtype, timeout_s=self.opts.timeout_s,
+                          members="; ".join(self.topo.describe(r) for r in members if r != src))
 
     def _resume_point(self) -> int:
         """Iteration to start at (0, or the last committed checkpoint's); the leader decides for all."""
@@ -446,9 +448,22 @@ class Worker:
             self.roles.console.print(console_line(rec))
 
 
-@record
 def worker_main(options: RunOptions, host: str) -> None:
-    """Entry point of one spawned worker (elastic sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT)."""
+    """Entry point of one spawned worker (elastic sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT).
+
+    A failed worker leaves at once: its error is already in the agent's error file, and the
+    interpreter's normal teardown would run gloo's destructors, which can wait forever on a hung peer.
+    """
+    try:
+        _worker(options, host)
+    except BaseException:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+
+
+@record
+def _worker(options: RunOptions, host: str) -> None:
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID` shows where a worker waits
     plan = load_plan(options.plan_path)
     backend = check_supported(plan)

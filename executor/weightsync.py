@@ -132,8 +132,9 @@ class WeightSync:
 
     def __init__(self, group: dist.ProcessGroup | None, src: int, reference: Iterable[tuple[str, torch.Tensor]],
                  bucket_mb: float = DEFAULT_BUCKET_MB, device: torch.device | str = "cpu",
-                 wire_dtype: torch.dtype | None = None, timeout_s: float = 300.0):
+                 wire_dtype: torch.dtype | None = None, timeout_s: float = 300.0, members: str = ""):
         self.group = group
+        self.members = members  # how errors name the group (e.g. the plan's devices and tasks)
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self.src = src
         self.device = torch.device(device)
@@ -160,13 +161,15 @@ class WeightSync:
     def _wait(self, work: dist.Work) -> None:
         """An async collective's wait has no deadline of its own; a dead or hung member must not
         keep the others waiting forever."""
+        who = f" among {self.members}" if self.members else ""
         try:
             done = work.wait(self.timeout)
         except RuntimeError as exc:
-            raise ExecutionError(f"weight sync (from rank {self.src}) failed: {str(exc).strip()[:300]}") from None
+            raise ExecutionError(f"weight sync from rank {self.src}{who} failed (a member is dead or hung): "
+                                 f"{str(exc).strip()[:300]}") from None
         if done is False:
-            raise ExecutionError(f"weight sync (from rank {self.src}) did not complete within "
-                                 f"{self.timeout.total_seconds():.0f} s; a member of its group is dead or hung")
+            raise ExecutionError(f"weight sync from rank {self.src}{who} did not complete within "
+                                 f"{self.timeout.total_seconds():.0f} s; a member is dead or hung")
 
     def _scratch_buffer(self, bucket: Bucket, slot: int) -> torch.Tensor:
         """One of two reusable flat buffers per dtype, sized to that dtype's largest bucket.
