@@ -410,6 +410,11 @@ class Worker:
         tokens = sum(g.get("gen_tokens", 0) for g in gathered)
         predicted = {t.task: t.predicted_s for t in self.plan.tasks if t.predicted_s}
         predicted.update({k: v for k, v in self.plan.predicted.breakdown.items() if k not in predicted and v})
+        for edge, (src, dst) in (("weight_sync", ("actor_train", "actor_gen")),
+                                 ("critic_sync", ("critic_train", "critic_infer"))):
+            sent = self.plan.predicted.breakdown.get(f"weights:{src}->{dst}")  # the planner's edge name
+            if sent:
+                predicted.setdefault(edge, sent)
         predicted_iteration = self.plan.predicted.iteration_s or None
         rec = {
             "type": "iteration", "run": self.run_name, "plan_hash": self.hash, "iteration": b,
