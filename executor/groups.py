@@ -207,6 +207,11 @@ class Topology:
                 if len(replica) > 1:
                     self.groups[f"{t.task}/tp{i}"] = dist.new_group(list(replica), backend=backend)
         self.groups["weight_sync"] = dist.new_group(self.sync_ranks, backend=backend)
+        # Tensor-dict messages match by tag, which gloo honours and NCCL does not (a rank that both
+        # generates ahead and serves inference would see its messages cross), so on GPUs they travel
+        # over a gloo group through host memory; they are small next to the weights.
+        self.groups["messages"] = (dist.new_group(sorted(self.device_of), backend="gloo")
+                                   if dist.get_backend() == "nccl" else None)
         if self.sync_members("critic_sync"):
             self.groups["critic_sync"] = dist.new_group(self.sync_members("critic_sync"), backend=backend)
 
@@ -254,13 +259,14 @@ def unpack(sizes: torch.Tensor, buffer: torch.Tensor) -> dict[str, torch.Tensor]
 class Outbox:
     """Non-blocking sends whose buffers stay alive until delivered (generators run ahead)."""
 
-    def __init__(self, timeout_s: float = 300.0) -> None:
+    def __init__(self, timeout_s: float = 300.0, group: dist.ProcessGroup | None = None) -> None:
+        self.group = group
         self._pending: list[tuple[dist.Work, torch.Tensor]] = []
         self.timeout = datetime.timedelta(seconds=timeout_s)
 
     def send(self, tensors: dict[str, torch.Tensor], dst: int, tag: int, device: torch.device) -> None:
         for t in pack(tensors, device):
-            self._pending.append((dist.isend(t, dst, tag=tag), t))
+            self._pending.append((dist.isend(t, dst, tag=tag, group=self.group), t))
         self._prune()
 
     def _prune(self) -> None:
@@ -274,9 +280,10 @@ class Outbox:
         self._pending.clear()
 
 
-def recv_tensors(src: int, tag: int, device: torch.device) -> dict[str, torch.Tensor]:
+def recv_tensors(src: int, tag: int, device: torch.device, group: dist.ProcessGroup | None = None
+                 ) -> dict[str, torch.Tensor]:
     sizes = torch.empty(2, dtype=torch.int64, device=device)
-    dist.recv(sizes, src, tag=tag)
+    dist.recv(sizes, src, tag=tag, group=group)
     buffer = torch.empty(int(sizes.sum()), dtype=torch.uint8, device=device)
-    dist.recv(buffer, src, tag=tag)
+    dist.recv(buffer, src, tag=tag, group=group)
     return unpack(sizes, buffer)

@@ -98,7 +98,9 @@ class Worker:
         self.leader = topo.leader
         self.is_leader = rank == self.leader
         self.roles = RoleSet(self.workload, self.tasks, device, options, topo, rank)
-        self.outbox = Outbox(options.timeout_s)
+        self.msg_group = topo.groups.get("messages")
+        self.msg_device = torch.device("cpu") if self.msg_group is not None else device
+        self.outbox = Outbox(options.timeout_s, self.msg_group)
         self.version = 0  # generator: weight version held; leader: optimizer iterations applied
         self.actor_sync = self._make_sync("weight_sync", "actor")
         self.critic_sync = self._make_sync("critic_sync", "critic")
@@ -216,7 +218,8 @@ class Worker:
     def _recv(self, src: int, tag_: int, what: str) -> dict[str, torch.Tensor]:
         """Receive from a peer; a dead or hung peer becomes an error that names it."""
         try:
-            return recv_tensors(src, tag_, self.device)
+            got = recv_tensors(src, tag_, self.msg_device, self.msg_group)
+            return {k: v.to(self.device) for k, v in got.items()}
         except (RuntimeError, dist.DistError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ExecutionError(f"{self.topo.describe(self.rank)} got no {what} from {self.topo.describe(src)}: "
@@ -241,7 +244,7 @@ class Worker:
         if self.is_leader:
             self._own_rollout = out
         else:
-            self.outbox.send(out, self.leader, tag(b, ROLLOUT), self.device)
+            self.outbox.send(out, self.leader, tag(b, ROLLOUT), self.msg_device)
 
     def _assemble(self, b: int, times: dict) -> dict[str, torch.Tensor]:
         t0 = time.perf_counter()
@@ -263,7 +266,7 @@ class Worker:
             for members, rows in zip(replicas, slices, strict=True):
                 for r in members:
                     if r != self.rank:
-                        self.outbox.send(take(batch, keys, rows), r, tag(b, INFER_IN[task]), self.device)
+                        self.outbox.send(take(batch, keys, rows), r, tag(b, INFER_IN[task]), self.msg_device)
         result = None
         if self.rank in tr.all_ranks:
             replica = tr.replica_of(self.rank)
@@ -275,7 +278,7 @@ class Worker:
             result = self.roles.infer(task, part)
             times[task] = time.perf_counter() - t0
             if not self.is_leader and self.rank == tr.ranks[replica]:
-                self.outbox.send(result, self.leader, tag(b, INFER_OUT[task]), self.device)
+                self.outbox.send(result, self.leader, tag(b, INFER_OUT[task]), self.msg_device)
         if self.is_leader:
             results = [result if r == self.rank else self._recv(r, tag(b, INFER_OUT[task]), f"{task} results of batch {b}")
                        for r in tr.ranks]
@@ -323,7 +326,7 @@ class Worker:
                 slices = offsets(counts)
                 for r, rows in zip(tr.ranks, slices, strict=True):
                     if r != self.rank:
-                        self.outbox.send(take(batch, tuple(batch), rows), r, tag(b, kind), self.device)
+                        self.outbox.send(take(batch, tuple(batch), rows), r, tag(b, kind), self.msg_device)
             if self.rank not in tr.ranks:
                 continue
             if self.is_leader:
