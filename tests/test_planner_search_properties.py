@@ -40,7 +40,7 @@ hosts_st = st.lists(st.tuples(st.sampled_from(TYPES), st.integers(1, 2), st.samp
                     min_size=2, max_size=4)
 
 
-@settings(max_examples=5, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
 @given(hosts=hosts_st, algorithm=st.sampled_from(["grpo", "ppo"]), mode=st.sampled_from(["sync", "async"]),
        model=st.sampled_from(["qwen3-0.6b", "qwen3-1.7b"]), prompts=st.sampled_from([4, 8, 16]))
 def test_no_search_emits_a_plan_the_memory_checker_rejects(hosts, algorithm, mode, model, prompts):
