@@ -20,6 +20,10 @@ if TYPE_CHECKING:
     from hetprof.planner.simulator import Score, Simulator
 
 
+# Objective values within this relative distance count as equal; the cheaper plan then wins.
+TIE = 1e-9
+
+
 @dataclasses.dataclass
 class SearchContext:
     """Inputs of one search.
@@ -104,11 +108,15 @@ class Ledger:
         return value, score
 
     def offer(self, candidate: Candidate, score: Score, value: float) -> bool:
-        """Record a candidate scored elsewhere (a worker process); True if it is the new best."""
-        better = self.best is None or value < self.best_value
+        """Record a scored candidate; True if it is the new best (equal objective: the cheaper wins)."""
+        better = self.best is None or value < self.best_value * (1 - TIE) or (
+            value <= self.best_value * (1 + TIE) and self.best_score is not None
+            and score.cost_per_iteration < self.best_score.cost_per_iteration * (1 - TIE))
         if better:
+            improved = self.best is None or value < self.best_value
             self.best, self.best_score, self.best_value = candidate, score, value
-            self.trace.append({"t": round(self.elapsed, 4), "best": value, "evals": self.evaluations})
+            if improved:
+                self.trace.append({"t": round(self.elapsed, 4), "best": value, "evals": self.evaluations})
         return better
 
     @property
