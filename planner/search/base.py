@@ -87,7 +87,8 @@ class Ledger:
     def __init__(self, ctx: SearchContext, max_evals: int | None = None) -> None:
         self.ctx = ctx
         self.started = time.perf_counter()
-        self.deadline = self.started + ctx.time_budget_s
+        # a little of the budget is kept for wrapping up (recording the study, building the result)
+        self.deadline = self.started + ctx.time_budget_s - min(1.0, 0.02 * ctx.time_budget_s)
         self.max_evals = max_evals if max_evals is not None else ctx.max_evals
         self.evaluations = 0
         self.best: Candidate | None = None
