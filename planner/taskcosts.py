@@ -131,11 +131,14 @@ class TaskCosts:
 
     def _compute_replica(self, task: str, sig: tuple, tp: int, batch: int, split: tuple[int, ...]) -> ReplicaCost:
         kind = self.graph.kind_of(task)
-        if kind != "generation":
-            seconds = self._composed(task, sig, tp, batch, split, self.response)
-            if kind == "training":
-                seconds *= self.workload.ppo_epochs
-            return ReplicaCost(seconds)
+        if kind == "inference":
+            return ReplicaCost(self._composed(task, sig, tp, batch, split, self.response))
+        if kind == "training":
+            # Each optimizer step is a forward + backward + Adam over one mini-batch: per-step costs
+            # (the optimizer, launches, small-batch inefficiency) are paid mini_batches times per epoch.
+            steps = self.workload.mini_batches
+            per_step = self._composed(task, sig, tp, max(1, math.ceil(batch / steps)), split, self.response)
+            return ReplicaCost(per_step * steps * self.workload.ppo_epochs)
         stages, _ = sig
         conc = min(self.cm.max_concurrent_sequences(self.work(task, batch, split[s]), Placement(t, tp))
                    for s, (types, _link) in enumerate(stages) for t in types)

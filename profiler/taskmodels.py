@@ -59,13 +59,34 @@ def build(task: TaskModel, device: Any, *, seed: int = 0) -> Any:
     return model.to(device=device, dtype=getattr(torch, TORCH_DTYPES[task.dtype]))
 
 
-def inputs(task: TaskModel, batch: int, seq: int, device: Any, generator: Any = None) -> dict:
-    """Random model inputs: token ids with a head, embeddings (never zero) without one."""
+def inputs(task: TaskModel, batch: int, seq: int, device: Any, generator: Any = None, padded: bool = True) -> dict:
+    """Random model inputs: token ids with a head, embeddings (never zero) without one, and (by
+    default) the padding mask an RL batch carries."""
     import torch
 
     if task.with_head:
         ids = torch.randint(0, task.shape.vocab, (batch, seq), device="cpu", generator=generator)
-        return {"input_ids": ids.to(device)}
-    dtype = getattr(torch, TORCH_DTYPES[task.dtype])
-    emb = torch.randn(batch, seq, task.shape.hidden, dtype=torch.float32, generator=generator) * 0.02 + 0.01
-    return {"inputs_embeds": emb.to(device=device, dtype=dtype)}
+        out = {"input_ids": ids.to(device)}
+    else:
+        dtype = getattr(torch, TORCH_DTYPES[task.dtype])
+        emb = torch.randn(batch, seq, task.shape.hidden, dtype=torch.float32, generator=generator) * 0.02 + 0.01
+        out = {"inputs_embeds": emb.to(device=device, dtype=dtype)}
+    if padded:
+        out["attention_mask"] = padding_mask(batch, seq).to(device)
+    return out
+
+
+def padding_mask(batch: int, seq: int) -> Any:
+    """The mask of a padded RL batch: every other row starts with seq // 8 pad positions.
+
+    The executor's batches always carry one (prompts of unequal length are left-padded, responses
+    end early), and a mask with zeros takes attention off its unmasked fast path — measurably slower
+    on CPU — so task rows timed without one would predict the executor too fast.
+    """
+    import torch
+
+    mask = torch.ones(batch, seq, dtype=torch.long)
+    pad = seq // 8
+    if pad:
+        mask[::2, :pad] = 0
+    return mask
