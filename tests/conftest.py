@@ -37,3 +37,14 @@ def can_use_netns() -> tuple[bool, str]:
 def hetprof_cmd() -> list[str]:
     """The installed `hetprof` console script next to this interpreter."""
     return [str(Path(sys.executable).with_name("hetprof"))]
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models gain nothing from intra-op threads, and on a shared CPU threads contend badly."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -24,13 +24,7 @@ from hetprof.executor.tokenizer import CharTokenizer
 TOK = CharTokenizer()
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a shared CPU threads contend badly."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _train(algorithm: str, seed: int, iterations: int = 20, prompts: int = 8, group: int = 8, staleness: int = 0):
