@@ -30,7 +30,8 @@ def write_plan(path: Path, slots: int, placement: dict, shares: dict | None = No
     cluster = ClusterSpec.from_dict({"name": "cpu", "hosts": [{"name": "localhost", "gpus": {"type": "cpu",
                                                                                               "count": slots}}]})
     base = WorkloadSpec.load(ROOT / "examples" / "workloads" / "grpo-tiny.yaml").to_dict()
-    base.update({"prompts_per_step": 4, "responses_per_prompt": 4, **workload})
+    # one optimizer step per update: the records' KL is then that of the step taken at the old weights
+    base.update({"prompts_per_step": 4, "responses_per_prompt": 4, "ppo_epochs": 1, "mini_batches": 1, **workload})
     manual_plan(cluster, base, placement, shares).save(path)
     return path
 
