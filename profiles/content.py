@@ -38,3 +38,13 @@ def content_id(table: str, values: Sequence[object], json_text: Sequence[bool]) 
     parts = [_encode(table)]
     parts.extend(_piece(v, j) for v, j in zip(values, json_text, strict=True))
     return hashlib.sha256(("[" + ",".join(parts) + "]").encode()).hexdigest()
+
+
+def sample_id(run_id: str, seq: int, params_json: str, metrics_json: str) -> str:
+    """`content_id` of a samples row, spelled out: the hot path of profilers, imports and merges.
+
+    Only for values already checked (a hex run id and an integer seq need no JSON escaping), where it
+    yields exactly the text `content_id("samples", ...)` hashes, without the generic per-column work.
+    """
+    text = f'["samples","{run_id}",{seq},{params_json},{metrics_json}]'
+    return hashlib.sha256(text.encode()).hexdigest()

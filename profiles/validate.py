@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable
 
 from hetprof.errors import ImportRefused
-from hetprof.profiles.content import content_id
+from hetprof.profiles.content import content_id, sample_id
 from hetprof.profiles.schema import Table
 
 MAX_SHORT = 256
@@ -203,7 +203,9 @@ def check_row(table: Table, row: tuple | list, where: str) -> None:
             raise Invalid(f"{table.name}: expected {len(table.columns) + 1} columns, got {len(row)}")
         _id(row[0])
         check_values(table, row[1:])
-        if content_id(table.name, row[1:], table.json_flags) != row[0]:
+        expected = sample_id(*row[1:]) if table.name == "samples" else content_id(table.name, row[1:],
+                                                                                  table.json_flags)
+        if expected != row[0]:
             raise Invalid(f"{table.name}: row id does not match its content (altered or corrupt row)")
     except Invalid as exc:
         raise ImportRefused(f"{where}: {exc}") from None

@@ -159,3 +159,14 @@ def test_default_path_follows_env(tmp_path, monkeypatch):
     with ProfileDB() as db:
         assert db.path == tmp_path / "sub" / "x.db"
     assert (tmp_path / "sub" / "x.db").exists()
+
+
+def test_the_sample_hash_shortcut_equals_the_generic_content_address():
+    from hetprof.profiles.content import canonical_json, content_id, sample_id
+    from hetprof.profiles.schema import TABLES
+
+    run = "ab" * 32
+    for params, metrics in (({"m": 1, "dtype": "bf16"}, {"seconds": 1e-4}),
+                            ({"név": "ü\\\"x", "flag": True, "none": None}, {"t": -0.0, "big": 1e300})):
+        values = (run, 7, canonical_json(params), canonical_json(metrics))
+        assert sample_id(*values) == content_id("samples", values, TABLES["samples"].json_flags)
