@@ -17,14 +17,6 @@ from hetprof.profiler.suites.memory import MemorySuite, sizes_for
 from hetprof.profiles import ProfileDB
 
 
-@pytest.fixture
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _ctx(db, device_id=None, **kw) -> ProfileContext:
     return ProfileContext(db=db, host="t", device="cpu", device_id=device_id, quick=True, threads=1,
                           devices=["cpu"], **kw)
