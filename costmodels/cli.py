@@ -19,19 +19,24 @@ TASK_TYPES = ("task.prefill", "task.decode", "task.train")
               help="how a shape's repeats become one target (min resists interference on busy hosts)")
 @click.option("--envelope/--no-envelope", default=True, show_default=True,
               help="cap a shape's target by faster-measured shapes that do at least its work")
+@click.option("--runs/--no-runs", default=True, show_default=True,
+              help="also learn from the phases real runs recorded (`hetprof run --db`)")
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the boosted families")
 @click.option("--store/--no-store", default=True, show_default=True, help="write the fitted models to the DB")
-def fit(task, device, report, stat, envelope, seed, store) -> None:
+def fit(task, device, report, stat, envelope, runs, seed, store) -> None:
     """Fit per-task cost models on the profile database's task rows and store them.
 
     Prints, per task type and device type, the rows used, the held-out MAPE of the fitted model
     (folds hold out whole shape ranges: the largest/smallest batch, length, layers, or a whole
-    model) next to the analytical model's MAPE on the same rows.
+    model) next to the analytical model's MAPE on the same rows. Rows come from the profiler's task
+    rows and, with --runs (the default), from the phases that `hetprof run` recorded: a decode
+    step or a training step as it really ran, which the next plan is then predicted with.
 
     \b
     Examples:
       hetprof profile --quick --suite tasks --models tiny,tiny-2x && hetprof fit
       hetprof fit --task task.decode --device cpu --report fit.png
+      hetprof run plan.json --iterations 5 && hetprof fit      # learn from the run too
     """
     from rich.console import Console
     from rich.table import Table
@@ -48,7 +53,7 @@ def fit(task, device, report, stat, envelope, seed, store) -> None:
     with ProfileDB(path) as db:
         with console.status("fitting…") as status:
             fits = fitting.fit_database(db, task=task, device=device, seed=seed, stat=stat, envelope=envelope,
-                                        skipped=skipped, progress=lambda m: status.update(f"fitting… {m}"))
+                                        runs=runs, skipped=skipped, progress=lambda m: status.update(f"fitting… {m}"))
         if not fits:
             where = f" on {device}" if device else ""
             raise ProfileDBError(f"{path}: no {task or 'task'} rows{where} to fit; "
@@ -59,12 +64,12 @@ def fit(task, device, report, stat, envelope, seed, store) -> None:
     table.caption = ("MAPE. held-out: fitted on the rest, scored on held-out shape ranges; analytical: roofline "
                      "on the same rows; noise: how much the target moves between halves of its repeats")
     for col, just in (("task", "left"), ("device", "left"), ("dtype", "left"), ("shapes", "right"),
-                      ("samples", "right"), ("family", "left"), ("held-out", "right"), ("folds", "right"),
+                      ("samples", "right"), ("from runs", "right"), ("family", "left"), ("held-out", "right"), ("folds", "right"),
                       ("analytical", "right"), ("train", "right"), ("noise", "right"), ("id", "left")):
         table.add_column(col, justify=just)
     for i, f in enumerate(fits):
         good = f.heldout.mape <= 0.10
-        table.add_row(f.task_type, f.device_type, f.dtype, str(f.n_rows), str(f.n_samples), f.family,
+        table.add_row(f.task_type, f.device_type, f.dtype, str(f.n_rows), str(f.n_samples), str(f.n_run_rows), f.family,
                       f"[{'green' if good else 'yellow'}]{_pct(f.heldout.mape)}[/]", str(f.heldout.n_folds),
                       _pct(f.analytical_mape), _pct(f.train_mape), _pct(f.noise), ids[i][:8] if ids else "-")
     console.print(table)

@@ -1,5 +1,8 @@
 """`hetprof fit`'s engine: task rows → per (task type, device type, dtype) fitted models in the DB.
 
+Task rows come from the profiler and, unless turned off, from the phases real runs recorded
+(costmodels/runrows.py), so a model learns the shapes and conditions runs really have.
+
 Each profiled shape's samples are summarised by their median (the raw samples stay in the
 database), turned into a Phase and its features, and fitted by the family that range-fold cross-
 validation prefers. The stored entry is plain JSON that re-creates the model (see fitted.py), with
@@ -20,6 +23,7 @@ from hetprof.catalog import canonical_name
 from hetprof.costmodels.analytical import AnalyticalCostModel
 from hetprof.costmodels.data import Phase
 from hetprof.costmodels.features import FEATURES, TASK_PHASE, RowError, phase_features, phase_from_row
+from hetprof.costmodels.runrows import SOURCE, run_task_rows
 from hetprof.costmodels.validation import HeldOut, choose_family, mape, nested_heldout
 from hetprof.errors import ProfileDBError
 
@@ -55,6 +59,7 @@ class TaskFit:
     phases: list[Phase] = dataclasses.field(default_factory=list, repr=False)
     noise: float = float("nan")
     stat: str = DEFAULT_STAT
+    n_run_rows: int = 0  # shapes that came from run records rather than the profiler
 
     @property
     def analytical_mape(self) -> float:
@@ -72,7 +77,7 @@ class TaskFit:
                 "range": self.shape_range, "target": self.stat}
 
     def metrics(self) -> dict[str, float]:
-        m = {"n_rows": self.n_rows, "n_samples": self.n_samples, "heldout_mape": self.heldout.mape,
+        m = {"n_rows": self.n_rows, "n_run_rows": self.n_run_rows, "n_samples": self.n_samples, "heldout_mape": self.heldout.mape,
              "heldout_folds": self.heldout.n_folds, "analytical_mape": self.analytical_mape,
              "train_mape": self.train_mape, "repeat_noise": self.noise,
              **{f"cv_mape_{k}": v for k, v in self.family_cv.items()}}
@@ -92,13 +97,18 @@ class Group:
     n_samples: int
     shapes: pd.DataFrame  # model, batch, length, layers per row (for the range folds)
     noise: float = float("nan")  # mean relative difference of the target between halves of the repeats
+    n_run_rows: int = 0
 
 
 def task_groups(db: Any, task: str | None = None, device: str | None = None,
-                skipped: list[str] | None = None, stat: str = DEFAULT_STAT, envelope: bool = True
-                ) -> list[Group]:
-    """Task rows of the database grouped for fitting, one median row per profiled shape."""
+                skipped: list[str] | None = None, stat: str = DEFAULT_STAT, envelope: bool = True,
+                runs: bool = True) -> list[Group]:
+    """Task rows of the database grouped for fitting, one row per profiled (or run) shape."""
     df = db.samples(benchmark="task.")
+    if runs:
+        from_runs = run_task_rows(db, skipped)
+        if len(from_runs):
+            df = pd.concat([df, from_runs], ignore_index=True) if len(df) else from_runs
     if not len(df):
         return []
     if task:
@@ -137,8 +147,8 @@ def _group(bench: str, dev: str, dtype: str, threads: int | None, part: pd.DataF
            skipped: list[str] | None, stat: str, envelope: bool) -> Group | None:
     keys = [c for c in part.columns if c not in _NON_SHAPE and part[c].notna().any()]
     keys = [c for c in keys if c != "device_type"]
-    shaped = part[keys].astype(str).agg("|".join, axis=1) if keys else pd.Series("", index=part.index)
-    phases_, secs, shapes, noise, bad = [], [], [], [], 0
+    shaped = part[keys].map(str).agg("|".join, axis=1) if keys else pd.Series("", index=part.index)
+    phases_, secs, shapes, noise, sources, bad = [], [], [], [], [], 0
     for _, rows in part.groupby(shaped.to_numpy(), sort=True):
         first = rows.iloc[0].to_dict()
         try:
@@ -149,6 +159,7 @@ def _group(bench: str, dev: str, dtype: str, threads: int | None, part: pd.DataF
                 skipped.append(f"{bench} on {dev}: {exc}")
             continue
         phases_.append(ph)
+        sources.append(first.get("source") if isinstance(first.get("source"), str) else "profile")
         secs.append(STATS[stat](rows["seconds"].astype(float)))
         noise.append(repeat_noise(rows, STATS[stat]))
         shapes.append({"model": str(first.get("model", "")), "batch": ph.batch, "length": ph.tokens,
@@ -157,9 +168,10 @@ def _group(bench: str, dev: str, dtype: str, threads: int | None, part: pd.DataF
         return None
     secs_arr = np.asarray(secs)
     if envelope:
-        secs_arr = monotone_envelope(phases_, secs_arr)
+        secs_arr = monotone_envelope(phases_, secs_arr, sources)
     return Group(bench, dev, dtype, threads, phases_, secs_arr, len(part) - bad, pd.DataFrame(shapes),
-                 float(np.nanmean(noise)) if not np.isnan(noise).all() else float("nan"))
+                 float(np.nanmean(noise)) if not np.isnan(noise).all() else float("nan"),
+                 sum(s == SOURCE for s in sources))
 
 
 def repeat_noise(rows: pd.DataFrame, stat: Callable[[pd.Series], float]) -> float:
@@ -182,17 +194,19 @@ def repeat_noise(rows: pd.DataFrame, stat: Callable[[pd.Series], float]) -> floa
     return abs(a - b) / max(min(a, b), 1e-30)
 
 
-def monotone_envelope(phases_: list[Phase], seconds: np.ndarray) -> np.ndarray:
+def monotone_envelope(phases_: list[Phase], seconds: np.ndarray, sources: list[str] | None = None) -> np.ndarray:
     """Each shape's time, capped by the fastest time of any shape that does at least its work.
 
     Physics says more work is never cheaper; on a shared host interference only adds time. So
     when a shape with the same model and settings but a batch and length at least as large was
-    measured faster, that time is a tighter upper bound on this shape's own time.
+    measured faster, that time is a tighter upper bound on this shape's own time. Only shapes of
+    the same source bound each other: a microbenchmark does not bound what a run's phase costs.
     """
     out = seconds.copy()
+    src = sources or ["profile"] * len(phases_)
     for i, p in enumerate(phases_):
         for j, q in enumerate(phases_):
-            if (j != i and q.batch >= p.batch and q.tokens >= p.tokens and q.layers == p.layers
+            if (j != i and src[j] == src[i] and q.batch >= p.batch and q.tokens >= p.tokens and q.layers == p.layers
                     and q.model == p.model and q.recompute == p.recompute and q.with_head == p.with_head
                     and q.tp == p.tp):
                 out[i] = min(out[i], seconds[j])
@@ -212,18 +226,19 @@ def fit_group(group: Group, analytical: AnalyticalCostModel, seed: int = 0,
     rng = {c: [float(group.shapes[c].min()), float(group.shapes[c].max())] for c in ("batch", "length", "layers")}
     return TaskFit(group.task_type, group.device_type, group.dtype, group.threads, len(y), group.n_samples,
                    family.name, params, scores, heldout, y, analytic, family.predict(params, x), rng,
-                   list(group.phases), noise=group.noise)
+                   list(group.phases), noise=group.noise, n_run_rows=group.n_run_rows)
 
 
 def fit_database(db: Any, task: str | None = None, device: str | None = None, seed: int = 0,
                  progress: Callable[[str], None] | None = None, skipped: list[str] | None = None,
-                 stat: str = DEFAULT_STAT, envelope: bool = True) -> list[TaskFit]:
-    """Fit every task group the database has rows for (optionally one task type / device type)."""
+                 stat: str = DEFAULT_STAT, envelope: bool = True, runs: bool = True) -> list[TaskFit]:
+    """Fit every task group the database has rows for (optionally one task type / device type);
+    `runs` adds the phases recorded by real runs to the profiler's rows."""
     analytical = AnalyticalCostModel(db)
     fits = []
     if stat not in STATS:
         raise ValueError(f"unknown statistic {stat!r} (one of {', '.join(STATS)})")
-    for group in task_groups(db, task, device, skipped, stat, envelope):
+    for group in task_groups(db, task, device, skipped, stat, envelope, runs):
         if progress:
             progress(f"fitting {group.task_type} on {group.device_type} ({group.dtype}): {len(group.seconds)} shapes")
         fit = fit_group(group, analytical, seed, progress)

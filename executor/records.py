@@ -7,7 +7,9 @@ back, and the same numbers go to the profile database as one row per (iteration,
 Iteration record fields: run, plan_hash, iteration, version, mode, staleness_bound, iteration_s,
 stages {task or phase: seconds}, replicas {task: [seconds per replica]}, predicted {task: seconds},
 predicted_iteration_s, tokens, tokens_per_s, reward_mean, kl, clip_frac, staleness_max,
-staleness_mean, sync_bytes, sync_Bps, layouts {task: "DP2×TP1×PP1"}, devices {task: [ids]}, time.
+staleness_mean, sync_bytes, sync_Bps, layouts {task: "DP2×TP1×PP1"}, devices {task: [ids]}, time,
+work {task: what one replica ran: kind, role, model shape, layout}, phase_times {task: [{kind, batch,
+tokens, seconds, device, device_type, dtype, threads, with_head}]} (see `phase_rows`).
 """
 
 from __future__ import annotations
@@ -63,6 +65,56 @@ def read_log(path: str | Path) -> list[dict[str, Any]]:
     return [by_iter[k] for k in sorted(by_iter, key=lambda k: k[1])]
 
 
+SHAPE_KEYS = ("name", "layers", "hidden", "ffn", "heads", "kv_heads", "head_dim", "vocab")
+DTYPE_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+def dtype_name(dtype: Any) -> str:
+    """The cost models' name of a torch dtype (torch.float32 → 'fp32')."""
+    return DTYPE_NAMES.get(str(dtype).removeprefix("torch."), str(dtype))
+
+
+def work_description(plan: Plan) -> dict[str, dict[str, Any]]:
+    """Per task, what one replica runs in the cost model's terms: the shape a run record is about.
+
+    Stage times alone cannot teach a cost model anything; with the model shape and layout next to
+    them (and the phases each rank timed, see `phase_rows`) `hetprof fit` can learn from real runs.
+    """
+    roles = plan.workload_spec().roles()
+    out: dict[str, dict[str, Any]] = {}
+    for t in plan.tasks:
+        shape = roles[t.role]
+        out[t.task] = {"kind": t.kind, "role": t.role, "model": {k: getattr(shape, k) for k in SHAPE_KEYS},
+                       "tp": t.layout.tp, "pp": t.layout.pp, "dp": t.layout.dp}
+    return out
+
+
+def train_phase(part: dict[str, Any], seconds: float, workload: Any) -> dict[str, Any]:
+    """A training task's time as the profiler's `task.train` row: one optimizer step of a mini-batch.
+
+    The learner takes ppo_epochs × mini_batches steps over this replica's slice, so the per-step
+    time is the task's time over that count (a recompute of proximal log-probs in async runs is
+    folded in: it is part of what each step costs there).
+    """
+    rows, width = part["input_ids"].shape
+    steps = max(1, workload.ppo_epochs * workload.mini_batches)
+    return {"kind": "train", "batch": -(-int(rows) // max(1, workload.mini_batches)), "tokens": int(width),
+            "seconds": seconds / steps, "with_head": True, "steps": steps}
+
+
+def gather_phase_times(gathered: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Every rank's phase timings of one iteration, by task, each tagged with where it ran."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for info in gathered:
+        meta = info.get("phase_meta", {})
+        for task, phases in info.get("phase_times", {}).items():
+            dtype = meta.get("dtypes", {}).get(task)
+            out.setdefault(task, []).extend(
+                {**ph, "device": info.get("device"), "device_type": meta.get("device_type"),
+                 "threads": meta.get("threads"), "dtype": dtype} for ph in phases)
+    return out
+
+
 def db_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
     """Run-record rows for the profile DB: one per task of the iteration, plus the iteration itself."""
     rows = []
@@ -72,7 +124,9 @@ def db_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
             "task": task, "seconds": float(seconds), "predicted_s": record["predicted"].get(task),
             "device_ids": record["devices"].get(task, []),
             "extra": {"layout": record["layouts"].get(task), "replicas": record["replicas"].get(task),
-                      "mode": record["mode"], "version": record["version"]},
+                      "mode": record["mode"], "version": record["version"],
+                      **({"work": record["work"][task]} if task in record.get("work", {}) else {}),
+                      **({"phases": record["phase_times"][task]} if task in record.get("phase_times", {}) else {})},
         })
     rows.append({
         "run": record["run"], "plan_hash": record["plan_hash"], "iteration": record["iteration"],

@@ -30,7 +30,16 @@ from hetprof.errors import ExecutionError
 from hetprof.executor import checkpoint
 from hetprof.executor.groups import Outbox, Topology, check_supported, device_kind, host_devices, recv_tensors
 from hetprof.executor.launch import RunOptions, load_plan
-from hetprof.executor.records import RunLog, console_line, plan_hash, write_db
+from hetprof.executor.records import (
+    RunLog,
+    console_line,
+    dtype_name,
+    gather_phase_times,
+    plan_hash,
+    train_phase,
+    work_description,
+    write_db,
+)
 from hetprof.executor.roles import RoleSet
 from hetprof.executor.shares import offsets, split_counts
 from hetprof.executor.staleness import VersionCounter, schedule
@@ -105,6 +114,12 @@ class Worker:
         self.actor_sync = self._make_sync("weight_sync", "actor")
         self.critic_sync = self._make_sync("critic_sync", "critic")
         self.hash = plan_hash(self.plan)
+        self.work = work_description(self.plan)
+        kinds = {t.task: t.kind for t in self.plan.tasks}
+        device_types = {d.id: d.type for d in self.plan.cluster_spec().devices()}
+        self.phase_meta = {"device_type": device_types.get(self.device_id), "threads": torch.get_num_threads(),
+                           "dtypes": {task: dtype_name(self.roles.train_dtype if kinds.get(task) == "training"
+                                                       else self.roles.infer_dtype) for task in self.tasks}}
         self.run_name = f"run-{self.hash[:8]}-{datetime.datetime.now(datetime.UTC):%Y%m%dT%H%M%S}"
         self.log = RunLog(options.log) if self.is_leader else None
         self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hetprof-records")
@@ -172,7 +187,8 @@ class Worker:
         last = time.perf_counter()
         for step in schedule(start, self.opts.iterations, self.k):
             times: dict[str, float] = {}
-            info: dict[str, Any] = {"rank": self.rank, "device": self.device_id, "pid": os.getpid()}
+            info: dict[str, Any] = {"rank": self.rank, "device": self.device_id, "pid": os.getpid(),
+                                    "phase_meta": self.phase_meta}
             # Wall time of each phase on this rank, waits included: where the leader's iteration
             # went beyond the stages' compute (the executor's own overhead) shows up here.
             lap = Laps()
@@ -185,7 +201,7 @@ class Worker:
                 batch = self._assemble(b, times) if self.is_leader else None
                 lap("collect_rollouts")
                 for task in self.topo.inference_tasks():
-                    batch = self._infer(task.task, b, batch, times)
+                    batch = self._infer(task.task, b, batch, times, info)
                     lap(task.task)
                 if self.is_leader:
                     batch = self._score(b, batch, counter, times, info)
@@ -241,6 +257,7 @@ class Worker:
         if self.rank != gen.ranks[replica]:
             return
         info["gen_tokens"] = int(out["response_mask"].sum())
+        info.setdefault("phase_times", {})["actor_gen"] = list(getattr(self.roles.backend, "last_phases", []))
         if self.is_leader:
             self._own_rollout = out
         else:
@@ -254,7 +271,7 @@ class Worker:
         times["wait_rollouts"] = time.perf_counter() - t0
         return pad_cat(parts, self.roles.pad_id)
 
-    def _infer(self, task: str, b: int, batch: dict | None, times: dict) -> dict | None:
+    def _infer(self, task: str, b: int, batch: dict | None, times: dict, info: dict) -> dict | None:
         """Scatter the batch over the task's replicas by share (every TP rank of a replica gets its
         slice), compute, and gather the replicas' results (from each replica's first rank)."""
         tr = self.topo.tasks[task]
@@ -277,6 +294,10 @@ class Worker:
             t0 = time.perf_counter()
             result = self.roles.infer(task, part)
             times[task] = time.perf_counter() - t0
+            if self.rank == tr.ranks[replica]:  # one forward over the slice: a prefill row with its head
+                rows, width = part["input_ids"].shape
+                info.setdefault("phase_times", {})[task] = [
+                    {"kind": "prefill", "batch": rows, "tokens": width, "seconds": times[task], "with_head": True}]
             if not self.is_leader and self.rank == tr.ranks[replica]:
                 self.outbox.send(result, self.leader, tag(b, INFER_OUT[task]), self.msg_device)
         if self.is_leader:
@@ -336,6 +357,7 @@ class Worker:
             t0 = time.perf_counter()
             stats = self.roles.train(tr.task, part)
             times[tr.task] = time.perf_counter() - t0
+            info.setdefault("phase_times", {})[tr.task] = [train_phase(part, times[tr.task], self.workload)]
             info.setdefault("train", {})[tr.task] = {"n": part["input_ids"].shape[0], **stats}
 
     def _sync(self, version: int, times: dict | None = None, info: dict | None = None) -> None:
@@ -437,6 +459,7 @@ class Worker:
             "devices": {t: list(tr.devices) for t, tr in self.topo.tasks.items()},
             "pids": {g["device"]: g["pid"] for g in gathered}, "time": time.time(),
             "leader_phases": mine["phases"],
+            "work": self.work, "phase_times": gather_phase_times(gathered),
         }
         commit = bool(self.opts.checkpoint_dir and any(g.get("saved") for g in gathered))
         # Writing the log, the database and the console is the leader's bookkeeping, not RL work:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from hetprof.costmodels.runrows import run_task_rows
 from hetprof.errors import ExecutionError
 from hetprof.executor.manual import manual_plan
 from hetprof.executor.records import read_log
@@ -76,8 +77,15 @@ def test_async_k2_keeps_every_trained_sample_within_two_versions_and_syncs_bitwi
         assert all(isinstance(r[key], float) for r in records)
     with ProfileDB(tmp_path / "db.sqlite") as db:
         rows = db.run_records()
+        learnable = run_task_rows(db)
     assert set(rows["iteration"]) == {0, 1, 2, 3, 4}
     assert {"actor_gen", "actor_train", "ref_infer", "iteration"} <= set(rows["task"])
+    # what `hetprof fit` learns from: every phase the ranks timed, shaped as task rows
+    assert set(learnable["benchmark"]) == {"task.prefill", "task.decode", "task.train"}
+    gen = rows[rows["task"] == "actor_gen"].iloc[0]["extra"]
+    assert gen["work"]["model"]["name"] == "tiny" and {p["device"] for p in gen["phases"]} == {"localhost:0",
+                                                                                              "localhost:1"}
+    assert set(learnable[learnable["benchmark"] == "task.prefill"]["tp"]) == {1, 2}  # ref_infer ran TP2
 
 
 def test_killed_worker_stops_the_run_naming_it_and_resume_completes(tmp_path):

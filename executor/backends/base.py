@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import time
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -52,10 +53,37 @@ class Rollout:
         return int(self.lengths.sum())
 
 
+class PhaseClock:
+    """Times consecutive phases of one generate() call as the profiler's task rows describe them.
+
+    Each lap is {kind, batch, tokens, seconds}: `prefill` is `batch` prompts of `tokens` (padded)
+    tokens, `decode` one step whose attention spans `tokens` cached tokens. On a GPU each lap waits
+    for the device, so a lap is the phase's own time, not its launch time.
+    """
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.phases: list[dict] = []
+        self._mark = self._now()
+
+    def _now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def lap(self, kind: str, batch: int, tokens: int) -> None:
+        now = self._now()
+        self.phases.append({"kind": kind, "batch": int(batch), "tokens": int(tokens), "seconds": now - self._mark})
+        self._mark = now
+
+
 class GenerationBackend(abc.ABC):
     """Produces rollouts with behaviour log-probs, and takes the trainer's weights after each update."""
 
     name = "base"
+    # Phase timings of the last generate() ({kind, batch, tokens, seconds} dicts, see PhaseClock);
+    # an engine that cannot see its phases (vLLM schedules them itself) leaves this empty.
+    last_phases: list[dict] = []
 
     @abc.abstractmethod
     def generate(self, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int, temperature: float = 1.0,

@@ -19,7 +19,7 @@ from torch import nn
 
 from hetprof.errors import ExecutionError
 from hetprof.executor.backends import register_backend
-from hetprof.executor.backends.base import GenerationBackend, Rollout, check_sampling
+from hetprof.executor.backends.base import GenerationBackend, PhaseClock, Rollout, check_sampling
 from hetprof.executor.modeling import position_ids, unwrap
 from hetprof.executor.tokenizer import Tokenizer, pad_left
 
@@ -44,6 +44,9 @@ class HFBackend(GenerationBackend):
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         self._targets = self.model.state_dict(keep_vars=True)
+        # What the last generate() spent per phase, in the profiler's task-row terms, so a run's
+        # records can teach `hetprof fit` the shapes it really ran (sampling included in decode).
+        self.last_phases: list[dict] = []
 
     @torch.no_grad()
     def generate(self, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int, temperature: float = 1.0,
@@ -60,10 +63,12 @@ class HFBackend(GenerationBackend):
                                  f"model's max_position_embeddings ({limit})")
         was_training = self.model.training
         self.model.eval()  # no dropout while sampling, even when the trainer shares this module
+        clock = PhaseClock(self.device)
         try:
             cache = DynamicCache(config=self.model.config)
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask),
                              past_key_values=cache, use_cache=True)
+            clock.lap("prefill", batch, width)
             next_pos = mask.sum(-1, keepdim=True)
             finished = torch.zeros(batch, dtype=torch.bool, device=self.device)
             tokens, lps, alive = [], [], []
@@ -83,13 +88,18 @@ class HFBackend(GenerationBackend):
                 alive.append(valid)
                 finished = finished | (tok == eos)
                 if bool(finished.all()) or step == max_new_tokens - 1:
+                    if step:  # the last step's forward ran in the previous iteration
+                        clock.lap("decode", batch, width + step)
                     break
+                if step:
+                    clock.lap("decode", batch, width + step)
                 mask = torch.cat([mask, valid.long()[:, None]], dim=1)
                 out = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos,
                                  past_key_values=cache, use_cache=True)
                 next_pos = next_pos + 1
         finally:
             self.model.train(was_training)
+        self.last_phases = clock.phases
         resp = torch.stack(tokens, dim=1)
         resp_mask = torch.stack(alive, dim=1).long()
         resp_lp = torch.stack(lps, dim=1)

@@ -1,0 +1,73 @@
+"""Real runs as training rows: the phase timings `hetprof run` records, shaped like profiler task rows.
+
+The executor stores, next to each task's stage time, what one replica ran (model shape, layout)
+and the phases each rank timed: generation's prefill and every decode step (sampling included),
+an inference forward, and a training task's time per optimizer step over its mini-batch. Each of
+those is exactly one `Phase`, so it becomes one row in the same columns as `db.samples("task.")`
+and is fitted together with the profiler's rows. Rows carry `source = "run"`, which keeps them
+their own shapes: a decode step measured inside a run (two workers sharing the host, sampling
+in the step) is not the same target as the microbenchmark's, and both are worth learning.
+
+Skipped, and counted: pipeline-parallel tasks (a stage's share of layers is not in the record),
+and phases whose record lacks a field a task row needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pandas as pd
+
+from hetprof.costmodels.features import PHASE_TASK
+
+SOURCE = "run"
+_SHAPE = ("hidden", "ffn", "heads", "kv_heads", "head_dim", "vocab")
+
+
+def phase_row(record: Mapping[str, Any], work: Mapping[str, Any], phase: Mapping[str, Any], seq: int
+              ) -> dict[str, Any] | None:
+    """One recorded phase as a task row; None when it cannot be one (see the module's docstring)."""
+    kind = phase.get("kind")
+    model = work.get("model")
+    if kind not in PHASE_TASK or not isinstance(model, Mapping) or int(work.get("pp", 1) or 1) > 1:
+        return None
+    try:
+        seconds = float(phase["seconds"])
+        batch, tokens = int(phase["batch"]), int(phase["tokens"])
+        shape = {k: int(model[k]) for k in _SHAPE}
+        layers = int(model["layers"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if not (seconds > 0 and batch >= 1 and tokens >= 1 and phase.get("device_type")):
+        return None
+    return {
+        "sample_id": f"{record['run']}/{record['iteration']}/{record['task']}/{seq}",
+        "run_id": str(record["run"]), "benchmark": PHASE_TASK[kind], "device_id": phase.get("device"),
+        "device_name": phase.get("device_type"), "catalog_type": phase.get("device_type"), "host": None,
+        "seq": seq, "model": str(model.get("name", "custom")), "layers_run": layers, **shape, "batch": batch,
+        ("context_len" if kind == "decode" else "seq_len"): tokens, "dtype": phase.get("dtype") or "bf16",
+        "with_head": bool(phase.get("with_head", True)), "tp": int(work.get("tp", 1) or 1),
+        "threads": phase.get("threads"), "source": SOURCE, "seconds": seconds,
+    }
+
+
+def run_task_rows(db: Any, skipped: list[str] | None = None) -> pd.DataFrame:
+    """Every usable phase of every run record in the database, as task-row samples."""
+    df = db.run_records()
+    rows: list[dict[str, Any]] = []
+    dropped = 0
+    for rec in df.to_dict("records") if len(df) else []:
+        extra = rec.get("extra")
+        if not isinstance(extra, Mapping) or not isinstance(extra.get("phases"), list):
+            continue
+        work = extra.get("work") if isinstance(extra.get("work"), Mapping) else {}
+        for seq, phase in enumerate(extra["phases"]):
+            row = phase_row(rec, work, phase, seq) if isinstance(phase, Mapping) else None
+            if row is None:
+                dropped += 1
+            else:
+                rows.append(row)
+    if dropped and skipped is not None:
+        skipped.append(f"{dropped} recorded run phases that are not task rows (pipeline stages or missing fields)")
+    return pd.DataFrame(rows)
