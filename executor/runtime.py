@@ -345,18 +345,23 @@ class Worker:
             if self.is_leader:
                 counts = split_counts(batch["input_ids"].shape[0], tr.shares, minimum=1)
                 slices = offsets(counts)
-                for r, rows in zip(tr.ranks, slices, strict=True):
-                    if r != self.rank:
-                        self.outbox.send(take(batch, tuple(batch), rows), r, tag(b, kind), self.msg_device)
-            if self.rank not in tr.ranks:
+                # every rank of a replica (its TP ranks and pipeline stages) gets the replica's rows
+                for members, rows in zip(tr.tp_ranks or tuple((r,) for r in tr.ranks), slices, strict=True):
+                    for r in members:
+                        if r != self.rank:
+                            self.outbox.send(take(batch, tuple(batch), rows), r, tag(b, kind), self.msg_device)
+            if self.rank not in tr.all_ranks:
                 continue
+            replica = tr.replica_of(self.rank)
             if self.is_leader:
-                part = take(batch, tuple(batch), slices[tr.ranks.index(self.rank)])
+                part = take(batch, tuple(batch), slices[replica])
             else:
                 part = self._recv(self.leader, tag(b, kind), f"{tr.task} inputs of batch {b}")
             t0 = time.perf_counter()
             stats = self.roles.train(tr.task, part)
             times[tr.task] = time.perf_counter() - t0
+            if self.rank != tr.ranks[replica]:
+                continue  # a replica's statistics are reported once, by its first rank
             info.setdefault("phase_times", {})[tr.task] = [train_phase(part, times[tr.task], self.workload)]
             info.setdefault("train", {})[tr.task] = {"n": part["input_ids"].shape[0], **stats}
 
@@ -385,11 +390,12 @@ class Worker:
                 times[name] = time.perf_counter() - t0
                 info.setdefault("sync", {})[name] = {"bytes": stats.bytes, "seconds": stats.seconds}
             if self.opts.verify_sync and info is not None:
-                models = [self.roles.model_for_sync(role, sender=True)] if self.rank == sync.src else []
+                # a sharded trainer's digest is of the full weights it gathered (on its first rank only)
+                models = [full.items() if full is not None else self.roles.model_for_sync(role, sender=True)
+                          .named_parameters()] if self.rank == sync.src else []
                 if self.roles.holds_receiver(role):
-                    models.append(self.roles.model_for_sync(role, sender=False))
-                info.setdefault("digest", {})[name] = [state_digest(m.named_parameters(), sync.wire_dtype)
-                                                       for m in models]
+                    models.append(self.roles.model_for_sync(role, sender=False).named_parameters())
+                info.setdefault("digest", {})[name] = [state_digest(m, sync.wire_dtype) for m in models]
         if "actor_gen" in self.tasks and info is not None:
             info["gen_version"] = self.version
 
