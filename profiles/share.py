@@ -40,8 +40,8 @@ def _selected_rows(db: ProfileDB, device: str | None, host: str | None) -> Itera
     """Rows to export, parents before children; filters keep every reference inside the file."""
     conn = db.conn
     if device is None and host is None:
-        for name in TABLES:
-            for row in conn.execute(f"SELECT * FROM {name} ORDER BY id"):
+        for name, table in TABLES.items():  # key order: the file is deterministic, read without a sort
+            for row in conn.execute(f"SELECT * FROM {name} ORDER BY {table.key_sql}"):
                 yield name, row
         return
     dev_where, dev_args = [], []
@@ -68,7 +68,7 @@ def _selected_rows(db: ProfileDB, device: str | None, host: str | None) -> Itera
         yield "runs", r
     for chunk in _chunks(run_ids):
         for s in conn.execute(f"SELECT * FROM samples WHERE run_id IN ({','.join('?' * len(chunk))}) "
-                              "ORDER BY id", chunk):
+                              f"ORDER BY {TABLES['samples'].key_sql}", chunk):
             yield "samples", s
     if device is None:
         for link in conn.execute("SELECT * FROM links WHERE src_host = ? OR dst_host = ? ORDER BY id",
@@ -233,8 +233,9 @@ def merge(db: ProfileDB, other: str | Path) -> dict[str, int]:
                 cols = [r[1] for r in src.execute(f"PRAGMA main.table_info({name})")]
                 if cols != table.column_names:
                     raise ImportRefused(f"{other}: table {name} has columns {cols}, expected {table.column_names}")
+                same = " AND ".join(f"m.{k} = o.{k}" for k in table.key)  # a lookup by this side's key
                 fetched = src.execute(f"SELECT * FROM main.{name} AS o WHERE NOT EXISTS "
-                                      f"(SELECT 1 FROM mine.{name} AS m WHERE m.id = o.id)").fetchall()
+                                      f"(SELECT 1 FROM mine.{name} AS m WHERE {same})").fetchall()
                 for i, row in enumerate(fetched):
                     check_row(table, row, f"{other}: {name} row {i + 1}")
                 rows[name] = fetched

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import shutil
 import signal
 import sqlite3
 import time
@@ -12,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from hetprof.errors import ProfileDBError
-from hetprof.profiles import DeviceInfo, ProfileDB
-from hetprof.profiles.schema import SCHEMA_VERSION, TABLES, _ddl
+from hetprof.profiles import DeviceInfo, ProfileDB, merge
+from hetprof.profiles.content import canonical_json, sample_id
+from hetprof.profiles.schema import SCHEMA_VERSION, TABLES, _ddl, migrate
 
 
 def _sample(i: int, writer: int = 0) -> dict:
@@ -137,7 +139,48 @@ def test_an_old_database_is_migrated(db_path):
     with ProfileDB(db_path) as db:
         assert db.info()["schema_version"] == SCHEMA_VERSION
         names = {r[0] for r in db.conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
-        assert "samples_by_run" in names
+        assert "runs_by_benchmark" in names and "samples_by_run" not in names  # v4: the key serves it
+        sql = db.conn.execute("SELECT sql FROM sqlite_master WHERE name='samples'").fetchone()[0]
+        assert "WITHOUT ROWID" in sql and "PRIMARY KEY (run_id, seq, id)" in sql
+
+
+def _v3_database(path: Path) -> None:
+    """A database as schema v3 wrote it (samples keyed by id, indexed by run), holding two runs."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("BEGIN")
+    migrate(conn, 0, target=3)
+    for r in range(2):
+        run = ProfileDB.row("runs", ["memory.copy", None, "h", "{}", 3, "0", float(r), "measured"])
+        conn.execute(TABLES["runs"].insert_sql(), run)
+        for i in reversed(range(3)):  # stored out of seq order: the migration's key sorts them
+            values = (run[0], i, canonical_json(_sample(i)["params"]), canonical_json(_sample(i)["metrics"]))
+            conn.execute(TABLES["samples"].insert_sql(), (sample_id(*values), *values))
+    conn.execute("COMMIT")
+    conn.close()
+
+
+def test_a_v3_database_keeps_every_sample_through_the_v4_migration(tmp_path):
+    old, copy, fresh = tmp_path / "old.db", tmp_path / "copy.db", tmp_path / "fresh.db"
+    _v3_database(old)
+    conn = sqlite3.connect(old)
+    assert conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("3",)
+    before = sorted(conn.execute("SELECT * FROM samples").fetchall())
+    conn.close()
+    shutil.copy(old, copy)
+    with ProfileDB(fresh) as db:  # merge reads a v3 file as it is (read-only, not migrated)
+        assert merge(db, old)["samples"] == 6
+    with ProfileDB(copy) as db:  # opening it writable migrates it in place
+        assert db.info()["schema_version"] == SCHEMA_VERSION
+        assert sorted(db.dump()["samples"]) == before
+        assert db.conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        run_id = before[0][1]
+        db.write(lambda c: db._insert(c, "samples", [before[0]]))  # content-addressed: a duplicate adds nothing
+        assert db.counts()["samples"] == 6
+        assert [s for _, _, s, _, _ in db.conn.execute("SELECT * FROM samples WHERE run_id = ?", (run_id,))] \
+            == [0, 1, 2]  # a run's samples come back in seq order, from the key alone
+        assert sum(merge(db, fresh).values()) == 0  # the same rows, merged back: nothing new
+        with ProfileDB(fresh, readonly=True) as merged:
+            assert db.dump() == merged.dump()
 
 
 def test_a_newer_database_is_refused(db_path):
