@@ -9,7 +9,7 @@ with the hosts and regions named, before any search starts.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -43,7 +43,10 @@ def slower(a: LinkSpec, b: LinkSpec) -> LinkSpec:
 class LinkTable:
     """Links between hosts of one cluster (measured > spec), with memoised set queries."""
 
-    def __init__(self, cluster: ClusterSpec, db=None) -> None:
+    def __init__(self, cluster: ClusterSpec, db=None,
+                 local_link: Callable[[str], LinkSpec | None] | None = None) -> None:
+        """`local_link(gpu_type)` gives a measured link between devices of one host (the profiled
+        collectives), or None; a same-host pair falls back to the spec's datasheet link without it."""
         hosts = cluster.expanded_hosts()
         self.region = {h.name: h.region for h in hosts}
         measured = measured_links(db)
@@ -51,7 +54,7 @@ class LinkTable:
         self._pair: dict[tuple[str, str], LinkSpec] = {}
         missing: list[tuple[str, str]] = []
         names = [h.name for h in hosts]
-        spec = _SpecLinks(cluster, hosts)
+        spec = _SpecLinks(cluster, hosts, local_link)
         for a, b in itertools.combinations_with_replacement(names, 2):
             key = frozenset((a, b))
             if key in measured:
@@ -126,8 +129,10 @@ class _SpecLinks:
     Asking per pair costs O(hosts) each and made 256-host clusters take a minute to load.
     """
 
-    def __init__(self, cluster: ClusterSpec, hosts) -> None:
+    def __init__(self, cluster: ClusterSpec, hosts, local_link: Callable[[str], LinkSpec | None] | None = None
+                 ) -> None:
         self.cluster = cluster
+        self.local_link = local_link
         self.region = {h.name: h.region for h in hosts}
         self.gpu = {h.name: h.gpus.type for h in hosts}
         self.named = {name for link in cluster.network.links for name in link.between}
@@ -140,6 +145,10 @@ class _SpecLinks:
             key = ("pair", a, b)
         else:
             key = ("regions", *sorted((self.region[a], self.region[b])))
+        if key not in self._memo and a == b and self.local_link is not None:
+            measured = self.local_link(self.gpu[a])
+            if measured is not None:
+                self._memo[key] = measured
         if key not in self._memo:
             params = self.cluster.link_between(a, b)
             self._memo[key] = None if params is None else LinkSpec(params.alpha_s, params.beta_Bps)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -66,6 +66,21 @@ class Score:
         return timeline(self.schedule) if self.schedule is not None else ()
 
 
+def measured_device_link(cost_model) -> Callable[[str], LinkSpec | None]:
+    """The cost model's link between devices of one type where it was measured (profiled
+    collectives), else None: within a host that beats the spec's datasheet link, and weight sync
+    between colocated devices is priced with what this host's collectives really take."""
+
+    def local(gpu_type: str) -> LinkSpec | None:
+        getter = getattr(cost_model, "device_link", None)
+        if getter is None:
+            return None
+        link, source = getter(gpu_type)
+        return link if source == "measured" else None
+
+    return local
+
+
 class Simulator:
     """Predicts iteration time, memory and cost of candidates for one cluster, workload and cost model."""
 
@@ -79,7 +94,7 @@ class Simulator:
         self.graph = build_graph(workload)
         self.tasks: list[str] = list(self.graph.tasks)
         self.devices = {d.id: d for d in cluster.devices()}
-        self.links = LinkTable(cluster, db)
+        self.links = LinkTable(cluster, db, local_link=measured_device_link(cost_model))
         lengths = workload.response_len.sample(workload.sequences_per_step, np.random.default_rng(seed))
         self.costs = TaskCosts(cost_model, self.graph, workload, self.devices, self.links, lengths, chunks)
         # (ClusterSpec.price_per_hour looks a host up by expanding the spec; once per host is enough.)

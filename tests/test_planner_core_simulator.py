@@ -265,3 +265,22 @@ def test_pipeline_and_uneven_replicas_are_priced(cm):
     # a slower GPU takes longer for the same work, and a pipeline across regions pays the link
     assert sim.replica_seconds("ref_infer", B[:1], 1, 1, 16) > sim.replica_seconds("ref_infer", A[:1], 1, 1, 16)
     assert sim.replica_seconds("actor_gen", (A[0], B[0]), 1, 2, 16) > sim.replica_seconds("actor_gen", A[:2], 1, 2, 16)
+
+
+def test_same_host_links_use_the_profiled_collectives_where_measured(db_path):
+    """Weight sync between colocated devices is priced with this host's measured collectives (slow
+    gloo on CPU slots), not the datasheet's intra-node link."""
+    from hetprof.profiles import DeviceInfo, ProfileDB
+
+    cpu = ClusterSpec.from_dict({"name": "cpu", "hosts": [{"name": "h", "gpus": {"type": "cpu", "count": 2}}]})
+    with ProfileDB(db_path) as db:
+        dev = db.add_device(DeviceInfo(name="cpu", kind="cpu", catalog_type="cpu", host="h"))
+        samples = [{"params": {"backend": "gloo", "world": 2, "size_bytes": size},
+                    "metrics": {"seconds": 1e-3 + size / 1e9}} for size in (1e3, 1e5, 1e7) for _ in range(3)]
+        db.add_benchmark("collective.broadcast", dev, "h", {"backend": "gloo"}, samples)
+        measured_cm = get_cost_model("analytical", db=db)
+        measured = Simulator(cpu, workload(model="tiny"), measured_cm, db=db)
+    spec = Simulator(cpu, workload(model="tiny"), get_cost_model("analytical"))
+    assert spec.link("h:0", "h:1").alpha_s == pytest.approx(5e-6)
+    link = measured.link("h:0", "h:1")
+    assert link.alpha_s == pytest.approx(1e-3, rel=0.05) and link.beta_Bps == pytest.approx(1e9, rel=0.05)
