@@ -5,8 +5,8 @@ launcher on each host starts one worker per planned device of that host; the wor
 device ids once, and from then on every rank derives the same Topology from the plan, so every
 rank creates the same process groups in the same order — which torch.distributed requires.
 
-Anything the runtime cannot carry out (tensor or pipeline parallelism, a GPU plan on a machine
-without CUDA) is refused here, before a process starts, naming the task and its layout.
+Anything the runtime cannot carry out (see `check_supported`: pipelined generation, a GPU plan on
+a machine without CUDA, ...) is refused here, before a process starts, naming the task and its layout.
 """
 
 from __future__ import annotations
@@ -58,21 +58,38 @@ def device_kind(cluster: ClusterSpec, device_id: str) -> str:
 def check_supported(plan: Plan, cuda_available: bool | None = None) -> str:
     """Refuse what this executor cannot carry out; returns the torch.distributed backend to use.
 
-    Carried out: data parallelism everywhere (uneven shares), and tensor parallelism for generation
-    and inference tasks (torch's tensor-parallel API over each replica's devices). Refused, naming
-    the task and its layout: pipeline stages, and tensor parallelism in training.
+    Carried out: data parallelism everywhere (uneven shares); tensor parallelism (torch's
+    tensor-parallel API over each stage's devices) for every task; pipeline stages
+    (torch.distributed.pipelining, the plan's layer split) for training tasks and for the reference
+    and reward models, combined with TP and DP. Refused, naming the task and its layout:
+    - pipeline stages for actor_gen (the `hf` backend decodes token by token on one model copy; a
+      pipelined generator would idle every stage but one per token) and for critic_infer (it
+      receives the critic's weights every iteration, and sync targets are whole or TP-sharded models);
+    - a pipelined training task whose replicas split the layers differently (stage s of every
+      replica must hold the same layers for the replicas to average their gradients);
+    - a TP degree that does not divide the heads, KV heads and FFN width;
+    - two replicas of one task on one device, and a GPU plan on a machine without CUDA.
     """
     roles = plan.workload_spec().roles()
     for t in plan.tasks:
         if t.layout.pp > 1:
-            raise ExecutionError(
-                f"task {t.task} has layout {t.layout}: this executor does not run pipeline stages (pp > 1); "
-                f"it is refused rather than changed — replan with --max-pp 1 or edit the plan")
-        if t.layout.tp > 1:
-            if t.kind == "training":
+            if t.task in ("actor_gen", "critic_infer"):
+                why = ("the hf backend decodes token by token on one model copy, and vLLM's own pipeline "
+                       "parallelism is not wired to the weight sync" if t.task == "actor_gen" else
+                       "it receives the critic's weights every iteration, and only whole or TP-sharded "
+                       "models take a weight sync")
                 raise ExecutionError(
-                    f"task {t.task} has layout {t.layout}: tensor parallelism is carried out for generation "
-                    f"and inference only, not training; replan with --max-tp 1 or edit the plan")
+                    f"task {t.task} has layout {t.layout}: this executor runs no pipeline stages for {t.task} "
+                    f"({why}); it is refused rather than changed — replan with --max-pp 1 or edit the plan")
+            if t.kind == "training":
+                splits = {tuple((k.layer_start, k.layer_end) for k in sorted(t.tasklets, key=lambda k: k.stage)
+                                if k.replica == r) for r in {k.replica for k in t.tasklets}}
+                if len(splits) > 1:
+                    raise ExecutionError(
+                        f"task {t.task} has layout {t.layout} with replicas that split the layers differently "
+                        f"({sorted(splits)}): replicas average gradients stage by stage, so every replica's "
+                        f"stage s must hold the same layers — edit the plan's layer ranges")
+        if t.layout.tp > 1:
             shape = roles[t.role]
             if shape.heads % t.layout.tp or shape.kv_heads % t.layout.tp or shape.ffn % t.layout.tp:
                 raise ExecutionError(
@@ -98,16 +115,22 @@ def check_supported(plan: Plan, cuda_available: bool | None = None) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class TaskRanks:
-    """One task as processes: the rank and batch share of each data-parallel replica."""
+    """One task as processes: the rank and batch share of each data-parallel replica.
+
+    A replica is `pp` stages of `tp` ranks; `tp_ranks[r]` lists all of replica r's ranks stage-major
+    (stage 0's TP ranks, then stage 1's, ...), and `stage_layers[r]` each stage's layer range.
+    """
 
     task: str
     kind: str
     role: str
-    ranks: tuple[int, ...]  # each replica's lead (its first TP rank)
+    ranks: tuple[int, ...]  # each replica's lead (stage 0's first TP rank)
     shares: tuple[float, ...]
     devices: tuple[str, ...]  # each replica's lead device
     layout: str
-    tp_ranks: tuple[tuple[int, ...], ...] = ()  # every rank of each replica (tp of them)
+    tp_ranks: tuple[tuple[int, ...], ...] = ()  # every rank of each replica (pp × tp of them)
+    pp: int = 1
+    stage_layers: tuple[tuple[tuple[int, int], ...], ...] = ()  # per replica, per stage: [start, end)
 
     @property
     def lead(self) -> int:
@@ -115,7 +138,7 @@ class TaskRanks:
 
     @property
     def tp(self) -> int:
-        return len(self.tp_ranks[0]) if self.tp_ranks else 1
+        return len(self.tp_ranks[0]) // self.pp if self.tp_ranks else 1
 
     @property
     def all_ranks(self) -> tuple[int, ...]:
@@ -127,6 +150,15 @@ class TaskRanks:
                 return i
         raise ValueError(f"rank {rank} runs no replica of {self.task}")
 
+    def position(self, rank: int) -> tuple[int, int, int]:
+        """(replica, stage, TP index) of a rank of this task."""
+        replica = self.replica_of(rank)
+        i = (self.tp_ranks[replica] if self.tp_ranks else (rank,)).index(rank)
+        return replica, i // self.tp, i % self.tp
+
+    def rank_at(self, replica: int, stage: int, tp_index: int) -> int:
+        return self.tp_ranks[replica][stage * self.tp + tp_index] if self.tp_ranks else self.ranks[replica]
+
 
 class Topology:
     """The plan seen as ranks: which tasks each rank runs, who leads, who takes part in each group."""
@@ -137,15 +169,18 @@ class Topology:
         self.device_of = {r: d for d, r in rank_of.items()}
         self.tasks: dict[str, TaskRanks] = {}
         for t in plan.tasks:
-            tasklets = sorted(t.tasklets, key=lambda k: k.replica)
+            tasklets = sorted(t.tasklets, key=lambda k: (k.replica, k.stage))
             missing = [d for k in tasklets for d in k.devices if d not in rank_of]
             if missing:
                 raise ExecutionError(f"task {t.task}: no worker runs device(s) {missing}")
+            replicas = sorted({k.replica for k in tasklets})
+            stages = [[k for k in tasklets if k.replica == r] for r in replicas]
             self.tasks[t.task] = TaskRanks(
                 t.task, TASKS[t.task][0], TASKS[t.task][1],
-                tuple(rank_of[k.devices[0]] for k in tasklets), tuple(k.batch_share for k in tasklets),
-                tuple(k.devices[0] for k in tasklets), str(t.layout),
-                tuple(tuple(rank_of[d] for d in k.devices) for k in tasklets))
+                tuple(rank_of[s[0].devices[0]] for s in stages), tuple(s[0].batch_share for s in stages),
+                tuple(s[0].devices[0] for s in stages), str(t.layout),
+                tuple(tuple(rank_of[d] for k in s for d in k.devices) for s in stages), len(stages[0]),
+                tuple(tuple(_layer_range(k, t, plan) for k in s) for s in stages))
         if "actor_gen" not in self.tasks or "actor_train" not in self.tasks:
             raise ExecutionError("a plan needs placements for actor_gen and actor_train")
         self.groups: dict[str, dist.ProcessGroup | None] = {}
@@ -192,8 +227,39 @@ class Topology:
         return f"rank {rank} (device {self.device_of.get(rank, '?')}; tasks {', '.join(self.tasks_on(rank)) or '-'})"
 
     # ---- process groups ---------------------------------------------------------------------
+    # Names of a task's model-parallel groups (created by build_groups when they have ≥ 2 ranks).
+    @staticmethod
+    def tp_group(task: str, replica: int, stage: int) -> str:
+        """The TP ranks of one stage of one replica (shards of the same layers)."""
+        return f"{task}/tp{replica}.{stage}"
+
+    @staticmethod
+    def pp_group(task: str, replica: int, tp_index: int) -> str:
+        """One rank per stage of a replica, at the same TP index: a pipeline."""
+        return f"{task}/pp{replica}.{tp_index}"
+
+    @staticmethod
+    def dp_group(task: str, stage: int, tp_index: int) -> str:
+        """The ranks holding the same shard in every replica: they average gradients."""
+        return f"{task}/dp{stage}.{tp_index}"
+
+    @staticmethod
+    def replica_group(task: str, replica: int) -> str:
+        """Every rank of one replica (the gradient norm of a sharded model sums over it)."""
+        return f"{task}/replica{replica}"
+
+    @staticmethod
+    def tie_group(task: str, replica: int, tp_index: int) -> str:
+        """First and last stage of a pipeline: their copies of a tied embedding add gradients."""
+        return f"{task}/tie{replica}.{tp_index}"
+
+    def pipeline_ranks(self, task: str, replica: int, tp_index: int) -> tuple[int, ...]:
+        t = self.tasks[task]
+        return tuple(t.rank_at(replica, s, tp_index) for s in range(t.pp))
+
     def build_groups(self, backend: str | None = None) -> None:
-        """Create one group per training task (its DDP replicas) and one for the sync edge.
+        """Create one group per training task (its DDP replicas) and one for the sync edge, plus the
+        TP, pipeline, data-parallel and replica groups of model-parallel tasks.
 
         Every rank calls this with the same topology, so the new_group calls line up.
         """
@@ -202,10 +268,28 @@ class Topology:
         for t in self.inference_tasks():
             self.groups[t.task] = dist.new_group(sorted(t.ranks), backend=backend)
         self.groups["actor_gen"] = dist.new_group(sorted(self.generators), backend=backend)
-        for t in self.tasks.values():  # one group per tensor-parallel replica
-            for i, replica in enumerate(t.tp_ranks):
-                if len(replica) > 1:
-                    self.groups[f"{t.task}/tp{i}"] = dist.new_group(list(replica), backend=backend)
+
+        def add(name: str, ranks: list[int]) -> None:
+            if len(ranks) > 1:
+                self.groups[name] = dist.new_group(ranks, backend=backend)
+
+        for t in self.tasks.values():
+            if t.tp == 1 and t.pp == 1:
+                continue
+            replicas = range(len(t.ranks))
+            for r in replicas:
+                for s in range(t.pp):
+                    add(self.tp_group(t.task, r, s), [t.rank_at(r, s, j) for j in range(t.tp)])
+                for j in range(t.tp):
+                    add(self.pp_group(t.task, r, j), list(self.pipeline_ranks(t.task, r, j)))
+                    if t.pp > 1 and t.kind == "training":
+                        add(self.tie_group(t.task, r, j), [t.rank_at(r, 0, j), t.rank_at(r, t.pp - 1, j)])
+                if t.kind == "training":
+                    add(self.replica_group(t.task, r), list(t.tp_ranks[r]))
+            if t.kind == "training":
+                for s in range(t.pp):
+                    for j in range(t.tp):
+                        add(self.dp_group(t.task, s, j), [t.rank_at(r, s, j) for r in replicas])
         self.groups["weight_sync"] = dist.new_group(self.sync_ranks, backend=backend)
         # Tensor-dict messages match by tag, which gloo honours and NCCL does not (a rank that both
         # generates ahead and serves inference would see its messages cross), so on GPUs they travel
@@ -217,6 +301,13 @@ class Topology:
 
     def to_json(self) -> str:
         return json.dumps({name: dataclasses.asdict(t) for name, t in self.tasks.items()})
+
+
+def _layer_range(tasklet, placement, plan: Plan) -> tuple[int, int]:
+    """A tasklet's [layer_start, layer_end); a single-stage tasklet that leaves them 0 holds all layers."""
+    if tasklet.layer_end > tasklet.layer_start:
+        return tasklet.layer_start, tasklet.layer_end
+    return 0, plan.workload_spec().roles()[placement.role].layers
 
 
 # ---- point-to-point exchange of tensor dicts ------------------------------------------------

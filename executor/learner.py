@@ -8,6 +8,12 @@ follow from that, and both are handled here rather than left to each caller:
 - replicas hold uneven batch shares (the plan balances them to device speed), so the loss is
   divided by the *global* token count (all-reduced), which makes DDP's gradient average equal to the
   token mean over the whole batch instead of a mean of per-replica means.
+
+A tensor- or pipeline-parallel task hands in a `parallel.ShardedModel` instead of a DDP wrapper: the
+same loss and denominators, with its gradients averaged over its data-parallel group explicitly, its
+norm clipped over the whole (sharded) model, and — when pipelined — each mini-batch run through
+torch's pipeline schedule, whose last stage computes the loss per micro-batch from the rows it is
+given. One update then equals the single-device update up to float rounding.
 """
 
 from __future__ import annotations
@@ -15,13 +21,19 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import defaultdict
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from hetprof.executor.algorithms.base import Algorithm, RLBatch
-from hetprof.executor.logprobs import first_response_column, token_logprobs
+from hetprof.executor.logprobs import (
+    entropy_from_logits,
+    first_response_column,
+    logits_to_logprobs,
+    token_logprobs,
+)
 
 
 class Learner:
@@ -32,7 +44,7 @@ class Learner:
                  max_grad_norm: float | None = 1.0, role: str = "actor", temperature: float = 1.0,
                  recompute_proximal: bool = True, seed: int = 0,
                  lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
-                 process_group: dist.ProcessGroup | None = None):
+                 process_group: dist.ProcessGroup | None = None, parallel: Any = None):
         if role not in ("actor", "critic"):
             raise ValueError(f"role must be 'actor' or 'critic', got {role!r}")
         if role == "critic" and not algorithm.needs_critic:
@@ -51,6 +63,8 @@ class Learner:
         self.recompute_proximal = recompute_proximal
         self.lr_scheduler = lr_scheduler
         self.process_group = process_group
+        self.parallel = parallel  # a parallel.ShardedModel for TP/PP tasks
+        self.pipeline = parallel.pipeline if parallel is not None else None
         self.steps = 0  # optimizer steps taken
         self.updates = 0  # update() calls (weight versions produced)
         self._rng = torch.Generator().manual_seed(seed)
@@ -60,6 +74,8 @@ class Learner:
         """The group whose replicas average this model's gradients (DDP's own, or the one given for FSDP)."""
         if not dist.is_initialized():
             return None
+        if self.parallel is not None:
+            return self.parallel.dp_group
         if self.process_group is not None:
             return self.process_group
         if isinstance(self.model, nn.parallel.DistributedDataParallel):
@@ -94,6 +110,9 @@ class Learner:
         was = self.model.training
         self.model.eval()
         try:
+            if self.pipeline is not None:
+                logits = self.pipeline.forward(batch.input_ids, batch.attention_mask)
+                return logits_to_logprobs(logits[:, :-1], batch.input_ids[:, 1:], self.temperature)
             return token_logprobs(self.model, batch.input_ids, batch.attention_mask, self.temperature,
                                   from_column=first_response_column(batch.mask))
         finally:
@@ -132,6 +151,14 @@ class Learner:
                 mini = batch.select(mini_idx)
                 denom = self._denominator(mini.mask)
                 self.optimizer.zero_grad(set_to_none=True)
+                if self.pipeline is not None:
+                    for stats in self._pipeline_step(mini, denom):
+                        for k, v in stats.items():
+                            sums[k] += v
+                            counts[k] += 1
+                    sums["grad_norm"] += self._step()
+                    counts["grad_norm"] += 1
+                    continue
                 micro_parts = torch.tensor_split(torch.arange(len(mini), device=order.device), self.micro_batches)
                 for i, micro_idx in enumerate(micro_parts):
                     last = i == len(micro_parts) - 1
@@ -166,8 +193,42 @@ class Learner:
             (loss * weight if weight != 1.0 else loss).backward()
         return stats
 
+    def _loss_from_output(self, micro: RLBatch, output: torch.Tensor, denom: torch.Tensor
+                          ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The loss of a micro-batch from the model's output (logits or values), as `_micro_step`."""
+        if self.role == "critic":
+            return self.algorithm.value_loss(micro, output[:, :-1], denominator=denom)
+        col = first_response_column(micro.mask)
+        logits = output[:, col:-1]
+        lp = _left_zero_pad(logits_to_logprobs(logits, micro.input_ids[:, col + 1:], self.temperature), col)
+        grad = self.algorithm.config.entropy_coef > 0
+        ent = _left_zero_pad(entropy_from_logits(logits if grad else logits.detach(), self.temperature), col)
+        return self.algorithm.loss(micro, lp, ent, denominator=denom)
+
+    def _pipeline_step(self, mini: RLBatch, denom: torch.Tensor) -> list[dict[str, float]]:
+        """Forward and backward of a mini-batch through the pipeline; the last stage computes each
+        micro-batch's loss from its rows of `mini`, and its statistics reach every stage."""
+        stats: list[dict[str, float]] = []
+
+        def loss_of(output: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+            loss, st = self._loss_from_output(mini.select(rows), output, denom)
+            stats.append(st)
+            return loss
+
+        self.pipeline.train_step(mini.input_ids, mini.attention_mask, loss_of)
+        return self.pipeline.broadcast_object(stats)
+
     def _step(self) -> float:
         norm = 0.0
+        if self.parallel is not None:
+            self.parallel.finish_gradients()
+            if self.max_grad_norm is not None:
+                norm = self.parallel.clip_grad_norm_(self.max_grad_norm)
+            self.optimizer.step()
+            if self.lr_scheduler is not None:
+                self.lr_scheduler.step()
+            self.steps += 1
+            return norm
         if self.max_grad_norm is not None:
             total = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
             full = getattr(total, "full_tensor", None)  # FSDP2: a DTensor norm
@@ -178,6 +239,9 @@ class Learner:
         self.steps += 1
         return norm
 
+
+def _left_zero_pad(x: torch.Tensor, columns: int) -> torch.Tensor:
+    return x if columns == 0 else torch.cat([x.new_zeros(x.shape[0], columns), x], dim=1)
 
 
 @contextlib.contextmanager

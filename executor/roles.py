@@ -25,7 +25,8 @@ from hetprof.executor.modeling import (
     torch_dtype,
     unwrap,
 )
-from hetprof.executor.tensorpar import is_sharded, load_full, tensor_parallel
+from hetprof.executor.parallel import ShardedModel
+from hetprof.executor.tensorpar import is_sharded, load_full
 from hetprof.executor.tokenizer import load_tokenizer
 from hetprof.executor.weightsync import flatten_params
 from hetprof.models import PRESETS
@@ -79,24 +80,25 @@ class RoleSet:
         self.source = self._prompt_source()
         self.models: dict[str, torch.nn.Module] = {}
         self.learners: dict[str, Any] = {}
+        self.sharded: dict[str, ShardedModel] = {}  # tasks this rank runs tensor- or pipeline-parallel
         if "actor_gen" in tasks:
             model = build_causal_lm(actor, seed=seed, dtype=self.infer_dtype, device=device)
-            self.models["actor_gen"] = self._place("actor_gen", model)
+            self.models["actor_gen"] = self._place("actor_gen", model, head="lm")
             self.backend = get_backend(options.backend)(self.models["actor_gen"], self.tokenizer, device)
         if "ref_infer" in tasks:
             model = build_causal_lm(model_ref(workload, "reference"), seed=seed, dtype=self.infer_dtype,
                                     device=device).eval()
-            self.models["ref_infer"] = self._place("ref_infer", model, flatten=False)
+            self.models["ref_infer"] = self._place("ref_infer", model, head="lm", flatten=False)
         if "critic_infer" in tasks:
             model = build_value_model(model_ref(workload, "critic"), seed=seed + 1, dtype=self.infer_dtype,
                                       device=device).eval()
-            self.models["critic_infer"] = self._place("critic_infer", model)
+            self.models["critic_infer"] = self._place("critic_infer", model, head="value")
         if "reward_infer" in tasks:
             from hetprof.executor.rewards import RewardModelScorer
 
             rm = build_reward_model(model_ref(workload, "reward"), seed=seed + 2, dtype=self.infer_dtype,
                                     device=device).eval()
-            self.models["reward_infer"] = self._place("reward_infer", rm, flatten=False)
+            self.models["reward_infer"] = self._place("reward_infer", rm, head="value", flatten=False)
             self.reward_model = RewardModelScorer(rm, self.tokenizer, device)
         if "actor_train" in tasks:
             model = build_causal_lm(actor, seed=seed, dtype=self.train_dtype, device=device)
@@ -109,13 +111,13 @@ class RoleSet:
 
         self.reward_fn = get_reward(options.reward)
 
-    def _place(self, task: str, model: torch.nn.Module, flatten: bool = True) -> torch.nn.Module:
-        """Shard a generation/inference model over its replica's TP ranks, or (TP1) lay its weights
-        out flat so weight syncs land in place."""
+    def _place(self, task: str, model: torch.nn.Module, head: str, flatten: bool = True) -> torch.nn.Module:
+        """Shard a generation/inference model over its replica's TP ranks and pipeline stages, or
+        (one device) lay its weights out flat so weight syncs land in place."""
         tr = self.topo.tasks[task]
-        if tr.tp > 1:
-            replica = tr.replica_of(self.rank)
-            return tensor_parallel(model, self.topo.groups[f"{task}/tp{replica}"], self.device.type, task)
+        if tr.tp > 1 or tr.pp > 1:
+            self.sharded[task] = ShardedModel(model, self.topo, task, self.rank, self.device, head)
+            return self.sharded[task].module
         if flatten:
             flatten_params(model, self.opts.bucket_mb)
         return model
@@ -131,12 +133,21 @@ class RoleSet:
         from hetprof.executor.learner import Learner
 
         group = self.topo.groups.get(task)
-        ranks = self.topo.tasks[task].ranks
-        if self.device.type == "cpu" or len(ranks) == 1:
-            flatten_params(model, self.opts.bucket_mb)  # syncs broadcast straight from the weights
-        wrapped = model
-        if len(ranks) > 1:
-            wrapped = _fsdp(model, group) if self.device.type == "cuda" else _ddp(model, group, self.device)
+        tr = self.topo.tasks[task]
+        ranks = tr.ranks
+        sharded = None
+        if tr.tp > 1 or tr.pp > 1:
+            # TP/PP: torch's tensor-parallel API and pipeline stages, data parallelism by an explicit
+            # gradient average over the replicas (parallel.py says why not DDP/FSDP here).
+            sharded = self.sharded[task] = ShardedModel(model, self.topo, task, self.rank, self.device,
+                                                        head="lm" if task == "actor_train" else "value")
+            wrapped = model = sharded.module
+        else:
+            if self.device.type == "cpu" or len(ranks) == 1:
+                flatten_params(model, self.opts.bucket_mb)  # syncs broadcast straight from the weights
+            wrapped = model
+            if len(ranks) > 1:
+                wrapped = _fsdp(model, group) if self.device.type == "cuda" else _ddp(model, group, self.device)
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
         self.models[task] = wrapped
         # Sync runs generate with the very weights being trained (π_prox = π_behav): skip the recompute.
@@ -144,7 +155,7 @@ class RoleSet:
                                       mini_batches=self.workload.mini_batches,
                                       role="actor" if task == "actor_train" else "critic",
                                       temperature=self.training.temperature, recompute_proximal=self.async_k > 0,
-                                      seed=self.opts.seed)
+                                      seed=self.opts.seed, parallel=sharded)
 
     # ---- data --------------------------------------------------------------------------------
     def prompts(self, batch: int) -> list[Prompt]:
@@ -165,9 +176,19 @@ class RoleSet:
     # ---- inference -----------------------------------------------------------------------------
     @torch.no_grad()
     def infer(self, task: str, part: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        from hetprof.executor.logprobs import token_logprobs
+        from hetprof.executor.logprobs import logits_to_logprobs, token_logprobs
 
         ids, mask = part["input_ids"], part["attention_mask"]
+        pipe = self.sharded[task].pipeline if task in self.sharded else None
+        if pipe is not None:  # every stage runs the schedule; the last stage's output reaches all
+            out = pipe.forward(ids, mask)
+            if task == "ref_infer":
+                return {"ref_logprobs": logits_to_logprobs(out[:, :-1], ids[:, 1:], self.training.temperature)}
+            if task == "reward_infer":  # the score at each sequence's last attended token
+                t = torch.arange(mask.shape[1], device=mask.device)
+                last = (mask.bool() * t).amax(dim=1)
+                return {"rm_scores": out.gather(1, last[:, None]).squeeze(1).float()}
+            raise ExecutionError(f"task {task}: no pipelined inference for it")
         if task == "ref_infer":
             lp = token_logprobs(self.models[task], ids, mask, temperature=self.training.temperature)
             return {"ref_logprobs": lp.float()}
@@ -216,6 +237,8 @@ class RoleSet:
         """Every replica of a sharded (FSDP) trainer must take part in gathering the full weights
         before its lead can broadcast them; DDP replicas hold full copies and skip this."""
         task = "actor_train" if role == "actor" else "critic_train"
+        if task in self.sharded:  # TP/PP: replica 0's ranks gather, its first rank gets the result
+            return self.sharded[task].full_state()
         model = self.models.get(task)
         if model is None or not _is_sharded(model):
             return None
@@ -237,6 +260,8 @@ class RoleSet:
             name = "critic_train" if sender else "critic_infer"
         if name not in self.models:
             raise ExecutionError(f"weight sync: this rank holds no {name} model")
+        if name in self.sharded:  # full names and shapes (a pipeline stage's meta skeleton)
+            return self.sharded[name].reference
         return unwrap(self.models[name])
 
     def sync_target(self, role: str) -> torch.nn.Module:
@@ -260,15 +285,33 @@ class RoleSet:
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def trained_tasks(self, lead_only: bool) -> list[str]:
-        """Training tasks on this rank (only those it leads: replica 0 writes the checkpoint)."""
-        return [t for t in ("actor_train", "critic_train") if t in self.learners
-                and (not lead_only or self.topo.tasks[t].lead == self.rank)]
+        """Checkpoint units on this rank: a training task, or for a TP/PP task one unit per (stage,
+        TP position) such as "actor_train/stage1-tp0" (its own directory). Replica 0 writes each
+        unit (`lead_only`); every replica loads the unit of its position."""
+        units = []
+        for t in ("actor_train", "critic_train"):
+            if t not in self.learners:
+                continue
+            if t in self.sharded:
+                pos = self.sharded[t].pos
+                if not lead_only or pos.replica == 0:
+                    units.append(f"{t}/{pos.unit}")
+            elif not lead_only or self.topo.tasks[t].lead == self.rank:
+                units.append(t)
+        return units
 
-    def state(self, task: str) -> dict[str, Any]:
+    def state(self, unit: str) -> dict[str, Any]:
+        task = unit.split("/")[0]
+        if task in self.sharded:
+            return self.sharded[task].local_state(self.learners[task].optimizer)
         return {"model": unwrap(self.models[task]).state_dict(),
                 "optimizer": self.learners[task].optimizer.state_dict()}
 
-    def load_state(self, task: str, state: dict[str, Any]) -> None:
+    def load_state(self, unit: str, state: dict[str, Any]) -> None:
+        task = unit.split("/")[0]
+        if task in self.sharded:
+            self.sharded[task].load_local_state(self.learners[task].optimizer, state)
+            return
         unwrap(self.models[task]).load_state_dict(state["model"])
         self.learners[task].optimizer.load_state_dict(state["optimizer"])
 

@@ -5,7 +5,8 @@ column-wise (each rank owns whole heads and a slice of the FFN), o and down row-
 all-reduced), so one all-reduce per block half and every rank ends with the same hidden states —
 and therefore the same logits, the same sampled tokens under the same seed, and the same log-probs.
 Embeddings, norms and the LM head stay replicated. Weight sync sends full tensors; each rank keeps
-its own shard of them.
+its own shard of them. Training shards the same way (executor/parallel.py adds what the optimizer
+step needs: the partial gradients of `partial_grad_params` and the data-parallel average).
 """
 
 from __future__ import annotations
@@ -39,6 +40,23 @@ def tensor_parallel(model: nn.Module, group, device_type: str, task: str) -> nn.
     for layer in layers:
         parallelize_module(layer, mesh, plan)
     return model
+
+
+def partial_grad_params(model: nn.Module) -> list[nn.Parameter]:
+    """Un-sharded parameters inside the sharded attention/MLP blocks (Qwen3's per-head q/k norms).
+
+    They act on each rank's own heads, so under tensor parallelism each rank's gradient for them is
+    a partial sum over its heads; training sums them over the TP group. Embeddings and the layer
+    norms around the blocks see replicated activations and get whole, equal gradients on every rank.
+    """
+    out = []
+    for layer in decoder_layers(model):
+        for block in ("self_attn", "mlp"):
+            sub = getattr(layer, block, None)
+            if sub is None:
+                continue
+            out.extend(p for p in sub.parameters() if not hasattr(p, "device_mesh"))
+    return out
 
 
 def is_sharded(model: nn.Module) -> bool:
