@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
 # Objective values within this relative distance count as equal; the cheaper plan then wins.
 TIE = 1e-9
+RESERVE_S = 3.0         # most of the time budget kept back from a clock-paced search's steps ...
+RESERVE_SHARE = 0.05    # ... and at most this share of it
 
 
 @dataclasses.dataclass
@@ -87,8 +89,10 @@ class Ledger:
     def __init__(self, ctx: SearchContext, max_evals: int | None = None) -> None:
         self.ctx = ctx
         self.started = time.perf_counter()
-        # a little of the budget is kept for wrapping up (recording the study, building the result)
-        self.deadline = self.started + ctx.time_budget_s - min(1.0, 0.02 * ctx.time_budget_s)
+        # Part of the budget is kept back: a search checks the clock between steps, and one step
+        # (balancing a new layout over 64+ GPUs on a loaded machine) can take a second or more,
+        # after which the search still records its study and builds the result.
+        self.deadline = self.started + ctx.time_budget_s - min(RESERVE_S, RESERVE_SHARE * ctx.time_budget_s)
         self.max_evals = max_evals if max_evals is not None else ctx.max_evals
         self.evaluations = 0
         self.best: Candidate | None = None

@@ -17,11 +17,25 @@ recorded through Optuna.
 
 Small problems enumerate every arm; larger ones start from structured arms (whole GPU kinds per
 group, even splits) and add TPE-proposed arms in further brackets while budget remains.
+
+On larger problems the arm level also asks a mathematical program: after the first bracket has
+ranked the groupings, the restricted MILP (`ilp.py`: GPU counts per type *and region*, type-pure
+replicas, one shape per task) is solved for the best few groupings, and each of its shortlisted
+solutions enters the next bracket as an arm whose population starts from that solution. Structured
+and TPE arms split GPUs per type only and rarely hit the region-aligned count mixes the MILP finds
+(a whole region's A100s and L40S for training, everything else for inference); evolution then
+refines these arms beyond the restricted space (mixed replicas, other tasklet orders). With an
+evaluation budget the MILP runs under a node limit, so the search stays deterministic.
+
+Time: a clock-paced search stops its evolution at the ledger's deadline, which keeps back a
+margin for wrapping up (closing the study's trials, building the result), so the whole run ends
+within `time_budget_s`.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import itertools
 import math
 import multiprocessing
@@ -38,6 +52,7 @@ from hetprof.planner.search.space import (
     Assembler,
     Grouping,
     all_groupings,
+    counts_of,
     decode_candidate,
     devices_by_type,
     encode_candidate,
@@ -55,6 +70,12 @@ ETA = 3
 ENUMERATE_LIMIT = 1500      # arms: below this every (grouping, counts) arm is tried
 BRACKET_ARMS = 27           # TPE-proposed arms per extra bracket
 EVALS_PER_ARM = 24          # default evaluation budget per initial arm
+MILP_AT = 0.45              # clock-paced: the first bracket ends at this share of the budget ...
+MILP_UNTIL = 0.60           # ... and the MILP seeding must be done by this share
+MILP_GROUPINGS = 2          # best-ranked groupings the MILP is solved for
+MILP_SHORTLIST = 3          # MILP solutions per grouping that become arms
+MILP_NODES = 3000           # CBC node limit with an evaluation budget (deterministic)
+ASK_SHARE = 0.04            # clock-paced: most of the budget spent asking TPE for arms per bracket
 
 
 def compositions(n: int, parts: int) -> list[tuple[int, ...]]:
@@ -120,6 +141,52 @@ def _arm_params(arm: Arm) -> dict[str, Any]:
         for t, n in zip(arm.types, c, strict=True):
             params[f"n[{t}][{g}]"] = n
     return params
+
+
+def _arm_distributions(groupings: Sequence[Grouping], types: Sequence[str], totals: Sequence[int]) -> dict:
+    """The distributions `_arm_from_trial` suggests from (every group index any grouping has)."""
+    from optuna.distributions import CategoricalDistribution, IntDistribution
+
+    out: dict[str, Any] = {"grouping": CategoricalDistribution([grouping_label(g) for g in groupings])}
+    for g in range(max(len(gr) for gr in groupings)):
+        for t, n in zip(types, totals, strict=True):
+            out[f"n[{t}][{g}]"] = IntDistribution(0, n)
+    return out
+
+
+class _Pending:
+    """An arm the search named itself (enumerated, structured or from the MILP), not the sampler.
+
+    Such an arm is recorded in the study as one finished trial when its bracket ends, instead of
+    enqueue/ask/report/tell per arm: with ~1700 arms Optuna's per-call bookkeeping (each ask
+    re-reads every trial) took a third of a 60 s budget. It quacks like the trial calls used here.
+    """
+
+    def __init__(self, arm: Arm) -> None:
+        self.arm = arm
+        self.reports: dict[int, float] = {}
+        self.attrs: dict[str, Any] = {}
+        self.state: Any = None
+        self.value: float | None = None
+
+    def report(self, value: float, step: int) -> None:
+        self.reports[step] = value
+
+    def set_user_attr(self, key: str, value: Any) -> None:
+        self.attrs[key] = value
+
+    def close(self, how: Any, value: float) -> None:
+        self.state, self.value = how, (value if math.isfinite(value) else 1e300)
+
+    def frozen(self, distributions: dict) -> optuna.trial.FrozenTrial:
+        import optuna
+
+        params = _arm_params(self.arm)
+        state = self.state or optuna.trial.TrialState.PRUNED
+        return optuna.trial.create_trial(
+            state=state, value=self.value if state == optuna.trial.TrialState.COMPLETE else None,
+            params=params, distributions={k: distributions[k] for k in params}, user_attrs=self.attrs,
+            intermediate_values=self.reports)
 
 
 def _arm_from_trial(trial: optuna.trial.Trial, groupings: Sequence[Grouping], types: Sequence[str],
@@ -231,18 +298,22 @@ class HetRLSearch(Search):
                 initializer=_init_worker, initargs=(sim, ctx.objective, ctx.budget, (ctx.max_tp, ctx.max_pp)))
         brackets = 0
         best_arm = None
+        use_milp = not exact and ctx.options.get("milp_arms", True)
+        milp_info: dict[str, Any] = {}
+        self._seeds: dict[Arm, list[Candidate]] = {}
+        self._until: float | None = None
+        span = ledger.deadline - ledger.started
         try:
             next_index = 0
             carry: ArmEvolution | None = None
             items = [(None, arm) for arm in arms]
+            ranked_states: list[ArmEvolution] = []
             while not ledger.exhausted:
                 brackets += 1
                 trials, states = [], []
                 for trial, arm in items:
-                    if trial is None:
-                        study.enqueue_trial(_arm_params(arm), skip_if_exists=False)
-                        trial = study.ask()
-                        arm = _arm_from_trial(trial, groupings, types, totals)
+                    if trial is None and arm is not None:
+                        trial = _Pending(arm)
                     if arm is None:
                         study.tell(trial, state=optuna.trial.TrialState.PRUNED)
                         continue
@@ -257,19 +328,40 @@ class HetRLSearch(Search):
                     trials.append(None)
                 remaining = (ledger.max_evals or total_evals) - ledger.evaluations
                 budget = remaining if exact else max(len(states), remaining // (1 if brackets >= 3 else 2))
-                survivor = self._halving(states, trials, budget, ledger, pool, study,
-                                         final=exact or brackets >= 3)
+                final = exact or brackets >= 3
+                if self._timed and use_milp:
+                    # clock-paced with MILP seeding: bracket 1 until MILP_AT, then one final bracket
+                    self._until = ledger.started + MILP_AT * span if brackets == 1 else None
+                    final = brackets >= 2
+                survivor = self._halving(states, trials, budget, ledger, pool, study, final=final)
+                self._until = None
+                ranked_states.extend(states)
+                distributions = _arm_distributions(groupings, types, totals)
+                study.add_trials([t.frozen(distributions) for t in trials if isinstance(t, _Pending)])
                 if stored is not None:
                     fresh = [t for t in study.get_trials(deepcopy=False)[saved:] if t.state.is_finished()]
                     stored.add_trials(fresh)
                     saved += len(fresh)
                 best_arm = survivor if best_arm is None or survivor.value <= best_arm.value else best_arm
                 carry = survivor
-                if exact or ledger.exhausted:
+                if exact or ledger.exhausted or final:
                     break
-                # Further brackets: the study's TPE sampler proposes arms from all recorded trials.
                 items = []
+                if use_milp and brackets == 1:
+                    until = ledger.started + MILP_UNTIL * span if self._timed else None
+                    for arm, cands in self._milp_arms(ranked_states, ledger, types, until, milp_info):
+                        if arm == carry.arm:
+                            self._seed_state(carry, cands, ledger, by_type)
+                        else:
+                            self._seeds[arm] = cands
+                            items.append((None, arm))
+                # Further brackets: the study's TPE sampler proposes arms from all recorded trials.
+                # Each ask re-reads the whole history (~1700 trials at 64 GPUs, tenths of a second
+                # per ask), so a clock-paced search stops asking after ASK_SHARE of its budget.
+                ask_until = time.perf_counter() + ASK_SHARE * span
                 for _ in range(BRACKET_ARMS):
+                    if self._timed and time.perf_counter() >= ask_until:
+                        break
                     trial = study.ask()
                     items.append((trial, _arm_from_trial(trial, groupings, types, totals)))
         finally:
@@ -284,7 +376,7 @@ class HetRLSearch(Search):
         return ledger.result("hetrl", arms=len(arms), arms_enumerated=exact, brackets=brackets,
                              best_arm=best_arm.arm.label if best_arm else None, study=name,
                              storage=ctx.storage, stopped_by=stopped_by,
-                             resumed_candidates=len(resumed))
+                             resumed_candidates=len(resumed), milp=milp_info or None)
 
     # ---- pieces ---------------------------------------------------------------------------------
     def _affordable(self, arms: list[Arm], groupings, types, totals, evals: int) -> list[Arm]:
@@ -330,6 +422,77 @@ class HetRLSearch(Search):
             state._insert(value, genome)
         if self.ctx.warm_start is not None and state.index == 0:
             ledger.evaluate(self.ctx.warm_start)
+        self._seed_state(state, self._seeds.pop(state.arm, []), ledger, by_type)
+
+    def _seed_state(self, state: ArmEvolution, cands: Sequence[Candidate], ledger: Ledger,
+                    by_type: dict[str, tuple[str, ...]]) -> None:
+        """Start an arm's population from known candidates (the MILP's solutions for this arm).
+
+        The candidate itself is scored as given (its type-pure replicas may differ from what the
+        genome rebuilds), and its genome joins the population for evolution to improve on.
+        """
+        all_devices = [d for t in sorted(by_type) for d in by_type[t]]
+        for cand in cands:
+            value = ledger.evaluate(cand)[0]
+            if value < state.best_value:
+                state.best_value, state.best_candidate = value, cand
+            genome = genome_from_candidate(cand, state.arm, all_devices)
+            if genome in state.seen:
+                continue
+            state.seen.add(genome)
+            built = state.candidate(genome)
+            own = math.inf if built is None else ledger.evaluate(built)[0]
+            if built is not None and own < state.best_value:
+                state.best_value, state.best_candidate = own, built
+            state._insert(own, genome)
+
+    def _milp_arms(self, ranked: Sequence[ArmEvolution], ledger: Ledger, types: Sequence[str],
+                   until: float | None, info: dict[str, Any]) -> list[tuple[Arm, list[Candidate]]]:
+        """Arms from the restricted MILP, solved for the best-ranked groupings found so far.
+
+        Each shortlisted MILP solution becomes an arm (its GPU counts per type) seeded with that
+        solution. `until` (clock-paced) caps the wall time; otherwise CBC's node limit bounds it.
+        """
+        from hetprof.errors import InfeasibleError
+        from hetprof.planner.search.ilp import ILPSearch
+
+        ctx, sim = self.ctx, self.ctx.sim
+        groupings: list[Grouping] = []
+        best: dict[Grouping, ArmEvolution] = {}
+        for st in sorted(ranked, key=lambda s: (s.value, s.index)):
+            if not math.isfinite(st.value):
+                break
+            if st.arm.grouping not in best:
+                best[st.arm.grouping] = st
+                groupings.append(st.arm.grouping)
+            if len(groupings) >= MILP_GROUPINGS:
+                break
+        out: dict[Arm, list[Candidate]] = {}
+        started = time.perf_counter()
+        solved = []
+        for i, grouping in enumerate(groupings):
+            options: dict[str, Any] = {"grouping": grouping, "shortlist": MILP_SHORTLIST}
+            if until is not None:
+                left = (until - time.perf_counter()) / (len(groupings) - i)
+                if left < 0.5:
+                    break
+                options.update(time_limit_s=left, total_s=left)
+            else:
+                options.update(time_limit_s=600.0, max_nodes=MILP_NODES)
+            sub = dataclasses.replace(ctx, warm_start=best[grouping].best_candidate, max_evals=None,
+                                      storage=None, options=options)
+            search = ILPSearch(sub)
+            try:
+                search.run()
+            except InfeasibleError:
+                continue
+            solved.append(grouping_label(grouping))
+            for _value, cand in sorted(search.solutions, key=lambda vc: vc[0]):
+                counts = tuple(counts_of(sim, devs, types) for devs in cand.group_devices)
+                arm = Arm(grouping, counts, tuple(types))
+                out.setdefault(arm, []).append(cand)
+        info.update(groupings=solved, arms=len(out), seconds=round(time.perf_counter() - started, 3))
+        return list(out.items())
 
     def _advance(self, states: list[ArmEvolution], n: int, ledger: Ledger, pool) -> None:
         def evaluate(cand: Candidate) -> float:
@@ -338,15 +501,15 @@ class HetRLSearch(Search):
             return ledger.evaluate(cand)[0]
 
         def stop() -> bool:
-            return ledger.exhausted
+            return self._over(ledger)
 
         if pool is None or len(states) < 2:
             for s in states:
-                if ledger.exhausted:
+                if self._over(ledger):
                     break
                 s.advance(n, evaluate, stop)
             return
-        deadline_wall = time.time() + max(0.0, ledger.deadline - time.perf_counter())
+        deadline_wall = time.time() + max(0.0, self._deadline(ledger) - time.perf_counter())
         assembler = states[0].assembler
         for s in states:
             s.assembler = None
@@ -379,7 +542,7 @@ class HetRLSearch(Search):
                 t = trial_of[id(s)]
                 if t is not None:
                     t.report(s.value if math.isfinite(s.value) else 1e300, step=rung)
-            if len(alive) == 1 or ledger.exhausted:
+            if len(alive) == 1 or self._over(ledger):
                 break
             keep = max(1, math.ceil(len(alive) / ETA))
             kept = rank_arms(alive, keep)
@@ -389,25 +552,34 @@ class HetRLSearch(Search):
             alive = kept
             per_arm *= ETA
             if self._timed:
-                per_arm = self._paced(alive, ledger, start, started)
+                per_arm = self._paced(alive, ledger, start, started, self._deadline(ledger))
             rung += 1
         left = budget - (ledger.evaluations - start)
         if self._timed:
-            # the clock stops the last bracket; an earlier one leaves half the time to the next
+            # the clock stops the last bracket (or one with its own end); an earlier one leaves
+            # half the time to the next
             rate = (ledger.evaluations - start) / max(1e-6, time.perf_counter() - started)
-            left = 1 << 30 if final else int(rate * max(0.0, ledger.deadline - time.perf_counter()) / 2)
-        if left > 0 and not ledger.exhausted:
+            left = 1 << 30 if final or self._until is not None else \
+                int(rate * max(0.0, ledger.deadline - time.perf_counter()) / 2)
+        if left > 0 and not self._over(ledger):
             self._advance(alive[:1], left, ledger, pool)
         ranked = rank_arms(alive, len(alive))
         for s in ranked:
             self._close(study, trial_of[id(s)], s, optuna.trial.TrialState.COMPLETE)
         return ranked[0]
 
+    def _deadline(self, ledger: Ledger) -> float:
+        """When the current bracket must stop: its own end, or the ledger's deadline."""
+        return ledger.deadline if self._until is None else min(self._until, ledger.deadline)
+
+    def _over(self, ledger: Ledger) -> bool:
+        return ledger.exhausted or (self._until is not None and time.perf_counter() >= self._until)
+
     @staticmethod
-    def _paced(alive: list[ArmEvolution], ledger: Ledger, start: int, started: float) -> int:
+    def _paced(alive: list[ArmEvolution], ledger: Ledger, start: int, started: float, deadline: float) -> int:
         """Evaluations per arm for the next rung so the remaining rungs fit the time left."""
         rate = (ledger.evaluations - start) / max(1e-6, time.perf_counter() - started)
-        left = max(0.0, ledger.deadline - time.perf_counter())
+        left = max(0.0, deadline - time.perf_counter())
         rungs = max(1, math.ceil(math.log(max(1, len(alive)), ETA))) + 1
         return max(2, int(rate * left / (len(alive) * rungs)))
 
@@ -420,7 +592,9 @@ class HetRLSearch(Search):
         trial.set_user_attr("evaluations", state.evaluations)
         import optuna
 
-        if how == optuna.trial.TrialState.COMPLETE:
+        if isinstance(trial, _Pending):
+            trial.close(how, state.value)
+        elif how == optuna.trial.TrialState.COMPLETE:
             study.tell(trial, state.value if math.isfinite(state.value) else 1e300)
         else:
             study.tell(trial, state=how)

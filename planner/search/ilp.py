@@ -14,6 +14,12 @@ regions, and the weight sync between the training and generation groups' regions
 The MILP is a model of the simulator, not the simulator, so the best `shortlist` MILP solutions
 (each later one excluded by a no-good cut) are built and scored by the simulator, and the best
 by that score wins. `extra` reports CBC's status, objective, bound and gap, and the time limit.
+
+Options: `time_limit_s` (CBC's limit per solve), `shortlist`, `total_s` (a hard cap on the whole
+search: later solves get only what is left, so a caller embedding the ILP — hetrl seeds arms with
+it — can rely on its clock), and `max_nodes` (a branch-and-bound node limit: unlike a time limit
+it gives the same answer under any machine load). After `run()`, `solutions` holds every
+simulated shortlist candidate with its objective value.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import math
 import re
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hetprof.errors import InfeasibleError
 from hetprof.planner import layouts
@@ -29,6 +36,9 @@ from hetprof.planner.search import get_search, register_search
 from hetprof.planner.search.base import Ledger, Search, SearchContext, SearchResult
 from hetprof.planner.search.restricted import RestrictedSpace
 from hetprof.specs.plan import TASKS
+
+if TYPE_CHECKING:
+    from hetprof.planner.candidate import Candidate
 
 TANGENTS = 48
 SHORTLIST = 12
@@ -63,10 +73,13 @@ def _replica_rate(space: RestrictedSpace, task: str, t: str, tp: int, pp: int, t
 class ILPSearch(Search):
     """MILP over counts per GPU type per group and replicas per type per layout; CBC with a time limit."""
 
+    solutions: list[tuple[float, Candidate]]
+
     def run(self) -> SearchResult:
         import pulp
 
         ctx, sim = self.ctx, self.ctx.sim
+        self.solutions = []
         warm = ctx.warm_start
         grouping = ctx.options.get("grouping")
         heuristic_s = 0.0
@@ -74,7 +87,8 @@ class ILPSearch(Search):
             if warm is None:
                 sub = SearchContext(sim=sim, objective=ctx.objective, budget=ctx.budget, seed=ctx.seed,
                                     time_budget_s=max(1.0, ctx.time_budget_s / 3), max_tp=ctx.max_tp,
-                                    max_pp=ctx.max_pp, max_evals=ctx.options.get("heuristic_evals", 300))
+                                    max_pp=ctx.max_pp, max_evals=ctx.options.get("heuristic_evals", 300),
+                                    options={"milp_arms": False})   # no ILP inside the ILP's heuristic
                 first = get_search("hetrl")(sub).run()
                 warm, heuristic_s = first.candidate, first.seconds
             grouping = warm.groups
@@ -187,13 +201,22 @@ class ILPSearch(Search):
 
         warmed = self._warm_start(warm, space, u, z, w, shapes) if warm is not None else False
         limit = float(ctx.options.get("time_limit_s", max(1.0, ctx.time_budget_s - heuristic_s)))
+        total_s = ctx.options.get("total_s")
+        max_nodes = ctx.options.get("max_nodes")
         solves = []
         best_first = None
         for i in range(int(ctx.options.get("shortlist", SHORTLIST))):
+            this_limit = limit
+            if total_s is not None:
+                this_limit = min(limit, float(total_s) - ledger.elapsed)
+                if this_limit < 0.2 and i > 0:
+                    break
+                this_limit = max(0.2, this_limit)
             with tempfile.TemporaryDirectory() as tmp:
                 log = Path(tmp) / "cbc.log"
-                solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=limit, warmStart=warmed and i == 0,
-                                           logPath=str(log), threads=1)
+                solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=this_limit, warmStart=warmed and i == 0,
+                                           logPath=str(log), threads=1,
+                                           maxNodes=int(max_nodes) if max_nodes is not None else None)
                 status = prob.solve(solver)
                 text = log.read_text() if log.exists() else ""
             info = _cbc_summary(text)
@@ -212,6 +235,8 @@ class ILPSearch(Search):
                 break
             cand = space.candidate(counts, chosen)
             value = ledger.evaluate(cand)[0] if cand is not None else math.inf
+            if cand is not None:
+                self.solutions.append((value, cand))
             info.update(counts={f"group{g}": dict(zip(types, c, strict=True)) for g, c in enumerate(counts)},
                         shapes={k: f"TP{c[0]}×PP{c[1]}" for k, c in chosen.items()}, simulated=value)
             solves.append(info)
@@ -219,7 +244,7 @@ class ILPSearch(Search):
                 best_first = info
             ones = [u[key] for key in u if (u[key].value() or 0) > 0.5] + [z[key] for key in z if (z[key].value() or 0) > 0.5]
             prob += pulp.lpSum(ones) <= len(ones) - 1
-            if ledger.elapsed > limit:
+            if ledger.elapsed > (limit if total_s is None else float(total_s)):
                 break
         if best_first is None:
             raise InfeasibleError("ilp: CBC found no solution of the restricted problem within "
