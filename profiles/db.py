@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from hetprof import __version__
 from hetprof.errors import ProfileDBError
 from hetprof.paths import default_db_path
-from hetprof.profiles.content import canonical_json, content_id, sample_id
+from hetprof.profiles.content import canonical_json, content_id, flat_json, sample_id
 from hetprof.profiles.schema import SCHEMA_VERSION, TABLES, migrate, read_version
 from hetprof.profiles.validate import Invalid, check_flat, check_values
 
@@ -146,14 +146,18 @@ class ProfileDB:
             raise ProfileDBError(str(exc)) from None
         return (content_id(table, values, t.json_flags), *values)
 
-    def _sample_row(self, run_id: str, seq: int, params: dict, metrics: dict) -> tuple:
+    @staticmethod
+    def _sample_row(benchmark: str, run_id: str, seq: int, params: dict, metrics: dict) -> tuple:
         """The hot path of a profiler: checks the dicts directly instead of re-parsing their JSON."""
         for column, value, numbers_only in (("params", params, False), ("metrics", metrics, True)):
             try:
                 check_flat(value, numbers_only)
             except Invalid as exc:
                 raise ProfileDBError(f"samples.{column} (sample {seq}): {exc}") from None
-        values = (run_id, seq, canonical_json(params), canonical_json(metrics))
+        if not params.keys().isdisjoint(metrics):
+            clash = sorted(params.keys() & metrics.keys())
+            raise ProfileDBError(f"{benchmark}: keys {clash} are both a param and a metric")
+        values = (run_id, seq, flat_json(params), flat_json(metrics))
         return (sample_id(*values), *values)
 
     def _insert(self, conn: sqlite3.Connection, table: str, rows: Iterable[tuple]) -> None:
@@ -179,11 +183,7 @@ class ProfileDB:
 
         def sample_rows() -> Iterator[tuple]:
             for seq, s in enumerate(samples):
-                p, m = s.get("params", {}), s.get("metrics", {})
-                clash = set(p) & set(m)
-                if clash:
-                    raise ProfileDBError(f"{benchmark}: keys {sorted(clash)} are both a param and a metric")
-                yield self._sample_row(run_id, seq, p, m)
+                yield self._sample_row(benchmark, run_id, seq, s.get("params", {}), s.get("metrics", {}))
 
         def body(c: sqlite3.Connection) -> None:
             self._insert(c, "runs", [run])

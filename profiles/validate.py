@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from hetprof.errors import ImportRefused
 from hetprof.profiles.content import content_id, sample_id
-from hetprof.profiles.schema import Table
+from hetprof.profiles.schema import TABLES, Table
 
 MAX_SHORT = 256
 MAX_JSON = 64 * 1024
@@ -28,6 +28,8 @@ _IDENT = re.compile(r"^[A-Za-z0-9_.:+-]{1,64}$")
 _BENCHMARK = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z0-9_]+){1,4}$")
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]{0,63}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_CONTROL = re.compile(r"[\x00-\x1f]")
+_FLOAT_INTS = 2**1023  # an integer at least this large has no finite float value
 
 
 class Invalid(ValueError):
@@ -39,7 +41,7 @@ def _short(v: object) -> None:
         raise Invalid(f"expected text, got {type(v).__name__}")
     if len(v) > MAX_SHORT:
         raise Invalid(f"text longer than {MAX_SHORT} characters ({len(v)})")
-    if any(ord(ch) < 32 for ch in v):
+    if _CONTROL.search(v):
         raise Invalid("text contains control characters")
 
 
@@ -64,7 +66,9 @@ def _int(v: object) -> None:
 
 
 def _real(v: object) -> None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise Invalid(f"expected a finite number, got {v!r}"[:80])
+    if isinstance(v, int) and abs(v) >= _FLOAT_INTS or not math.isfinite(v):  # isfinite overflows on those
         raise Invalid(f"expected a finite number, got {v!r}"[:80])
 
 
@@ -96,9 +100,12 @@ def _parse_json(v: object, limit: int, nested: bool = True) -> object:
     if len(v) > limit:
         raise Invalid(f"JSON longer than {limit} bytes ({len(v)})")
     try:
-        parsed = _DECODER.decode(v)
+        # raw_decode skips decode's two whitespace scans; text it does not consume whole is refused.
+        parsed, end = _DECODER.raw_decode(v)
     except (ValueError, RecursionError) as exc:
         raise Invalid(f"not valid JSON ({exc})") from None
+    if end != len(v):
+        raise Invalid(f"not valid JSON (extra text at character {end})")
     if nested:
         _check_depth(parsed, 0)
     return parsed
@@ -135,34 +142,54 @@ def _json_model(v: object) -> None:
         raise Invalid("expected a JSON object")
 
 
-def _flat(v: object, numbers_only: bool) -> None:
-    check_flat(_parse_json(v, MAX_JSON, nested=False), numbers_only)
+def _json_flat_params(v: object) -> None:
+    check_flat(_parse_json(v, MAX_JSON, nested=False), numbers_only=False)
 
 
-@functools.lru_cache(maxsize=4096)
-def _plain_key(key: str) -> bool:
-    # Sample keys repeat across millions of rows (m, n, k, seconds...): match each spelling once.
-    return bool(_KEY.match(key))
+def _json_flat_metrics(v: object) -> None:
+    check_flat(_parse_json(v, MAX_JSON, nested=False), numbers_only=True)
+
+
+@functools.lru_cache(maxsize=256)  # small: a hostile file's unique key sets cannot hoard memory
+def _plain_keys(keys: tuple[object, ...]) -> bool:
+    # Samples repeat a few key sets across millions of rows (m, n, k, seconds...): match each once.
+    return all(isinstance(k, str) and _KEY.match(k) for k in keys)
+
+
+def _bad_key(parsed: dict) -> Invalid:
+    bad = next(k for k in parsed if not _plain_keys((k,)))
+    return Invalid(f"key {str(bad)[:40]!r} is not a plain name")
 
 
 def check_flat(parsed: object, numbers_only: bool) -> None:
-    """A flat {name: scalar} map (sample params) or {name: finite number} map (sample metrics)."""
+    """A flat {name: scalar} map (sample params) or {name: finite number} map (sample metrics).
+
+    Runs twice per sample on every write and every imported row, so key sets are matched once per
+    spelling and common values (floats, ints, short strings) are judged inline; anything else goes
+    to the generic checkers, whose messages name the key.
+    """
     if not isinstance(parsed, dict):
         raise Invalid("expected a JSON object")
-    for key, val in parsed.items():
-        if not isinstance(key, str) or not _plain_key(key):
-            raise Invalid(f"key {key[:40]!r} is not a plain name")
-        if numbers_only:
-            if type(val) is float and math.isfinite(val) or type(val) is int and abs(val) < 2**1023:
-                continue  # the common case, without the generic checker's call and exception frames
+    if not _plain_keys(tuple(parsed)):
+        raise _bad_key(parsed)
+    if numbers_only:
+        for key, val in parsed.items():
+            kind = type(val)
+            if kind is float and val - val == 0.0 or kind is int and -_FLOAT_INTS < val < _FLOAT_INTS:
+                continue  # finite (inf - inf and nan - nan are nan)
             try:
                 _real(val)
             except Invalid as exc:
                 raise Invalid(f"value of {key!r}: {exc}") from None
-        elif not (val is None or isinstance(val, (bool, int, float, str))):
+        return
+    for key, val in parsed.items():
+        if not (val is None or isinstance(val, (bool, int, float, str))):
             raise Invalid(f"value of {key!r} must be a scalar")
-        elif isinstance(val, str):
-            _short(val)
+        if isinstance(val, str) and (len(val) > MAX_SHORT or _CONTROL.search(val)):
+            try:
+                _short(val)
+            except Invalid as exc:
+                raise Invalid(f"value of {key!r}: {exc}") from None
 
 
 def _json_str_list(v: object) -> None:
@@ -175,25 +202,31 @@ VALIDATORS: dict[str, Callable[[object], None]] = {
     "short": _short, "ident": _ident, "benchmark": _benchmark, "count": _count, "int": _int,
     "real": _real, "seconds": _seconds, "time": _real, "source": _source, "id": _id,
     "id_or_empty": _id_or_empty, "json_object": _json_object, "json_model": _json_model,
-    "json_flat_params": lambda v: _flat(v, numbers_only=False),
-    "json_flat_metrics": lambda v: _flat(v, numbers_only=True),
+    "json_flat_params": _json_flat_params, "json_flat_metrics": _json_flat_metrics,
     "json_str_list": _json_str_list,
 }
 
 
+# Per table, each column with its checker: looked up once here instead of per value.
+_CHECKS: dict[str, tuple[tuple[str, bool, Callable[[object], None]], ...]] = {
+    t.name: tuple((f"{t.name}.{c.name}", c.nullable, VALIDATORS[c.kind]) for c in t.columns)
+    for t in TABLES.values()}
+
+
 def check_values(table: Table, values: tuple | list) -> None:
     """Validate a row's content values (without id); raises Invalid naming the column."""
-    if len(values) != len(table.columns):
-        raise Invalid(f"{table.name}: expected {len(table.columns)} values, got {len(values)}")
-    for col, val in zip(table.columns, values, strict=True):
+    checks = _CHECKS[table.name]
+    if len(values) != len(checks):
+        raise Invalid(f"{table.name}: expected {len(checks)} values, got {len(values)}")
+    for (name, nullable, check), val in zip(checks, values, strict=True):
         if val is None:
-            if not col.nullable:
-                raise Invalid(f"{table.name}.{col.name}: missing")
+            if not nullable:
+                raise Invalid(f"{name}: missing")
             continue
         try:
-            VALIDATORS[col.kind](val)
+            check(val)
         except Invalid as exc:
-            raise Invalid(f"{table.name}.{col.name}: {exc}") from None
+            raise Invalid(f"{name}: {exc}") from None
 
 
 def check_row(table: Table, row: tuple | list, where: str) -> None:
