@@ -70,8 +70,9 @@ ETA = 3
 ENUMERATE_LIMIT = 1500      # arms: below this every (grouping, counts) arm is tried
 BRACKET_ARMS = 27           # TPE-proposed arms per extra bracket
 EVALS_PER_ARM = 24          # default evaluation budget per initial arm
-MILP_AT = 0.45              # clock-paced: the first bracket ends at this share of the budget ...
-MILP_UNTIL = 0.60           # ... and the MILP seeding must be done by this share
+MILP_AT = 0.40              # clock-paced: the first bracket ends at this share of the budget ...
+MILP_UNTIL = 0.65           # ... and the MILP seeding must be done by this share (the best
+MILP_FIRST = 0.6            # grouping's solve gets this part of that window)
 MILP_GROUPINGS = 2          # best-ranked groupings the MILP is solved for
 MILP_SHORTLIST = 3          # MILP solutions per grouping that become arms
 MILP_NODES = 3000           # CBC node limit with an evaluation budget (deterministic)
@@ -469,18 +470,20 @@ class HetRLSearch(Search):
                 break
         out: dict[Arm, list[Candidate]] = {}
         started = time.perf_counter()
-        solved = []
+        solved: list[str] = []
+        constants: dict = {}
         for i, grouping in enumerate(groupings):
-            options: dict[str, Any] = {"grouping": grouping, "shortlist": MILP_SHORTLIST}
+            options: dict[str, Any] = {"grouping": grouping, "shortlist": MILP_SHORTLIST, "constants": constants}
             if until is not None:
-                left = (until - time.perf_counter()) / (len(groupings) - i)
+                left = (until - time.perf_counter()) * (MILP_FIRST if i < len(groupings) - 1 else 1.0)
                 if left < 0.5:
                     break
                 options.update(time_limit_s=left, total_s=left)
             else:
                 options.update(time_limit_s=600.0, max_nodes=MILP_NODES)
-            sub = dataclasses.replace(ctx, warm_start=best[grouping].best_candidate, max_evals=None,
-                                      storage=None, options=options)
+            # no warm start: the heuristic's candidate is rarely type-pure, CBC then rejects or
+            # keeps a poor incumbent and found worse solutions in the same time (measured)
+            sub = dataclasses.replace(ctx, warm_start=None, max_evals=None, storage=None, options=options)
             search = ILPSearch(sub)
             try:
                 search.run()
@@ -531,7 +534,8 @@ class HetRLSearch(Search):
 
         alive = list(states)
         rungs = max(1, math.ceil(math.log(max(1, len(alive)), ETA))) + 1
-        per_arm = max(2, budget // max(1, len(alive) * rungs))
+        # clock-paced with many arms, the first rung looks once per arm (its locality-ordered seed)
+        per_arm = max(1 if self._timed else 2, budget // max(1, len(alive) * rungs))
         start = ledger.evaluations
         started = time.perf_counter()
         rung = 0

@@ -18,8 +18,9 @@ by that score wins. `extra` reports CBC's status, objective, bound and gap, and 
 Options: `time_limit_s` (CBC's limit per solve), `shortlist`, `total_s` (a hard cap on the whole
 search: later solves get only what is left, so a caller embedding the ILP — hetrl seeds arms with
 it — can rely on its clock), and `max_nodes` (a branch-and-bound node limit: unlike a time limit
-it gives the same answer under any machine load). After `run()`, `solutions` holds every
-simulated shortlist candidate with its objective value.
+it gives the same answer under any machine load), `constants` (a dict to share the measured
+replica rates between solves of one problem). After `run()`, `solutions` holds every simulated
+shortlist candidate with its objective value.
 """
 
 from __future__ import annotations
@@ -102,6 +103,10 @@ class ILPSearch(Search):
 
         # ---- constants from the simulator ----
         rate, cap, shapes = {}, {}, {}
+        # replica rates depend on task, kind and shape only: a caller solving several groupings
+        # of one problem (hetrl's MILP arms) passes one dict for all of them
+        constants = ctx.options.get("constants")
+        constants = {} if constants is None else constants
         for k in tasks:
             shapes[k] = []
             for tp, pp in space.shapes(k):
@@ -109,7 +114,10 @@ class ILPSearch(Search):
                 for t in types:
                     if tp > space.host_size(t):
                         continue
-                    r, m = _replica_rate(space, k, t, tp, pp, total)
+                    key = (k, t, tp, pp, total)
+                    if key not in constants:
+                        constants[key] = _replica_rate(space, k, t, tp, pp, total)
+                    r, m = constants[key]
                     if r > 0:
                         rate[k, t, (tp, pp)], cap[k, t, (tp, pp)] = r, m
                         usable = True
