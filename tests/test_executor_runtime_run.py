@@ -169,16 +169,17 @@ def test_layouts_the_runtime_cannot_carry_out_are_refused_up_front(tmp_path):
     train = next(t for t in tp["tasks"] if t["task"] == "actor_train")
     train["layout"]["tp"] = 2
     train["tasklets"][0]["devices"] = ["localhost:0", "localhost:1"]
-    train = next(t for t in pp["tasks"] if t["task"] == "actor_train")
-    train["layout"]["pp"] = 2
-    train["tasklets"] = [{**train["tasklets"][0], "stage": 0, "layer_end": 1, "devices": ["localhost:0"]},
-                         {**train["tasklets"][0], "stage": 1, "layer_start": 1}]
-    with pytest.raises(ExecutionError, match=r"actor_train.*PP2"):
+    assert check_supported(Plan.from_dict(tp)) == "gloo"  # TP (and PP) training is carried out
+    gen = next(t for t in pp["tasks"] if t["task"] == "actor_gen")  # pipelined generation is not
+    gen["layout"]["pp"] = 2
+    gen["tasklets"] = [{**gen["tasklets"][0], "stage": 0, "layer_end": 1},
+                       {**gen["tasklets"][0], "stage": 1, "layer_start": 1, "devices": ["localhost:1"]}]
+    with pytest.raises(ExecutionError, match=r"actor_gen.*PP2"):
         check_supported(Plan.from_dict(pp))
-    plan_path.write_text(json.dumps(tp))
+    plan_path.write_text(json.dumps(pp))
     start = time.time()
     done = hetprof_run(plan_path, tmp_path, "--iterations", "1", timeout=60)
-    assert done.returncode == 4 and "actor_train" in done.stderr and "TP2" in done.stderr
+    assert done.returncode == 4 and "actor_gen" in done.stderr and "PP2" in done.stderr
     assert time.time() - start < 30 and not (tmp_path / "run.jsonl").exists()  # no worker started
 
 
