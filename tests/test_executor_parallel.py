@@ -24,7 +24,7 @@ from hetprof.executor.groups import Topology, check_supported
 from hetprof.executor.launch import free_port
 from hetprof.executor.learner import Learner
 from hetprof.executor.manual import manual_plan
-from hetprof.executor.modeling import build_causal_lm, build_value_model
+from hetprof.executor.modeling import build_causal_lm, build_reward_model, build_value_model
 from hetprof.executor.parallel import ShardedModel
 from hetprof.executor.weightsync import WeightSync, copy_into, state_digest
 from hetprof.specs import ClusterSpec, Plan, WorkloadSpec
@@ -181,6 +181,12 @@ def _worker(rank: int, port: int, out: str) -> None:
                 assert same, f"{name}: rank {rank} did not restore its shard"
                 assert len(opt2.state) == len(opt.state)
             dist.barrier()
+            if name == "critic_pp2xdp2":  # a pipelined forward of a scalar-head (reward) model
+                model = build_reward_model("tiny", seed=2)
+                pipe = ShardedModel(model, topo, task, rank, torch.device("cpu"), "value").pipeline
+                batch = rl_batch()
+                values = pipe.forward(batch.input_ids, batch.attention_mask)
+                torch.save(values, out / f"reward-values-r{rank}.pt")
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -238,3 +244,11 @@ def test_check_supported_runs_tp_and_pp_training_and_refuses_pipelined_generatio
         check_supported(make_plan({}, ref={"actor_gen": ([[[DEVS[0]], [DEVS[1]]]], [1.0])}))
     with pytest.raises(ExecutionError, match=r"task critic_infer has layout DP1×TP1×PP2"):
         check_supported(make_plan({}, algorithm="ppo", ref={"critic_infer": ([[[DEVS[0]], [DEVS[1]]]], [1.0])}))
+
+
+def test_pipelined_forward_of_a_scalar_head_model_equals_the_whole_model_on_every_stage(spawned, one_thread):
+    batch = rl_batch()
+    want = build_reward_model("tiny", seed=2)(batch.input_ids, batch.attention_mask)
+    for rank in range(WORLD):
+        torch.testing.assert_close(torch.load(spawned / f"reward-values-r{rank}.pt", weights_only=True), want,
+                                   rtol=1e-5, atol=1e-6)
