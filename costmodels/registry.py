@@ -3,64 +3,40 @@
 A user plugs in a model by registering a factory (`register_cost_model`) or by declaring an entry
 point in the group `hetprof.costmodels` whose target is a CostModel subclass or a callable taking
 `db=`. Built-ins are named by import path so that looking one up imports only what it needs
-(the fitted model pulls in scikit-learn only when asked for).
+(the fitted model pulls in scikit-learn only when asked for). The rules are hetprof.registry's.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Any
 
-from hetprof.errors import HetprofError
+from hetprof.registry import Registry
 
 ENTRY_POINT_GROUP = "hetprof.costmodels"
 
-_BUILTIN = {
-    "analytical": "hetprof.costmodels.analytical:AnalyticalCostModel",
-    "fitted": "hetprof.costmodels.fitted:FittedCostModel",
-}
-_registered: dict[str, Callable[..., Any]] = {}
+COST_MODELS: Registry[Callable[..., Any]] = Registry(
+    "cost model", ENTRY_POINT_GROUP,
+    builtins={"analytical": "hetprof.costmodels.analytical:AnalyticalCostModel",
+              "fitted": "hetprof.costmodels.fitted:FittedCostModel"},
+    find=lambda group: entry_points(group=group))  # this module's name, so tests can replace it
+_registered = COST_MODELS.entries
 
 
-def register_cost_model(name: str, factory: Callable[..., Any] | None = None):
+def register_cost_model(name: str, factory: Callable[..., Any] | None = None) -> Any:
     """Register `factory` (a CostModel class or a callable taking db=) under `name`.
 
     Usable as a decorator: `@register_cost_model("mine") class Mine(CostModel): ...`.
     """
-
-    def add(f: Callable[..., Any]) -> Callable[..., Any]:
-        if not name or not isinstance(name, str):
-            raise ValueError("a cost model needs a non-empty name")
-        _registered[name] = f
-        return f
-
-    return add(factory) if factory is not None else add
+    return COST_MODELS.register(name, factory)
 
 
 def available_cost_models() -> list[str]:
     """Every name get_cost_model accepts."""
-    return sorted(set(_BUILTIN) | set(_registered) | {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
+    return COST_MODELS.names()
 
 
-def _load(target: str) -> Callable[..., Any]:
-    module, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module), attr)
-
-
-def get_cost_model(name: str, db: Any | None = None, **options: Any):
+def get_cost_model(name: str, db: Any | None = None, **options: Any) -> Any:
     """A fresh cost model by name, reading its calibration from `db` (a ProfileDB) if given."""
-    if name in _registered:
-        factory = _registered[name]
-    elif name in _BUILTIN:
-        factory = _load(_BUILTIN[name])
-    else:
-        eps = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
-        if name not in eps:
-            raise HetprofError(f"unknown cost model {name!r}; available: {', '.join(available_cost_models())}")
-        try:
-            factory = eps[name].load()
-        except Exception as exc:
-            raise HetprofError(f"cost model {name!r}: loading entry point {eps[name].value} failed: {exc}") from exc
-    return factory(db=db, **options)
+    return COST_MODELS.get(name)(db=db, **options)

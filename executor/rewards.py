@@ -13,26 +13,26 @@ import importlib
 import math
 import re
 from collections.abc import Callable, Sequence
-from importlib.metadata import entry_points
 
 import torch
 
 from hetprof.errors import SpecError
 from hetprof.executor.tokenizer import Tokenizer, pad_left
+from hetprof.registry import Registry, UnknownName
 
 RewardFn = Callable[[Sequence[str], Sequence[str], Sequence[str | None]], list[float]]
 ENTRY_POINT_GROUP = "hetprof.rewards"
-_REGISTRY: dict[str, Callable[[], RewardFn]] = {}
+
+# Registered entries are factories (kwargs → batched reward); an entry point names a per-sample
+# function like a `module:function` path does, so it is wrapped into a factory (that takes no options).
+REWARDS: Registry[Callable[..., RewardFn]] = Registry(
+    "reward", ENTRY_POINT_GROUP, check=callable, expected="a callable",
+    adapt=lambda name, fn: lambda **_: _batched(fn, name))
 
 
 def register_reward(name: str) -> Callable[[Callable[[], RewardFn]], Callable[[], RewardFn]]:
     """Register a factory (no arguments) returning a batched reward function."""
-
-    def deco(factory: Callable[[], RewardFn]) -> Callable[[], RewardFn]:
-        _REGISTRY[name] = factory
-        return factory
-
-    return deco
+    return REWARDS.register(name)
 
 
 # ---- answer parsing ------------------------------------------------------------------------------
@@ -143,15 +143,11 @@ def _as_score(value: object, name: str) -> float:
 
 def get_reward(spec: str, **kwargs) -> RewardFn:
     """A reward by registered name (with factory kwargs), entry point, or `module:function`."""
-    if spec in _REGISTRY:
-        return _REGISTRY[spec](**kwargs)
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name == spec:
-            return _batched(ep.load(), spec)
+    if spec in REWARDS:
+        return REWARDS.get(spec)(**kwargs)
     if ":" in spec:
         return _from_import_path(spec)
-    known = sorted(set(_REGISTRY) | {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
-    raise SpecError(None, "reward", f"one of {known} or 'module:function'", spec)
+    raise UnknownName("reward", spec, REWARDS.names(), " or 'module:function'")
 
 
 class RewardModelScorer:

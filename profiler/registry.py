@@ -10,6 +10,7 @@ from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, ClassVar
 
 from hetprof.errors import SpecError
+from hetprof.registry import Registry, subclass_of
 
 if TYPE_CHECKING:
     from hetprof.profiler.context import ProfileContext
@@ -38,32 +39,26 @@ class Suite:
         raise NotImplementedError
 
 
-_REGISTRY: dict[str, type[Suite]] = {}
+SUITES: Registry[type[Suite]] = Registry(
+    "benchmark suite", ENTRY_POINT_GROUP,
+    # Importing the package registers the built-ins (their modules use @register) in the order
+    # they run and are listed.
+    builtins=dict.fromkeys(["inventory", "compute", "memory", "collectives", "tasks", "link"],
+                           "hetprof.profiler.suites"),
+    check=subclass_of(Suite), expected="a hetprof.profiler.registry.Suite subclass",
+    find=lambda group: entry_points(group=group))  # this module's name, so tests can replace it
 
 
 def register(cls: type[Suite]) -> type[Suite]:
+    """Class decorator adding a suite under its `name`."""
     if not cls.name:
         raise TypeError(f"{cls.__name__} needs a `name`")
-    _REGISTRY[cls.name] = cls
-    return cls
-
-
-def _load_builtins() -> None:
-    # Importing the package registers the built-in suites (their modules use @register).
-    import hetprof.profiler.suites  # noqa: F401
+    return SUITES.register(cls.name, cls)
 
 
 def available() -> dict[str, type[Suite]]:
-    _load_builtins()
-    out = dict(_REGISTRY)
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name not in out:
-            cls = ep.load()
-            if not (isinstance(cls, type) and issubclass(cls, Suite)):
-                raise SpecError(f"entry point {ep.value}", ep.name, "a hetprof.profiler.registry.Suite subclass",
-                                cls)
-            out[ep.name] = cls
-    return out
+    """Every suite by name: built-ins in run order, then registrations, then entry points."""
+    return SUITES.items()
 
 
 def resolve(names: list[str] | None) -> list[type[Suite]]:
