@@ -15,15 +15,18 @@ import hashlib
 import json
 import os
 import sqlite3
+import tempfile
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from hetprof import __version__
 from hetprof.errors import ImportRefused
+from hetprof.profiles import stage
 from hetprof.profiles.db import ProfileDB
 from hetprof.profiles.schema import SCHEMA_VERSION, TABLES, read_version
+from hetprof.profiles.stage import read_only_uri
 from hetprof.profiles.validate import check_row
 
 FORMAT = "hetprof-profile-export"
@@ -175,10 +178,16 @@ def read_export(path: str | Path) -> dict[str, list[tuple]]:
     return rows
 
 
-def _check_references(db: ProfileDB, rows: dict[str, list[tuple]], origin: str) -> None:
+def _check_references(db: ProfileDB, rows: dict[str, list[tuple]], origin: str,
+                      staged_runs: set[str] | None = None) -> None:
+    """Every reference names a row in the incoming data or in the database; `staged_runs` are the
+    run ids of samples that a merge staged on disk instead of holding in `rows`."""
     ids = {name: {r[0] for r in table_rows} for name, table_rows in rows.items()}
     for table, col, ref, _nullable in REFERENCES:
-        missing = {r[col] for r in rows[table] if r[col] is not None and r[col] not in ids[ref]}
+        wanted = {r[col] for r in rows[table] if r[col] is not None}
+        if table == "samples" and staged_runs:
+            wanted |= staged_runs
+        missing = wanted - ids[ref]
         for chunk in _chunks(sorted(missing)):
             found = {x for (x,) in db.conn.execute(
                 f"SELECT id FROM {ref} WHERE id IN ({','.join('?' * len(chunk))})", chunk)}
@@ -188,18 +197,32 @@ def _check_references(db: ProfileDB, rows: dict[str, list[tuple]], origin: str) 
                                     "which is neither in the file nor in the database")
 
 
-def _insert_all(db: ProfileDB, rows: dict[str, list[tuple]], kind: str, origin: str) -> dict[str, int]:
+def _insert_all(db: ProfileDB, rows: dict[str, list[tuple]], kind: str, origin: str,
+                staged: Sequence[Path] = ()) -> dict[str, int]:
+    """Add the rows (and any staged samples) in one transaction, parents first; record the origin."""
+    aliases = [f"staged{k}" for k in range(len(staged))]
+    cols = ", ".join(TABLES["samples"].column_names)
+
     def body(conn: sqlite3.Connection) -> dict[str, int]:
         added = {}
         for name in TABLES:  # parents first
             before = conn.total_changes
             conn.executemany(TABLES[name].insert_sql(), rows[name])
+            if name == "samples":
+                for alias in aliases:
+                    conn.execute(f"INSERT OR IGNORE INTO main.samples ({cols}) SELECT {cols} FROM {alias}.samples")
             added[name] = conn.total_changes - before
         conn.execute("INSERT INTO origins (kind, origin, at, added) VALUES (?, ?, ?, ?)",
                      (kind, origin, time.time(), json.dumps(added, sort_keys=True)))
         return added
 
-    return db.write(body)
+    for alias, path in zip(aliases, staged, strict=True):  # outside the transaction, as ATTACH must be
+        db.conn.execute("ATTACH DATABASE ? AS " + alias, (read_only_uri(path),))
+    try:
+        return db.write(body)
+    finally:
+        for alias in aliases:
+            db.conn.execute(f"DETACH DATABASE {alias}")
 
 
 def import_file(db: ProfileDB, path: str | Path) -> dict[str, int]:
@@ -212,36 +235,50 @@ def import_file(db: ProfileDB, path: str | Path) -> dict[str, int]:
 # ---- merge ----------------------------------------------------------------------------------
 
 def merge(db: ProfileDB, other: str | Path) -> dict[str, int]:
-    """Add every row of another database that this one lacks; idempotent; validated like an import."""
+    """Add every row of another database that this one lacks; idempotent; validated like an import.
+
+    Large samples tables are checked by two processes into staging files (see `stage`); the
+    rest, and small databases, are checked here and held in memory until the one transaction.
+    """
     other = Path(other)
     if not other.is_file():
         raise ImportRefused(f"{other}: no such file")
     if other.resolve() == db.path.resolve():
         raise ImportRefused(f"{other}: cannot merge a database into itself")
-    try:
-        src = sqlite3.connect(f"{other.resolve().as_uri()}?mode=ro", uri=True)
+    with tempfile.TemporaryDirectory(prefix="hetprof-merge-") as folder:
         try:
-            version = read_version(src)
-            if not 1 <= version <= SCHEMA_VERSION:
-                raise ImportRefused(f"{other}: schema version {version} is not one this hetprof reads "
-                                    f"(1..{SCHEMA_VERSION})")
-            # Rows whose id this database already holds would be ignored by the insert anyway, so
-            # they are neither fetched nor validated: a repeated merge costs a join, not a re-check.
-            src.execute("ATTACH DATABASE ? AS mine", (f"{db.path.resolve().as_uri()}?mode=ro",))
-            rows: dict[str, list[tuple]] = {}
-            for name, table in TABLES.items():
-                cols = [r[1] for r in src.execute(f"PRAGMA main.table_info({name})")]
-                if cols != table.column_names:
-                    raise ImportRefused(f"{other}: table {name} has columns {cols}, expected {table.column_names}")
-                same = " AND ".join(f"m.{k} = o.{k}" for k in table.key)  # a lookup by this side's key
-                fetched = src.execute(f"SELECT * FROM main.{name} AS o WHERE NOT EXISTS "
-                                      f"(SELECT 1 FROM mine.{name} AS m WHERE {same})").fetchall()
-                for i, row in enumerate(fetched):
-                    check_row(table, row, f"{other}: {name} row {i + 1}")
-                rows[name] = fetched
-        finally:
-            src.close()
-    except sqlite3.DatabaseError as exc:
-        raise ImportRefused(f"{other}: not a readable profile database ({exc})") from None
-    _check_references(db, rows, str(other))
-    return _insert_all(db, rows, "merge", str(other.resolve()))
+            rows, staged, staged_runs = _read_other(db, other, Path(folder))
+        except sqlite3.DatabaseError as exc:
+            raise ImportRefused(f"{other}: not a readable profile database ({exc})") from None
+        _check_references(db, rows, str(other), staged_runs)
+        return _insert_all(db, rows, "merge", str(other.resolve()), staged)
+
+
+def _read_other(db: ProfileDB, other: Path, folder: Path) -> tuple[dict[str, list[tuple]], list[Path], set[str]]:
+    """Every row of `other` that this database lacks, checked: in memory, or staged under `folder`."""
+    src = sqlite3.connect(read_only_uri(other), uri=True)
+    try:
+        version = read_version(src)
+        if not 1 <= version <= SCHEMA_VERSION:
+            raise ImportRefused(f"{other}: schema version {version} is not one this hetprof reads "
+                                f"(1..{SCHEMA_VERSION})")
+        src.execute("ATTACH DATABASE ? AS mine", (read_only_uri(db.path),))
+        for name, table in TABLES.items():
+            cols = [r[1] for r in src.execute(f"PRAGMA main.table_info({name})")]
+            if cols != table.column_names:
+                raise ImportRefused(f"{other}: table {name} has columns {cols}, expected {table.column_names}")
+        ranges = stage.plan(src)
+        rows: dict[str, list[tuple]] = {}
+        for name, table in TABLES.items():
+            if name == "samples" and ranges:
+                rows[name] = []
+                continue
+            rows[name] = src.execute(stage.missing_rows_sql(table)).fetchall()
+            for row in rows[name]:
+                check_row(table, row, f"{other}: {name} row {str(row[0])[:16]!r}")
+    finally:
+        src.close()
+    if not ranges:
+        return rows, [], set()
+    staged, runs = stage.stage_all(other, db.path, ranges, folder)
+    return rows, staged, runs

@@ -243,3 +243,51 @@ def test_cli_info_export_import_merge_list_show(tmp_path):
     assert out.exit_code == 0 and "samples (20 of 20)" in out.output, out.output
     out = runner.invoke(cli, ["--db", str(b), "db", "import", str(tmp_path / "missing.hpx")])
     assert out.exit_code != 0 and "no such file" in out.output
+
+
+def _many_runs(path: Path, host: str, runs: int = 12) -> None:
+    with ProfileDB(path) as db:
+        dev = db.add_device(DeviceInfo(name="cpu", kind="cpu", host=host))
+        for r in range(runs):
+            db.add_benchmark("memory.copy", dev, host, {"r": r},
+                             [{"params": {"size_bytes": i, "r": r}, "metrics": {"seconds": 1e-3 * (i + 1)}}
+                              for i in range(50)])
+
+
+def test_a_large_merge_is_checked_in_two_processes_and_equals_the_in_process_merge(tmp_path, monkeypatch):
+    from hetprof.profiles import stage
+
+    a, serial, parallel = tmp_path / "a.db", tmp_path / "serial.db", tmp_path / "parallel.db"
+    _many_runs(a, "node-a")
+    _many_runs(serial, "node-b")
+    shutil.copy(serial, parallel)
+    with ProfileDB(serial) as db:
+        merge(db, a)
+    monkeypatch.setattr(stage, "MIN_ROWS", 1)
+    with ProfileDB(parallel) as db:
+        src = sqlite3.connect(a)
+        assert len(stage.plan(src)) == 2  # the staging path is the one under test
+        src.close()
+        assert merge(db, a)["samples"] == 600
+        assert sum(merge(db, a).values()) == 0
+    assert dump(parallel) == dump(serial)
+
+
+@pytest.mark.parametrize("which", ["first", "last"])  # the range this process checks, and the worker's
+def test_a_hostile_sample_is_refused_in_either_staged_range(tmp_path, monkeypatch, which):
+    from hetprof.profiles import stage
+
+    a, target = tmp_path / "a.db", tmp_path / "t.db"
+    _many_runs(a, "node-a")
+    _many_runs(target, "node-t")
+    before = dump(target)
+    conn = sqlite3.connect(a)
+    run = conn.execute(f"SELECT run_id FROM samples ORDER BY run_id {'ASC' if which == 'first' else 'DESC'}").fetchone()[0]
+    conn.execute("UPDATE samples SET metrics = '{\"seconds\":7.0}' WHERE run_id = ? AND seq = 3", (run,))
+    conn.commit()
+    conn.close()
+    monkeypatch.setattr(stage, "MIN_ROWS", 1)
+    with ProfileDB(target) as db, pytest.raises(ImportRefused, match="does not match its content") as info:
+        merge(db, a)
+    assert str(a) in str(info.value)
+    assert dump(target) == before
