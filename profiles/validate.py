@@ -30,6 +30,7 @@ _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]{0,63}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _CONTROL = re.compile(r"[\x00-\x1f]")
 _FLOAT_INTS = 2**1023  # an integer at least this large has no finite float value
+_NON_TEXT_SCALARS = frozenset({int, float, bool, type(None)})  # exact types; subclasses take the long way
 
 
 class Invalid(ValueError):
@@ -183,6 +184,8 @@ def check_flat(parsed: object, numbers_only: bool) -> None:
                 raise Invalid(f"value of {key!r}: {exc}") from None
         return
     for key, val in parsed.items():
+        if type(val) in _NON_TEXT_SCALARS:
+            continue  # the common case, judged by one set lookup
         if not (val is None or isinstance(val, (bool, int, float, str))):
             raise Invalid(f"value of {key!r} must be a scalar")
         if isinstance(val, str) and (len(val) > MAX_SHORT or _CONTROL.search(val)):
