@@ -555,6 +555,9 @@ class HetRLSearch(Search):
                     self._close(study, trial_of[id(s)], s, optuna.trial.TrialState.PRUNED)
             alive = kept
             per_arm *= ETA
+            if not final and not self._timed:
+                # an earlier bracket keeps to its share, so later brackets (MILP arms) still run
+                per_arm = min(per_arm, max(1, (budget - (ledger.evaluations - start)) // len(alive)))
             if self._timed:
                 per_arm = self._paced(alive, ledger, start, started, self._deadline(ledger))
             rung += 1
