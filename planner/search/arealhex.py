@@ -55,8 +55,8 @@ def rollout_milp(sim, devices: list[str], max_tp: int) -> tuple[int, dict[str, i
         return None
     prob = pulp.LpProblem("arealhex_rollout", pulp.LpMaximize)
     tps = sorted({tp for tp, _ in options})
-    z = {tp: pulp.LpVariable(f"z_{tp}", cat="Binary") for tp in tps}
-    n = {key: pulp.LpVariable(f"n_{key[0]}_{types.index(key[1])}", 0, groups, cat="Integer")
+    z = {tp: prob.add_variable(f"z_{tp}", cat="Binary") for tp in tps}
+    n = {key: prob.add_variable(f"n_{key[0]}_{types.index(key[1])}", 0, groups, cat="Integer")
          for key, (_, groups) in options.items()}
     prob += pulp.lpSum(rate * n[key] for key, (rate, _) in options.items())
     prob += pulp.lpSum(z.values()) == 1

@@ -128,14 +128,14 @@ class ILPSearch(Search):
                                       f"(TP ≤ {ctx.max_tp}, PP ≤ {ctx.max_pp})")
 
         prob = pulp.LpProblem("hetrl_restricted", pulp.LpMinimize)
-        u = {(g, t, v): pulp.LpVariable(f"u_{g}_{ti}_{v}", cat="Binary")
+        u = {(g, t, v): prob.add_variable(f"u_{g}_{ti}_{v}", cat="Binary")
              for g in range(len(grouping)) for ti, t in enumerate(types) for v in range(space.totals[t] + 1)}
-        z = {(k, c): pulp.LpVariable(f"z_{k}_{c[0]}x{c[1]}", cat="Binary") for k in tasks for c in shapes[k]}
+        z = {(k, c): prob.add_variable(f"z_{k}_{c[0]}x{c[1]}", cat="Binary") for k in tasks for c in shapes[k]}
         w = {}
         for (k, t, c), _r in rate.items():
             most = space.tp_groups(t, space.totals[t], c[0]) // c[1]
-            w[k, t, c] = pulp.LpVariable(f"w_{k}_{types.index(t)}_{c[0]}x{c[1]}", 0, most, cat="Integer")
-        T = {k: pulp.LpVariable(f"T_{k}", 0) for k in tasks}
+            w[k, t, c] = prob.add_variable(f"w_{k}_{types.index(t)}_{c[0]}x{c[1]}", 0, most, cat="Integer")
+        T = {k: prob.add_variable(f"T_{k}", 0) for k in tasks}
 
         for g in range(len(grouping)):
             for t in types:
@@ -164,7 +164,7 @@ class ILPSearch(Search):
 
         # ---- where groups sit: regions a group spans, and what crossing them costs ----
         regions = sorted(set(space.region.values()))
-        rho = {(g, r): pulp.LpVariable(f"rho_{g}_{ri}", cat="Binary")
+        rho = {(g, r): prob.add_variable(f"rho_{g}_{ri}", cat="Binary")
                for g in range(len(grouping)) for ri, r in enumerate(regions)}
         for g in range(len(grouping)):
             for t in types:
@@ -182,7 +182,7 @@ class ILPSearch(Search):
                     # data parallelism across two regions all-reduces gradients over their link
                     cross = cm.collective_time("all_reduce", grads, 2, link[r1, r2])
                     prob += T[k] >= cross * (rho[g, r1] + rho[g, r2] - 1)
-        sync = pulp.LpVariable("S", 0)
+        sync = prob.add_variable("S", 0)
         for src, dst in (("actor_train", "actor_gen"), ("critic_train", "critic_infer")):
             if src in owner and dst in owner and owner[src] != owner[dst]:
                 model = layouts.task_model(sim, src)
@@ -193,13 +193,13 @@ class ILPSearch(Search):
 
         asynchronous = sim.workload.mode == "async"
         if asynchronous:
-            Z = pulp.LpVariable("Z", 0)
+            Z = prob.add_variable("Z", 0)
             for g in grouping:
                 extra = sync if "actor_gen" in g else 0
                 prob += Z >= pulp.lpSum(T[k] for k in g) + extra
             prob += Z
         else:
-            Zs = {s: pulp.LpVariable(f"Z_{s}", 0) for s in set(STAGE.values())}
+            Zs = {s: prob.add_variable(f"Z_{s}", 0) for s in set(STAGE.values())}
             for g in grouping:
                 for s in Zs:
                     members = [k for k in g if STAGE[TASKS[k][0]] == s]
