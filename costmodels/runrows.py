@@ -19,10 +19,9 @@ from typing import Any
 
 import pandas as pd
 
-from hetprof.costmodels.features import PHASE_TASK
+from hetprof.costmodels.features import PHASE_TASK, SHAPE_FIELDS
 
 SOURCE = "run"
-_SHAPE = ("hidden", "ffn", "heads", "kv_heads", "head_dim", "vocab")
 
 
 def phase_row(record: Mapping[str, Any], work: Mapping[str, Any], phase: Mapping[str, Any], seq: int
@@ -35,7 +34,7 @@ def phase_row(record: Mapping[str, Any], work: Mapping[str, Any], phase: Mapping
     try:
         seconds = float(phase["seconds"])
         batch, tokens = int(phase["batch"]), int(phase["tokens"])
-        shape = {k: int(model[k]) for k in _SHAPE}
+        shape = {k: int(model[k]) for k in SHAPE_FIELDS}
         layers = int(model["layers"])
     except (KeyError, TypeError, ValueError):
         return None

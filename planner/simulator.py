@@ -72,10 +72,7 @@ def measured_device_link(cost_model) -> Callable[[str], LinkSpec | None]:
     between colocated devices is priced with what this host's collectives really take."""
 
     def local(gpu_type: str) -> LinkSpec | None:
-        getter = getattr(cost_model, "device_link", None)
-        if getter is None:
-            return None
-        link, source = getter(gpu_type)
+        link, source = cost_model.device_link(gpu_type)
         return link if source == "measured" else None
 
     return local

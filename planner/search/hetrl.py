@@ -412,15 +412,7 @@ class HetRLSearch(Search):
               by_type: dict[str, tuple[str, ...]]) -> None:
         all_devices = [d for t in sorted(by_type) for d in by_type[t]]
         for cand in resumed.get(state.arm.label, [])[:1]:
-            genome = genome_from_candidate(cand, state.arm, all_devices)
-            if genome in state.seen:
-                continue
-            state.seen.add(genome)
-            built = state.candidate(genome)
-            value = math.inf if built is None else ledger.evaluate(built)[0]
-            if built is not None and value < state.best_value:
-                state.best_value, state.best_candidate = value, built
-            state._insert(value, genome)
+            self._adopt(state, genome_from_candidate(cand, state.arm, all_devices), ledger)
         if self.ctx.warm_start is not None and state.index == 0:
             ledger.evaluate(self.ctx.warm_start)
         self._seed_state(state, self._seeds.pop(state.arm, []), ledger, by_type)
@@ -437,15 +429,19 @@ class HetRLSearch(Search):
             value = ledger.evaluate(cand)[0]
             if value < state.best_value:
                 state.best_value, state.best_candidate = value, cand
-            genome = genome_from_candidate(cand, state.arm, all_devices)
-            if genome in state.seen:
-                continue
-            state.seen.add(genome)
-            built = state.candidate(genome)
-            own = math.inf if built is None else ledger.evaluate(built)[0]
-            if built is not None and own < state.best_value:
-                state.best_value, state.best_candidate = own, built
-            state._insert(own, genome)
+            self._adopt(state, genome_from_candidate(cand, state.arm, all_devices), ledger)
+
+    @staticmethod
+    def _adopt(state: ArmEvolution, genome: Any, ledger: Ledger) -> None:
+        """Score a genome once and add it to the arm's population (a new best if it is one)."""
+        if genome in state.seen:
+            return
+        state.seen.add(genome)
+        built = state.candidate(genome)
+        value = math.inf if built is None else ledger.evaluate(built)[0]
+        if built is not None and value < state.best_value:
+            state.best_value, state.best_candidate = value, built
+        state._insert(value, genome)
 
     def _milp_arms(self, ranked: Sequence[ArmEvolution], ledger: Ledger, types: Sequence[str],
                    until: float | None, info: dict[str, Any]) -> list[tuple[Arm, list[Candidate]]]:
