@@ -102,6 +102,8 @@ def main() -> None:
     ap.add_argument("--shortlist", type=int, default=6, help="ILP solutions re-ranked by the simulator")
     ap.add_argument("--scenarios", nargs="*", default=None)
     ap.add_argument("--models", nargs="*", default=None)
+    ap.add_argument("--algorithms", nargs="*", default=None, help="subset of ppo grpo (default both)")
+    ap.add_argument("--modes", nargs="*", default=None, help="subset of sync async (default both)")
     ap.add_argument("--no-ilp", action="store_true")
     ap.add_argument("--no-scale", action="store_true", help="skip the 128/256-GPU timing")
     ap.add_argument("--scale-only", action="store_true", help="only the 128/256-GPU timing (no 64-GPU grid)")
@@ -125,8 +127,8 @@ def main() -> None:
     rows = []
     for scenario in ([] if args.scale_only else scenarios):
         for model in models:
-            for algorithm in ALGORITHMS:
-                for mode in MODES:
+            for algorithm in args.algorithms or ALGORITHMS:
+                for mode in args.modes or MODES:
                     row = run_row(scenario, model, algorithm, mode, args, cm)
                     rows.append(row)
                     console.print(f"[dim]{scenario} qwen3-{model} {algorithm} {mode}: hetrl "
