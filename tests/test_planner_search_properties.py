@@ -199,3 +199,32 @@ def test_clock_paced_hetrl_ends_within_its_budget():
     res = get_search("hetrl")(ctx).run()
     assert res.seconds <= 8.0
     assert res.extra["milp"] is not None                 # the MILP step ran inside the budget
+
+
+def test_structured_arms_split_a_kind_at_its_region_boundary():
+    """Two groups: one kind split where its locality-ordered GPUs change region (either side), the
+    others whole — StreamRL's disaggregated structure, which quarter splits cut through."""
+    from hetprof.planner.search.hetrl import region_cuts, structured_arms
+    from hetprof.planner.search.space import all_groupings, devices_by_type, gpu_types
+
+    sim = Simulator(cluster_from([("A100-40GB", 2, "us"), ("L40S", 1, "us"), ("L40S", 2, "eu"), ("L4", 2, "eu")]),
+                    workload("grpo", "async", "qwen3-0.6b", 16), get_cost_model("analytical"))
+    types, by_type = gpu_types(sim), devices_by_type(sim)
+    totals = [len(by_type[t]) for t in types]
+    cuts = region_cuts(sim, by_type, types)
+    assert dict(zip(types, cuts, strict=True)) == {"A100-40GB": (), "L4": (), "L40S": (1, 2)}
+    split = ((("actor_gen",), ("ref_infer", "actor_train")))
+    arms = {(a.grouping, a.counts) for a in structured_arms(all_groupings(sim), types, totals, cuts)}
+    assert (split, ((2, 2, 1), (0, 0, 2))) in arms          # generation on one region's L40S + the rest
+    assert (split, ((0, 0, 2), (2, 2, 1))) in arms
+    assert not any(c == ((2, 2, 1), (0, 0, 2)) for _, c in
+                   {(a.grouping, a.counts) for a in structured_arms(all_groupings(sim), types, totals)})
+
+
+def test_hetrl_on_structured_arms_matches_streamrl_on_a_geo_cluster():
+    sim = Simulator(cluster_from([("A100-40GB", 2, "us"), ("L40S", 1, "us"), ("L40S", 2, "eu"), ("L4", 2, "eu")]),
+                    workload("grpo", "async", "qwen3-0.6b", 16), get_cost_model("analytical"))
+    het = get_search("hetrl")(SearchContext(sim=sim, seed=0, max_pp=2, max_evals=600,
+                                            options={"enumerate_limit": 0})).run()
+    base = get_search("streamrl")(SearchContext(sim=sim, seed=0, max_pp=2)).run()
+    assert het.objective_value <= base.objective_value * (1 + 1e-9)

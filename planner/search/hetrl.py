@@ -108,8 +108,26 @@ def enumerate_arms(groupings: Sequence[Grouping], types: Sequence[str], totals: 
     return arms
 
 
-def structured_arms(groupings: Sequence[Grouping], types: Sequence[str], totals: Sequence[int]) -> list[Arm]:
-    """Arms a person would try first: whole GPU kinds per group, and even splits of every kind."""
+def region_cuts(sim, by_type: dict[str, tuple[str, ...]], types: Sequence[str]) -> list[tuple[int, ...]]:
+    """Per GPU kind, the counts that hand one side a whole-region block of its locality-ordered
+    GPUs: every place the region changes, seen from either end (c and total - c)."""
+    out = []
+    for t in types:
+        pool = by_type.get(t, ())
+        cuts = {i for i in range(1, len(pool)) if sim.devices[pool[i]].region != sim.devices[pool[i - 1]].region}
+        out.append(tuple(sorted(cuts | {len(pool) - c for c in cuts})))
+    return out
+
+
+def structured_arms(groupings: Sequence[Grouping], types: Sequence[str], totals: Sequence[int],
+                    cuts: Sequence[Sequence[int]] | None = None) -> list[Arm]:
+    """Arms a person would try first: whole GPU kinds per group, even splits of every kind, and
+    (two groups) one kind split in quarters or at a region boundary (`cuts`, from `region_cuts`).
+
+    A region-aligned split is the disaggregated plan a geo-distributed cluster invites, e.g.
+    generation on one region's L40S and every other kind, training on another region's L40S
+    (StreamRL's structure); quarters of a kind cut through hosts and regions and miss it.
+    """
     arms: dict[tuple, Arm] = {}
     for grouping in groupings:
         k = len(grouping)
@@ -133,6 +151,19 @@ def structured_arms(groupings: Sequence[Grouping], types: Sequence[str], totals:
                             else (totals[t] if owner[t] == g else 0) for t in range(len(types))) for g in range(2))
                         if all(sum(c) > 0 for c in counts):
                             arms[(grouping, counts)] = Arm(grouping, counts, tuple(types))
+    for grouping in groupings:
+        if len(grouping) != 2 or not cuts:
+            continue
+        for t_major in range(len(types)):
+            # the first group takes `cut` of this kind (its locality-ordered first GPUs in the seed
+            # placement; the second group's seed variant takes the rest's first), others whole
+            for cut in cuts[t_major]:
+                for owner in itertools.product(range(2), repeat=len(types)):
+                    counts = tuple(tuple(
+                        (cut if g == 0 else totals[t] - cut) if t == t_major
+                        else (totals[t] if owner[t] == g else 0) for t in range(len(types))) for g in range(2))
+                    if all(sum(c) > 0 for c in counts):
+                        arms.setdefault((grouping, counts), Arm(grouping, counts, tuple(types)))
     return list(arms.values())
 
 
@@ -269,14 +300,16 @@ class HetRLSearch(Search):
         groupings = all_groupings(sim)
         n_enum = arm_count(groupings, totals)
         exact = n_enum <= ctx.options.get("enumerate_limit", ENUMERATE_LIMIT)
-        arms = enumerate_arms(groupings, types, totals) if exact else structured_arms(groupings, types, totals)
+        cuts = region_cuts(sim, by_type, types)
+        arms = enumerate_arms(groupings, types, totals) if exact else \
+            structured_arms(groupings, types, totals, cuts)
         # With an evaluation budget the search is deterministic; without one it is paced by the
         # clock (rungs sized from the measured evaluation rate) and uses the whole time budget.
         counted = ctx.max_evals or ctx.options.get("evals")
         total_evals = counted or max(400, EVALS_PER_ARM * len(arms))
         ledger.max_evals = counted
         self._timed = counted is None
-        arms = self._affordable(arms, groupings, types, totals, total_evals)
+        arms = self._affordable(arms, groupings, types, totals, total_evals, cuts)
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         name = ctx.study_name or f"hetrl-{problem_key(sim, ctx.objective, ctx.budget)}-seed{ctx.seed}"
@@ -380,7 +413,7 @@ class HetRLSearch(Search):
                              resumed_candidates=len(resumed), milp=milp_info or None)
 
     # ---- pieces ---------------------------------------------------------------------------------
-    def _affordable(self, arms: list[Arm], groupings, types, totals, evals: int) -> list[Arm]:
+    def _affordable(self, arms: list[Arm], groupings, types, totals, evals: int, cuts=None) -> list[Arm]:
         """As many arms as halving can afford (two looks each per rung, every rung costing about
         the same): structured arms first, then a seeded sample of the rest."""
         room = len(arms)
@@ -388,7 +421,7 @@ class HetRLSearch(Search):
             room -= 1
         if len(arms) <= room:
             return arms
-        first = structured_arms(groupings, types, totals)
+        first = structured_arms(groupings, types, totals, cuts)
         known = set(arms)
         chosen = [a for a in first if a in known][:room]
         rest = [a for a in arms if a not in set(chosen)]
