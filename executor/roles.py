@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from rich.console import Console
 
+from hetprof.dataparallel import wrap_replica
 from hetprof.errors import ExecutionError
 from hetprof.executor.data import Prompt, PromptSource, load_jsonl
 from hetprof.executor.groups import Topology
@@ -147,7 +148,7 @@ class RoleSet:
                 flatten_params(model, self.opts.bucket_mb)  # syncs broadcast straight from the weights
             wrapped = model
             if len(ranks) > 1:
-                wrapped = _fsdp(model, group) if self.device.type == "cuda" else _ddp(model, group, self.device)
+                wrapped = wrap_replica(model, group, self.device)  # what the profiler's `dptrain` suite times
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
         self.models[task] = wrapped
         # Sync runs generate with the very weights being trained (π_prox = π_behav): skip the recompute.
@@ -314,25 +315,6 @@ class RoleSet:
             return
         unwrap(self.models[task]).load_state_dict(state["model"])
         self.learners[task].optimizer.load_state_dict(state["optimizer"])
-
-
-def _ddp(model: torch.nn.Module, group, device: torch.device) -> torch.nn.Module:
-    from torch.nn.parallel import DistributedDataParallel
-
-    ids = [device.index] if device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=ids, process_group=group)
-
-
-def _fsdp(model: torch.nn.Module, group) -> torch.nn.Module:
-    """FSDP2 on GPUs: shard each decoder layer, then the rest, over the task's replicas."""
-    from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.fsdp import fully_shard
-
-    mesh = DeviceMesh.from_group(group, "cuda")
-    for module in model.modules():
-        if type(module).__name__.endswith("DecoderLayer"):
-            fully_shard(module, mesh=mesh)
-    return fully_shard(model, mesh=mesh)
 
 
 def _is_sharded(model: torch.nn.Module) -> bool:
