@@ -94,15 +94,16 @@ class Learner:
             return _fsdp_no_sync(setter)
         return contextlib.nullcontext()
 
-    def _denominator(self, mask: torch.Tensor) -> torch.Tensor:
-        """Token count for the loss mean: global over DDP replicas, divided by their number."""
-        tokens = mask.float().sum()
+    def _denominators(self, mask: torch.Tensor, minis: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Token count of each mini-batch for its loss mean: global over the DDP replicas, divided by
+        their number. One all-reduce for the whole update, not one per mini-batch: each collective is
+        a point where every replica waits for the slowest."""
+        tokens = torch.stack([mask[idx].float().sum() for idx in minis]) if minis else mask.new_zeros(0).float()
         group = self._ddp_group()
-        if group is None:
-            return tokens.clamp(min=1.0)
-        total = tokens.detach().clone()
-        dist.all_reduce(total, group=group)
-        return (total / dist.get_world_size(group)).clamp(min=1.0)
+        if group is not None and len(minis):
+            dist.all_reduce(tokens, group=group)
+            tokens = tokens / dist.get_world_size(group)
+        return list(tokens.clamp(min=1.0).unbind())
 
     @torch.no_grad()
     def proximal_logprobs(self, batch: RLBatch) -> torch.Tensor:
@@ -144,34 +145,36 @@ class Learner:
         self.model.train()
         sums: dict[str, float] = defaultdict(float)
         counts: dict[str, int] = defaultdict(int)
-        filler = batch.select(torch.arange(1, device=batch.input_ids.device))
-        for _ in range(self.ppo_epochs):
-            order = torch.randperm(len(batch), generator=self._rng).to(batch.input_ids.device)
-            for mini_idx in torch.tensor_split(order, self.mini_batches):
-                mini = batch.select(mini_idx)
-                denom = self._denominator(mini.mask)
-                self.optimizer.zero_grad(set_to_none=True)
-                if self.pipeline is not None:
-                    for stats in self._pipeline_step(mini, denom):
-                        for k, v in stats.items():
-                            sums[k] += v
-                            counts[k] += 1
-                    sums["grad_norm"] += self._step()
-                    counts["grad_norm"] += 1
-                    continue
-                micro_parts = torch.tensor_split(torch.arange(len(mini), device=order.device), self.micro_batches)
-                for i, micro_idx in enumerate(micro_parts):
-                    last = i == len(micro_parts) - 1
-                    if len(micro_idx) == 0:
-                        # A replica whose share is smaller than the piece count still runs a forward and
-                        # backward (of zero weight), so DDP's collectives stay matched across replicas.
-                        self._micro_step(filler, denom, sync=last, weight=0.0)
-                        continue
-                    for k, v in self._micro_step(mini.select(micro_idx), denom, sync=last).items():
+        device = batch.input_ids.device
+        filler = batch.select(torch.arange(1, device=device))
+        # every epoch's order drawn up front (same draws as one per epoch) so one collective
+        # gives all mini-batches' denominators
+        orders = [torch.randperm(len(batch), generator=self._rng).to(device) for _ in range(self.ppo_epochs)]
+        minis = [idx for order in orders for idx in torch.tensor_split(order, self.mini_batches)]
+        for mini_idx, denom in zip(minis, self._denominators(batch.mask, minis), strict=True):
+            mini = batch.select(mini_idx)
+            self.optimizer.zero_grad(set_to_none=True)
+            if self.pipeline is not None:
+                for stats in self._pipeline_step(mini, denom):
+                    for k, v in stats.items():
                         sums[k] += v
                         counts[k] += 1
                 sums["grad_norm"] += self._step()
                 counts["grad_norm"] += 1
+                continue
+            micro_parts = torch.tensor_split(torch.arange(len(mini), device=device), self.micro_batches)
+            for i, micro_idx in enumerate(micro_parts):
+                last = i == len(micro_parts) - 1
+                if len(micro_idx) == 0:
+                    # A replica whose share is smaller than the piece count still runs a forward and
+                    # backward (of zero weight), so DDP's collectives stay matched across replicas.
+                    self._micro_step(filler, denom, sync=last, weight=0.0)
+                    continue
+                for k, v in self._micro_step(mini.select(micro_idx), denom, sync=last).items():
+                    sums[k] += v
+                    counts[k] += 1
+            sums["grad_norm"] += self._step()
+            counts["grad_norm"] += 1
         self.updates += 1
         out = {k: v / counts[k] for k, v in sums.items()}
         out.update({"optimizer_steps": float(self.steps), "update_seconds": time.perf_counter() - start,
