@@ -1,8 +1,8 @@
 """Executor benchmark: how close a real run comes to its plan, what the runtime adds, how fast sync is.
 
 Three ratios, each measured side by side in this one run:
-- measured / predicted iteration time of a CPU plan, after `hetprof profile` (task and collectives
-  suites, tiny model) and `hetprof fit` have fed the fitted cost model the planner predicts with
+- measured / predicted iteration time of a CPU plan, after `hetprof profile` (task, collectives
+  and data-parallel training suites, tiny model) and `hetprof fit` have fed the fitted cost model the planner predicts with
   (goal 0.85–1.15) — and again after that run's own records went back into `hetprof fit` and the
   job was re-planned and run a second time (the loop `hetprof run --db` exists for);
 - executor overhead = measured iteration / sum of the measured stage times (goal ≤ 1.10), i.e. what
@@ -83,7 +83,8 @@ def planned_run(work: Path, iterations: int, slots: int) -> list[dict]:
                        f"    region: local\n")
     workload = truthful_workload(work)
     t0 = time.perf_counter()
-    hetprof("profile", "--quick", "--suite", "tasks", "--suite", "collectives", "--models", "tiny", db=db, cwd=work)
+    hetprof("profile", "--quick", "--suite", "tasks", "--suite", "collectives", "--suite", "dptrain", "--models", "tiny",
+            db=db, cwd=work)
     prep = time.perf_counter() - t0
     out = []
     for name in ("profile", "profile + run 1"):

@@ -39,3 +39,6 @@ class AnalyticalCostModel(CostModel):
 
     def device_link(self, device_type: str) -> tuple[LinkSpec, str]:
         return self.calibration.link(device_type)
+
+    def dp_step_extra(self, device_type: str) -> float:
+        return self.calibration.dp_step_extra(device_type).value

@@ -61,11 +61,18 @@ class CostModel(abc.ABC):
         """Seconds for one collective of `size_bytes` among `n` ranks over `link` (α–β model)."""
         return comm.collective_time(op, size_bytes, n, link.alpha_s, link.beta_Bps)
 
+    def dp_step_extra(self, device_type: str) -> float:
+        """Seconds a data-parallel optimizer step costs beyond its all-reduce on this device type
+        (measured by the profiler's `dptrain` suite; 0 where a model has no measurement)."""
+        return 0.0
+
     def dp_grad_sync_time(self, work: Work, placement: Placement, dp: int, link: LinkSpec) -> float:
-        """Ring all-reduce of one replica-shard's gradients across `dp` data-parallel replicas."""
+        """What data parallelism adds to one optimizer step: the ring all-reduce of one replica-shard's
+        gradients across `dp` replicas, plus the measured per-step cost beyond it (never below 0)."""
         params = memory.params_on_device(work.model, self._stage_layers(work, placement), placement.tp,
                                          with_embeddings=True)
-        return self.collective_time("all_reduce", params * DTYPE_BYTES[work.dtype], dp, link)
+        sync = self.collective_time("all_reduce", params * DTYPE_BYTES[work.dtype], dp, link)
+        return max(0.0, sync + self.dp_step_extra(placement.device_type))
 
     def weight_sync_time(self, model: ModelShape, link: LinkSpec, receivers: int = 1, dtype: str = "bf16",
                          shards: int = 1) -> float:

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import statistics
 from typing import Any
 
 from hetprof.catalog import lookup
-from hetprof.costmodels.comm import fit_alpha_beta
+from hetprof.costmodels.comm import collective_time, fit_alpha_beta
 from hetprof.costmodels.data import LinkSpec
 
 MEASURED = "measured"
@@ -33,6 +34,7 @@ PCIE_ALPHA_S = 1.5e-5
 # dispatcher, allocator) is ~10 µs and dominates small shapes.
 LAUNCH_S = {"gpu": 4e-6, "cpu": 1e-5}
 RATE_QUANTILE = 0.9
+DP_STEP = "dp.train_step"  # the profiler's dptrain suite: a step alone ("plain") and as a replica ("dp")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +49,7 @@ class Calibration:
     def __init__(self, db: Any | None = None):
         self._frames: dict[str, Any] = {}
         if db is not None:
-            for family in ("compute.matmul", "memory.copy", "collective."):
+            for family in ("compute.matmul", "memory.copy", "collective.", DP_STEP):
                 df = db.samples(benchmark=family)
                 self._frames[family] = df if len(df) else None
 
@@ -95,6 +97,32 @@ class Calibration:
         alpha = NVLINK_ALPHA_S if "link" in gpu.interconnect.lower() else PCIE_ALPHA_S
         beta = gpu.intra_node_GBps * 1e9 / 2 * DATASHEET_LINK_EFFICIENCY  # datasheet is bidirectional
         return LinkSpec(alpha, beta), DATASHEET
+
+    @functools.lru_cache(maxsize=256)  # noqa: B019
+    def dp_step_extra(self, device_type: str) -> Rate:
+        """Seconds a data-parallel replica's optimizer step costs beyond its gradient all-reduce.
+
+        Measured as (step as a replica − the same step alone, all ranks busy) − the all-reduce of
+        its gradients over this device type's measured link; the median over the profiled models.
+        It holds what α–β cannot: wrapper hooks and buckets, waits for the slowest replica, the
+        communication threads taking a CPU slot's core — and, negative, the part of the all-reduce
+        a GPU overlaps with the backward pass. Unmeasured: 0 (the all-reduce alone).
+        """
+        rows = self._rows(DP_STEP, device_type)
+        if rows is None or not {"mode", "grad_bytes", "world", "seconds"} <= set(rows.columns):
+            return Rate(0.0, DATASHEET)
+        link, _ = self.link(device_type)
+        keys = [k for k in ("world", "grad_bytes", "layers_run", "model", "batch", "seq_len") if k in rows]
+        extras = []
+        for key, part in rows.groupby(keys, dropna=False):
+            times = part.groupby("mode")["seconds"].median()
+            if {"plain", "dp"} <= set(times.index):
+                world, grad_bytes = int(key[0]), float(key[1])
+                sync = collective_time("all_reduce", grad_bytes, world, link.alpha_s, link.beta_Bps)
+                extras.append(float(times["dp"] - times["plain"]) - sync)
+        if not extras:
+            return Rate(0.0, DATASHEET)
+        return Rate(float(statistics.median(extras)), MEASURED)
 
     @staticmethod
     def launch_s(device_type: str) -> float:

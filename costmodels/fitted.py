@@ -125,3 +125,6 @@ class FittedCostModel(CostModel):
 
     def device_link(self, device_type: str) -> tuple[LinkSpec, str]:
         return self.analytical.device_link(device_type)
+
+    def dp_step_extra(self, device_type: str) -> float:
+        return self.analytical.dp_step_extra(device_type)

@@ -106,8 +106,9 @@ def test_device_selection_errors_name_the_option():
 
 def test_registry_lists_builtins_and_refuses_unknown_suites():
     names = list(registry.available())
-    assert names[:6] == ["inventory", "compute", "memory", "collectives", "tasks", "link"]
-    assert [c.name for c in registry.resolve(None)] == ["inventory", "compute", "memory", "collectives", "tasks"]
+    assert names[:7] == ["inventory", "compute", "memory", "collectives", "tasks", "dptrain", "link"]
+    assert [c.name for c in registry.resolve(None)] == ["inventory", "compute", "memory", "collectives", "tasks",
+                                                        "dptrain"]
     with pytest.raises(SpecError, match="--suite.*inventory"):
         registry.resolve(["flops"])
 

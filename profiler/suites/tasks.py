@@ -133,31 +133,38 @@ class Train(Phase):
         return [{"recompute": False}] if ctx.quick else [{"recompute": False}, {"recompute": True}]
 
     def time_point(self, ctx, model, tm, batch, length, variant, device, flush, gen) -> list[float]:
-        import torch
 
         model.train()
         recompute = bool(variant.get("recompute"))
         if recompute:
             _checkpointing(model, True)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
-        x = taskmodels.inputs(tm, batch, length, device, gen)
-
-        def step() -> Any:
-            opt.zero_grad(set_to_none=True)
-            if tm.with_head:
-                loss = _policy_loss(model(**x, use_cache=False).logits, x["input_ids"])
-            else:
-                loss = model(**x, use_cache=False).last_hidden_state.float().pow(2).mean()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-
+        step = train_step(model, tm, taskmodels.inputs(tm, batch, length, device, gen))
         try:
             return measure(step, device, ctx.policy, flush=flush)
         finally:
             if recompute:
                 _checkpointing(model, False)
             model.eval()
+
+
+def train_step(model: Any, tm: Any, x: dict) -> Any:
+    """One optimizer step as the executor's learner takes it: forward, RL loss, backward, gradient
+    clipping, AdamW. Shared with the data-parallel suite, which times it with and without DDP."""
+    import torch
+
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+
+    def step() -> Any:
+        opt.zero_grad(set_to_none=True)
+        if tm.with_head:
+            loss = _policy_loss(model(**x, use_cache=False).logits, x["input_ids"])
+        else:
+            loss = model(**x, use_cache=False).last_hidden_state.float().pow(2).mean()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+    return step
 
 
 def _policy_loss(logits: Any, ids: Any) -> Any:
