@@ -141,11 +141,37 @@ def db_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
 
 def write_db(db_file: str | Path, records: list[dict[str, Any]]) -> None:
     """Store iteration records as run records in the profile database (one transaction)."""
-    from hetprof.profiles import ProfileDB
+    writer = DBWriter(db_file)
+    try:
+        writer.write(records)
+    finally:
+        writer.close()
 
-    rows = [row for rec in records for row in db_rows(rec)]
-    with ProfileDB(db_file) as db:
-        db.add_run_records(rows)
+
+class DBWriter:
+    """Run records into the profile database over one connection kept open for the run.
+
+    The leader writes a record per iteration from its writer thread, beside the next iteration's
+    work; on a CPU slot that thread shares the worker's core, and reopening the database each time
+    (schema check, connection setup) tripled the cost of a write. Opened on first use, so the
+    connection belongs to the thread that writes (SQLite connections stay in their thread).
+    """
+
+    def __init__(self, db_file: str | Path):
+        self.db_file = db_file
+        self._db: Any = None
+
+    def write(self, records: list[dict[str, Any]]) -> None:
+        from hetprof.profiles import ProfileDB
+
+        if self._db is None:
+            self._db = ProfileDB(self.db_file)
+        self._db.add_run_records([row for rec in records for row in db_rows(rec)])
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
 
 
 def read_db(db_file: str | Path, run: str) -> list[dict[str, Any]]:

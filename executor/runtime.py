@@ -31,6 +31,7 @@ from hetprof.executor import checkpoint
 from hetprof.executor.groups import Outbox, Topology, check_supported, device_kind, host_devices, recv_tensors
 from hetprof.executor.launch import RunOptions, load_plan
 from hetprof.executor.records import (
+    DBWriter,
     RunLog,
     console_line,
     dtype_name,
@@ -38,7 +39,6 @@ from hetprof.executor.records import (
     plan_hash,
     train_phase,
     work_description,
-    write_db,
 )
 from hetprof.executor.roles import RoleSet
 from hetprof.executor.shares import offsets, split_counts
@@ -123,6 +123,7 @@ class Worker:
         self.run_name = f"run-{self.hash[:8]}-{datetime.datetime.now(datetime.UTC):%Y%m%dT%H%M%S}"
         self.log = RunLog(options.log) if self.is_leader else None
         self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hetprof-records")
+        self.db_writer = DBWriter(options.db) if self.is_leader and options.db else None
         self._pending: list[Future] = []
 
     # ---- setup -------------------------------------------------------------------------------
@@ -226,6 +227,8 @@ class Worker:
                 self._record(step.consume, now - last, gathered, info)
             last = now
         self.outbox.flush()
+        if self.db_writer is not None:
+            self._pending.append(self.writer.submit(self.db_writer.close))
         self.writer.shutdown(wait=True)
         for f in self._pending:
             f.result()  # a failed write (disk full, locked database) fails the run visibly
@@ -476,8 +479,8 @@ class Worker:
     def _publish(self, rec: dict, commit: bool) -> None:
         if self.log is not None:
             self.log.write(rec)
-        if self.opts.db:
-            write_db(self.opts.db, [rec])
+        if self.db_writer is not None:
+            self.db_writer.write([rec])
         if commit:
             checkpoint.commit(self.opts.checkpoint_dir, rec["iteration"] + 1,
                               {"plan_hash": self.hash, "run": self.run_name})
