@@ -228,3 +228,14 @@ def test_hetrl_on_structured_arms_matches_streamrl_on_a_geo_cluster():
                                             options={"enumerate_limit": 0})).run()
     base = get_search("streamrl")(SearchContext(sim=sim, seed=0, max_pp=2)).run()
     assert het.objective_value <= base.objective_value * (1 + 1e-9)
+
+
+def test_hetrl_solves_the_milp_for_the_second_brackets_survivor(monkeypatch):
+    """After bracket 2 the MILP is solved for the surviving arm's grouping when no earlier solve
+    covered it (here none did: bracket 1's solves are switched off), and seeds the last bracket."""
+    from hetprof.planner.search import hetrl
+
+    monkeypatch.setattr(hetrl, "MILP_GROUPINGS", 0)
+    ctx = SearchContext(sim=region_sim(), seed=4, max_pp=2, max_evals=700, options={"enumerate_limit": 0})
+    res = get_search("hetrl")(ctx).run()
+    assert len(res.extra["milp"]["groupings"]) == 1 and res.extra["brackets"] == 3

@@ -24,8 +24,11 @@ replicas, one shape per task) is solved for the best few groupings, and each of 
 solutions enters the next bracket as an arm whose population starts from that solution. Structured
 and TPE arms split GPUs per type only and rarely hit the region-aligned count mixes the MILP finds
 (a whole region's A100s and L40S for training, everything else for inference); evolution then
-refines these arms beyond the restricted space (mixed replicas, other tasklet orders). With an
-evaluation budget the MILP runs under a node limit, so the search stays deterministic.
+refines these arms beyond the restricted space (mixed replicas, other tasklet orders). The arm
+that survives the second bracket may have a grouping none of those solves covered (a TPE or MILP
+arm, or one that overtook late); then the MILP is solved for that grouping too and its arms join
+a last, short bracket beside the survivor. With an evaluation budget the MILP runs under a node
+limit, so the search stays deterministic.
 
 Time: a clock-paced search stops its evolution at the ledger's deadline, which keeps back a
 margin for wrapping up (closing the study's trials, building the result), so the whole run ends
@@ -76,6 +79,8 @@ MILP_FIRST = 0.6            # grouping's solve gets this part of that window)
 MILP_GROUPINGS = 2          # best-ranked groupings the MILP is solved for
 MILP_SHORTLIST = 3          # MILP solutions per grouping that become arms
 MILP_NODES = 3000           # CBC node limit with an evaluation budget (deterministic)
+MILP_LAST_AT = 0.82         # clock-paced: the second bracket ends here; if its best grouping had no
+MILP_LAST_UNTIL = 0.90      # MILP solve yet, one is done by this share, and a last bracket follows
 ASK_SHARE = 0.04            # clock-paced: most of the budget spent asking TPE for arms per bracket
 
 
@@ -335,6 +340,8 @@ class HetRLSearch(Search):
         use_milp = not exact and ctx.options.get("milp_arms", True)
         milp_info: dict[str, Any] = {}
         self._seeds: dict[Arm, list[Candidate]] = {}
+        self._milp_tried: set[Grouping] = set()      # groupings the MILP was solved for
+        self._milp_constants: dict = {}              # replica rates shared between those solves
         self._until: float | None = None
         span = ledger.deadline - ledger.started
         try:
@@ -364,9 +371,10 @@ class HetRLSearch(Search):
                 budget = remaining if exact else max(len(states), remaining // (1 if brackets >= 3 else 2))
                 final = exact or brackets >= 3
                 if self._timed and use_milp:
-                    # clock-paced with MILP seeding: bracket 1 until MILP_AT, then one final bracket
-                    self._until = ledger.started + MILP_AT * span if brackets == 1 else None
-                    final = brackets >= 2
+                    # clock-paced with MILP seeding: bracket 1 until MILP_AT, bracket 2 until
+                    # MILP_LAST_AT, then a final bracket (the last grouping's MILP arms and the survivor)
+                    self._until = ledger.started + (MILP_AT if brackets == 1 else MILP_LAST_AT) * span \
+                        if brackets <= 2 else None
                 survivor = self._halving(states, trials, budget, ledger, pool, study, final=final)
                 self._until = None
                 ranked_states.extend(states)
@@ -381,14 +389,20 @@ class HetRLSearch(Search):
                 if exact or ledger.exhausted or final:
                     break
                 items = []
-                if use_milp and brackets == 1:
-                    until = ledger.started + MILP_UNTIL * span if self._timed else None
-                    for arm, cands in self._milp_arms(ranked_states, ledger, types, until, milp_info):
+                if use_milp and brackets <= 2:
+                    # after bracket 1 the best-ranked groupings; after bracket 2 the survivor's
+                    # grouping, when it is none of those (the arms that won may come from TPE)
+                    share = MILP_UNTIL if brackets == 1 else MILP_LAST_UNTIL
+                    until = ledger.started + share * span if self._timed else None
+                    ranked, count = (ranked_states, MILP_GROUPINGS) if brackets == 1 else ([carry], 1)
+                    for arm, cands in self._milp_arms(ranked, ledger, types, until, milp_info, count):
                         if arm == carry.arm:
                             self._seed_state(carry, cands, ledger, by_type)
                         else:
                             self._seeds[arm] = cands
                             items.append((None, arm))
+                    if self._timed and brackets == 2:
+                        continue            # the last, short bracket: no TPE asks
                 # Further brackets: the study's TPE sampler proposes arms from all recorded trials.
                 # Each ask re-reads the whole history (~1700 trials at 64 GPUs, tenths of a second
                 # per ask), so a clock-paced search stops asking after ASK_SHARE of its budget.
@@ -477,8 +491,9 @@ class HetRLSearch(Search):
         state._insert(value, genome)
 
     def _milp_arms(self, ranked: Sequence[ArmEvolution], ledger: Ledger, types: Sequence[str],
-                   until: float | None, info: dict[str, Any]) -> list[tuple[Arm, list[Candidate]]]:
-        """Arms from the restricted MILP, solved for the best-ranked groupings found so far.
+                   until: float | None, info: dict[str, Any], count: int) -> list[tuple[Arm, list[Candidate]]]:
+        """Arms from the restricted MILP, solved for the `count` best-ranked groupings found so far
+        that no earlier call solved.
 
         Each shortlisted MILP solution becomes an arm (its GPU counts per type) seeded with that
         solution. `until` (clock-paced) caps the wall time; otherwise CBC's node limit bounds it.
@@ -490,19 +505,17 @@ class HetRLSearch(Search):
         groupings: list[Grouping] = []
         best: dict[Grouping, ArmEvolution] = {}
         for st in sorted(ranked, key=lambda s: (s.value, s.index)):
-            if not math.isfinite(st.value):
+            if not math.isfinite(st.value) or len(groupings) >= count:
                 break
-            if st.arm.grouping not in best:
+            if st.arm.grouping not in best and st.arm.grouping not in self._milp_tried:
                 best[st.arm.grouping] = st
                 groupings.append(st.arm.grouping)
-            if len(groupings) >= MILP_GROUPINGS:
-                break
         out: dict[Arm, list[Candidate]] = {}
         started = time.perf_counter()
-        solved: list[str] = []
-        constants: dict = {}
+        solved: list[str] = list(info.get("groupings", []))
         for i, grouping in enumerate(groupings):
-            options: dict[str, Any] = {"grouping": grouping, "shortlist": MILP_SHORTLIST, "constants": constants}
+            options: dict[str, Any] = {"grouping": grouping, "shortlist": MILP_SHORTLIST,
+                                       "constants": self._milp_constants}
             if until is not None:
                 left = (until - time.perf_counter()) * (MILP_FIRST if i < len(groupings) - 1 else 1.0)
                 if left < 0.5:
@@ -514,6 +527,7 @@ class HetRLSearch(Search):
             # keeps a poor incumbent and found worse solutions in the same time (measured)
             sub = dataclasses.replace(ctx, warm_start=None, max_evals=None, storage=None, options=options)
             search = ILPSearch(sub)
+            self._milp_tried.add(grouping)
             try:
                 search.run()
             except InfeasibleError:
@@ -523,7 +537,8 @@ class HetRLSearch(Search):
                 counts = tuple(counts_of(sim, devs, types) for devs in cand.group_devices)
                 arm = Arm(grouping, counts, tuple(types))
                 out.setdefault(arm, []).append(cand)
-        info.update(groupings=solved, arms=len(out), seconds=round(time.perf_counter() - started, 3))
+        info.update(groupings=solved, arms=info.get("arms", 0) + len(out),
+                    seconds=round(info.get("seconds", 0.0) + time.perf_counter() - started, 3))
         return list(out.items())
 
     def _advance(self, states: list[ArmEvolution], n: int, ledger: Ledger, pool) -> None:
