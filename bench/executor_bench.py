@@ -5,8 +5,8 @@ Three ratios, each measured side by side in this one run:
   full, the collectives and data-parallel training suites quick; tiny model) and `hetprof fit` have fed the fitted cost model the planner predicts with
   (goal 0.85–1.15) — and again after that run's own records went back into `hetprof fit` and the
   job was re-planned and run a second time (the loop `hetprof run --db` exists for);
-  A speed probe (a fixed single-core workload) taken around the profile and around each run
-  also gives the ratio with the machine's drift between the two taken out;
+  Three of the profiled kernels, re-timed right around each run, also give the ratio with the
+  machine's drift since profiling taken out;
 - executor overhead = measured iteration / sum of the measured stage times (goal ≤ 1.10), i.e. what
   message passing, batching and bookkeeping add to generation, inference, training and sync;
 - weight-sync effective bandwidth / a plain gloo broadcast of the same bytes over the same group
@@ -77,39 +77,50 @@ def truthful_workload(work: Path) -> Path:
     return path
 
 
-def speed_probe(seconds: float = 2.0) -> float:
-    """Seconds of a fixed single-core workload (the tiny model's prefill and a training step).
+# (task, batch, length) points of the profile that the run's phases resemble
+PROBE_POINTS = (("prefill", 32, 64), ("decode", 32, 64), ("train", 16, 64))
+
+
+def probe_drift(db: Path) -> float:
+    """How much slower the profiled kernels run now than when they were profiled (geometric mean).
 
     This machine's speed drifts by 10–50% over minutes (other tenants share the host's caches and
-    memory), and measured / predicted compares a run with a profile taken a minute earlier. Probing
-    right around each of them tells the drift apart from the cost model's error.
+    memory bandwidth), and measured / predicted compares a run with rows profiled a minute or two
+    earlier. Re-timing a few of those very rows, by the profiler's own method in a fresh process,
+    right around the run tells the drift apart from the cost model's error.
     """
-    from hetprof.models import PRESETS
-    from hetprof.profiler import taskmodels
-    from hetprof.profiler.suites.tasks import train_step
+    import math
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as a cpu worker slot runs
-    try:
-        tm = taskmodels.plan_model(PRESETS["tiny"], "fp32", None)
-        model = taskmodels.build(tm, "cpu")
-        x = taskmodels.inputs(tm, 32, 64, "cpu", torch.Generator().manual_seed(0))
-        step = train_step(model, tm, taskmodels.inputs(tm, 16, 64, "cpu", torch.Generator().manual_seed(1)))
+    from hetprof.profiles import ProfileDB
 
-        def once() -> None:
-            with torch.inference_mode():
-                model(**x, use_cache=False)
-            step()
-
-        once()
-        times, end = [], time.perf_counter() + seconds
-        while time.perf_counter() < end or len(times) < 5:
-            t0 = time.perf_counter()
-            once()
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times)
-    finally:
-        torch.set_num_threads(threads)
+    code = (
+        "import json, statistics, torch\n"
+        "torch.set_num_threads(1)\n"
+        "from hetprof.models import PRESETS\n"
+        "from hetprof.profiler import taskmodels\n"
+        "from hetprof.profiler.context import ProfileContext\n"
+        "from hetprof.profiler.suites.tasks import PHASES\n"
+        "from hetprof.profiler.timing import Flusher\n"
+        "tm = taskmodels.plan_model(PRESETS['tiny'], 'fp32', None)\n"
+        "model = taskmodels.build(tm, 'cpu')\n"
+        "ctx = ProfileContext(db=None, host='probe', device='cpu', device_id=None, quick=False, threads=1)\n"
+        "cpu = torch.device('cpu')\n"
+        f"points = {list(PROBE_POINTS)!r}\n"
+        "print(json.dumps([statistics.median(PHASES[k].time_point(ctx, model, tm, b, n, {}, cpu, Flusher(cpu),"
+        " torch.Generator().manual_seed(0))) for k, b, n in points]))\n")
+    now = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                    check=True).stdout.strip().splitlines()[-1])
+    with ProfileDB(db) as pdb:
+        rows = pdb.samples("task.")
+    ratios = []
+    for (kind, batch, length), seconds in zip(PROBE_POINTS, now, strict=True):
+        key = "context_len" if kind == "decode" else "seq_len"
+        sel = rows[(rows["benchmark"] == f"task.{kind}") & (rows["batch"] == batch) & (rows[key] == length)]
+        if "recompute" in sel:
+            sel = sel[~sel["recompute"].fillna(False).astype(bool)]
+        if len(sel):
+            ratios.append(seconds / float(sel["seconds"].median()))
+    return math.exp(statistics.mean(math.log(r) for r in ratios)) if ratios else 1.0
 
 
 def planned_run(work: Path, iterations: int, slots: int) -> list[dict]:
@@ -120,25 +131,26 @@ def planned_run(work: Path, iterations: int, slots: int) -> list[dict]:
                        f"    region: local\n")
     workload = truthful_workload(work)
     t0 = time.perf_counter()
-    before = speed_probe()
     # The task rows in full (the fit's held-out error on the quick grid's 7 repeats per point was
     # 15–20% on this machine, 4–5% on the full grid); the communication suites quick.
     hetprof("profile", "--suite", "tasks", "--models", "tiny", db=db, cwd=work)
     hetprof("profile", "--quick", "--suite", "collectives", "--suite", "dptrain", "--models", "tiny", db=db, cwd=work)
-    profiled_at = (before + speed_probe()) / 2
     prep = time.perf_counter() - t0
     out = []
     for name in ("profile", "profile + run 1"):
         t0 = time.perf_counter()
-        hetprof("fit", db=db, cwd=work)
+        # The run's figure is a median iteration, so the model learns each shape's median repeat (the
+        # default, the fastest repeat, is the noise-robust choice for ranking plans; on this machine a
+        # training step's median is 15-25% above its fastest).
+        hetprof("fit", "--stat", "median", db=db, cwd=work)
         # The runtime carries out data parallelism; plan within what it runs (it refuses the rest).
         hetprof("plan", "--cluster", str(cluster), "--workload", str(workload), "--cost-model", "fitted",
                 "--search", "hetrl", "--seed", "0", "--max-tp", "1", "--max-pp", "1",
                 "--out", str(work / "plan.json"), db=db, cwd=work)
         prep += time.perf_counter() - t0
-        before = speed_probe()
+        before = probe_drift(db)
         run = _run(work, db, iterations, name, prep)
-        run["drift"] = (before + speed_probe()) / 2 / profiled_at  # > 1: the machine ran slower than when profiled
+        run["drift"] = (before + probe_drift(db)) / 2  # > 1: the kernels ran slower than when profiled
         out.append(run)
     return out
 
@@ -248,8 +260,8 @@ def main() -> None:
                       f"{run['measured'] / pred:.2f}" if pred else "—", "0.85–1.15",
                       f"median {run['measured'] * 1e3:.1f} ms vs plan {pred * 1e3 if pred else float('nan'):.1f} ms")
         table.add_row("  the same, machine drift taken out", f"{run['measured'] / pred / run['drift']:.2f}" if pred else "—",
-                      "0.85–1.15", f"speed probe {run['drift']:.2f}× its time at profiling (around the run / "
-                      f"around the profile)")
+                      "0.85–1.15", f"profiled kernels re-timed around the run: {run['drift']:.2f}× "
+                      f"their rows")
     table.add_row("executor overhead", f"{runs[0]['overhead']:.3f}", "≤ 1.10",
                   "iteration / sum of stage times (median, run 1)")
     table.add_row("weight-sync / plain broadcast bandwidth", f"{bw['sync_Bps'] / bw['plain_Bps']:.2f}", "≥ 0.8",
