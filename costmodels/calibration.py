@@ -102,7 +102,7 @@ class Calibration:
     def dp_step_extra(self, device_type: str) -> Rate:
         """Seconds a data-parallel replica's optimizer step costs beyond its gradient all-reduce.
 
-        Measured as (step as a replica − the same step alone, all ranks busy) − the all-reduce of
+        Measured as (step as a replica, slowest rank − the same step alone, all ranks busy) − the all-reduce of
         its gradients over this device type's measured link; the median over the profiled models.
         It holds what α–β cannot: wrapper hooks and buckets, waits for the slowest replica, the
         communication threads taking a CPU slot's core — and, negative, the part of the all-reduce

@@ -1,10 +1,11 @@
 """The code each rank of the data-parallel training benchmark runs (importable, so `spawn` can start it).
 
-Every rank times the same training step twice: as a lone replica (all ranks busy at once, no
-collectives) and wrapped for data parallelism exactly as the executor wraps a replica
+Every rank times the same training step twice: alone (all ranks busy at once, no collectives)
+and wrapped for data parallelism exactly as the executor wraps a replica
 (`hetprof.dataparallel.wrap_replica`: DDP over gloo on the CPU, FSDP2 over NCCL on GPUs). A
-repeat's time is the slowest rank's (all-reduce MAX), as a data-parallel task is done when its
-slowest replica is. The repeat count is fixed and agreed, never adaptive: a rank that stopped early
+data-parallel repeat's time is the slowest rank's (all-reduce MAX): every step ends in an
+all-reduce that waits for it. A lone step's time is rank 0's own, as a task row measures it — so
+the difference holds the wait for the slowest replica too, which no single-device row can see. The repeat count is fixed and agreed, never adaptive: a rank that stopped early
 would leave its peers waiting in DDP's all-reduce.
 """
 
@@ -58,13 +59,14 @@ def _one_point(dist: Any, torch: Any, point: dict, device: Any, warmup: int, rep
         out["grad_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
         if mode == "dp":
             model = wrap_replica(model, None, device)
-        out[mode] = _time(dist, torch, train_step(model, tm, x), device, warmup, repeats)
+        out[mode] = _time(dist, torch, train_step(model, tm, x), device, warmup, repeats, slowest=mode == "dp")
         del model
         gc.collect()  # DDP's reducer sits in reference cycles; it must go before its process group does
     return out
 
 
-def _time(dist: Any, torch: Any, step: Any, device: Any, warmup: int, repeats: int) -> list[float]:
+def _time(dist: Any, torch: Any, step: Any, device: Any, warmup: int, repeats: int, slowest: bool) -> list[float]:
+    """Seconds per repeat: the slowest rank's (`slowest`), else rank 0's own."""
     cuda = device.type == "cuda"
     times = []
     for i in range(warmup + repeats):
@@ -77,6 +79,7 @@ def _time(dist: Any, torch: Any, step: Any, device: Any, warmup: int, repeats: i
             torch.cuda.synchronize(device)
         if i >= warmup:
             times.append(time.perf_counter() - t0)
-    slowest = torch.tensor(times, dtype=torch.float64, device=device)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    return [float(t) for t in slowest.cpu()]
+    out = torch.tensor(times, dtype=torch.float64, device=device)
+    if slowest:
+        dist.all_reduce(out, op=dist.ReduceOp.MAX)
+    return [float(t) for t in out.cpu()]

@@ -50,7 +50,7 @@ def task_models(ctx: ProfileContext, dtype: str) -> list[taskmodels.TaskModel]:
 
 def run_world(world: int, backend: str, points: list[dict], *, warmup: int, repeats: int, threads: int,
               timeout_s: float = 600.0) -> list[dict]:
-    """Spawn `world` ranks; rank 0's rows ({grad_bytes, plain: [s], dp: [s]}) per point."""
+    """Spawn `world` ranks; per point {grad_bytes, plain: rank 0's [s], dp: the slowest rank's [s]}."""
     import queue
 
     import torch.multiprocessing as mp
