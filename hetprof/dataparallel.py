@@ -15,6 +15,7 @@ A model with batch-norm statistics (buffers that training changes) keeps the bro
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 
@@ -28,8 +29,6 @@ def needs_buffer_broadcast(model: Any) -> bool:
 def wrap_ddp(model: Any, group: Any = None, device: Any = None) -> Any:
     """`model` as a DistributedDataParallel replica over `group` (the default group when None)."""
     from torch.nn.parallel import DistributedDataParallel
-
-    import inspect
 
     ids = [device.index] if device is not None and device.type == "cuda" else None
     sync = needs_buffer_broadcast(model)
