@@ -32,6 +32,31 @@ def _models(text: str | None, on_gpu: bool):
     return out
 
 
+def _workload(workload_file: str | None, cluster_file: str | None, chosen: list[str], models: str | None,
+              on_gpu: bool) -> tuple[list, dict]:
+    """Models and extra task points for --workload (with --models, both model lists are profiled)."""
+    if workload_file is None:
+        if cluster_file is not None:
+            raise SpecError("command line", "--cluster", "--workload too (the cluster only sizes its batches)",
+                            cluster_file)
+        return _models(models, on_gpu), {}
+    import os
+
+    from hetprof.profiler.workloadgrid import workload_models, workload_points
+    from hetprof.specs import ClusterSpec, WorkloadSpec
+
+    workload = WorkloadSpec.load(workload_file)
+    if cluster_file is not None:
+        count = len(ClusterSpec.load(cluster_file).devices())
+    else:
+        count = len(chosen) if on_gpu else (os.cpu_count() or 1)
+    shapes = workload_models(workload)
+    for extra in _models(models, on_gpu) if models else []:
+        if extra not in shapes:
+            shapes.append(extra)
+    return shapes, workload_points(workload, count)
+
+
 @click.command("profile")
 @db_option
 @click.option("--suite", "suites", multiple=True, metavar="S,...",
@@ -42,6 +67,12 @@ def _models(text: str | None, on_gpu: bool):
 @click.option("--quick", is_flag=True, help="a small but meaningful sweep (this CPU machine in < 2 min)")
 @click.option("--models", metavar="M,...", help=f"model presets or HF config paths for the tasks suite "
               f"(default: {DEFAULT_MODELS_CPU} on CPU, {DEFAULT_MODELS_GPU} on GPU)")
+@click.option("--workload", "workload_file", type=click.Path(dir_okay=False), metavar="W.yaml",
+              help="also time the task shapes this workload runs (its models, per-replica batches, prompt "
+                   "and sequence lengths), so the fitted model is measured where the plan will ask it")
+@click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False), metavar="C.yaml",
+              help="with --workload: the cluster it will run on (how many data-parallel replicas to expect; "
+                   "default: the devices profiled here, or this machine's cores)")
 @click.option("--tasks", "task_names", metavar="T,...", help="task kernels to time: prefill,decode,train")
 @click.option("--layers-run", type=click.IntRange(min=1), help="blocks to run per model (default: whole "
               "model for tiny presets, 2 blocks otherwise)")
@@ -63,7 +94,7 @@ def _models(text: str | None, on_gpu: bool):
 @click.option("--max-message", metavar="SIZE", help="collectives: largest message (e.g. 256MiB; default "
               "1GiB on GPUs, 64MiB on CPU, less with --quick)")
 @click.option("--list-suites", is_flag=True, help="list the available suites and exit")
-def profile(suites, devices, all_gpus, quick, models, task_names, layers_run, dtype, threads, host, region,
+def profile(suites, devices, all_gpus, quick, models, workload_file, cluster_file, task_names, layers_run, dtype, threads, host, region,
             nnodes, node_rank, rdzv, rdzv_id, local_addr, per_region, link_target_s, max_message, list_suites) -> None:
     """Measure devices, collectives, links and RL tasks into the profile database.
 
@@ -72,6 +103,7 @@ def profile(suites, devices, all_gpus, quick, models, task_names, layers_run, dt
       hetprof profile --quick                                   # this machine, small sweep
       hetprof profile --quick --suite tasks --models tiny,tiny-2x
       hetprof profile --all-gpus                                # every local GPU, full sweep
+      hetprof profile --suite tasks --workload W.yaml --cluster C.yaml   # + the job's own shapes
       hetprof profile --suite link --nnodes 2 --node-rank 0 --rdzv 10.0.0.1:29400 --region eu
     """
     import socket
@@ -118,10 +150,11 @@ def profile(suites, devices, all_gpus, quick, models, task_names, layers_run, dt
                       f"{cpu['model']}, {cpu['cores']} cores, "
                       f"{(cpu['memory_bytes'] or 0) / 2**30:.1f} GiB, {threads} thread(s) per measurement",
                       soft_wrap=True)
+    shapes, points = _workload(workload_file, cluster_file, chosen, models, on_gpu)
     opts = ProfileOptions(
         db_path=db_path(), suites=names, devices=devices, all_gpus=all_gpus, quick=quick,
-        models=_models(models, on_gpu), threads=threads, host=host or socket.gethostname(),
-        options={"tasks": tasks, "layers_run": layers_run, "dtype": dtype, "region": region, "nnodes": nnodes,
+        models=shapes, threads=threads, host=host or socket.gethostname(),
+        options={"tasks": tasks, "workload_points": points, "layers_run": layers_run, "dtype": dtype, "region": region, "nnodes": nnodes,
                  "node_rank": node_rank, "rdzv": rdzv, "rdzv_id": rdzv_id, "local_addr": local_addr,
                  "per_region": per_region, "link_target_s": link_target_s,
                  "collective_max_bytes": max_bytes})

@@ -23,6 +23,7 @@ from hetprof.profiler import taskmodels
 from hetprof.profiler.context import ProfileContext
 from hetprof.profiler.registry import Suite, register
 from hetprof.profiler.timing import Flusher, measure
+from hetprof.profiler.workloadgrid import merge_points
 
 # (batch sizes, sequence/context lengths) per task, for (device kind, quick?)
 GRIDS: dict[tuple[str, bool], dict[str, tuple[tuple[int, ...], tuple[int, ...]]]] = {
@@ -61,7 +62,9 @@ class Phase:
         return [{}]
 
     def points(self, ctx: ProfileContext, max_position: int) -> list[tuple[int, int]]:
-        return grid(ctx.device, ctx.quick, self.task, max_position)
+        """The device's grid, plus the shapes of the workload being profiled for (`--workload`)."""
+        extra = (ctx.options.get("workload_points") or {}).get(self.task, [])
+        return merge_points(grid(ctx.device, ctx.quick, self.task, max_position), extra, max_position)
 
     def time_point(self, ctx, model, tm, batch, length, variant, device, flush, gen) -> list[float]:
         raise NotImplementedError

@@ -1,0 +1,72 @@
+"""The task shapes one RL workload will really run, added to the tasks suite's grid.
+
+A fitted cost model is best between the points it was fitted on, and CPU (and small-GPU) kernel
+times are not smooth in shape: on this project's CPU machine a prefill of 32 × 66 tokens took 27%
+longer than 32 × 64, while the grid's next point was 128. A plan for a known job should be
+predicted from rows at the job's own shapes, as the simulator asks for them: per-replica batches
+for every data-parallel degree the cluster allows, the prompt block (mean and longest), the whole
+sequence (prompt + response) that inference and training see, decode contexts across the response,
+and training's mini-batch rows. Each point is measured like any grid point, so the rows also serve
+other workloads; `hetprof profile --workload W.yaml` is all a user has to add.
+"""
+
+from __future__ import annotations
+
+import math
+
+from hetprof.models import ModelShape
+from hetprof.specs import WorkloadSpec
+
+# Above this many devices, data-parallel degrees are sampled (powers of two and the total).
+DENSE_DEGREES = 8
+
+
+def dp_degrees(devices: int) -> list[int]:
+    """Data-parallel degrees a plan may give a task on `devices` devices."""
+    devices = max(1, int(devices))
+    if devices <= DENSE_DEGREES:
+        return list(range(1, devices + 1))
+    out = {1 << k for k in range(int(math.log2(devices)) + 1)}
+    out.add(devices)
+    return sorted(out)
+
+
+def workload_points(workload: WorkloadSpec, devices: int) -> dict[str, list[tuple[int, int]]]:
+    """(batch, length) points per task kernel (prefill, decode, train) for `workload` on up to
+    `devices` devices; lengths in tokens, as the executor pads them (a batch is as wide as its
+    longest prompt plus its longest response)."""
+    prompt_mean = max(1, round(workload.prompt_len.mean))
+    prompt_max = max(prompt_mean, workload.prompt_len.cap)
+    resp_mean = max(1, round(workload.response_len.mean))
+    resp_max = max(resp_mean, workload.response_len.cap)
+    prompts = sorted({prompt_mean, prompt_max})
+    sequences = sorted({prompt_mean + resp_mean, prompt_max + resp_max})
+    contexts = sorted({prompt_mean + 1, prompt_mean + max(1, resp_mean // 2), prompt_max + resp_max})
+    batches = sorted({math.ceil(workload.sequences_per_step / d) for d in dp_degrees(devices)})
+    train_batches = sorted({max(1, math.ceil(b / workload.mini_batches)) for b in batches})
+    return {
+        # generation's prefill over prompts, and the inference forward over whole sequences
+        "prefill": [(b, n) for b in batches for n in (*prompts, *sequences)],
+        "decode": [(b, n) for b in batches for n in contexts],
+        "train": [(b, n) for b in train_batches for n in sequences],
+    }
+
+
+def workload_models(workload: WorkloadSpec) -> list[ModelShape]:
+    """The distinct model shapes of a workload's roles, in role order."""
+    out: list[ModelShape] = []
+    for shape in workload.roles().values():
+        if shape not in out:
+            out.append(shape)
+    return out
+
+
+def merge_points(grid: list[tuple[int, int]], extra: list[tuple[int, int]], max_position: int) -> list[tuple[int, int]]:
+    """The grid plus the extra points that fit the model's positions, each once, grid first."""
+    seen = set(grid)
+    out = list(grid)
+    for point in extra:
+        if point not in seen and point[1] + 1 <= max_position:
+            seen.add(point)
+            out.append(point)
+    return out
