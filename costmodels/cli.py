@@ -28,9 +28,10 @@ def fit(task, device, report, stat, envelope, runs, seed, store) -> None:
 
     Prints, per task type and device type, the rows used, the held-out MAPE of the fitted model
     (folds hold out whole shape ranges: the largest/smallest batch, length, layers, or a whole
-    model) next to the analytical model's MAPE on the same rows. Rows come from the profiler's task
-    rows and, with --runs (the default), from the phases that `hetprof run` recorded: a decode
-    step or a training step as it really ran, which the next plan is then predicted with.
+    model) next to the analytical model's MAPE on the same rows. The model is fitted on the
+    profiler's task rows; with --runs (the default) the phases that `hetprof run` recorded (a
+    decode step or a training step as it really ran) calibrate it: the run factor, measured over
+    predicted on the runs' shapes, scales every prediction the next plan is made with.
 
     \b
     Examples:
@@ -62,14 +63,16 @@ def fit(task, device, report, stat, envelope, runs, seed, store) -> None:
     target = f"{stat} of repeats" + (", monotone envelope" if envelope else "")
     table = Table(title=f"hetprof fit ({path.name}, target: {target})")
     table.caption = ("MAPE. held-out: fitted on the rest, scored on held-out shape ranges; analytical: roofline "
-                     "on the same rows; noise: how much the target moves between halves of its repeats")
+                     "on the same rows; noise: how much the target moves between halves of its repeats; run ×: "
+                     "what runs take over the profile-fitted time (error on the run shapes before → after, each "
+                     "run predicted from the others)")
     for col, just in (("task", "left"), ("device", "left"), ("dtype", "left"), ("shapes", "right"),
-                      ("samples", "right"), ("from runs", "right"), ("family", "left"), ("held-out", "right"), ("folds", "right"),
+                      ("samples", "right"), ("from runs", "right"), ("run ×", "right"), ("family", "left"), ("held-out", "right"), ("folds", "right"),
                       ("analytical", "right"), ("train", "right"), ("noise", "right"), ("id", "left")):
         table.add_column(col, justify=just)
     for i, f in enumerate(fits):
         good = f.heldout.mape <= 0.10
-        table.add_row(f.task_type, f.device_type, f.dtype, str(f.n_rows), str(f.n_samples), str(f.n_run_rows), f.family,
+        table.add_row(f.task_type, f.device_type, f.dtype, str(f.n_rows), str(f.n_samples), str(f.n_run_rows), _runs(f), f.family,
                       f"[{'green' if good else 'yellow'}]{_pct(f.heldout.mape)}[/]", str(f.heldout.n_folds),
                       _pct(f.analytical_mape), _pct(f.train_mape), _pct(f.noise), ids[i][:8] if ids else "-")
     console.print(table)
@@ -79,6 +82,14 @@ def fit(task, device, report, stat, envelope, runs, seed, store) -> None:
         from hetprof.costmodels.report import plot_fits
 
         console.print(f"wrote {plot_fits(fits, report)}")
+
+
+def _runs(f) -> str:
+    """The run factor and its error on the run shapes before → after (held out by run where it can be)."""
+    if f.runs is None:
+        return "-"
+    r = f.runs
+    return f"{r.factor:.2f} ({_pct(r.mape_before)}→{_pct(r.mape_after)}{'' if r.heldout else ' in-sample'})"
 
 
 def _pct(v: float) -> str:

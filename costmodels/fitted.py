@@ -22,6 +22,7 @@ from hetprof.costmodels.data import LinkSpec, Phase, PhaseTime
 from hetprof.costmodels.families import Family, get_family
 from hetprof.costmodels.features import FEATURES, PHASE_TASK, TASK_PHASE, phase_features
 from hetprof.costmodels.fitting import FORMAT, MODEL_NAME
+from hetprof.costmodels.runcalibration import FACTOR_RANGE
 from hetprof.models import DTYPE_BYTES
 
 
@@ -35,9 +36,10 @@ class LoadedModel:
     params: dict[str, Any]
     heldout_mape: float | None
     snapshot: str = ""
+    run_factor: float = 1.0  # what real runs taught: their phase time over the profile-fitted one
 
     def predict(self, x: list[float]) -> float:
-        return self.family.predict_one(self.params, x)
+        return self.family.predict_one(self.params, x) * self.run_factor
 
 
 def validate_entry(entry: dict[str, Any]) -> LoadedModel:
@@ -66,9 +68,14 @@ def validate_entry(entry: dict[str, Any]) -> LoadedModel:
     if not isinstance(model, dict):
         raise ValueError("model is not an object")
     family.check(model, len(FEATURES))
+    factor = params.get("run_factor", 1.0)
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not (
+            FACTOR_RANGE[0] <= factor <= FACTOR_RANGE[1]):
+        raise ValueError(f"run_factor must be a number in [{FACTOR_RANGE[0]}, {FACTOR_RANGE[1]}]")
     mape = (entry.get("metrics") or {}).get("heldout_mape")
     return LoadedModel(str(entry.get("id", "")), task_type, device, dtype, family, model,
-                       float(mape) if isinstance(mape, (int, float)) else None, str(entry.get("snapshot") or ""))
+                       float(mape) if isinstance(mape, (int, float)) else None, str(entry.get("snapshot") or ""),
+                       float(factor))
 
 
 class FittedCostModel(CostModel):

@@ -23,6 +23,7 @@ from hetprof.catalog import canonical_name
 from hetprof.costmodels.analytical import AnalyticalCostModel
 from hetprof.costmodels.data import Phase
 from hetprof.costmodels.features import FEATURES, TASK_PHASE, RowError, phase_features, phase_from_row
+from hetprof.costmodels.runcalibration import MIN_PROFILE_SHAPES, RunCalibration, calibrate, compute_targets
 from hetprof.costmodels.runrows import SOURCE, run_task_rows
 from hetprof.costmodels.validation import HeldOut, choose_family, mape, nested_heldout
 from hetprof.errors import ProfileDBError
@@ -60,6 +61,12 @@ class TaskFit:
     noise: float = float("nan")
     stat: str = DEFAULT_STAT
     n_run_rows: int = 0  # shapes that came from run records rather than the profiler
+    runs: RunCalibration | None = None  # what the runs taught (None: no usable run rows, or runs fitted as rows)
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def run_factor(self) -> float:
+        return self.runs.factor if self.runs is not None else 1.0
 
     @property
     def analytical_mape(self) -> float:
@@ -74,13 +81,14 @@ class TaskFit:
         return {"format": FORMAT, "task_type": self.task_type, "phase": TASK_PHASE[self.task_type],
                 "device_type": self.device_type, "dtype": self.dtype, "threads": self.threads,
                 "features": list(FEATURES), "family": self.family, "model": self.params,
-                "range": self.shape_range, "target": self.stat}
+                "range": self.shape_range, "target": self.stat, "run_factor": self.run_factor}
 
     def metrics(self) -> dict[str, float]:
         m = {"n_rows": self.n_rows, "n_run_rows": self.n_run_rows, "n_samples": self.n_samples, "heldout_mape": self.heldout.mape,
              "heldout_folds": self.heldout.n_folds, "analytical_mape": self.analytical_mape,
              "train_mape": self.train_mape, "repeat_noise": self.noise,
-             **{f"cv_mape_{k}": v for k, v in self.family_cv.items()}}
+             **{f"cv_mape_{k}": v for k, v in self.family_cv.items()},
+             **(self.runs.metrics() if self.runs is not None else {})}
         return {k: float(v) for k, v in m.items() if np.isfinite(v)}
 
 
@@ -98,6 +106,19 @@ class Group:
     shapes: pd.DataFrame  # model, batch, length, layers per row (for the range folds)
     noise: float = float("nan")  # mean relative difference of the target between halves of the repeats
     n_run_rows: int = 0
+    sources: list[str] = dataclasses.field(default_factory=list)  # "profile" or "run", per row
+    runs: list[str] = dataclasses.field(default_factory=list)     # the run a run row came from ("" otherwise)
+    dp: list[int] = dataclasses.field(default_factory=list)       # data-parallel degree of a run's training step
+    hosts: list[int] = dataclasses.field(default_factory=list)    # hosts that run's replicas spanned
+
+    def subset(self, keep: np.ndarray) -> Group:
+        """The same group restricted to the rows where `keep` is true."""
+        idx = np.flatnonzero(keep)
+        return dataclasses.replace(
+            self, phases=[self.phases[i] for i in idx], seconds=self.seconds[idx],
+            shapes=self.shapes.iloc[idx].reset_index(drop=True), sources=[self.sources[i] for i in idx],
+            runs=[self.runs[i] for i in idx], dp=[self.dp[i] for i in idx], hosts=[self.hosts[i] for i in idx],
+            n_run_rows=sum(self.sources[i] == SOURCE for i in idx))
 
 
 def task_groups(db: Any, task: str | None = None, device: str | None = None,
@@ -149,6 +170,7 @@ def _group(bench: str, dev: str, dtype: str, threads: int | None, part: pd.DataF
     keys = [c for c in keys if c != "device_type"]
     shaped = part[keys].map(str).agg("|".join, axis=1) if keys else pd.Series("", index=part.index)
     phases_, secs, shapes, noise, sources, bad = [], [], [], [], [], 0
+    runs, dps, hosts = [], [], []
     for _, rows in part.groupby(shaped.to_numpy(), sort=True):
         first = rows.iloc[0].to_dict()
         try:
@@ -159,7 +181,11 @@ def _group(bench: str, dev: str, dtype: str, threads: int | None, part: pd.DataF
                 skipped.append(f"{bench} on {dev}: {exc}")
             continue
         phases_.append(ph)
-        sources.append(first.get("source") if isinstance(first.get("source"), str) else "profile")
+        source = first.get("source") if isinstance(first.get("source"), str) else "profile"
+        sources.append(source)
+        runs.append(str(first.get("run_key")) if source == SOURCE else "")
+        dps.append(_count(first.get("dp")))
+        hosts.append(_count(first.get("dp_hosts")))
         secs.append(STATS[stat](rows["seconds"].astype(float)))
         noise.append(repeat_noise(rows, STATS[stat]))
         shapes.append({"model": str(first.get("model", "")), "batch": ph.batch, "length": ph.tokens,
@@ -167,11 +193,20 @@ def _group(bench: str, dev: str, dtype: str, threads: int | None, part: pd.DataF
     if not phases_:
         return None
     secs_arr = np.asarray(secs)
-    if envelope:
-        secs_arr = monotone_envelope(phases_, secs_arr, sources)
+    if envelope:  # each run bounds only its own shapes, as the profile bounds its own
+        secs_arr = monotone_envelope(phases_, secs_arr, [f"{s}:{r}" for s, r in zip(sources, runs, strict=True)])
     return Group(bench, dev, dtype, threads, phases_, secs_arr, len(part) - bad, pd.DataFrame(shapes),
                  float(np.nanmean(noise)) if not np.isnan(noise).all() else float("nan"),
-                 sum(s == SOURCE for s in sources))
+                 sum(s == SOURCE for s in sources), sources, runs, dps, hosts)
+
+
+def _count(value: Any) -> int:
+    """A positive count from a row's optional column (missing or NaN: 1)."""
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        return 1
+    return max(1, n)
 
 
 def repeat_noise(rows: pd.DataFrame, stat: Callable[[pd.Series], float]) -> float:
@@ -215,18 +250,45 @@ def monotone_envelope(phases_: list[Phase], seconds: np.ndarray, sources: list[s
 
 def fit_group(group: Group, analytical: AnalyticalCostModel, seed: int = 0,
               progress: Callable[[str], None] | None = None) -> TaskFit:
-    """Choose a family, measure its nested held-out error, and fit it on every row."""
-    x = np.asarray([phase_features(p, group.device_type) for p in group.phases])
-    y = group.seconds
-    heldout = nested_heldout(x, y, group.shapes, seed, progress)
-    family, scores = choose_family(x, y, group.shapes, seed)
+    """Choose a family, measure its nested held-out error, and fit it on the profiler's rows; then
+    learn the run factor from the run rows (runcalibration.py says why not fit them as rows).
+    A device type the profiler has (almost) no rows for is fitted on its run rows as rows."""
+    from_run = np.asarray([s == SOURCE for s in group.sources], bool)
+    split = from_run.any() and (~from_run).sum() >= MIN_PROFILE_SHAPES
+    base = group.subset(~from_run) if split else group
+    x = np.asarray([phase_features(p, base.device_type) for p in base.phases])
+    y = base.seconds
+    heldout = nested_heldout(x, y, base.shapes, seed, progress)
+    family, scores = choose_family(x, y, base.shapes, seed)
     params = family.fit(x, y, seed)
     family.check(params, len(FEATURES))  # what we store must pass what loading demands
-    analytic = np.asarray([analytical.phase_time(p, group.device_type).seconds for p in group.phases])
-    rng = {c: [float(group.shapes[c].min()), float(group.shapes[c].max())] for c in ("batch", "length", "layers")}
-    return TaskFit(group.task_type, group.device_type, group.dtype, group.threads, len(y), group.n_samples,
-                   family.name, params, scores, heldout, y, analytic, family.predict(params, x), rng,
-                   list(group.phases), noise=group.noise, n_run_rows=group.n_run_rows)
+    analytic = np.asarray([analytical.phase_time(p, base.device_type).seconds for p in base.phases])
+    rng = {c: [float(base.shapes[c].min()), float(base.shapes[c].max())] for c in ("batch", "length", "layers")}
+    fit = TaskFit(group.task_type, group.device_type, group.dtype, group.threads, len(y), group.n_samples,
+                  family.name, params, scores, heldout, y, analytic, family.predict(params, x), rng,
+                  list(base.phases), noise=group.noise, n_run_rows=group.n_run_rows)
+    if split:
+        fit.runs = _run_calibration(group.subset(from_run), family, params, analytical, fit.notes)
+    return fit
+
+
+def _run_calibration(runs: Group, family, params: dict[str, Any], analytical: AnalyticalCostModel,
+                     notes: list[str]) -> RunCalibration | None:
+    targets, usable = compute_targets(runs.phases, runs.seconds, runs.dp, runs.hosts, runs.device_type, analytical)
+    left_out = int((~usable).sum())
+    if left_out:
+        notes.append(f"{runs.task_type} on {runs.device_type}: {left_out} run shape(s) left out of the run factor "
+                     "(replicas across hosts, or nothing left once the data-parallel term is taken out)")
+    if not usable.any():
+        return None
+    x = np.asarray([phase_features(p, runs.device_type) for p, ok in zip(runs.phases, usable, strict=True) if ok])
+    cal = calibrate(family.predict(params, x), targets[usable], [r for r, ok in zip(runs.runs, usable, strict=True)
+                                                                   if ok])
+    if cal is None:
+        notes.append(f"{runs.task_type} on {runs.device_type}: runs and profile disagree beyond a run factor "
+                     "(another machine or model build?); the runs were not applied")
+        return None
+    return dataclasses.replace(cal, left_out=left_out)
 
 
 def fit_database(db: Any, task: str | None = None, device: str | None = None, seed: int = 0,
@@ -243,6 +305,8 @@ def fit_database(db: Any, task: str | None = None, device: str | None = None, se
             progress(f"fitting {group.task_type} on {group.device_type} ({group.dtype}): {len(group.seconds)} shapes")
         fit = fit_group(group, analytical, seed, progress)
         fit.stat = f"{stat}+envelope" if envelope else stat
+        if skipped is not None:
+            skipped.extend(fit.notes)
         fits.append(fit)
     return fits
 

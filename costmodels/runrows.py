@@ -4,9 +4,11 @@ The executor stores, next to each task's stage time, what one replica ran (model
 and the phases each rank timed: generation's prefill and every decode step (sampling included),
 an inference forward, and a training task's time per optimizer step over its mini-batch. Each of
 those is exactly one `Phase`, so it becomes one row in the same columns as `db.samples("task.")`
-and is fitted together with the profiler's rows. Rows carry `source = "run"`, which keeps them
-their own shapes: a decode step measured inside a run (two workers sharing the host, sampling
-in the step) is not the same target as the microbenchmark's, and both are worth learning.
+and is compared with the profiler's rows. Rows carry `source = "run"` and their run (`run_key`),
+which keeps them their own shapes per run: a decode step measured inside a run (the executor's loop
+around it, other workers on the host) is not the same target as the microbenchmark's, and
+`runcalibration` learns the difference. `dp` and `dp_hosts` say whether a training step also held
+a gradient all-reduce, and over which hosts.
 
 Skipped, and counted: pipeline-parallel tasks (a stage's share of layers is not in the record),
 and phases whose record lacks a field a task row needs.
@@ -47,8 +49,16 @@ def phase_row(record: Mapping[str, Any], work: Mapping[str, Any], phase: Mapping
         "seq": seq, "model": str(model.get("name", "custom")), "layers_run": layers, **shape, "batch": batch,
         ("context_len" if kind == "decode" else "seq_len"): tokens, "dtype": phase.get("dtype") or "bf16",
         "with_head": bool(phase.get("with_head", True)), "tp": int(work.get("tp", 1) or 1),
-        "threads": phase.get("threads"), "source": SOURCE, "seconds": seconds,
+        "threads": phase.get("threads"), "source": SOURCE, "run_key": str(record["run"]),
+        "dp": int(work.get("dp", 1) or 1), "dp_hosts": hosts_of(record.get("device_ids")), "seconds": seconds,
     }
+
+
+def hosts_of(device_ids: Any) -> int:
+    """How many hosts a task's devices ("host:index") sit on; 1 when the record does not say."""
+    if not isinstance(device_ids, (list, tuple)) or not device_ids:
+        return 1
+    return len({str(d).rsplit(":", 1)[0] for d in device_ids})
 
 
 def run_task_rows(db: Any, skipped: list[str] | None = None) -> pd.DataFrame:

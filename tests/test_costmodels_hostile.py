@@ -72,6 +72,10 @@ def hostile_rows(sentinel):
         ("gbr", json.dumps(_entry(family="gbr"))),
         ("nnls", json.dumps(_entry(task_type="task.train"))),  # disagrees with its row
         ("nnls", json.dumps(_entry(format=2))),
+        ("nnls", json.dumps(_entry(run_factor=1e9))),  # a "calibration" that makes a device unusable
+        ("nnls", json.dumps(_entry(run_factor=-1.0))),
+        ("nnls", json.dumps(_entry(run_factor=cmd))),
+        ("nnls", json.dumps(_entry(run_factor=True))),
     ]
 
 

@@ -13,7 +13,9 @@ import pytest
 from costmodels_synth import add_rows, true_seconds
 
 from hetprof.costmodels import fitting
-from hetprof.costmodels.data import Phase
+from hetprof.costmodels.analytical import AnalyticalCostModel
+from hetprof.costmodels.data import Phase, Placement, Work
+from hetprof.costmodels.fitted import FittedCostModel
 from hetprof.costmodels.runrows import run_task_rows
 from hetprof.executor.records import db_rows, write_db
 from hetprof.models import PRESETS
@@ -61,31 +63,107 @@ def test_recorded_phases_become_task_rows_and_what_cannot_be_one_is_counted(tmp_
     assert skipped and "3 recorded run phases" in skipped[0]
 
 
-def test_fit_learns_run_rows_next_to_profiler_rows_and_can_leave_them_out(tmp_path):
+def slowed_steps(factor: float, batches=(3, 6), contexts=(40, 60, 80, 100)) -> list[dict]:
+    """Decode steps as a run records them, `factor` × the simulated device's microbenchmark time."""
+    return [phase("decode", b, c, factor * true_seconds(Phase("decode", TINY, TINY.layers, b, c, with_head=True,
+                                                              dtype="fp32")))
+            for c in contexts for b in batches]
+
+
+def test_runs_calibrate_the_profile_fit_by_their_factor_and_can_be_left_out(tmp_path):
     db_file = tmp_path / "db.sqlite"
     with ProfileDB(db_file) as db:
         add_rows(db, tasks=("decode",), repeats=3)
-    # A run's decode steps are slower than the microbenchmark (sampling, a busy host): 1.5×.
-    steps = []
-    for ctx in (40, 60, 80, 100):
-        for batch in (3, 6):
-            t = 1.5 * true_seconds(Phase("decode", TINY, TINY.layers, batch, ctx, with_head=True, dtype="fp32"))
-            steps.append(phase("decode", batch, ctx, t))
-    write_db(db_file, [record(i, steps, []) for i in range(3)])
+    # A run's decode steps are slower than the microbenchmark (the executor's loop, a busy host): 1.5×.
+    write_db(db_file, [record(i, slowed_steps(1.5), []) for i in range(3)])
     with ProfileDB(db_file) as db:
         with_runs = fitting.fit_database(db, task="task.decode")
         without = fitting.fit_database(db, task="task.decode", runs=False)
         (fit_runs,), (fit_plain,) = with_runs, without
-        assert fit_runs.n_run_rows == 8 and fit_plain.n_run_rows == 0
-        assert fit_runs.n_rows == fit_plain.n_rows + 8
+        assert fit_runs.n_run_rows == 8 and fit_plain.n_run_rows == 0 and fit_plain.runs is None
+        # the model itself is the profiler's (same rows, same fit); the runs scale it
+        assert fit_runs.n_rows == fit_plain.n_rows and fit_runs.params == fit_plain.params
+        cal = fit_runs.runs
+        assert cal.n_rows == 8 and cal.n_runs == 1 and not cal.heldout
+        assert 1.35 < cal.factor < 1.65 and cal.mape_before > 0.25 and cal.mape_after < 0.08
         ids = fitting.store(db, with_runs)
-        assert db.get_cost_model(ids[0])["metrics"]["n_run_rows"] == 8
+        stored = db.get_cost_model(ids[0])
+        assert stored["metrics"]["n_run_rows"] == 8 and stored["params"]["run_factor"] == pytest.approx(cal.factor)
+        # the planner's model now predicts a run's shape as the run took it
+        cm = FittedCostModel(db)
+        ask = Phase("decode", TINY, TINY.layers, 6, 80, with_head=True, dtype="fp32")
+        assert cm.phase_time(ask, "cpu").seconds == pytest.approx(1.5 * true_seconds(ask), rel=0.12)
     done = subprocess.run([HETPROF, "--db", str(db_file), "fit", "--task", "task.decode", "--no-store"],
                           capture_output=True, text=True, env={**os.environ, "COLUMNS": "250"})
     assert done.returncode == 0, done.stderr
     header = next(line for line in done.stdout.splitlines() if "family" in line)
     row = next(line for line in done.stdout.splitlines() if "task.decode" in line)
-    assert "from runs" in header and " 8 " in row
+    assert "from runs" in header and "run ×" in header and " 8 " in row and f"{cal.factor:.2f}" in row
+
+
+def test_with_two_runs_the_factor_is_scored_on_the_run_it_did_not_see(tmp_path):
+    db_file = tmp_path / "db.sqlite"
+    with ProfileDB(db_file) as db:
+        add_rows(db, tasks=("decode",), repeats=3)
+    first = [record(i, slowed_steps(1.3), []) for i in range(2)]
+    second = [{**record(i, slowed_steps(1.7, contexts=(50, 90)), []), "run": "r2"} for i in range(2)]
+    write_db(db_file, first + second)
+    with ProfileDB(db_file) as db:
+        (fit,) = fitting.fit_database(db, task="task.decode")
+    cal = fit.runs
+    assert cal.n_runs == 2 and cal.heldout and cal.n_rows == 12
+    assert 1.25 < cal.factor < 1.75
+    # each run predicted with the other's factor: about 1.3 vs 1.7, i.e. 20-30% off — reported, not hidden
+    assert 0.15 < cal.mape_after < 0.35
+
+
+def test_a_data_parallel_steps_all_reduce_is_not_counted_twice(tmp_path):
+    """The planner adds the DP term to the step; the factor must compare the step without it."""
+    db_file = tmp_path / "db.sqlite"
+    with ProfileDB(db_file) as db:
+        add_rows(db, tasks=("train",), repeats=3)
+    cm = AnalyticalCostModel(None)
+    link, _ = cm.device_link("cpu")
+    steps = []
+    for batch, tokens in ((2, 48), (4, 64), (4, 96)):
+        compute = 1.2 * true_seconds(Phase("train", TINY, TINY.layers, batch, tokens, with_head=True, dtype="fp32"))
+        dp_term = cm.dp_grad_sync_time(Work("training", TINY, batch, tokens, 0.0, "fp32"), Placement("cpu"), 2, link)
+        steps.append(phase("train", batch, tokens, compute + dp_term))
+    rec = record(0, [], steps)
+    rec["work"]["actor_train"]["dp"] = 2
+    rec["devices"]["actor_train"] = ["h:0", "h:1"]
+    across = {**record(0, [], [phase("train", 4, 80, 1.0)]), "run": "r2"}
+    across["work"]["actor_train"]["dp"] = 2
+    across["devices"]["actor_train"] = ["a:0", "b:0"]  # replicas on two hosts: the link is not known
+    write_db(db_file, [rec, across])
+    with ProfileDB(db_file) as db:
+        skipped: list[str] = []
+        (fit,) = fitting.fit_database(db, task="task.train", skipped=skipped)
+    assert fit.runs.n_rows == 3 and fit.runs.left_out == 1
+    assert fit.runs.factor == pytest.approx(1.2, rel=0.1)
+    assert any("left out of the run factor" in s for s in skipped)
+
+
+def test_runs_that_disagree_beyond_any_condition_are_not_applied(tmp_path):
+    db_file = tmp_path / "db.sqlite"
+    with ProfileDB(db_file) as db:
+        add_rows(db, tasks=("decode",), repeats=3)
+    write_db(db_file, [record(0, slowed_steps(20.0), [])])  # another machine's run, say
+    with ProfileDB(db_file) as db:
+        skipped: list[str] = []
+        (fit,) = fitting.fit_database(db, task="task.decode", skipped=skipped)
+    assert fit.runs is None and fit.run_factor == 1.0 and fit.entry()["run_factor"] == 1.0
+    assert any("not applied" in s for s in skipped)
+
+
+def test_a_device_with_only_run_rows_is_fitted_on_them(tmp_path):
+    """No profile of this device type: the runs are all there is, so they are the rows."""
+    db_file = tmp_path / "db.sqlite"
+    write_db(db_file, [record(i, slowed_steps(1.0, batches=(1, 2, 4, 8), contexts=(20, 40, 80, 160)), [])
+                       for i in range(2)])
+    with ProfileDB(db_file) as db:
+        (fit,) = fitting.fit_database(db, task="task.decode")
+    assert fit.n_run_rows == 16 and fit.n_rows == 16 and fit.runs is None
 
 
 def test_a_microbenchmark_never_caps_a_runs_own_measurement():
