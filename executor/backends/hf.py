@@ -66,8 +66,10 @@ class HFBackend(GenerationBackend):
         clock = PhaseClock(self.device)
         try:
             cache = DynamicCache(config=self.model.config)
+            # Only the last position's logits are sampled from: asking for all of them would
+            # materialise batch × prompt × vocab floats (gigabytes for a 152k vocabulary).
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask),
-                             past_key_values=cache, use_cache=True)
+                             past_key_values=cache, use_cache=True, logits_to_keep=1)
             clock.lap("prefill", batch, width)
             next_pos = mask.sum(-1, keepdim=True)
             finished = torch.zeros(batch, dtype=torch.bool, device=self.device)
