@@ -90,7 +90,9 @@ def main() -> None:
     plan, log = out / "plan.json", out / "run.jsonl"
 
     timings = {
-        "profile": hetprof("profile", "--quick", "--models", "tiny,tiny-2x", db=db, cwd=out),
+        # the quick grid plus the shapes this job runs on this cluster (--workload/--cluster)
+        "profile": hetprof("profile", "--quick", "--models", "tiny,tiny-2x", "--workload", str(WORKLOAD),
+                           "--cluster", str(CLUSTER), db=db, cwd=out),
         "fit": hetprof("fit", "--report", str(out / "fit.png"), db=db, cwd=out),
         "plan": hetprof("plan", "--cluster", str(CLUSTER), "--workload", str(WORKLOAD),
                         "--cost-model", "fitted", "--search", "hetrl", "--seed", "0",
