@@ -54,12 +54,14 @@ def hetprof(*args: str, db: Path, cwd: Path) -> subprocess.CompletedProcess:
 
 
 # ---- 1 and 2: a planned CPU run ---------------------------------------------------------------
-def truthful_workload(work: Path) -> Path:
+def truthful_workload(work: Path, slots: int) -> Path:
     """The example GRPO workload with the lengths the run will really see.
 
     A plan is predicted for the workload's lengths; the built-in arithmetic prompts are several
     times longer than the example file says, and a random tiny model rarely stops before the cap.
-    Comparing a prediction for other lengths with the run would measure the spec, not the model.
+    The executor pads each replica's batch to its longest prompt, so the prompt length a replica
+    computes is the mean, over steps, of the longest prompt in its share (an even split over the
+    slots). Comparing a prediction for other lengths with the run would measure the spec, not the model.
     """
     import yaml
 
@@ -68,8 +70,15 @@ def truthful_workload(work: Path) -> Path:
 
     spec = yaml.safe_load(WORKLOAD.read_text())
     tok = CharTokenizer()
-    lengths = [len(tok.encode(p.text)) for p in PromptSource.builtin(256, seed=0).batch(0)]
-    spec["prompt_len"] = {"mean": round(statistics.mean(lengths), 1), "max": max(lengths)}
+    per_step = spec["prompts_per_step"]
+    share = max(1, per_step // slots)
+    source = PromptSource.builtin(per_step, seed=0)
+    widths, longest = [], 0
+    for step in range(64):
+        lengths = [len(tok.encode(p.text)) for p in source.batch(step)]
+        widths += [max(lengths[i:i + share]) for i in range(0, len(lengths), share)]
+        longest = max(longest, *lengths)
+    spec["prompt_len"] = {"mean": round(statistics.mean(widths), 1), "max": longest}
     cap = spec["response_len"].get("max") or 2 * spec["response_len"]["mean"]
     spec["response_len"] = {"mean": cap, "max": cap}
     path = work / "workload.yaml"
@@ -77,11 +86,23 @@ def truthful_workload(work: Path) -> Path:
     return path
 
 
-# (task, batch, length) points of the profile that the run's phases resemble
-PROBE_POINTS = (("prefill", 32, 64), ("decode", 32, 64), ("train", 16, 64))
+def probe_points(workload: Path, slots: int) -> list[tuple[str, int, int]]:
+    """(task, batch, length) points the run's phases are: profiled exactly, thanks to --workload."""
+    from hetprof.profiler.workloadgrid import workload_points
+    from hetprof.specs import WorkloadSpec
+
+    spec = WorkloadSpec.load(workload)
+    pts = workload_points(spec, slots)
+    batch = -(-spec.sequences_per_step // slots)
+    prompt = round(spec.prompt_len.mean)
+    whole = prompt + round(spec.response_len.mean)
+    train = -(-batch // spec.mini_batches)
+    out = [("prefill", batch, prompt), ("decode", batch, prompt + 1), ("train", train, whole)]
+    assert all((b, n) in pts[k] for k, b, n in out), "probe points must be profiled points"
+    return out
 
 
-def probe_drift(db: Path) -> float:
+def probe_drift(db: Path, points: list[tuple[str, int, int]]) -> float:
     """How much slower the profiled kernels run now than when they were profiled (geometric mean).
 
     This machine's speed drifts by 10–50% over minutes (other tenants share the host's caches and
@@ -105,7 +126,7 @@ def probe_drift(db: Path) -> float:
         "model = taskmodels.build(tm, 'cpu')\n"
         "ctx = ProfileContext(db=None, host='probe', device='cpu', device_id=None, quick=False, threads=1)\n"
         "cpu = torch.device('cpu')\n"
-        f"points = {list(PROBE_POINTS)!r}\n"
+        f"points = {points!r}\n"
         "print(json.dumps([statistics.median(PHASES[k].time_point(ctx, model, tm, b, n, {}, cpu, Flusher(cpu),"
         " torch.Generator().manual_seed(0))) for k, b, n in points]))\n")
     now = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -113,7 +134,7 @@ def probe_drift(db: Path) -> float:
     with ProfileDB(db) as pdb:
         rows = pdb.samples("task.")
     ratios = []
-    for (kind, batch, length), seconds in zip(PROBE_POINTS, now, strict=True):
+    for (kind, batch, length), seconds in zip(points, now, strict=True):
         key = "context_len" if kind == "decode" else "seq_len"
         sel = rows[(rows["benchmark"] == f"task.{kind}") & (rows["batch"] == batch) & (rows[key] == length)]
         if "recompute" in sel:
@@ -129,11 +150,14 @@ def planned_run(work: Path, iterations: int, slots: int) -> list[dict]:
     cluster = work / "cluster.yaml"
     cluster.write_text(f"name: bench-cpu\nhosts:\n  - name: localhost\n    gpus: {{type: cpu, count: {slots}}}\n"
                        f"    region: local\n")
-    workload = truthful_workload(work)
+    workload = truthful_workload(work, slots)
     t0 = time.perf_counter()
     # The task rows in full (the fit's held-out error on the quick grid's 7 repeats per point was
-    # 15–20% on this machine, 4–5% on the full grid); the communication suites quick.
-    hetprof("profile", "--suite", "tasks", "--models", "tiny", db=db, cwd=work)
+    # 15–20% on this machine, 4–5% on the full grid), with the job's own shapes (`--workload`: CPU
+    # kernel times are not smooth in shape, 32 × 66 tokens took 27% longer than 32 × 64); the
+    # communication suites quick.
+    hetprof("profile", "--suite", "tasks", "--models", "tiny", "--workload", str(workload), "--cluster",
+            str(cluster), db=db, cwd=work)
     hetprof("profile", "--quick", "--suite", "collectives", "--suite", "dptrain", "--models", "tiny", db=db, cwd=work)
     prep = time.perf_counter() - t0
     out = []
@@ -148,9 +172,10 @@ def planned_run(work: Path, iterations: int, slots: int) -> list[dict]:
                 "--search", "hetrl", "--seed", "0", "--max-tp", "1", "--max-pp", "1",
                 "--out", str(work / "plan.json"), db=db, cwd=work)
         prep += time.perf_counter() - t0
-        before = probe_drift(db)
+        points = probe_points(workload, slots)
+        before = probe_drift(db, points)
         run = _run(work, db, iterations, name, prep)
-        run["drift"] = (before + probe_drift(db)) / 2  # > 1: the kernels ran slower than when profiled
+        run["drift"] = (before + probe_drift(db, points)) / 2  # > 1: the kernels ran slower than when profiled
         out.append(run)
     return out
 
@@ -167,6 +192,7 @@ def _run(work: Path, db: Path, iterations: int, name: str, prep: float) -> dict:
     predicted = steady[0].get("predicted_iteration_s")
     overhead = statistics.median(r["iteration_s"] / sum(r["stages"].values()) for r in steady)
     plan = json.loads((work / "plan.json").read_text())
+    log.with_suffix(".plan.json").write_text(json.dumps(plan))  # each run's plan, for --keep
     return {"fitted_on": name, "measured": measured, "predicted": predicted, "overhead": overhead, "prep_s": prep,
             "run_s": wall,
             "iterations": len(records), "layouts": {t["task"]: t["layout"] for t in plan["tasks"]},
@@ -237,11 +263,15 @@ def main() -> None:
     parser.add_argument("--sync-mb", type=float, help="size of the weight-sync model (default 64, quick 16)")
     parser.add_argument("--bucket-mb", type=float, default=DEFAULT_BUCKET_MB, help="weight-sync bucket size")
     parser.add_argument("--sync-only", action="store_true", help="only the weight-sync ratio")
+    parser.add_argument("--keep", type=Path, help="work in this folder and keep it (database, plans, run logs)")
     args = parser.parse_args()
-    iterations, mb, repeats = (6, 16.0, 5) if args.quick else (12, 64.0, 9)
+    iterations, mb, repeats = (6, 16.0, 5) if args.quick else (12, 64.0, 15)
     mb = args.sync_mb or mb
     with tempfile.TemporaryDirectory(prefix="hetprof-executor-bench-") as tmp:
         work = Path(tmp)
+        if args.keep:
+            work = args.keep.resolve()
+            work.mkdir(parents=True, exist_ok=True)
         console.print(f"weight sync vs plain broadcast ({mb:.0f} MB, 1 sender → 2 receivers, gloo)…")
         bw = sync_bandwidth(mb, repeats, work, args.bucket_mb)
         if args.sync_only:
