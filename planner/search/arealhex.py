@@ -20,6 +20,7 @@ from hetprof.planner import layouts
 from hetprof.planner.candidate import Candidate
 from hetprof.planner.search import register_search
 from hetprof.planner.search.base import Ledger, Search, SearchResult
+from hetprof.planner.search.cbc import cbc
 
 GAMMA_STEPS = 10
 
@@ -62,7 +63,7 @@ def rollout_milp(sim, devices: list[str], max_tp: int) -> tuple[int, dict[str, i
     prob += pulp.lpSum(z.values()) == 1
     for key, (_, groups) in options.items():
         prob += n[key] <= groups * z[key[0]]
-    prob.solve(pulp.PULP_CBC_CMD(msg=False, timeLimit=10, threads=1))
+    prob.solve(cbc(msg=False, timeLimit=10, threads=1))
     if pulp.LpStatus[prob.status] != "Optimal":
         return None
     tp = next(t for t in tps if (z[t].value() or 0) > 0.5)

@@ -35,6 +35,7 @@ from hetprof.errors import InfeasibleError
 from hetprof.planner import layouts
 from hetprof.planner.search import get_search, register_search
 from hetprof.planner.search.base import Ledger, Search, SearchContext, SearchResult
+from hetprof.planner.search.cbc import cbc
 from hetprof.planner.search.restricted import RestrictedSpace
 from hetprof.specs.plan import TASKS
 
@@ -222,9 +223,8 @@ class ILPSearch(Search):
                 this_limit = max(0.2, this_limit)
             with tempfile.TemporaryDirectory() as tmp:
                 log = Path(tmp) / "cbc.log"
-                solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=this_limit, warmStart=warmed and i == 0,
-                                           logPath=str(log), threads=1,
-                                           maxNodes=int(max_nodes) if max_nodes is not None else None)
+                solver = cbc(msg=False, timeLimit=this_limit, warmStart=warmed and i == 0, logPath=str(log),
+                             threads=1, maxNodes=int(max_nodes) if max_nodes is not None else None)
                 status = prob.solve(solver)
                 text = log.read_text() if log.exists() else ""
             info = _cbc_summary(text)
