@@ -13,7 +13,13 @@ from hetprof.costmodels.data import LinkSpec, Placement, Work
 from hetprof.dataparallel import needs_buffer_broadcast
 from hetprof.models import PRESETS
 from hetprof.profiler.context import ProfileContext
-from hetprof.profiler.suites.dptrain import BENCHMARK, DataParallelTrainSuite, task_models, worlds_for
+from hetprof.profiler.suites.dptrain import (
+    BENCHMARK,
+    DataParallelTrainSuite,
+    task_models,
+    workload_points,
+    worlds_for,
+)
 from hetprof.profiles import DeviceInfo, ProfileDB
 
 
@@ -50,6 +56,17 @@ def test_model_depths_give_distinct_gradient_sizes():
                          models=[PRESETS["tiny"], PRESETS["qwen3-8b"]])
     depths = [(tm.shape.name, tm.layers_run) for tm in task_models(ctx, "fp32")]
     assert depths == [("tiny", 1), ("tiny", 2), ("qwen3-8b", 1), ("qwen3-8b", 2), ("qwen3-8b", 4)]
+
+
+def test_the_workloads_own_steps_are_measured_on_each_models_deepest_build():
+    ctx = ProfileContext(db=None, host="t", device="cpu", device_id=None, quick=True, threads=1,
+                         models=[PRESETS["tiny"], PRESETS["qwen3-8b"]],
+                         options={"workload_points": {"train": [(16, 71), (32, 75)], "prefill": [(64, 68)]}})
+    points = workload_points(ctx, task_models(ctx, "fp32"))
+    assert [(p["task_model"].shape.name, p["task_model"].layers_run, p["batch"], p["seq_len"]) for p in points] == [
+        ("tiny", 2, 16, 71), ("tiny", 2, 32, 75), ("qwen3-8b", 4, 16, 71), ("qwen3-8b", 4, 32, 75)]
+    assert workload_points(ProfileContext(db=None, host="t", device="cpu", device_id=None, quick=True,
+                                          threads=1, models=[PRESETS["tiny"]]), []) == []
 
 
 def _dp_rows(db, dev, plain: float, dp: float, grad_bytes: int, layers: int) -> None:

@@ -78,6 +78,23 @@ def run_world(world: int, backend: str, points: list[dict], *, warmup: int, repe
     return payload
 
 
+def workload_points(ctx: ProfileContext, tms: list[taskmodels.TaskModel]) -> list[dict]:
+    """The training steps of the workload being profiled for (`--workload`), on each model's deepest
+    profiled build.
+
+    What data parallelism adds is not a constant: a replica waits for the slowest at every step's
+    all-reduce, and that wait grows with the step (1-2 ms on a CPU step of 12 ms, 3-6 ms on the
+    23 ms step of the demo's job), so the job's own steps are measured next to the generic ones.
+    """
+    extra = (ctx.options.get("workload_points") or {}).get("train", [])
+    deepest: dict[str, taskmodels.TaskModel] = {}
+    for tm in tms:  # each model at the most layers profiled (whole for small presets)
+        if tm.shape.name not in deepest or tm.layers_run > deepest[tm.shape.name].layers_run:
+            deepest[tm.shape.name] = tm
+    return [{"task_model": tm, "batch": b, "seq_len": n} for tm in deepest.values() for b, n in extra
+            if n + 1 <= tm.shape.max_position]
+
+
 @register
 class DataParallelTrainSuite(Suite):
     name = "dptrain"
@@ -99,6 +116,7 @@ class DataParallelTrainSuite(Suite):
         batch, seq = SHAPES[kind]
         tms = task_models(ctx, dtype)
         points = [{"task_model": tm, "batch": batch, "seq_len": min(seq, tm.shape.max_position - 1)} for tm in tms]
+        points += workload_points(ctx, tms)
         policy = ctx.policy
         for world in worlds:
             rows = run_world(world, backend, points, warmup=policy.warmup, repeats=min(policy.repeats, 10),
