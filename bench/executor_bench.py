@@ -5,8 +5,8 @@ Three ratios, each measured side by side in this one run:
   full, the collectives and data-parallel training suites quick; tiny model) and `hetprof fit` have fed the fitted cost model the planner predicts with
   (goal 0.85–1.15) — and again after that run's own records went back into `hetprof fit` and the
   job was re-planned and run a second time (the loop `hetprof run --db` exists for);
-  Three of the profiled kernels, re-timed right around each run, also give the ratio with the
-  machine's drift since profiling taken out;
+  The run's own prefill, decode and training shapes (profiled exactly, thanks to --workload),
+  re-timed right around each run, also give the ratio with the machine's drift since profiling taken out;
 - executor overhead = measured iteration / sum of the measured stage times (goal ≤ 1.10), i.e. what
   message passing, batching and bookkeeping add to generation, inference, training and sync;
 - weight-sync effective bandwidth / a plain gloo broadcast of the same bytes over the same group

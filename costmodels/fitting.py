@@ -105,11 +105,14 @@ class Group:
     n_samples: int
     shapes: pd.DataFrame  # model, batch, length, layers per row (for the range folds)
     noise: float = float("nan")  # mean relative difference of the target between halves of the repeats
-    n_run_rows: int = 0
     sources: list[str] = dataclasses.field(default_factory=list)  # "profile" or "run", per row
     runs: list[str] = dataclasses.field(default_factory=list)     # the run a run row came from ("" otherwise)
     dp: list[int] = dataclasses.field(default_factory=list)       # data-parallel degree of a run's training step
     hosts: list[int] = dataclasses.field(default_factory=list)    # hosts that run's replicas spanned
+
+    @property
+    def n_run_rows(self) -> int:
+        return sum(s == SOURCE for s in self.sources)
 
     def subset(self, keep: np.ndarray) -> Group:
         """The same group restricted to the rows where `keep` is true."""
@@ -117,8 +120,7 @@ class Group:
         return dataclasses.replace(
             self, phases=[self.phases[i] for i in idx], seconds=self.seconds[idx],
             shapes=self.shapes.iloc[idx].reset_index(drop=True), sources=[self.sources[i] for i in idx],
-            runs=[self.runs[i] for i in idx], dp=[self.dp[i] for i in idx], hosts=[self.hosts[i] for i in idx],
-            n_run_rows=sum(self.sources[i] == SOURCE for i in idx))
+            runs=[self.runs[i] for i in idx], dp=[self.dp[i] for i in idx], hosts=[self.hosts[i] for i in idx])
 
 
 def task_groups(db: Any, task: str | None = None, device: str | None = None,
@@ -197,7 +199,7 @@ def _group(bench: str, dev: str, dtype: str, threads: int | None, part: pd.DataF
         secs_arr = monotone_envelope(phases_, secs_arr, [f"{s}:{r}" for s, r in zip(sources, runs, strict=True)])
     return Group(bench, dev, dtype, threads, phases_, secs_arr, len(part) - bad, pd.DataFrame(shapes),
                  float(np.nanmean(noise)) if not np.isnan(noise).all() else float("nan"),
-                 sum(s == SOURCE for s in sources), sources, runs, dps, hosts)
+                 sources, runs, dps, hosts)
 
 
 def _count(value: Any) -> int:

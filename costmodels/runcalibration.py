@@ -55,13 +55,13 @@ def compute_targets(phases: list[Phase], seconds: np.ndarray, dp: list[int], hos
     """Each run shape's compute time (its data-parallel term taken out) and whether it is usable."""
     targets = np.asarray(seconds, float).copy()
     usable = np.ones(len(targets), bool)
+    link, _ = cost_model.device_link(device_type)
     for i, (phase, d, h) in enumerate(zip(phases, dp, hosts, strict=True)):
         if phase.kind != "train" or d <= 1:
             continue
         if h > 1:
             usable[i] = False
             continue
-        link, _ = cost_model.device_link(device_type)
         work = Work("training", phase.model, phase.batch, phase.tokens, 0.0, phase.dtype, recompute=phase.recompute)
         targets[i] -= cost_model.dp_grad_sync_time(work, Placement(device_type, phase.tp), d, link)
         if not targets[i] > 0.1 * seconds[i]:
