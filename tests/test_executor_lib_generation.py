@@ -11,11 +11,11 @@ import torch
 
 from hetprof.errors import ExecutionError, SpecError
 from hetprof.executor.backends import GenerationBackend, available_backends, get_backend, register_backend
-from hetprof.executor.backends.hf import sample_tokens
 from hetprof.executor.data import arithmetic_prompts
 from hetprof.executor.logprobs import token_logprobs
 from hetprof.executor.modeling import build_causal_lm
 from hetprof.executor.tokenizer import CharTokenizer
+from hetprof.sampling import sample_tokens
 
 TOK = CharTokenizer()
 

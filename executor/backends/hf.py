@@ -6,7 +6,8 @@ the behaviour log-prob of each sampled token computed exactly as the trainer rec
 (padding-aware positions, fp32 softmax at the sampling temperature), and a rollout laid out for
 training. The KV cache is transformers' own `DynamicCache`.
 
-Behaviour log-probs are those of softmax(logits / temperature) — before top-p truncation — so they
+Each step's sampling is `hetprof.sampling.next_tokens`, the function the profiler's decode row times:
+behaviour log-probs are those of softmax(logits / temperature) — before top-p truncation — so they
 are reproducible by `token_logprobs(..., temperature=...)` on the same weights.
 """
 
@@ -22,17 +23,7 @@ from hetprof.executor.backends import register_backend
 from hetprof.executor.backends.base import GenerationBackend, PhaseClock, Rollout, check_sampling
 from hetprof.executor.modeling import position_ids, unwrap
 from hetprof.executor.tokenizer import Tokenizer, pad_left
-
-
-def sample_tokens(logprobs: torch.Tensor, top_p: float, generator: torch.Generator | None) -> torch.Tensor:
-    """Draw one token per row from exp(logprobs), keeping the smallest nucleus of mass ≥ top_p."""
-    probs = logprobs.exp()
-    if top_p < 1.0:
-        sorted_p, order = probs.sort(dim=-1, descending=True)
-        before = sorted_p.cumsum(-1) - sorted_p  # mass of strictly more likely tokens
-        sorted_p = sorted_p.masked_fill(before >= top_p, 0.0)
-        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+from hetprof.sampling import next_tokens
 
 
 @register_backend("hf")
@@ -75,20 +66,11 @@ class HFBackend(GenerationBackend):
             finished = torch.zeros(batch, dtype=torch.bool, device=self.device)
             tokens, lps, alive = [], [], []
             for step in range(max_new_tokens):
-                logits = out.logits[:, -1].float()
-                if temperature > 0:
-                    lp_all = torch.log_softmax(logits / temperature, dim=-1)
-                    tok = sample_tokens(lp_all, top_p, generator)
-                else:  # greedy; log-probs at temperature 1
-                    lp_all = torch.log_softmax(logits, dim=-1)
-                    tok = lp_all.argmax(-1)
-                valid = ~finished
-                tok = torch.where(valid, tok, torch.full_like(tok, pad))
-                lp = torch.where(valid, lp_all.gather(-1, tok[:, None]).squeeze(-1), 0.0)
+                tok, lp, valid, finished = next_tokens(out.logits[:, -1], finished, temperature, top_p,
+                                                       generator, pad, eos)
                 tokens.append(tok)
                 lps.append(lp)
                 alive.append(valid)
-                finished = finished | (tok == eos)
                 if bool(finished.all()) or step == max_new_tokens - 1:
                     if step:  # the last step's forward ran in the previous iteration
                         clock.lap("decode", batch, width + step)

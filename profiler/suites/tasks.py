@@ -1,8 +1,9 @@
 """RL task kernels at small scale: prefill, one decode step, and a fwd+bwd+Adam training step.
 
 Each phase times what an RL step really does, not just the model's forward: a decode step also
-samples the next token (fp32 log-softmax at the last position, multinomial draw, the token's
-log-prob — every RL generator does this per step, over the full vocabulary), and a training step
+samples the next token with the executor's own sampling step (`hetprof.sampling`: fp32 log-softmax
+at the last position, multinomial draw, the token's log-prob — every RL generator does this per
+step, over the full vocabulary), and a training step
 computes per-token log-probs and entropy in fp32 for a policy-gradient loss and clips the
 gradient norm before Adam, as the executor's learner does. Measuring the forward alone left a
 steady 10–30% that no fit over these rows could recover.
@@ -24,6 +25,7 @@ from hetprof.profiler.context import ProfileContext
 from hetprof.profiler.registry import Suite, register
 from hetprof.profiler.timing import Flusher, measure
 from hetprof.profiler.workloadgrid import merge_points
+from hetprof.sampling import next_tokens
 
 # (batch sizes, sequence/context lengths) per task, for (device kind, quick?)
 GRIDS: dict[tuple[str, bool], dict[str, tuple[tuple[int, ...], tuple[int, ...]]]] = {
@@ -105,19 +107,18 @@ class Decode(Phase):
 
 
 def _sampler(tm: Any, batch: int, device: Any, gen: Any):
-    """Draw the next token as an RL generator does: fp32 log-softmax of the last logits, a
-    multinomial draw, and the drawn token's log-prob (kept for the trainer). Without a head
-    (large models profiled on a few blocks) there are no logits to sample from."""
+    """Turn the step's logits into tokens as the executor's generator does (`hetprof.sampling`:
+    fp32 log-softmax, a multinomial draw, the drawn token's log-prob, finished-row bookkeeping).
+    Without a head (large models profiled on a few blocks) there are no logits to sample from."""
     import torch
 
     if not tm.with_head:
         return lambda out: out
     draw = torch.Generator(device=device).manual_seed(0)
+    running = torch.zeros(batch, dtype=torch.bool, device=device)
 
     def sample(out: Any) -> Any:
-        logprobs = torch.log_softmax(out.logits[:, -1].float(), dim=-1)
-        token = torch.multinomial(logprobs.exp(), 1, generator=draw)
-        return logprobs.gather(-1, token)
+        return next_tokens(out.logits[:, -1], running, 1.0, 1.0, draw, pad_id=0, eos_id=-1)
 
     return sample
 
