@@ -275,7 +275,7 @@ def main() -> None:
     parser.add_argument("--bucket-mb", type=float, default=DEFAULT_BUCKET_MB, help="weight-sync bucket size")
     parser.add_argument("--sync-only", action="store_true", help="only the weight-sync ratio")
     parser.add_argument("--sync-world", type=int, help=f"processes in the sync group (default {SYNC_WORLD})")
-    parser.add_argument("--keep", type=Path, help="work in this folder and keep it (database, plans, run logs)")
+    parser.add_argument("--keep", type=Path, help="work in this new or empty folder and keep it (database, plans, run logs)")
     args = parser.parse_args()
     iterations, mb, repeats = (6, 16.0, 5) if args.quick else (12, 64.0, 15)
     mb = args.sync_mb or mb
@@ -283,6 +283,9 @@ def main() -> None:
         work = Path(tmp)
         if args.keep:
             work = args.keep.resolve()
+            if work.exists() and any(work.iterdir()):
+                # an old profiles.db would be fitted together with this run's profile
+                parser.error(f"--keep {work}: the folder is not empty; give a new or empty one")
             work.mkdir(parents=True, exist_ok=True)
         world = args.sync_world or SYNC_WORLD
         console.print(f"weight sync vs plain broadcast ({mb:.0f} MB, 1 sender → {world - 1} receiver(s), gloo)…")
