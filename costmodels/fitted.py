@@ -16,6 +16,7 @@ import warnings
 from typing import Any
 
 from hetprof.catalog import canonical_name
+from hetprof.costmodels import pointcorrections
 from hetprof.costmodels.analytical import AnalyticalCostModel
 from hetprof.costmodels.base import CostModel
 from hetprof.costmodels.data import LinkSpec, Phase, PhaseTime
@@ -37,9 +38,13 @@ class LoadedModel:
     heldout_mape: float | None
     snapshot: str = ""
     run_factor: float = 1.0  # what real runs taught: their phase time over the profile-fitted one
+    points: dict[tuple[float, ...], float] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def predict(self, x: list[float]) -> float:
-        return self.family.predict_one(self.params, x) * self.run_factor
+        seconds = self.family.predict_one(self.params, x)
+        if self.points:  # a shape the profiler measured: its measurement (pointcorrections.py)
+            seconds *= self.points.get(pointcorrections.point_key(x), 1.0)
+        return seconds * self.run_factor
 
 
 def validate_entry(entry: dict[str, Any]) -> LoadedModel:
@@ -72,10 +77,11 @@ def validate_entry(entry: dict[str, Any]) -> LoadedModel:
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not (
             FACTOR_RANGE[0] <= factor <= FACTOR_RANGE[1]):
         raise ValueError(f"run_factor must be a number in [{FACTOR_RANGE[0]}, {FACTOR_RANGE[1]}]")
+    points = pointcorrections.load(params.get("points"), len(FEATURES))
     mape = (entry.get("metrics") or {}).get("heldout_mape")
     return LoadedModel(str(entry.get("id", "")), task_type, device, dtype, family, model,
                        float(mape) if isinstance(mape, (int, float)) else None, str(entry.get("snapshot") or ""),
-                       float(factor))
+                       float(factor), points)
 
 
 class FittedCostModel(CostModel):

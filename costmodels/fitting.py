@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from hetprof.catalog import canonical_name
+from hetprof.costmodels import pointcorrections
 from hetprof.costmodels.analytical import AnalyticalCostModel
 from hetprof.costmodels.data import Phase
 from hetprof.costmodels.features import FEATURES, TASK_PHASE, RowError, phase_features, phase_from_row
@@ -63,6 +64,7 @@ class TaskFit:
     n_run_rows: int = 0  # shapes that came from run records rather than the profiler
     runs: RunCalibration | None = None  # what the runs taught (None: no usable run rows, or runs fitted as rows)
     notes: list[str] = dataclasses.field(default_factory=list)
+    points: list[list[float]] = dataclasses.field(default_factory=list, repr=False)  # pointcorrections.py
 
     @property
     def run_factor(self) -> float:
@@ -81,12 +83,13 @@ class TaskFit:
         return {"format": FORMAT, "task_type": self.task_type, "phase": TASK_PHASE[self.task_type],
                 "device_type": self.device_type, "dtype": self.dtype, "threads": self.threads,
                 "features": list(FEATURES), "family": self.family, "model": self.params,
-                "range": self.shape_range, "target": self.stat, "run_factor": self.run_factor}
+                "range": self.shape_range, "target": self.stat, "run_factor": self.run_factor,
+                "points": self.points}
 
     def metrics(self) -> dict[str, float]:
         m = {"n_rows": self.n_rows, "n_run_rows": self.n_run_rows, "n_samples": self.n_samples, "heldout_mape": self.heldout.mape,
              "heldout_folds": self.heldout.n_folds, "analytical_mape": self.analytical_mape,
-             "train_mape": self.train_mape, "repeat_noise": self.noise,
+             "train_mape": self.train_mape, "repeat_noise": self.noise, "profiled_points": len(self.points),
              **{f"cv_mape_{k}": v for k, v in self.family_cv.items()},
              **(self.runs.metrics() if self.runs is not None else {})}
         return {k: float(v) for k, v in m.items() if np.isfinite(v)}
@@ -266,15 +269,19 @@ def fit_group(group: Group, analytical: AnalyticalCostModel, seed: int = 0,
     family.check(params, len(FEATURES))  # what we store must pass what loading demands
     analytic = np.asarray([analytical.phase_time(p, base.device_type).seconds for p in base.phases])
     rng = {c: [float(base.shapes[c].min()), float(base.shapes[c].max())] for c in ("batch", "length", "layers")}
+    smooth = family.predict(params, x)
     fit = TaskFit(group.task_type, group.device_type, group.dtype, group.threads, len(y), group.n_samples,
-                  family.name, params, scores, heldout, y, analytic, family.predict(params, x), rng,
+                  family.name, params, scores, heldout, y, analytic, smooth, rng,
                   list(base.phases), noise=group.noise, n_run_rows=group.n_run_rows)
+    if split or not from_run.any():  # profiled shapes only: a run's phase is calibrated, not looked up
+        fit.points = pointcorrections.corrections(x, y, smooth)
     if split:
-        fit.runs = _run_calibration(group.subset(from_run), family, params, analytical, fit.notes)
+        table = pointcorrections.load(fit.points, len(FEATURES))
+        fit.runs = _run_calibration(group.subset(from_run), family, params, table, analytical, fit.notes)
     return fit
 
 
-def _run_calibration(runs: Group, family, params: dict[str, Any], analytical: AnalyticalCostModel,
+def _run_calibration(runs: Group, family, params: dict[str, Any], points: dict, analytical: AnalyticalCostModel,
                      notes: list[str]) -> RunCalibration | None:
     targets, usable = compute_targets(runs.phases, runs.seconds, runs.dp, runs.hosts, runs.device_type, analytical)
     left_out = int((~usable).sum())
@@ -284,8 +291,9 @@ def _run_calibration(runs: Group, family, params: dict[str, Any], analytical: An
     if not usable.any():
         return None
     x = np.asarray([phase_features(p, runs.device_type) for p, ok in zip(runs.phases, usable, strict=True) if ok])
-    cal = calibrate(family.predict(params, x), targets[usable], [r for r, ok in zip(runs.runs, usable, strict=True)
-                                                                   if ok])
+    # the factor is relative to what the profile-only model answers, profiled-point corrections included
+    predicted = pointcorrections.apply(family.predict(params, x), x, points)
+    cal = calibrate(predicted, targets[usable], [r for r, ok in zip(runs.runs, usable, strict=True) if ok])
     if cal is None:
         notes.append(f"{runs.task_type} on {runs.device_type}: runs and profile disagree beyond a run factor "
                      "(another machine or model build?); the runs were not applied")

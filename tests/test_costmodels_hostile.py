@@ -76,6 +76,12 @@ def hostile_rows(sentinel):
         ("nnls", json.dumps(_entry(run_factor=-1.0))),
         ("nnls", json.dumps(_entry(run_factor=cmd))),
         ("nnls", json.dumps(_entry(run_factor=True))),
+        ("nnls", json.dumps(_entry(points=[[1.0] * len(FEATURES) + [1e6]]))),  # a "measured" shape 10^6x off
+        ("nnls", json.dumps(_entry(points=[[cmd] * (len(FEATURES) + 1)]))),
+        ("nnls", json.dumps(_entry(points=[[1.0] * 3]))),  # wrong length
+        ("nnls", json.dumps(_entry(points=[[-1.0] * len(FEATURES) + [1.0]]))),
+        ("nnls", json.dumps(_entry(points=[[1.0] * (len(FEATURES) + 1)] * 20_001))),  # unbounded table
+        ("nnls", json.dumps(_entry(points={"x": 1}))),
     ]
 
 
