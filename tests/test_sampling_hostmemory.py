@@ -60,6 +60,7 @@ def test_pinned_allocator_reuses_freed_memory_instead_of_faulting_it_back():
         return int(out.stdout.strip().splitlines()[-1])
 
     loose, pinned = faults("default"), faults("pin")
-    # every cycle faults back what the last one trimmed by default; kept, nothing is faulted
-    assert loose >= 100, loose
-    assert pinned < loose / 10, (pinned, loose)
+    # Pinned, a warmed-up cycle reuses its memory: no faults. By default glibc may trim the freed top
+    # and fault it back (256 faults for 10 cycles on the dev machine), depending on the heap's history.
+    assert pinned < 20, pinned
+    assert pinned <= loose, (pinned, loose)
