@@ -41,10 +41,8 @@ class LoadedModel:
     points: dict[tuple[float, ...], float] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def predict(self, x: list[float]) -> float:
-        seconds = self.family.predict_one(self.params, x)
-        if self.points:  # a shape the profiler measured: its measurement (pointcorrections.py)
-            seconds *= self.points.get(pointcorrections.point_key(x), 1.0)
-        return seconds * self.run_factor
+        # a shape the profiler measured is answered with its measurement (pointcorrections.py)
+        return self.family.predict_one(self.params, x) * pointcorrections.ratio(self.points, x) * self.run_factor
 
 
 def validate_entry(entry: dict[str, Any]) -> LoadedModel:

@@ -276,8 +276,8 @@ def fit_group(group: Group, analytical: AnalyticalCostModel, seed: int = 0,
     if split or not from_run.any():  # profiled shapes only: a run's phase is calibrated, not looked up
         fit.points = pointcorrections.corrections(x, y, smooth)
     if split:
-        table = pointcorrections.load(fit.points, len(FEATURES))
-        fit.runs = _run_calibration(group.subset(from_run), family, params, table, analytical, fit.notes)
+        fit.runs = _run_calibration(group.subset(from_run), family, params, pointcorrections.as_table(fit.points),
+                                    analytical, fit.notes)
     return fit
 
 

@@ -42,11 +42,19 @@ def corrections(x: np.ndarray, targets: np.ndarray, predicted: np.ndarray) -> li
     return out
 
 
+def ratio(table: dict[tuple[float, ...], float], x: Sequence[float]) -> float:
+    """The stored ratio of a profiled shape's features, 1 for a shape the profiler never ran."""
+    return table.get(point_key(x), 1.0) if table else 1.0
+
+
 def apply(predicted: np.ndarray, x: np.ndarray, table: dict[tuple[float, ...], float]) -> np.ndarray:
     """`predicted` with each row that is a profiled shape multiplied by its stored ratio."""
-    if not table:
-        return np.asarray(predicted, float)
-    return np.asarray([p * table.get(point_key(row), 1.0) for p, row in zip(predicted, x, strict=True)], float)
+    return np.asarray([p * ratio(table, row) for p, row in zip(predicted, x, strict=True)], float)
+
+
+def as_table(rows: list[list[float]]) -> dict[tuple[float, ...], float]:
+    """Rows as `corrections` makes them (or `load` has checked them) → the lookup table."""
+    return {point_key(row[:-1]): float(row[-1]) for row in rows}
 
 
 def load(raw: Any, n_features: int) -> dict[tuple[float, ...], float]:
@@ -56,13 +64,10 @@ def load(raw: Any, n_features: int) -> dict[tuple[float, ...], float]:
         return {}
     if not isinstance(raw, list) or len(raw) > MAX_POINTS:
         raise ValueError(f"points must be a list of at most {MAX_POINTS} rows")
-    table = {}
     for row in raw:
         if not isinstance(row, list) or len(row) != n_features + 1 or any(
                 isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) for v in row):
             raise ValueError(f"each point must be {n_features + 1} finite numbers")
-        *features, ratio = row
-        if min(features) < 0 or not FACTOR_RANGE[0] <= ratio <= FACTOR_RANGE[1]:
+        if min(row[:-1]) < 0 or not FACTOR_RANGE[0] <= row[-1] <= FACTOR_RANGE[1]:
             raise ValueError(f"a point has a negative feature or a ratio outside {list(FACTOR_RANGE)}")
-        table[point_key(features)] = float(ratio)
-    return table
+    return as_table(raw)
