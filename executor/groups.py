@@ -296,6 +296,9 @@ class Topology:
         # over a gloo group through host memory; they are small next to the weights.
         self.groups["messages"] = (dist.new_group(sorted(self.device_of), backend="gloo")
                                    if dist.get_backend() == "nccl" else None)
+        # Per-iteration reports (times, statistics) go to the leader's record-writing thread on a
+        # group of their own, so that thread's receives never interleave with the loop's messages.
+        self.groups["reports"] = dist.new_group(sorted(self.device_of), backend="gloo")
         if self.sync_members("critic_sync"):
             self.groups["critic_sync"] = dist.new_group(self.sync_members("critic_sync"), backend=backend)
 
