@@ -46,8 +46,9 @@ def main(quick: bool, model_name: str, threads: int, seed: int) -> None:
     from hetprof.executor.data import PromptSource
     from hetprof.executor.learner import Learner
     from hetprof.executor.logprobs import token_logprobs
-    from hetprof.executor.modeling import build_causal_lm, position_ids
-    from hetprof.executor.tokenizer import CharTokenizer, pad_left
+    from hetprof.executor.modeling import build_causal_lm
+    from hetprof.executor.tokenizer import CharTokenizer
+    from hetprof.generation import pad_left, position_ids
 
     torch.set_num_threads(threads)
     repeats = 3 if quick else 7

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hetprof.executor.modeling import position_ids
+from hetprof.generation import position_ids
 
 
 def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:

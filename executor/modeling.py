@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
 from hetprof.errors import SpecError
+from hetprof.generation import position_ids
 from hetprof.models import ModelShape, resolve_model
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -160,16 +161,6 @@ def build_reward_model(model_ref: str | ModelShape, seed: int = 0, dtype: str | 
                        device: torch.device | str = "cpu") -> ScalarHeadModel:
     """The reward-model role: backbone + scalar head (random unless a checkpoint is given)."""
     return _build_scalar(model_ref, seed, dtype, device, zero_head=False)
-
-
-def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Positions that ignore left padding, so a padded row sees the same RoPE phases as unpadded.
-
-    Generation and log-prob recompute must agree on this, or the trainer's log-probs drift from
-    the generator's for every left-padded prompt.
-    """
-    pos = attention_mask.long().cumsum(-1) - 1
-    return pos.clamp_(min=0)
 
 
 def unwrap(model: nn.Module) -> nn.Module:

@@ -17,7 +17,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 from hetprof.errors import SpecError
-from hetprof.executor.tokenizer import Tokenizer, pad_left
+from hetprof.executor.tokenizer import Tokenizer
+from hetprof.generation import pad_left
 from hetprof.registry import Registry, UnknownName
 
 RewardFn = Callable[[Sequence[str], Sequence[str], Sequence[str | None]], list[float]]

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from hetprof.errors import SpecError
+from hetprof.generation import pad_left
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -128,25 +129,6 @@ def load_tokenizer(model_ref: str) -> Tokenizer:
             raise SpecError(str(path), "tokenizer", "loadable tokenizer files", str(exc)) from None
         return HFTokenizer(tok)
     return CharTokenizer()
-
-
-def pad_left(sequences: Sequence[Sequence[int]], pad_id: int,
-             device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-pad id lists into (input_ids, attention_mask) so every row's next token is at the end.
-
-    Generation appends at the right edge for all rows at once; left padding is what lets a batch of
-    prompts of different lengths share one decode step.
-    """
-    if not sequences:
-        raise ValueError("pad_left needs at least one sequence")
-    width = max(len(s) for s in sequences)
-    for row, seq in enumerate(sequences):
-        if len(seq) == 0:
-            raise ValueError(f"sequence {row} is empty (a prompt needs at least one token)")
-    # built as lists and converted once: a slice assignment per row cost 0.3 ms for 32 prompts
-    ids = torch.tensor([[pad_id] * (width - len(seq)) + list(seq) for seq in sequences], dtype=torch.long)
-    mask = torch.tensor([[0] * (width - len(seq)) + [1] * len(seq) for seq in sequences], dtype=torch.long)
-    return ids.to(device), mask.to(device)
 
 
 def encode_batch(tokenizer: Tokenizer, texts: Sequence[str],

@@ -16,7 +16,8 @@ from hetprof.executor.data import (
     load_jsonl,
     write_jsonl,
 )
-from hetprof.executor.tokenizer import VOCAB_SIZE, CharTokenizer, encode_batch, load_tokenizer, pad_left
+from hetprof.executor.tokenizer import VOCAB_SIZE, CharTokenizer, encode_batch, load_tokenizer
+from hetprof.generation import pad_left
 from hetprof.models import PRESETS
 
 

@@ -16,7 +16,8 @@ from hetprof.executor.modeling import (
     torch_dtype,
     unwrap,
 )
-from hetprof.executor.tokenizer import CharTokenizer, pad_left
+from hetprof.executor.tokenizer import CharTokenizer
+from hetprof.generation import pad_left
 from hetprof.models import PRESETS
 
 pytestmark = pytest.mark.usefixtures("one_thread")

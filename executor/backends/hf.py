@@ -6,7 +6,8 @@ the behaviour log-prob of each sampled token computed exactly as the trainer rec
 (padding-aware positions, fp32 softmax at the sampling temperature), and a rollout laid out for
 training. The KV cache is transformers' own `DynamicCache`.
 
-Each step's sampling is `hetprof.sampling.next_tokens`, the function the profiler's decode row times:
+The loop is `hetprof.generation.sample_continuations`, which the profiler's `task.generate` row times
+whole; each step's sampling is `hetprof.sampling.next_tokens`, which its decode row times:
 behaviour log-probs are those of softmax(logits / temperature) — before top-p truncation — so they
 are reproducible by `token_logprobs(..., temperature=...)` on the same weights.
 """
@@ -21,9 +22,9 @@ from torch import nn
 from hetprof.errors import ExecutionError
 from hetprof.executor.backends import register_backend
 from hetprof.executor.backends.base import GenerationBackend, PhaseClock, Rollout, check_sampling
-from hetprof.executor.modeling import position_ids, unwrap
-from hetprof.executor.tokenizer import Tokenizer, pad_left
-from hetprof.sampling import next_tokens
+from hetprof.executor.modeling import unwrap
+from hetprof.executor.tokenizer import Tokenizer
+from hetprof.generation import sample_continuations
 
 
 @register_backend("hf")
@@ -42,12 +43,8 @@ class HFBackend(GenerationBackend):
     @torch.no_grad()
     def generate(self, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int, temperature: float = 1.0,
                  top_p: float = 1.0, generator: torch.Generator | None = None) -> Rollout:
-        from transformers import DynamicCache
-
         check_sampling(max_new_tokens, temperature, top_p)
-        pad, eos = self.tokenizer.pad_id, self.tokenizer.eos_id
-        ids, mask = pad_left(prompt_ids, pad, self.device)
-        batch, width = ids.shape
+        width = max((len(p) for p in prompt_ids), default=0)
         limit = getattr(self.model.config, "max_position_embeddings", None)
         if limit is not None and width + max_new_tokens > limit:
             raise ExecutionError(f"prompt ({width} tokens) + max_new_tokens ({max_new_tokens}) exceed the "
@@ -56,47 +53,22 @@ class HFBackend(GenerationBackend):
         self.model.eval()  # no dropout while sampling, even when the trainer shares this module
         clock = PhaseClock(self.device)
         try:
-            cache = DynamicCache(config=self.model.config)
-            # Only the last position's logits are sampled from: asking for all of them would
-            # materialise batch × prompt × vocab floats (gigabytes for a 152k vocabulary).
-            out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask),
-                             past_key_values=cache, use_cache=True, logits_to_keep=1)
-            clock.lap("prefill", batch, width)
-            next_pos = mask.sum(-1, keepdim=True)
-            finished = torch.zeros(batch, dtype=torch.bool, device=self.device)
-            tokens, lps, alive = [], [], []
-            for step in range(max_new_tokens):
-                tok, lp, valid, finished = next_tokens(out.logits[:, -1], finished, temperature, top_p,
-                                                       generator, pad, eos)
-                tokens.append(tok)
-                lps.append(lp)
-                alive.append(valid)
-                if bool(finished.all()) or step == max_new_tokens - 1:
-                    if step:  # the last step's forward ran in the previous iteration
-                        clock.lap("decode", batch, width + step)
-                    break
-                if step:
-                    clock.lap("decode", batch, width + step)
-                mask = torch.cat([mask, valid.long()[:, None]], dim=1)
-                out = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos,
-                                 past_key_values=cache, use_cache=True)
-                next_pos = next_pos + 1
+            got = sample_continuations(self.model, prompt_ids, max_new_tokens, temperature=temperature, top_p=top_p,
+                                       generator=generator, pad_id=self.tokenizer.pad_id,
+                                       eos_id=self.tokenizer.eos_id, device=self.device, lap=clock.lap)
         finally:
             self.model.train(was_training)
         self.last_phases = clock.phases
-        resp = torch.stack(tokens, dim=1)
-        resp_mask = torch.stack(alive, dim=1).long()
-        resp_lp = torch.stack(lps, dim=1)
-        prompt_mask = (torch.arange(width, device=self.device)[None, :]
-                       >= (width - torch.tensor([len(p) for p in prompt_ids], device=self.device))[:, None])
+        resp_mask = got.alive.long()
         return Rollout(
-            input_ids=torch.cat([ids, resp], dim=1),
-            attention_mask=torch.cat([prompt_mask.long(), resp_mask], dim=1),
-            response_mask=torch.cat([torch.zeros_like(ids), resp_mask], dim=1),
-            logprobs=torch.cat([torch.zeros(batch, width, device=self.device), resp_lp], dim=1),
+            input_ids=torch.cat([got.prompt_ids, got.tokens], dim=1),
+            attention_mask=torch.cat([got.prompt_mask, resp_mask], dim=1),
+            response_mask=torch.cat([torch.zeros_like(got.prompt_ids), resp_mask], dim=1),
+            logprobs=torch.cat([torch.zeros(got.tokens.shape[0], got.prompt_ids.shape[1], device=self.device),
+                                got.logprobs], dim=1),
             lengths=resp_mask.sum(-1),
-            prompt_width=width,
-            finished=finished,
+            prompt_width=got.prompt_ids.shape[1],
+            finished=got.finished,
         )
 
     @torch.no_grad()

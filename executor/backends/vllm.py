@@ -26,7 +26,8 @@ from hetprof.errors import ExecutionError
 from hetprof.executor.backends import register_backend
 from hetprof.executor.backends.base import GenerationBackend, Rollout, check_sampling
 from hetprof.executor.modeling import unwrap
-from hetprof.executor.tokenizer import Tokenizer, pad_left
+from hetprof.executor.tokenizer import Tokenizer
+from hetprof.generation import pad_left
 
 WORKER_EXTENSION = "hetprof.executor.backends.vllm_worker.WeightUpdateExtension"
 
