@@ -25,6 +25,22 @@ DECODE_SEGMENTS = 4
 CACHE_SIZE = 1 << 16
 
 
+def generation_phases(phase, batch: int, prompt: int, steps: int) -> tuple[float, float]:
+    """(prefill, decode) seconds of one generation wave from `phase(kind, batch, tokens, head)`.
+
+    Only the last prompt token needs logits, and its LM head is the first decode step's, so the
+    prefill is priced without the head; the decode steps by the midpoint rule over the response.
+    Shared with `hetprof fit`, which compares the profiler's whole calls with exactly this.
+    """
+    prefill = phase("prefill", batch, prompt, False)
+    decode = 0.0
+    if steps:
+        seg = steps / DECODE_SEGMENTS
+        for i in range(DECODE_SEGMENTS):
+            decode += seg * phase("decode", batch, prompt + round((i + 0.5) * seg), True)
+    return prefill, decode
+
+
 class CostModel(abc.ABC):
     """Seconds and bytes of RL tasks on devices and links.
 
@@ -60,6 +76,11 @@ class CostModel(abc.ABC):
     def collective_time(self, op: str, size_bytes: float, n: int, link: LinkSpec) -> float:
         """Seconds for one collective of `size_bytes` among `n` ranks over `link` (α–β model)."""
         return comm.collective_time(op, size_bytes, n, link.alpha_s, link.beta_Bps)
+
+    def generation_call_overhead(self, device_type: str, dtype: str, batch: int, prompt: int) -> float:
+        """Seconds a generation call takes beyond its prefill and decode phases (calloverhead.py);
+        a model that has not measured whole calls adds nothing."""
+        return 0.0
 
     def dp_step_extra(self, device_type: str) -> float:
         """Seconds a data-parallel optimizer step costs beyond its all-reduce on this device type
@@ -128,19 +149,13 @@ class CostModel(abc.ABC):
                                 (f"not even one sequence's KV cache fits on {dev} next to the weights",))
             conc = min(conc, work.batch)
             waves = work.batch / conc  # continuous batching refills freed slots: fractional waves
-            # only the last prompt token needs logits; its LM head is the first decode step's
-            parts["prefill"] = waves * phase("prefill", conc, prompt, False)
-            parts["tp_comm"] = waves * tp_comm(conc * prompt, 2)
-            decode = 0.0
-            comm_decode = 0.0
-            if steps:
-                seg = steps / DECODE_SEGMENTS
-                for i in range(DECODE_SEGMENTS):
-                    ctx = prompt + round((i + 0.5) * seg)
-                    decode += seg * phase("decode", conc, ctx, True)
-                comm_decode = steps * tp_comm(conc, 2)
+            prefill, decode = generation_phases(phase, conc, prompt, steps)
+            parts["prefill"] = waves * prefill
             parts["decode"] = waves * decode
-            parts["tp_comm"] += waves * comm_decode
+            # per call, never below half the phases (a negative term is the decode forward a call skips)
+            call = self.generation_call_overhead(dev, work.dtype, conc, prompt)
+            parts["call"] = waves * max(call, -0.5 * (prefill + decode))
+            parts["tp_comm"] = waves * (tp_comm(conc * prompt, 2) + steps * tp_comm(conc, 2))
         elif work.kind == "inference":
             parts["forward"] = phase("prefill", work.batch, work.seq_len, True)
             parts["tp_comm"] = tp_comm(work.batch * work.seq_len, 2)

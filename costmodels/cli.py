@@ -76,6 +76,11 @@ def fit(task, device, report, stat, envelope, runs, seed, store) -> None:
                       f"[{'green' if good else 'yellow'}]{_pct(f.heldout.mape)}[/]", str(f.heldout.n_folds),
                       _pct(f.analytical_mape), _pct(f.train_mape), _pct(f.noise), ids[i][:8] if ids else "-")
     console.print(table)
+    for f in fits:
+        if f.call is not None:
+            console.print(f"generation calls on {f.device_type} ({f.dtype}): {f.call.default_s * 1e3:+.2f} ms beyond "
+                          f"their prefill and decode phases (median of {len(f.call.points)} profiled call shapes; "
+                          "each profiled shape keeps its own)")
     for note in skipped:
         console.print(f"[yellow]skipped:[/] {note}")
     if report:

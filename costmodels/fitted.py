@@ -16,7 +16,7 @@ import warnings
 from typing import Any
 
 from hetprof.catalog import canonical_name
-from hetprof.costmodels import pointcorrections
+from hetprof.costmodels import calloverhead, pointcorrections
 from hetprof.costmodels.analytical import AnalyticalCostModel
 from hetprof.costmodels.base import CostModel
 from hetprof.costmodels.data import LinkSpec, Phase, PhaseTime
@@ -39,6 +39,7 @@ class LoadedModel:
     snapshot: str = ""
     run_factor: float = 1.0  # what real runs taught: their phase time over the profile-fitted one
     points: dict[tuple[float, ...], float] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    call: calloverhead.CallOverhead | None = dataclasses.field(default=None, repr=False, compare=False)  # decode only
 
     def predict(self, x: list[float]) -> float:
         # a shape the profiler measured is answered with its measurement (pointcorrections.py)
@@ -76,10 +77,13 @@ def validate_entry(entry: dict[str, Any]) -> LoadedModel:
             FACTOR_RANGE[0] <= factor <= FACTOR_RANGE[1]):
         raise ValueError(f"run_factor must be a number in [{FACTOR_RANGE[0]}, {FACTOR_RANGE[1]}]")
     points = pointcorrections.load(params.get("points"), len(FEATURES))
+    call = calloverhead.load(params.get("call_overhead"))
+    if call is not None and task_type != "task.decode":
+        raise ValueError("call_overhead belongs to a task.decode entry")
     mape = (entry.get("metrics") or {}).get("heldout_mape")
     return LoadedModel(str(entry.get("id", "")), task_type, device, dtype, family, model,
                        float(mape) if isinstance(mape, (int, float)) else None, str(entry.get("snapshot") or ""),
-                       float(factor), points)
+                       float(factor), points, call)
 
 
 class FittedCostModel(CostModel):
@@ -133,6 +137,10 @@ class FittedCostModel(CostModel):
             reason = f"no fitted {PHASE_TASK[phase.kind]} model for {device_type} ({phase.dtype})"
         fallback = self.analytical.phase_time(phase, device_type)
         return PhaseTime(fallback.seconds, fallback.source, f"{reason}: analytical ({fallback.source})")
+
+    def generation_call_overhead(self, device_type: str, dtype: str, batch: int, prompt: int) -> float:
+        model = self.lookup("decode", device_type, dtype)
+        return model.call.seconds(batch, prompt) if model is not None and model.call is not None else 0.0
 
     def device_link(self, device_type: str) -> tuple[LinkSpec, str]:
         return self.analytical.device_link(device_type)

@@ -20,9 +20,11 @@ import numpy as np
 import pandas as pd
 
 from hetprof.catalog import canonical_name
-from hetprof.costmodels import pointcorrections
+from hetprof.costmodels import calloverhead, pointcorrections
 from hetprof.costmodels.analytical import AnalyticalCostModel
+from hetprof.costmodels.base import generation_phases
 from hetprof.costmodels.data import Phase
+from hetprof.costmodels.families import get_family
 from hetprof.costmodels.features import FEATURES, TASK_PHASE, RowError, phase_features, phase_from_row
 from hetprof.costmodels.runcalibration import MIN_PROFILE_SHAPES, RunCalibration, calibrate, compute_targets
 from hetprof.costmodels.runrows import SOURCE, run_task_rows
@@ -65,6 +67,7 @@ class TaskFit:
     runs: RunCalibration | None = None  # what the runs taught (None: no usable run rows, or runs fitted as rows)
     notes: list[str] = dataclasses.field(default_factory=list)
     points: list[list[float]] = dataclasses.field(default_factory=list, repr=False)  # pointcorrections.py
+    call: calloverhead.CallOverhead | None = None  # decode fits: whole generation calls beyond the phases
 
     @property
     def run_factor(self) -> float:
@@ -84,14 +87,16 @@ class TaskFit:
                 "device_type": self.device_type, "dtype": self.dtype, "threads": self.threads,
                 "features": list(FEATURES), "family": self.family, "model": self.params,
                 "range": self.shape_range, "target": self.stat, "run_factor": self.run_factor,
-                "points": self.points}
+                "points": self.points, **({"call_overhead": self.call.to_json()} if self.call is not None else {})}
 
     def metrics(self) -> dict[str, float]:
         m = {"n_rows": self.n_rows, "n_run_rows": self.n_run_rows, "n_samples": self.n_samples, "heldout_mape": self.heldout.mape,
              "heldout_folds": self.heldout.n_folds, "analytical_mape": self.analytical_mape,
              "train_mape": self.train_mape, "repeat_noise": self.noise, "profiled_points": len(self.points),
              **{f"cv_mape_{k}": v for k, v in self.family_cv.items()},
-             **(self.runs.metrics() if self.runs is not None else {})}
+             **(self.runs.metrics() if self.runs is not None else {}),
+             **({"call_overhead_ms": self.call.default_s * 1e3, "call_points": len(self.call.points)}
+                if self.call is not None else {})}
         return {k: float(v) for k, v in m.items() if np.isfinite(v)}
 
 
@@ -318,7 +323,65 @@ def fit_database(db: Any, task: str | None = None, device: str | None = None, se
         if skipped is not None:
             skipped.extend(fit.notes)
         fits.append(fit)
+    learn_call_overheads(db, fits, stat, skipped)
     return fits
+
+
+def learn_call_overheads(db: Any, fits: list[TaskFit], stat: str = DEFAULT_STAT,
+                         notes: list[str] | None = None) -> None:
+    """Give each decode fit what whole generation calls (`task.generate` rows of its device type,
+    dtype and thread count) took beyond that fit's prefill and decode phases (calloverhead.py)."""
+    rows = db.samples(benchmark=calloverhead.BENCHMARK)
+    if not len(rows) or "seconds" not in rows:
+        return
+    rows = rows[pd.to_numeric(rows["seconds"], errors="coerce") > 0].copy()
+    rows["device_type"] = rows["catalog_type"].map(lambda c: canonical_name(c) if isinstance(c, str) else None)
+    rows["dtype"] = rows["dtype"].fillna("bf16") if "dtype" in rows else "bf16"
+    for dec in (f for f in fits if f.task_type == "task.decode"):
+        pre = next((f for f in fits if f.task_type == "task.prefill" and (f.device_type, f.dtype, f.threads)
+                    == (dec.device_type, dec.dtype, dec.threads)), None)
+        part = rows[(rows["device_type"] == dec.device_type) & (rows["dtype"] == dec.dtype)]
+        if dec.threads is not None and "threads" in part:
+            part = part[part["threads"].fillna(dec.threads).astype(int) == dec.threads]
+        if not len(part):
+            continue
+        if pre is None:
+            if notes is not None:
+                notes.append(f"{calloverhead.BENCHMARK} on {dec.device_type}: fit task.prefill and task.decode "
+                             "together to learn what a generation call costs beyond them")
+            continue
+        dec.call = calloverhead.learn(_call_rows(part, pre, dec, stat, notes))
+
+
+def _call_rows(part: pd.DataFrame, pre: TaskFit, dec: TaskFit, stat: str,
+               notes: list[str] | None) -> list[tuple[int, int, float, float]]:
+    """(batch, prompt, measured call, fitted phases) per profiled call shape."""
+    tables = {id(f): pointcorrections.as_table(f.points) for f in (pre, dec)}
+
+    def predict(f: TaskFit, ph: Phase) -> float:
+        x = phase_features(ph, f.device_type)
+        return get_family(f.family).predict_one(f.params, x) * pointcorrections.ratio(tables[id(f)], x)
+
+    keys = [c for c in part.columns if c not in _NON_SHAPE and c != "device_type" and part[c].notna().any()]
+    shaped = part[keys].map(str).agg("|".join, axis=1)
+    out = []
+    for _, group in part.groupby(shaped.to_numpy(), sort=True):
+        first = group.iloc[0].to_dict()
+        try:
+            base = phase_from_row("task.prefill", first)
+            steps = int(first.get("new_tokens"))
+        except (RowError, ValueError, TypeError) as exc:
+            if notes is not None:
+                notes.append(f"{calloverhead.BENCHMARK} on {dec.device_type}: {exc}")
+            continue
+
+        def phase(kind: str, batch: int, tokens: int, head: bool, base: Phase = base) -> float:
+            ph = dataclasses.replace(base, kind=kind, batch=batch, tokens=tokens, with_head=head)
+            return predict(pre if kind == "prefill" else dec, ph)
+
+        fitted = sum(generation_phases(phase, base.batch, base.tokens, steps))
+        out.append((base.batch, base.tokens, STATS[stat](group["seconds"].astype(float)), fitted))
+    return out
 
 
 def store(db: Any, fits: list[TaskFit]) -> list[str]:

@@ -73,7 +73,7 @@ def _workload(workload_file: str | None, cluster_file: str | None, chosen: list[
 @click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False), metavar="C.yaml",
               help="with --workload: the cluster it will run on (how many data-parallel replicas to expect; "
                    "default: the devices profiled here, or this machine's cores)")
-@click.option("--tasks", "task_names", metavar="T,...", help="task kernels to time: prefill,decode,train")
+@click.option("--tasks", "task_names", metavar="T,...", help="task kernels to time: prefill,decode,train,generate")
 @click.option("--layers-run", type=click.IntRange(min=1), help="blocks to run per model (default: whole "
               "model for tiny presets, 2 blocks otherwise)")
 @click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), help="task dtype (default: bf16 on "
@@ -138,9 +138,9 @@ def profile(suites, devices, all_gpus, quick, models, workload_file, cluster_fil
         except ValueError as exc:
             raise SpecError("command line", "--max-message", "a size such as 64MiB", max_message) from exc
     tasks = _split(task_names)
-    bad = [t for t in tasks if t not in ("prefill", "decode", "train")]
+    bad = [t for t in tasks if t not in ("prefill", "decode", "train", "generate")]
     if bad:
-        raise SpecError("command line", "--tasks", "prefill, decode or train", ",".join(bad))
+        raise SpecError("command line", "--tasks", "prefill, decode, train or generate", ",".join(bad))
     chosen = devmod.select_devices(devices, all_gpus)
     on_gpu = any(d != "cpu" for d in chosen)
     if not on_gpu:

@@ -32,7 +32,7 @@ def dp_degrees(devices: int) -> list[int]:
 
 
 def workload_points(workload: WorkloadSpec, devices: int) -> dict[str, list[tuple[int, int]]]:
-    """(batch, length) points per task kernel (prefill, decode, train) for `workload` on up to
+    """(batch, length) points per task kernel (prefill, decode, train, generate) for `workload` on up to
     `devices` devices; lengths in tokens, as the executor pads them (a batch is as wide as its
     longest prompt plus its longest response)."""
     prompt_mean = max(1, round(workload.prompt_len.mean))
@@ -49,6 +49,8 @@ def workload_points(workload: WorkloadSpec, devices: int) -> dict[str, list[tupl
         "prefill": [(b, n) for b in batches for n in (*prompts, *sequences)],
         "decode": [(b, n) for b in batches for n in contexts],
         "train": [(b, n) for b in train_batches for n in sequences],
+        # a whole generation call over the prompts (what it costs beyond its phases)
+        "generate": [(b, n) for b in batches for n in prompts],
     }
 
 

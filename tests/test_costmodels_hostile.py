@@ -82,6 +82,12 @@ def hostile_rows(sentinel):
         ("nnls", json.dumps(_entry(points=[[-1.0] * len(FEATURES) + [1.0]]))),
         ("nnls", json.dumps(_entry(points=[[1.0] * (len(FEATURES) + 1)] * 20_001))),  # unbounded table
         ("nnls", json.dumps(_entry(points={"x": 1}))),
+        ("nnls", json.dumps(_entry(call_overhead={"default_s": 1e9}))),  # a "call" that makes generation unusable
+        ("nnls", json.dumps(_entry(call_overhead={"default_s": cmd}))),
+        ("nnls", json.dumps(_entry(call_overhead={"default_s": 0.001, "points": [[0, 16, 0.001]]}))),  # batch 0
+        ("nnls", json.dumps(_entry(call_overhead={"default_s": 0.001, "points": [[1.5, 16, 0.001]]}))),
+        ("nnls", json.dumps(_entry(call_overhead={"default_s": 0.001, "points": [[1, 16, 0.001]] * 5001}))),
+        ("nnls", json.dumps(_entry(call_overhead=[0.001]))),
     ]
 
 

@@ -1,4 +1,5 @@
-"""RL task kernels at small scale: prefill, one decode step, and a fwd+bwd+Adam training step.
+"""RL task kernels at small scale: prefill, one decode step, a fwd+bwd+Adam training step, and a
+whole generation call (what a call costs beyond its prefill and decode steps: see hetprof/generation.py).
 
 Each phase times what an RL step really does, not just the model's forward: a decode step also
 samples the next token with the executor's own sampling step (`hetprof.sampling`: fp32 log-softmax
@@ -20,6 +21,7 @@ import itertools
 import statistics
 from typing import Any
 
+from hetprof.generation import sample_continuations
 from hetprof.profiler import taskmodels
 from hetprof.profiler.context import ProfileContext
 from hetprof.profiler.registry import Suite, register
@@ -33,16 +35,22 @@ GRIDS: dict[tuple[str, bool], dict[str, tuple[tuple[int, ...], tuple[int, ...]]]
     # extrapolate from batch 16 to 32 under-predicted the executor's inference by a third.
     ("cpu", True): {"prefill": ((1, 4, 16, 32, 64), (16, 32, 64, 128)),
                     "decode": ((1, 4, 16, 32), (16, 64, 128, 256)),
-                    "train": ((1, 4, 16), (32, 64, 128))},
+                    "train": ((1, 4, 16), (32, 64, 128)),
+                    "generate": ((1, 8, 32), (16, 64, 128))},
     ("cpu", False): {"prefill": ((1, 2, 4, 8, 16, 32, 64), (16, 32, 64, 128, 256)),
                      "decode": ((1, 2, 4, 8, 16, 32, 64), (16, 64, 128, 256, 384)),
-                     "train": ((1, 2, 4, 8, 16, 32), (32, 64, 128, 256))},
+                     "train": ((1, 2, 4, 8, 16, 32), (32, 64, 128, 256)),
+                     "generate": ((1, 4, 16, 32, 64), (16, 64, 128, 256))},
     ("cuda", True): {"prefill": ((1, 8, 32), (256, 1024)), "decode": ((1, 16, 128), (256, 2048)),
-                     "train": ((1, 4), (256, 1024))},
+                     "train": ((1, 4), (256, 1024)), "generate": ((1, 32), (256, 1024))},
     ("cuda", False): {"prefill": ((1, 2, 4, 8, 16, 32), (128, 256, 512, 1024, 2048)),
                       "decode": ((1, 4, 16, 64, 128, 256), (256, 512, 1024, 2048, 4096)),
-                      "train": ((1, 2, 4, 8), (256, 512, 1024, 2048))},
+                      "train": ((1, 2, 4, 8), (256, 512, 1024, 2048)),
+                      "generate": ((1, 8, 32, 128), (128, 512, 2048))},
 }
+# New tokens per timed generation call: enough for the slow first steps after the prefill and a
+# steady one, few enough that the call is mostly what the per-phase rows do not see.
+GENERATE_NEW_TOKENS = 4
 
 
 def default_dtype(device: str) -> str:
@@ -62,6 +70,14 @@ class Phase:
 
     def variants(self, ctx: ProfileContext) -> list[dict]:
         return [{}]
+
+    def applies(self, tm: Any) -> bool:
+        """Whether this model can be timed for the phase (some need the LM head)."""
+        return True
+
+    def extra_params(self) -> dict:
+        """Fixed settings of the phase that its rows record."""
+        return {}
 
     def points(self, ctx: ProfileContext, max_position: int) -> list[tuple[int, int]]:
         """The device's grid, plus the shapes of the workload being profiled for (`--workload`)."""
@@ -121,6 +137,36 @@ def _sampler(tm: Any, batch: int, device: Any, gen: Any):
         return next_tokens(out.logits[:, -1], running, 1.0, 1.0, draw, pad_id=0, eos_id=-1)
 
     return sample
+
+
+class Generate(Phase):
+    """A whole generation call, as the executor's `hf` backend makes it (`hetprof.generation`): pad
+    the prompts, prefill, sample GENERATE_NEW_TOKENS tokens. `hetprof fit` compares it with the
+    prefill and decode rows to learn what a call costs beyond its phases; it needs the LM head."""
+
+    task = "generate"
+
+    def applies(self, tm: Any) -> bool:
+        return tm.with_head
+
+    def extra_params(self) -> dict:
+        return {"new_tokens": GENERATE_NEW_TOKENS}
+
+    def time_point(self, ctx, model, tm, batch, length, variant, device, flush, gen) -> list[float]:
+        import torch
+
+        ids = torch.randint(3, tm.shape.vocab, (batch, length), generator=gen).tolist()
+        # the padded RL batch of `padding_mask`: every other prompt is an eighth shorter
+        prompts = [row[length // 8:] if i % 2 and length >= 8 else row for i, row in enumerate(ids)]
+        draw = torch.Generator(device=device).manual_seed(0)
+        model.eval()
+
+        def call() -> Any:
+            with torch.no_grad():
+                return sample_continuations(model, prompts, GENERATE_NEW_TOKENS, temperature=1.0, top_p=1.0,
+                                            generator=draw, pad_id=0, eos_id=-1, device=device)
+
+        return measure(call, device, ctx.policy, flush=flush)
 
 
 def _crop(cache: Any, length: int) -> None:
@@ -190,20 +236,22 @@ def _checkpointing(model: Any, on: bool) -> None:
     fn()
 
 
-PHASES: dict[str, Phase] = {p.task: p for p in (Prefill(), Decode(), Train())}
+PHASES: dict[str, Phase] = {p.task: p for p in (Prefill(), Decode(), Train(), Generate())}
 
 
 @register
 class TasksSuite(Suite):
     name = "tasks"
-    help = "prefill, decode-step and train-step timings of transformer blocks per model preset"
+    help = "prefill, decode-step, train-step and whole generation-call timings of transformer blocks per model preset"
 
     def phases(self, ctx: ProfileContext) -> list[Phase]:
         return [PHASES[t] for t in ctx.options.get("tasks") or PHASES]
 
     def steps(self, ctx: ProfileContext) -> int:
+        dtype = ctx.options.get("dtype") or default_dtype(ctx.device)
         return sum(len(p.points(ctx, m.max_position)) * len(p.variants(ctx))
-                   for m in ctx.models for p in self.phases(ctx))
+                   for m in ctx.models for p in self.phases(ctx)
+                   if p.applies(taskmodels.plan_model(m, dtype, ctx.options.get("layers_run"))))
 
     def run(self, ctx: ProfileContext) -> None:
         import torch
@@ -216,6 +264,8 @@ class TasksSuite(Suite):
             tm = taskmodels.plan_model(shape, dtype, ctx.options.get("layers_run"))
             model = taskmodels.build(tm, device)
             for phase in self.phases(ctx):
+                if not phase.applies(tm):
+                    continue
                 for variant in phase.variants(ctx):
                     self._sweep(ctx, phase, model, tm, variant, device, flush, gen)
             del model
@@ -237,7 +287,7 @@ class TasksSuite(Suite):
                 ctx.advance(1)
                 continue
             params = {**tm.shape_params(), "batch": batch, phase.length_key: length, "threads": ctx.threads,
-                      **variant}
+                      **phase.extra_params(), **variant}
             samples += [{"params": params, "metrics": {"seconds": t}} for t in times]
             ctx.advance(1)
         if samples:
