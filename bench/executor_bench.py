@@ -169,7 +169,7 @@ def planned_run(work: Path, iterations: int, slots: int) -> list[dict]:
         # default, the fastest repeat, is the noise-robust choice for ranking plans; on this machine a
         # training step's median is 15-25% above its fastest).
         hetprof("fit", "--stat", "median", db=db, cwd=work)
-        # The runtime carries out data parallelism; plan within what it runs (it refuses the rest).
+        # A data-parallel plan: a 2-layer model gains nothing from TP or PP on CPU slots.
         hetprof("plan", "--cluster", str(cluster), "--workload", str(workload), "--cost-model", "fitted",
                 "--search", "hetrl", "--seed", "0", "--max-tp", "1", "--max-pp", "1",
                 "--out", str(work / "plan.json"), db=db, cwd=work)

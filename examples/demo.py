@@ -101,8 +101,8 @@ def main() -> None:
         "fit": hetprof("fit", "--stat", "median", "--report", str(out / "fit.png"), db=db, cwd=out),
         "plan": hetprof("plan", "--cluster", str(CLUSTER), "--workload", str(WORKLOAD),
                         "--cost-model", "fitted", "--search", "hetrl", "--seed", "0",
-                        # the CPU executor runs data parallelism (and TP for generation/inference
-                        # only); a 2-layer model gains nothing from splitting, so plan without it
+                        # a 2-layer model gains nothing from TP or PP on CPU slots: plan data
+                        # parallelism, the layout whose prediction the demo compares with the run
                         "--max-tp", "1", "--max-pp", "1",
                         "--out", str(plan), "--gantt", str(out / "plan.png"), db=db, cwd=out),
         "run": hetprof("run", str(plan), "--iterations", str(args.iterations), "--log", str(log),

@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from hetprof.errors import ExecutionError
 from hetprof.specs import TASKS, ClusterSpec, Plan
+from hetprof.specs.executable import layout_problems
 
 # Order in which a rank that holds several tasks runs them within one iteration.
 INFERENCE_ORDER = ("ref_infer", "reward_infer", "critic_infer")
@@ -61,40 +62,21 @@ def check_supported(plan: Plan, cuda_available: bool | None = None) -> str:
     Carried out: data parallelism everywhere (uneven shares); tensor parallelism (torch's
     tensor-parallel API over each stage's devices) for every task; pipeline stages
     (torch.distributed.pipelining, the plan's layer split) for training tasks and for the reference
-    and reward models, combined with TP and DP. Refused, naming the task and its layout:
-    - pipeline stages for actor_gen (the `hf` backend decodes token by token on one model copy; a
-      pipelined generator would idle every stage but one per token) and for critic_infer (it
-      receives the critic's weights every iteration, and sync targets are whole or TP-sharded models);
-    - a pipelined training task whose replicas split the layers differently (stage s of every
-      replica must hold the same layers for the replicas to average their gradients);
-    - a TP degree that does not divide the heads, KV heads and FFN width;
-    - two replicas of one task on one device, and a GPU plan on a machine without CUDA.
+    and reward models, combined with TP and DP. Refused, naming the task and its layout, what
+    `hetprof.specs.executable` lists (the planner plans within the same rules): pipeline stages for
+    actor_gen and critic_infer, a pipelined training task whose replicas split the layers
+    differently, a TP degree that does not divide the heads, KV heads and FFN width; and here two
+    replicas of one task on one device, and a GPU plan on a machine without CUDA.
     """
     roles = plan.workload_spec().roles()
     for t in plan.tasks:
-        if t.layout.pp > 1:
-            if t.task in ("actor_gen", "critic_infer"):
-                why = ("the hf backend decodes token by token on one model copy, and vLLM's own pipeline "
-                       "parallelism is not wired to the weight sync" if t.task == "actor_gen" else
-                       "it receives the critic's weights every iteration, and only whole or TP-sharded "
-                       "models take a weight sync")
-                raise ExecutionError(
-                    f"task {t.task} has layout {t.layout}: this executor runs no pipeline stages for {t.task} "
-                    f"({why}); it is refused rather than changed — replan with --max-pp 1 or edit the plan")
-            if t.kind == "training":
-                splits = {tuple((k.layer_start, k.layer_end) for k in sorted(t.tasklets, key=lambda k: k.stage)
-                                if k.replica == r) for r in {k.replica for k in t.tasklets}}
-                if len(splits) > 1:
-                    raise ExecutionError(
-                        f"task {t.task} has layout {t.layout} with replicas that split the layers differently "
-                        f"({sorted(splits)}): replicas average gradients stage by stage, so every replica's "
-                        f"stage s must hold the same layers — edit the plan's layer ranges")
-        if t.layout.tp > 1:
-            shape = roles[t.role]
-            if shape.heads % t.layout.tp or shape.kv_heads % t.layout.tp or shape.ffn % t.layout.tp:
-                raise ExecutionError(
-                    f"task {t.task} has layout {t.layout}: TP{t.layout.tp} must divide the {t.role} model's "
-                    f"attention heads ({shape.heads}), KV heads ({shape.kv_heads}) and FFN width ({shape.ffn})")
+        splits = [tuple(k.layer_end - k.layer_start for k in sorted(t.tasklets, key=lambda k: k.stage) if k.replica == r)
+                  for r in sorted({k.replica for k in t.tasklets})]
+        problems = layout_problems(t.task, t.kind, roles[t.role], t.layout.tp, t.layout.pp, splits, str(t.layout))
+        if problems:
+            raise ExecutionError(f"{problems[0]}; it is refused rather than changed — replan with `hetprof plan` "
+                                 f"(it plans within what `hetprof run` carries out unless given --any-layout) "
+                                 f"or edit the plan")
         devices = t.devices()
         if len(set(devices)) != len(devices):
             raise ExecutionError(f"task {t.task} places two replicas on one device ({devices}); "

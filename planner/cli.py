@@ -39,6 +39,10 @@ OBJECTIVES = ("throughput", "cost", "throughput-under-budget")
 @click.option("--max-pp", type=int, default=4, show_default=True, help="largest number of pipeline stages")
 @click.option("--storage", default=None, help="Optuna storage URL (e.g. sqlite:///study.db): resumable, inspectable")
 @click.option("--no-streaming", is_flag=True, help="consumers wait for all of generation (no StreamRL pipelining)")
+@click.option("--runnable/--any-layout", "runnable", default=True, show_default=True,
+              help="plan only layouts `hetprof run` carries out (no pipeline stages for generation or critic "
+                   "inference, one layer split for all replicas of a training task, TP dividing heads, KV heads "
+                   "and FFN); --any-layout searches every layout the models allow (what-if studies)")
 @click.option("--evaluate", "evaluate_path", type=click.Path(dir_okay=False), default=None,
               help="score an existing plan file instead of searching (e.g. with another cost model or cluster)")
 @click.option("--what-if", "what_ifs", multiple=True,
@@ -50,7 +54,7 @@ OBJECTIVES = ("throughput", "cost", "throughput-under-budget")
 @db_option
 def plan(cluster_path: str, workload_path: str, search: str, objective: str, budget: float | None, budget_s: float,
          max_evals: int | None, seed: int, cost_model: str, max_tp: int, max_pp: int, storage: str | None,
-         no_streaming: bool, evaluate_path: str | None, what_ifs: tuple[str, ...], out_path: str | None,
+         no_streaming: bool, runnable: bool, evaluate_path: str | None, what_ifs: tuple[str, ...], out_path: str | None,
          gantt_path: str | None) -> None:
     """Find the fastest (or cheapest) placement of an RL job on a heterogeneous cluster.
 
@@ -79,7 +83,7 @@ def plan(cluster_path: str, workload_path: str, search: str, objective: str, bud
     workload = WorkloadSpec.load(workload_path)
     options = session.PlanOptions(objective=objective, budget=budget, budget_s=budget_s, max_evals=max_evals,
                                   seed=seed, cost_model=cost_model, max_tp=max_tp, max_pp=max_pp, storage=storage,
-                                  streaming=not no_streaming)
+                                  streaming=not no_streaming, executable=runnable)
     with session.open_db(db_path()) as db:
         if evaluate_path:
             outcome, sim = session.evaluate_plan_file(cluster, workload, evaluate_path, options, db)

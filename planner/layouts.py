@@ -21,6 +21,7 @@ from hetprof import catalog
 from hetprof.errors import InfeasibleError
 from hetprof.models import ModelShape
 from hetprof.planner.candidate import TaskLayout
+from hetprof.specs import executable
 from hetprof.specs.plan import TASKS
 
 if TYPE_CHECKING:
@@ -90,9 +91,23 @@ def divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
+def degree_limits(sim: Simulator, task: str, max_tp: int = 8, max_pp: int = 4) -> tuple[tuple[int, ...], int]:
+    """The TP degrees and the most pipeline stages `task` may have: TP divides the heads, PP ≤ the
+    layers, and — when the simulator plans for `hetprof run` (`sim.executable`) — only what the
+    executor carries out (hetprof/specs/executable.py: no stages for generation or critic inference,
+    TP dividing the KV heads and the FFN width too)."""
+    model = task_model(sim, task)
+    tps = tuple(tp for tp in divisors(model.heads) if tp <= max_tp)
+    stages = min(max_pp, model.layers)
+    if getattr(sim, "executable", False):
+        tps = tuple(tp for tp in tps if executable.tp_divides(model, tp))
+        stages = stages if executable.may_pipeline(task) else 1
+    return tps, stages
+
+
 def feasible_shapes(sim: Simulator, task: str, devices: Sequence[str], max_tp: int = 8,
                     max_pp: int = 4) -> list[Shape]:
-    """Every TP×PP×DP the device set can host: TP divides the heads and fits in a host, PP ≤ layers.
+    """Every TP×PP×DP the device set can host within `degree_limits`, TP within a host.
 
     DP is the most replicas the set holds for that TP×PP (more replicas never cost memory and
     only add gradient traffic, which the simulator weighs); memory is left to the simulator.
@@ -100,18 +115,18 @@ def feasible_shapes(sim: Simulator, task: str, devices: Sequence[str], max_tp: i
     per_host: dict[str, int] = {}
     for d in devices:
         per_host[sim.devices[d].host] = per_host.get(sim.devices[d].host, 0) + 1
-    return shapes_for_hosts(task_model(sim, task), tuple(per_host.values()), max_tp, max_pp)
+    return shapes_for_hosts(tuple(per_host.values()), *degree_limits(sim, task, max_tp, max_pp))
 
 
-def shapes_for_hosts(model: ModelShape, per_host: Sequence[int], max_tp: int = 8, max_pp: int = 4) -> list[Shape]:
+def shapes_for_hosts(per_host: Sequence[int], tps: Sequence[int], stages: int) -> list[Shape]:
     """feasible_shapes from the number of devices on each host (all that decides them)."""
     biggest = max(per_host, default=0)
     shapes = []
-    for tp in divisors(model.heads):
-        if tp > max_tp or tp > biggest:
+    for tp in tps:
+        if tp > biggest:
             continue
         groups = sum(n // tp for n in per_host)
-        for pp in range(1, min(max_pp, model.layers) + 1):
+        for pp in range(1, stages + 1):
             if groups // pp >= 1:
                 shapes.append(Shape(tp, pp, groups // pp))
     return shapes
@@ -373,11 +388,14 @@ def balanced_layout(sim: Simulator, task: str, replicas: Sequence[tuple[str, ...
     nominal = max(1, total // dp)
     splits = []
     timers = []
+    # Planning for `hetprof run`: training replicas average gradients stage by stage, so they share
+    # one split — the one balanced for the first (by the locality-first order, the most common) kind.
+    shared = getattr(sim, "executable", False) and pp > 1 and TASKS[task][0] == "training"
     for r in replicas:
-        kind = _replica_key(sim, r, tp, pp)
+        kind = _replica_key(sim, replicas[0] if shared else r, tp, pp)
         skey = ("split", task, kind, tp, pp, nominal)
         if skey not in memo:
-            memo[skey] = balance_layers(sim, task, r, tp, pp, nominal)
+            memo[skey] = balance_layers(sim, task, replicas[0] if shared else r, tp, pp, nominal)
         split = memo[skey]
         splits.append(split)
         tkey = ("curve", task, kind, tp, pp, split, total)

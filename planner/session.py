@@ -34,6 +34,7 @@ class PlanOptions:
     max_pp: int = 4
     storage: str | None = None
     streaming: bool = True
+    executable: bool = True  # only layouts `hetprof run` carries out (hetprof/specs/executable.py)
 
 
 @contextlib.contextmanager
@@ -53,7 +54,8 @@ def make_simulator(cluster: ClusterSpec, workload: WorkloadSpec, options: PlanOp
     from hetprof.costmodels import get_cost_model
 
     cm = get_cost_model(options.cost_model, db=db)
-    sim = Simulator(cluster, workload, cm, seed=options.seed, db=db, streaming=options.streaming)
+    sim = Simulator(cluster, workload, cm, seed=options.seed, db=db, streaming=options.streaming,
+                    executable=options.executable)
     sim.check_fits(options.max_tp, options.max_pp)
     return sim
 

@@ -28,7 +28,7 @@ from hetprof.planner.graph import Edge, build_graph
 from hetprof.planner.links import LinkTable
 from hetprof.planner.schedule import Event, ScheduleInput, simulate, timeline
 from hetprof.planner.taskcosts import TaskCosts, TaskEval
-from hetprof.specs import ClusterSpec, WorkloadSpec
+from hetprof.specs import ClusterSpec, WorkloadSpec, executable
 
 OBJECTIVES = ("throughput", "cost", "throughput-under-budget")
 GB = 1e9
@@ -82,8 +82,11 @@ class Simulator:
     """Predicts iteration time, memory and cost of candidates for one cluster, workload and cost model."""
 
     def __init__(self, cluster: ClusterSpec, workload: WorkloadSpec, cost_model, seed: int = 0, db=None,
-                 streaming: bool = True, chunks: int = CHUNKS) -> None:
+                 streaming: bool = True, chunks: int = CHUNKS, executable: bool = False) -> None:
         self.cluster = cluster
+        # Plan only layouts `hetprof run` carries out (hetprof/specs/executable.py); off, any layout
+        # the model allows (what-if studies of other runtimes, the published systems' search spaces).
+        self.executable = executable
         self.workload = workload
         self.cost_model = cost_model
         self.seed = seed
@@ -285,6 +288,11 @@ class Simulator:
                 if len(split) != lay.pp or any(x < 1 for x in split) or sum(split) != layers:
                     out.append(f"{t}: replica {r}'s layer split {list(split)} is not {lay.pp} positive stages "
                                f"summing to {layers} layers")
+        if self.executable:
+            out.extend(f"{p} (`hetprof run` would refuse it; plan with --any-layout to allow it)"
+                       for p in executable.layout_problems(t, self.graph.kind_of(t), self.graph.model_of(t), lay.tp,
+                                                           lay.pp, lay.layer_splits,
+                                                           f"DP{lay.dp}×TP{lay.tp}×PP{lay.pp}"))
         return out
 
     # ---- memory of colocated tasks --------------------------------------------------------------
@@ -381,10 +389,14 @@ class Simulator:
             model = self.graph.model_of(task)
             best: tuple[float, str] | None = None
             fits = False
+            stages = min(max_pp, model.layers)
+            if self.executable and not executable.may_pipeline(task):
+                stages = 1
             for t, host_gpus in per_host.items():
-                tps = [x for x in (1, 2, 4, 8, 16) if x <= min(max_tp, host_gpus)]
+                tps = [x for x in (1, 2, 4, 8, 16) if x <= min(max_tp, host_gpus)
+                       and (not self.executable or executable.tp_divides(model, x))]
                 for tp in tps:
-                    for pp in range(1, min(max_pp, model.layers) + 1):
+                    for pp in range(1, stages + 1):
                         if tp * pp > counts[t]:
                             break
                         layers = -(-model.layers // pp)
@@ -401,7 +413,9 @@ class Simulator:
                 if fits:
                     break
             if not fits:
+                limit = (f"no pipeline stages (`hetprof run` runs none for {task}; --any-layout plans without "
+                         f"its limits)" if stages == 1 and max_pp > 1 else f"PP ≤ {max_pp}")
                 raise InfeasibleError(
                     f"{task} ({model.name}) fits on no GPU of cluster {self.cluster.name!r} with TP ≤ {max_tp} "
-                    f"(within a host) and PP ≤ {max_pp}: the closest needs {best[1] if best else 'more memory'}; "
+                    f"(within a host) and {limit}: the closest needs {best[1] if best else 'more memory'}; "
                     f"allow more --max-tp/--max-pp, add larger GPUs, or use a smaller model")

@@ -38,9 +38,7 @@ def rollout_milp(sim, devices: list[str], max_tp: int) -> tuple[int, dict[str, i
         per_host.setdefault(dev.type, {}).setdefault(dev.host, 0)
         per_host[dev.type][dev.host] += 1
     options = {}
-    for tp in layouts.divisors(model.heads):
-        if tp > max_tp:
-            continue
+    for tp in layouts.degree_limits(sim, "actor_gen", max_tp)[0]:
         for t in types:
             groups = sum(n // tp for n in per_host[t].values())
             if not groups:

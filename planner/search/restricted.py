@@ -93,9 +93,8 @@ class RestrictedSpace:
         return [tuple(o) for o in out]
 
     def shapes(self, task: str) -> list[tuple[int, int]]:
-        model = layouts.task_model(self.sim, task)
-        return [(tp, pp) for tp in layouts.divisors(model.heads) if tp <= self.max_tp
-                for pp in range(1, min(self.max_pp, model.layers) + 1)]
+        tps, stages = layouts.degree_limits(self.sim, task, self.max_tp, self.max_pp)
+        return [(tp, pp) for tp in tps for pp in range(1, stages + 1)]
 
     def replicas(self, devices: Sequence[str], tp: int, pp: int) -> list[tuple[str, ...]]:
         """Type-pure replicas: per type, same-host TP groups chunked into pp stages."""

@@ -93,8 +93,8 @@ class Assembler:
         return layouts.build_layout(self.sim, task, order, tp, pp, memo=self.memo)
 
     def _shapes(self, task: str, per_host: tuple[int, ...]) -> tuple[ShapeChoice, ...]:
-        model = layouts.task_model(self.sim, task)
-        return tuple((s.tp, s.pp) for s in layouts.shapes_for_hosts(model, per_host, self.max_tp, self.max_pp))
+        limits = layouts.degree_limits(self.sim, task, self.max_tp, self.max_pp)
+        return tuple((s.tp, s.pp) for s in layouts.shapes_for_hosts(per_host, *limits))
 
     def shapes_for(self, task: str, devices: Sequence[str]) -> tuple[ShapeChoice, ...]:
         """Feasible (tp, pp) for a task on a device set (depends only on devices per host)."""

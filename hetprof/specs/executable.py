@@ -1,0 +1,54 @@
+"""Which task layouts `hetprof run` carries out: one statement read by the executor and the planner.
+
+The executor refuses a plan it cannot carry out rather than silently changing it; the planner (by
+default, `hetprof plan --runnable`) plans only within the same limits, so its plans run as written.
+Both read the rules here, so a layout the planner proposes is never one the executor refuses, and a
+refusal names the same reason the planner would have given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hetprof.models import ModelShape
+
+# Tasks that run no pipeline stages, and why.
+UNPIPELINED = {
+    "actor_gen": ("the hf backend decodes token by token on one model copy, and vLLM's own pipeline "
+                  "parallelism is not wired to the weight sync"),
+    "critic_infer": ("it receives the critic's weights every iteration, and only whole or TP-sharded "
+                     "models take a weight sync"),
+}
+
+
+def may_pipeline(task: str) -> bool:
+    """Whether the executor runs `task` in pipeline stages."""
+    return task not in UNPIPELINED
+
+
+def tp_divides(model: ModelShape, tp: int) -> bool:
+    """Whether torch's tensor-parallel plan can shard `model` `tp` ways (heads, KV heads, FFN)."""
+    return not (model.heads % tp or model.kv_heads % tp or model.ffn % tp)
+
+
+def layout_problems(task: str, kind: str, model: ModelShape, tp: int, pp: int,
+                    layer_splits: Sequence[Sequence[int]] = (), layout: str = "") -> list[str]:
+    """Sentences saying why the executor would refuse this layout of `task` (empty: it runs it).
+
+    `kind` is the task's kind (generation, inference, training); `layer_splits` each replica's
+    layers per pipeline stage; `layout` how to name the layout in the sentences (e.g. DP2×TP1×PP2).
+    """
+    name = layout or f"TP{tp}×PP{pp}"
+    out = []
+    if pp > 1 and not may_pipeline(task):
+        out.append(f"task {task} has layout {name}: this executor runs no pipeline stages for {task} "
+                   f"({UNPIPELINED[task]})")
+    splits = {tuple(s) for s in layer_splits}
+    if pp > 1 and kind == "training" and len(splits) > 1:
+        out.append(f"task {task} has layout {name} with replicas that split the layers differently "
+                   f"({sorted(splits)}): replicas average gradients stage by stage, so every replica's "
+                   f"stage s must hold the same layers")
+    if tp > 1 and not tp_divides(model, tp):
+        out.append(f"task {task} has layout {name}: TP{tp} must divide the {model.name} model's attention "
+                   f"heads ({model.heads}), KV heads ({model.kv_heads}) and FFN width ({model.ffn})")
+    return out
