@@ -1,9 +1,9 @@
 """Executor benchmark: how close a real run comes to its plan, what the runtime adds, how fast sync is.
 
 Three ratios, each measured side by side in this one run:
-- measured / predicted iteration time of a CPU plan, after `hetprof profile` (the task suite in
-  full, the collectives and data-parallel training suites quick; tiny model) and `hetprof fit` have fed the fitted cost model the planner predicts with
-  (goal 0.85–1.15) — and again after that run's own records went back into `hetprof fit` and the
+- measured / predicted iteration time of a CPU plan, after `hetprof profile` (the task and
+  data-parallel training suites in full at the job's shapes, the collectives quick; tiny model) and
+  `hetprof fit` have fed the fitted cost model the planner predicts with (goal 0.85–1.15) — and again after that run's own records went back into `hetprof fit` and the
   job was re-planned and run a second time (the loop `hetprof run --db` exists for);
   The run's own prefill, decode and training shapes (profiled exactly, thanks to --workload),
   re-timed right around each run, also give the ratio with the machine's drift since profiling taken out;
@@ -154,13 +154,15 @@ def planned_run(work: Path, iterations: int, slots: int) -> list[dict]:
                        f"    region: local\n")
     workload = truthful_workload(work, slots)
     t0 = time.perf_counter()
-    # The task rows in full (the fit's held-out error on the quick grid's 7 repeats per point was
-    # 15–20% on this machine, 4–5% on the full grid), with the job's own shapes (`--workload`: CPU
-    # kernel times are not smooth in shape, 32 × 66 tokens took 27% longer than 32 × 64); the
-    # communication suites quick.
-    hetprof("profile", "--suite", "tasks", "--models", "tiny", "--workload", str(workload), "--cluster",
-            str(cluster), db=db, cwd=work)
-    hetprof("profile", "--quick", "--suite", "collectives", "--suite", "dptrain", "--models", "tiny", db=db, cwd=work)
+    # The task rows and the data-parallel training steps in full, with the job's own shapes
+    # (`--workload`): the fit's held-out error on the quick grid's 7 repeats per point was 15–20% on
+    # this machine, 4–5% on the full grid; CPU kernel times are not smooth in shape (32 × 66 tokens
+    # took 27% longer than 32 × 64); and what a replica's step adds over the same step alone grows
+    # with the step — measured only on the 8 × 64 steps of the quick suite, it read 3.5–9 ms and the
+    # planned training stage swung 205–240 ms between profiles of one machine. Collectives quick.
+    job = ("--workload", str(workload), "--cluster", str(cluster))
+    hetprof("profile", "--suite", "tasks", "--suite", "dptrain", "--models", "tiny", *job, db=db, cwd=work)
+    hetprof("profile", "--quick", "--suite", "collectives", "--models", "tiny", db=db, cwd=work)
     prep = time.perf_counter() - t0
     out = []
     for name in ("profile", "profile + run 1"):
