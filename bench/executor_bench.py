@@ -57,11 +57,12 @@ def hetprof(*args: str, db: Path, cwd: Path) -> subprocess.CompletedProcess:
 def truthful_workload(work: Path, slots: int) -> Path:
     """The example GRPO workload with the lengths the run will really see.
 
-    A plan is predicted for the workload's lengths; the built-in arithmetic prompts are several
-    times longer than the example file says, and a random tiny model rarely stops before the cap.
-    The executor pads each replica's batch to its longest prompt, so the prompt length a replica
-    computes is the mean, over steps, of the longest prompt in its share (an even split over the
-    slots). Comparing a prediction for other lengths with the run would measure the spec, not the model.
+    A plan is predicted for the workload's lengths, so they should be the data's: the built-in
+    arithmetic prompts' lengths (their mean, spread and longest, as a normal distribution), and the
+    response cap as the mean, because a random tiny model rarely stops before it. The executor pads
+    each generator replica's prompts to its longest and each step's batch to its longest sequence;
+    the planner prices those widths from the distribution. Comparing a prediction for other lengths
+    with the run would measure the spec, not the model.
     """
     import yaml
 
@@ -70,15 +71,10 @@ def truthful_workload(work: Path, slots: int) -> Path:
 
     spec = yaml.safe_load(WORKLOAD.read_text())
     tok = CharTokenizer()
-    per_step = spec["prompts_per_step"]
-    share = max(1, per_step // slots)
-    source = PromptSource.builtin(per_step, seed=0)
-    widths, longest = [], 0
-    for step in range(64):
-        lengths = [len(tok.encode(p.text)) for p in source.batch(step)]
-        widths += [max(lengths[i:i + share]) for i in range(0, len(lengths), share)]
-        longest = max(longest, *lengths)
-    spec["prompt_len"] = {"mean": round(statistics.mean(widths), 1), "max": longest}
+    source = PromptSource.builtin(spec["prompts_per_step"], seed=0)
+    lengths = [len(tok.encode(p.text)) for step in range(64) for p in source.batch(step)]
+    spec["prompt_len"] = {"mean": round(statistics.mean(lengths), 2), "max": max(lengths), "dist": "normal",
+                          "std": round(statistics.pstdev(lengths), 2)}
     cap = spec["response_len"].get("max") or 2 * spec["response_len"]["mean"]
     spec["response_len"] = {"mean": cap, "max": cap}
     path = work / "workload.yaml"
@@ -94,8 +90,11 @@ def probe_points(workload: Path, slots: int) -> list[tuple[str, int, int]]:
     spec = WorkloadSpec.load(workload)
     pts = workload_points(spec, slots)
     batch = -(-spec.sequences_per_step // slots)
-    prompt = round(spec.prompt_len.mean)
-    whole = prompt + round(spec.response_len.mean)
+    # the padded widths the run computes (and the planner prices): a replica's longest prompt, and
+    # the step's longest prompt plus its longest response
+    prompt = round(spec.prompt_len.expected_longest(-(-batch // spec.responses_per_prompt)))
+    whole = round(spec.prompt_len.expected_longest(spec.prompts_per_step)
+                  + spec.response_len.expected_longest(spec.sequences_per_step))
     train = -(-batch // spec.mini_batches)
     out = [("prefill", batch, prompt), ("decode", batch, prompt + 1), ("train", train, whole)]
     assert all((b, n) in pts[k] for k, b, n in out), "probe points must be profiled points"

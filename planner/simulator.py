@@ -96,7 +96,9 @@ class Simulator:
         self.devices = {d.id: d for d in cluster.devices()}
         self.links = LinkTable(cluster, db, local_link=measured_device_link(cost_model))
         lengths = workload.response_len.sample(workload.sequences_per_step, np.random.default_rng(seed))
-        self.costs = TaskCosts(cost_model, self.graph, workload, self.devices, self.links, lengths, chunks)
+        # planning for `hetprof run`: price the padded widths it runs (TaskCosts says how)
+        self.costs = TaskCosts(cost_model, self.graph, workload, self.devices, self.links, lengths, chunks,
+                               padded=executable)
         # (ClusterSpec.price_per_hour looks a host up by expanding the spec; once per host is enough.)
         host_price = {h.name: h.price_per_hour if h.price_per_hour is not None else lookup(h.gpus.type).price_per_hour
                       for h in cluster.expanded_hosts()}

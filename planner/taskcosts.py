@@ -59,7 +59,7 @@ class TaskCosts:
     """Per-task costs for one (cluster, workload, cost model); every answer memoised."""
 
     def __init__(self, cost_model, graph: RLGraph, workload: WorkloadSpec, devices: dict[str, Device],
-                 links: LinkTable, lengths: np.ndarray, chunks: int) -> None:
+                 links: LinkTable, lengths: np.ndarray, chunks: int, padded: bool = False) -> None:
         self.cm = cost_model
         self.graph = graph
         self.workload = workload
@@ -73,6 +73,15 @@ class TaskCosts:
         # independent checker can recompute the same bytes. Generation uses the sampled lengths.
         self.response = float(workload.response_len.mean)
         self.sequences = workload.sequences_per_step
+        # Priced as `hetprof run` pads (`padded`: the simulator plans for it): the hf generator
+        # left-pads a replica's prompts to its longest, and inference and training run the step's
+        # batch as wide as its longest prompt plus its longest response. Mean lengths price an engine
+        # that packs sequences instead; memory keeps the declared means either way.
+        self.padded = padded
+        self._longest: dict[int, float] = {}
+        self.sequence_prompt = self.longest_prompt(workload.prompts_per_step)
+        self.sequence_response = (workload.response_len.expected_longest(self.sequences) if padded
+                                  else self.response)
         self._replica: dict[tuple, ReplicaCost] = {}
         self._eval: dict[TaskLayout, TaskEval] = {}
         self._mem: dict[tuple, MemoryEstimate] = {}
@@ -81,12 +90,28 @@ class TaskCosts:
         self._capacity = {t: lookup(t).memory_bytes for t in {d.type for d in devices.values()}}
 
     # ---- small helpers --------------------------------------------------------------------------
-    def work(self, task: str, batch: int, layers: int | None = None, response_len: float | None = None) -> Work:
+    def work(self, task: str, batch: int, layers: int | None = None, response_len: float | None = None,
+             prompt_len: float | None = None) -> Work:
         model = self.graph.model_of(task)
         return Work(kind=self.graph.kind_of(task), model=model, batch=max(1, int(batch)),
-                    prompt_len=self.prompt, response_len=self.response if response_len is None else response_len,
+                    prompt_len=self.prompt if prompt_len is None else prompt_len,
+                    response_len=self.response if response_len is None else response_len,
                     dtype=self.dtype, layers=None if layers is None or layers == model.layers else layers,
                     recompute=self.workload.training.recompute)
+
+    def longest_prompt(self, prompts: int) -> float:
+        """The width `prompts` prompts are padded to (the expected longest), or the mean unpadded."""
+        if not self.padded:
+            return self.prompt
+        k = max(1, int(prompts))
+        hit = self._longest.get(k)
+        if hit is None:
+            hit = self._longest[k] = self.workload.prompt_len.expected_longest(k)
+        return hit
+
+    def generation_prompt(self, sequences: int) -> float:
+        """The prompt width of a generator replica handling `sequences` sequences (its distinct prompts)."""
+        return self.longest_prompt(math.ceil(sequences / max(1, self.workload.responses_per_prompt)))
 
     def replica_lengths(self, batch: int) -> np.ndarray:
         """`batch` response lengths that follow the step's sampled distribution (evenly spaced quantiles)."""
@@ -132,12 +157,13 @@ class TaskCosts:
     def _compute_replica(self, task: str, sig: tuple, tp: int, batch: int, split: tuple[int, ...]) -> ReplicaCost:
         kind = self.graph.kind_of(task)
         if kind == "inference":
-            return ReplicaCost(self._composed(task, sig, tp, batch, split, self.response))
+            return ReplicaCost(self._composed(task, sig, tp, batch, split, self.sequence_response, self.sequence_prompt))
         if kind == "training":
             # Each optimizer step is a forward + backward + Adam over one mini-batch: per-step costs
             # (the optimizer, launches, small-batch inefficiency) are paid mini_batches times per epoch.
             steps = self.workload.mini_batches
-            per_step = self._composed(task, sig, tp, max(1, math.ceil(batch / steps)), split, self.response)
+            per_step = self._composed(task, sig, tp, max(1, math.ceil(batch / steps)), split,
+                                      self.sequence_response, self.sequence_prompt)
             return ReplicaCost(per_step * steps * self.workload.ppo_epochs)
         stages, _ = sig
         conc = min(self.cm.max_concurrent_sequences(self.work(task, batch, split[s]), Placement(t, tp))
@@ -150,29 +176,32 @@ class TaskCosts:
         lens = self.replica_lengths(batch)
         finish: list[np.ndarray] = []
         clock = 0.0
+        prompt = self.generation_prompt(batch)
         for start in range(0, batch, conc):
             wave = lens[start:start + conc]
             mean, longest = max(1, round(float(wave.mean()))), max(1, int(wave.max()))
-            bulk = self._composed(task, sig, tp, len(wave), split, mean)
+            bulk = self._composed(task, sig, tp, len(wave), split, mean, prompt)
             drain = 0.0
             if longest > mean:  # the tail decodes with a nearly empty batch: about one sequence's steps
-                drain = max(0.0, self._composed(task, sig, tp, 1, split, longest)
-                            - self._composed(task, sig, tp, 1, split, mean))
+                drain = max(0.0, self._composed(task, sig, tp, 1, split, longest, prompt)
+                            - self._composed(task, sig, tp, 1, split, mean, prompt))
             seconds = bulk + drain
             finish.append(clock + seconds * wave / longest)
             clock += seconds
         return ReplicaCost(clock, tuple(np.sort(np.concatenate(finish)).tolist()))
 
-    def _composed(self, task: str, sig: tuple, tp: int, batch: int, split: tuple[int, ...], response: float) -> float:
+    def _composed(self, task: str, sig: tuple, tp: int, batch: int, split: tuple[int, ...], response: float,
+                  prompt: float | None = None) -> float:
         """One replica's seconds for `batch` sequences: the cost model per stage, composed as a pipeline."""
         stages, bounds = sig
+        prompt = self.prompt if prompt is None else prompt
         if len(stages) == 1:
             types, link = stages[0]
-            return max(self.stage_time(task, t, tp, link, None, batch, response) for t in types)
+            return max(self.stage_time(task, t, tp, link, None, batch, response, prompt) for t in types)
         model = self.graph.model_of(task)
         times = []
         for s, (types, link) in enumerate(stages):
-            t_s = max(self.stage_time(task, t, tp, link, split[s], batch, response) for t in types)
+            t_s = max(self.stage_time(task, t, tp, link, split[s], batch, response, prompt) for t in types)
             times.append(t_s * _layer_fraction(model, split[s], last=s == len(stages) - 1))
         pp = len(stages)
         m = max(1, min(batch, 2 * pp))
@@ -183,20 +212,20 @@ class TaskCosts:
             steps = round(response) + 1
             comm = steps * sum(self.cm.collective_time("p2p", batch / m * hidden_bytes, 2, b) for b in bounds)
         else:
-            msg = batch * (self.prompt + response) / m * hidden_bytes
+            msg = batch * (prompt + response) / m * hidden_bytes
             per = [self.cm.collective_time("p2p", msg, 2, b) for b in bounds]
             comm = (sum(per) + (m - 1) * max(per)) * (2 if kind == "training" else 1)
         return pipe + comm
 
     def stage_time(self, task: str, device_type: str, tp: int, link, layers: int | None, batch: int,
-                   response: float) -> float:
+                   response: float, prompt: float | None = None) -> float:
         """The cost model's seconds for one stage, memoised on plain values (cheaper to hash than Work)."""
-        key = (task, device_type, tp, link, layers, batch, response)
+        key = (task, device_type, tp, link, layers, batch, response, prompt)
         hit = self._stage.get(key)
         if hit is None:
             if len(self._stage) >= EVAL_MEMO_LIMIT * 10:
                 self._stage.clear()
-            work = self.work(task, batch, layers, response)
+            work = self.work(task, batch, layers, response, prompt)
             hit = self._stage[key] = self.cm.task_time(work, Placement(device_type, tp, 1, tp_link=link)).seconds
         return hit
 

@@ -39,18 +39,32 @@ def workload_points(workload: WorkloadSpec, devices: int) -> dict[str, list[tupl
     prompt_max = max(prompt_mean, workload.prompt_len.cap)
     resp_mean = max(1, round(workload.response_len.mean))
     resp_max = max(resp_mean, workload.response_len.cap)
+    # the widths `hetprof run` pads to, as the planner prices them (planner/taskcosts.py): a step's
+    # inference and training batch is as wide as its longest prompt plus its longest response
+    padded = max(1, round(workload.prompt_len.expected_longest(workload.prompts_per_step)
+                          + workload.response_len.expected_longest(workload.sequences_per_step)))
     prompts = sorted({prompt_mean, prompt_max})
-    sequences = sorted({prompt_mean + resp_mean, prompt_max + resp_max})
+    sequences = sorted({prompt_mean + resp_mean, prompt_max + resp_max, padded})
     contexts = sorted({prompt_mean + 1, prompt_mean + max(1, resp_mean // 2), prompt_max + resp_max})
     batches = sorted({math.ceil(workload.sequences_per_step / d) for d in dp_degrees(devices)})
     train_batches = sorted({max(1, math.ceil(b / workload.mini_batches)) for b in batches})
+
+    def gen_prompts(batch: int) -> list[int]:
+        """A generator replica's prompts, unpadded and padded to its longest (its distinct prompts)."""
+        longest = workload.prompt_len.expected_longest(math.ceil(batch / workload.responses_per_prompt))
+        return sorted({*prompts, max(1, round(longest))})
+
+    def gen_contexts(batch: int) -> list[int]:
+        return sorted({*contexts, *(p + 1 for p in gen_prompts(batch)),
+                       *(p + max(1, resp_mean // 2) for p in gen_prompts(batch))})
+
     return {
         # generation's prefill over prompts, and the inference forward over whole sequences
-        "prefill": [(b, n) for b in batches for n in (*prompts, *sequences)],
-        "decode": [(b, n) for b in batches for n in contexts],
+        "prefill": [(b, n) for b in batches for n in sorted({*gen_prompts(b), *sequences})],
+        "decode": [(b, n) for b in batches for n in gen_contexts(b)],
         "train": [(b, n) for b in train_batches for n in sequences],
         # a whole generation call over the prompts (what it costs beyond its phases)
-        "generate": [(b, n) for b in batches for n in prompts],
+        "generate": [(b, n) for b in batches for n in gen_prompts(b)],
     }
 
 

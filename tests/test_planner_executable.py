@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
 from hetprof.cli import cli
-from hetprof.costmodels import get_cost_model
+from hetprof.costmodels import Placement, get_cost_model
 from hetprof.errors import InfeasibleError
 from hetprof.executor.groups import check_supported
 from hetprof.models import PRESETS
@@ -97,3 +98,53 @@ def test_plan_command_writes_plans_the_executor_accepts(tmp_path):
                                      str(workload), "--max-evals", "150", "--budget-s", "60", "--out", str(out)])
     assert done.exit_code == 0, done.output
     assert check_supported(Plan.from_dict(json.loads(out.read_text())), cuda_available=True) == "nccl"
+
+
+def test_expected_longest_is_what_a_batch_pads_to():
+    from hetprof.specs.workload import LengthDist
+
+    fixed = LengthDist(mean=100.0, max=120)
+    assert fixed.expected_longest(64) == 100.0
+    tail = LengthDist(mean=256.0, max=1024, dist="lognormal", std=128.0)
+    rng = np.random.default_rng(123)
+    brute = tail.sample(64 * 20_000, rng).reshape(20_000, 64).max(axis=1).mean()
+    assert tail.expected_longest(64) == pytest.approx(brute, rel=0.01)
+    grows = [tail.expected_longest(k) for k in (1, 4, 64, 4096)]
+    assert grows == sorted(grows) and grows[0] == pytest.approx(256, rel=0.02) and grows[-1] <= 1024
+    assert tail.expected_longest(64) == tail.expected_longest(64)  # seeded: planner and profiler agree
+
+
+def test_runnable_plans_price_the_widths_the_run_pads_to():
+    wl = WorkloadSpec.from_dict({**WORKLOAD, "prompt_len": {"mean": 256, "max": 1024, "dist": "lognormal", "std": 128},
+                                 "response_len": {"mean": 256, "max": 1024, "dist": "lognormal", "std": 200}})
+    cm = get_cost_model("analytical")
+    padded = Simulator(_cluster(), wl, cm, executable=True)
+    packed = Simulator(_cluster(), wl, cm)
+    longest_prompt = wl.prompt_len.expected_longest(wl.prompts_per_step)
+    longest_response = wl.response_len.expected_longest(wl.sequences_per_step)
+    assert padded.costs.sequence_prompt == longest_prompt and padded.costs.sequence_response == longest_response
+    assert packed.costs.sequence_prompt == 256 and packed.costs.sequence_response == 256
+    dev = next(iter(padded.devices))
+    batch = 16
+    for sim, prompt, response in ((padded, longest_prompt, longest_response), (packed, 256.0, 256.0)):
+        step = cm.task_time(sim.costs.work("actor_train", batch // wl.mini_batches, None, response, prompt),
+                            Placement(sim.devices[dev].type, 1)).seconds
+        assert sim.replica_seconds("actor_train", [dev], 1, 1, batch) == pytest.approx(
+            step * wl.mini_batches * wl.ppo_epochs)
+    # a generator replica pads its own prompts: fewer prompts, narrower than the whole step
+    assert 256 < padded.costs.generation_prompt(16) < longest_prompt
+    # memory keeps the declared means, so the independent checker recomputes the same bytes
+    assert padded.costs.memory("actor_train", "A100-80GB", 1, 36, 8) == packed.costs.memory(
+        "actor_train", "A100-80GB", 1, 36, 8)
+
+
+def test_the_profilers_workload_grid_times_the_padded_widths():
+    from hetprof.profiler.workloadgrid import workload_points
+
+    wl = WorkloadSpec.from_dict({**WORKLOAD, "prompt_len": {"mean": 256, "max": 1024, "dist": "lognormal", "std": 128}})
+    pts = workload_points(wl, 2)
+    whole = round(wl.prompt_len.expected_longest(wl.prompts_per_step)
+                  + wl.response_len.expected_longest(wl.sequences_per_step))
+    assert (32, whole) in pts["train"] and (64, whole) in pts["prefill"]
+    gen = round(wl.prompt_len.expected_longest(32 // wl.responses_per_prompt))
+    assert (32, gen) in pts["generate"] and (32, gen) in pts["prefill"] and (32, gen + 1) in pts["decode"]

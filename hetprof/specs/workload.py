@@ -12,6 +12,8 @@ from hetprof.errors import SpecError
 from hetprof.models import ModelShape, resolve_model
 from hetprof.specs.loader import field, from_data, non_negative, positive, read_file, to_data
 
+LONGEST_DRAWS = 1 << 18  # lengths drawn to estimate the expected longest of a batch
+
 
 @dataclasses.dataclass
 class LengthDist:
@@ -43,6 +45,15 @@ class LengthDist:
             sigma = np.sqrt(np.log1p((self.std / self.mean) ** 2)) if self.std > 0 else 0.5
             x = rng.lognormal(np.log(self.mean) - sigma**2 / 2, sigma, n)
         return np.clip(np.rint(x), 1, self.cap).astype(int)
+
+    def expected_longest(self, k: int) -> float:
+        """The expected longest of `k` lengths: what a batch of k is padded to (Monte Carlo, seeded
+        by k, so the planner and the profiler's workload grid agree on it)."""
+        k = max(1, int(k))
+        if self.dist == "fixed":
+            return float(min(self.mean, self.cap))
+        groups = max(16, LONGEST_DRAWS // k)
+        return float(self.sample(groups * k, np.random.default_rng(k)).reshape(groups, k).max(axis=1).mean())
 
 
 @dataclasses.dataclass
