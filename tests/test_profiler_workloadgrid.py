@@ -17,11 +17,20 @@ def test_dp_degrees_dense_on_small_clusters_sampled_on_large():
 
 
 def test_points_of_the_demo_workload_cover_what_the_simulator_asks():
-    w = WorkloadSpec.load(ROOT / "examples" / "workloads" / "grpo-tiny.yaml")  # 64 sequences, prompts 68/72
+    from hetprof.costmodels import get_cost_model
+    from hetprof.planner.simulator import Simulator
+    from hetprof.specs import ClusterSpec
+
+    w = WorkloadSpec.load(ROOT / "examples" / "workloads" / "grpo-tiny.yaml")  # 64 sequences, prompts ~67, cap 71
     pts = workload_points(w, 2)
-    assert {(64, 68), (32, 68), (32, 72), (32, 71), (32, 75)} <= set(pts["prefill"])
-    assert {(32, 69), (32, 75)} <= set(pts["decode"])
-    assert set(pts["train"]) == {(32, 71), (32, 75), (16, 71), (16, 75)}  # mini_batches: 2
+    assert {(64, 67), (32, 67), (32, 71), (32, 70), (32, 74)} <= set(pts["prefill"])  # means and caps
+    # the padded widths a runnable plan is priced at (and `hetprof run` computes) on two slots
+    cluster = ClusterSpec.from_dict({"name": "two", "hosts": [{"name": "h", "gpus": {"type": "cpu", "count": 2}}]})
+    costs = Simulator(cluster, w, get_cost_model("analytical"), executable=True).costs
+    gen, whole = round(costs.generation_prompt(32)), round(costs.sequence_prompt + costs.sequence_response)
+    assert gen > 67 and whole > 70
+    assert {(32, gen), (32, whole)} <= set(pts["prefill"]) and (32, gen) in pts["generate"]
+    assert (32, gen + 1) in pts["decode"] and {(16, whole), (32, whole)} <= set(pts["train"])  # mini_batches: 2
 
 
 def test_every_role_model_once():
