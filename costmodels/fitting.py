@@ -174,14 +174,18 @@ def task_groups(db: Any, task: str | None = None, device: str | None = None,
     return groups
 
 
+def _by_shape(part: pd.DataFrame):
+    """The rows of each distinct shape (every column but identities and the measurement), in order."""
+    keys = [c for c in part.columns if c not in _NON_SHAPE and c != "device_type" and part[c].notna().any()]
+    shaped = part[keys].map(str).agg("|".join, axis=1) if keys else pd.Series("", index=part.index)
+    return (rows for _, rows in part.groupby(shaped.to_numpy(), sort=True))
+
+
 def _group(bench: str, dev: str, dtype: str, threads: int | None, part: pd.DataFrame,
            skipped: list[str] | None, stat: str, envelope: bool) -> Group | None:
-    keys = [c for c in part.columns if c not in _NON_SHAPE and part[c].notna().any()]
-    keys = [c for c in keys if c != "device_type"]
-    shaped = part[keys].map(str).agg("|".join, axis=1) if keys else pd.Series("", index=part.index)
     phases_, secs, shapes, noise, sources, bad = [], [], [], [], [], 0
     runs, dps, hosts = [], [], []
-    for _, rows in part.groupby(shaped.to_numpy(), sort=True):
+    for rows in _by_shape(part):
         first = rows.iloc[0].to_dict()
         try:
             ph = phase_from_row(bench, first)
@@ -362,10 +366,8 @@ def _call_rows(part: pd.DataFrame, pre: TaskFit, dec: TaskFit, stat: str,
         x = phase_features(ph, f.device_type)
         return get_family(f.family).predict_one(f.params, x) * pointcorrections.ratio(tables[id(f)], x)
 
-    keys = [c for c in part.columns if c not in _NON_SHAPE and c != "device_type" and part[c].notna().any()]
-    shaped = part[keys].map(str).agg("|".join, axis=1)
     out = []
-    for _, group in part.groupby(shaped.to_numpy(), sort=True):
+    for group in _by_shape(part):
         first = group.iloc[0].to_dict()
         try:
             base = phase_from_row("task.prefill", first)

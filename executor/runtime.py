@@ -238,9 +238,12 @@ class Worker:
             f.result()  # a failed write (disk full, locked database) fails the run visibly
 
     # ---- phases ------------------------------------------------------------------------------
-    def _recv(self, src: int, tag_: int, what: str) -> dict[str, torch.Tensor]:
-        """Receive from a peer; a dead or hung peer becomes an error that names it."""
+    def _recv(self, src: int, tag_: int, what: str, reports: bool = False) -> dict[str, torch.Tensor]:
+        """Receive from a peer (a loop message, or with `reports` an iteration report, kept on the
+        CPU); a dead or hung peer becomes an error that names it."""
         try:
+            if reports:
+                return recv_tensors(src, tag_, torch.device("cpu"), self.report_group)
             got = recv_tensors(src, tag_, self.msg_device, self.msg_group)
             return {k: v.to(self.device) for k, v in got.items()}
         except (RuntimeError, dist.DistError) as exc:
@@ -424,16 +427,10 @@ class Worker:
         self._pending = [f for f in self._pending if not f.done() or f.result()]
         self._pending.append(self.writer.submit(self._record, b, seconds, info))
 
-    def _receive_report(self, src: int, b: int) -> dict:
-        try:
-            got = recv_tensors(src, tag(b, REPORT), torch.device("cpu"), self.report_group)
-        except (RuntimeError, dist.DistError) as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise ExecutionError(f"{self.topo.describe(src)} sent no report of iteration {b}: {first}") from None
-        return json.loads(got["report"].numpy().tobytes().decode())
-
     def _record(self, b: int, seconds: float, mine: dict) -> None:
-        gathered = [mine if r == self.rank else self._receive_report(r, b) for r in range(dist.get_world_size())]
+        gathered = [mine if r == self.rank else json.loads(
+            self._recv(r, tag(b, REPORT), f"report of iteration {b}", reports=True)["report"].numpy().tobytes())
+            for r in range(dist.get_world_size())]
         stages: dict[str, float] = {}
         replicas: dict[str, list[float]] = {}
         for task, tr in self.topo.tasks.items():

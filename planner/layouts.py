@@ -99,7 +99,7 @@ def degree_limits(sim: Simulator, task: str, max_tp: int = 8, max_pp: int = 4) -
     model = task_model(sim, task)
     tps = tuple(tp for tp in divisors(model.heads) if tp <= max_tp)
     stages = min(max_pp, model.layers)
-    if getattr(sim, "executable", False):
+    if sim.executable:
         tps = tuple(tp for tp in tps if executable.tp_divides(model, tp))
         stages = stages if executable.may_pipeline(task) else 1
     return tps, stages
@@ -390,7 +390,7 @@ def balanced_layout(sim: Simulator, task: str, replicas: Sequence[tuple[str, ...
     timers = []
     # Planning for `hetprof run`: training replicas average gradients stage by stage, so they share
     # one split — the one balanced for the first (by the locality-first order, the most common) kind.
-    shared = getattr(sim, "executable", False) and pp > 1 and TASKS[task][0] == "training"
+    shared = sim.executable and pp > 1 and TASKS[task][0] == "training"
     for r in replicas:
         kind = _replica_key(sim, replicas[0] if shared else r, tp, pp)
         skey = ("split", task, kind, tp, pp, nominal)

@@ -49,22 +49,17 @@ def workload_points(workload: WorkloadSpec, devices: int) -> dict[str, list[tupl
     batches = sorted({math.ceil(workload.sequences_per_step / d) for d in dp_degrees(devices)})
     train_batches = sorted({max(1, math.ceil(b / workload.mini_batches)) for b in batches})
 
-    def gen_prompts(batch: int) -> list[int]:
-        """A generator replica's prompts, unpadded and padded to its longest (its distinct prompts)."""
-        longest = workload.prompt_len.expected_longest(math.ceil(batch / workload.responses_per_prompt))
-        return sorted({*prompts, max(1, round(longest))})
-
-    def gen_contexts(batch: int) -> list[int]:
-        return sorted({*contexts, *(p + 1 for p in gen_prompts(batch)),
-                       *(p + max(1, resp_mean // 2) for p in gen_prompts(batch))})
-
+    # a generator replica's prompts, unpadded and padded to its longest (of its distinct prompts)
+    gen = {b: sorted({*prompts, max(1, round(workload.prompt_len.expected_longest(
+        math.ceil(b / workload.responses_per_prompt))))}) for b in batches}
     return {
         # generation's prefill over prompts, and the inference forward over whole sequences
-        "prefill": [(b, n) for b in batches for n in sorted({*gen_prompts(b), *sequences})],
-        "decode": [(b, n) for b in batches for n in gen_contexts(b)],
+        "prefill": [(b, n) for b in batches for n in sorted({*gen[b], *sequences})],
+        "decode": [(b, n) for b in batches
+                   for n in sorted({*contexts, *(p + 1 for p in gen[b]), *(p + max(1, resp_mean // 2) for p in gen[b])})],
         "train": [(b, n) for b in train_batches for n in sequences],
         # a whole generation call over the prompts (what it costs beyond its phases)
-        "generate": [(b, n) for b in batches for n in gen_prompts(b)],
+        "generate": [(b, n) for b in batches for n in gen[b]],
     }
 
 
