@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import tempfile
 
 from hetprof.errors import ExecutionError
@@ -27,13 +26,6 @@ from hetprof.executor.launch_checks import (
 from hetprof.executor.options import RunOptions
 from hetprof.executor.records import plan_hash
 from hetprof.specs import Plan
-
-
-def free_port() -> int:
-    """A TCP port free on this host now, for a single-host rendezvous nobody else needs to find."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def node_host(plan: Plan, nnodes: int, node_rank: int) -> str:
@@ -91,7 +83,9 @@ def launch(options: RunOptions, nnodes: int = 1, node_rank: int = 0, rdzv: str |
     nproc = len(host_devices(plan, host))
     if nnodes > 1 and not rdzv:
         raise ExecutionError("a multi-host run needs --rdzv HOST:PORT (node 0's address, reachable from all)")
-    endpoint = rdzv or f"127.0.0.1:{free_port()}"
+    # One host: the agent's store binds port 0 itself (no other process needs to find it, and a
+    # port picked beforehand could be taken before the store binds it).
+    endpoint = rdzv or "127.0.0.1:0"
     if local_addr is None and nnodes > 1:
         # The cluster spec's address for this host is how the others reach it; torch would
         # otherwise advertise the host name, which need not resolve there (namespaces, NAT).

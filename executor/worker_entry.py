@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from hetprof.distributed import leave_process_group
 from hetprof.errors import ExecutionError
 from hetprof.executor.launch_checks import check_supported, device_kind, host_devices, load_plan
 from hetprof.executor.options import RunOptions
@@ -24,6 +25,7 @@ from hetprof.executor.process_groups import ProcessGroups
 from hetprof.executor.runtime import Worker
 from hetprof.executor.topology import Topology
 from hetprof.hostmemory import keep_freed_memory
+from hetprof.specs import Plan
 
 
 def worker_main(options: RunOptions, host: str) -> None:
@@ -54,6 +56,15 @@ def _worker(options: RunOptions, host: str) -> None:
         device = torch.device("cuda", int(device_id.rsplit(":", 1)[1]))
         torch.cuda.set_device(device)
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=options.timeout_s))
+    _run(options, plan, device_id, device)
+    # Torn down only on success, once the worker and its groups are out of scope: after a failure a
+    # peer may be dead or hung and tearing down could wait on it; the process exits and the agent
+    # stops the rest.
+    leave_process_group()
+
+
+def _run(options: RunOptions, plan: Plan, device_id: str, device: torch.device) -> None:
+    """Meet the other workers, build the topology and the process groups, and run the loop."""
     ids: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(ids, device_id)
     if len(set(ids)) != len(ids):
@@ -61,7 +72,3 @@ def _worker(options: RunOptions, host: str) -> None:
     topo = Topology(plan, {d: r for r, d in enumerate(ids)})
     groups = ProcessGroups.build(topo)
     Worker(options, topo, groups, dist.get_rank(), device).run()
-    dist.barrier()
-    # Torn down only on success: after a failure a peer may be dead or hung, and tearing down
-    # could wait on it; the process exits and the agent stops the rest.
-    dist.destroy_process_group()

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from hetprof.distributed import unassigned_port
 from hetprof.executor.handwritten_plan import handwritten_plan
-from hetprof.executor.launch import free_port
 from hetprof.executor.records import read_log
 from hetprof.specs import WorkloadSpec
 
@@ -76,7 +76,7 @@ def test_two_hosts_meet_by_rendezvous_and_complete_an_iteration(tmp_path, two_ho
     plan = handwritten_plan(cluster, workload, {"actor_gen": ["hosta:0"], "ref_infer": ["hostb:0"],
                                            "actor_train": ["hostb:0"]})
     plan.save(tmp_path / "plan.json")
-    port = free_port()
+    port = unassigned_port()
     procs = []
     for rank in (0, 1):
         cmd = ["ip", "netns", "exec", ns[rank], "env", f"GLOO_SOCKET_IFNAME={ifs[rank]}", HETPROF,

@@ -15,11 +15,11 @@ from __future__ import annotations
 import os
 import statistics
 
+from hetprof.distributed import file_init_method
 from hetprof.errors import ExecutionError
 from hetprof.profiler import taskmodels
 from hetprof.profiler.context import ProfileContext
 from hetprof.profiler.registry import Suite, register
-from hetprof.profiler.suites.collectives import free_port
 from hetprof.profiler.suites.tasks import default_dtype
 
 BENCHMARK = "dp.train_step"
@@ -59,7 +59,7 @@ def run_world(world: int, backend: str, points: list[dict], *, warmup: int, repe
 
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    init = f"tcp://127.0.0.1:{free_port()}"
+    init = file_init_method()  # a file store: no port to race for
     procs = mp.start_processes(worker, args=(world, init, backend, points, warmup, repeats, threads, results),
                                nprocs=world, join=False, start_method="spawn")
     try:
