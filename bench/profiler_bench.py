@@ -10,6 +10,7 @@ Measured side by side in one run:
 
 from __future__ import annotations
 
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -77,6 +78,59 @@ def quick_profile_row(workdir: Path) -> tuple:
             f"{'ok' if ratio <= 1 else 'MISSED'} (≤ 1.00)")
 
 
+def _plain_median(fn, repeats: int = 7) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def suite_rows(workdir: Path) -> list[tuple]:
+    """The compute and memory suites on one thread against plain torch timed just before and after
+    them (the better of the two: the machine is shared)."""
+    import torch
+
+    from hetprof.profiler.context import ProfileContext
+    from hetprof.profiler.suites.compute import ComputeSuite
+    from hetprof.profiler.suites.memory import MemorySuite, sizes_for
+    from hetprof.profiles import ProfileDB
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    a, b = torch.rand(1024, 1024) + 0.5, torch.rand(1024, 1024) + 0.5
+    size = sizes_for("cpu", True)[0]
+    src = torch.rand(size // 4) + 0.5
+    dst = torch.empty_like(src)
+    try:
+        def plain() -> tuple[float, float]:
+            return (2 * 1024**3 / _plain_median(lambda: a @ b) / 1e12,
+                    2 * size / _plain_median(lambda: dst.copy_(src)))
+
+        before = plain()
+        with ProfileDB(workdir / "suites.db") as db:
+            ctx = ProfileContext(db=db, host="bench", device="cpu", device_id=None, quick=True, threads=1,
+                                 devices=["cpu"])
+            ComputeSuite().run(ctx)
+            MemorySuite().run(ctx)
+            matmul, copy = db.samples("compute.matmul"), db.samples("memory.copy")
+        after = plain()
+    finally:
+        torch.set_num_threads(threads)
+    tflops = matmul[(matmul.m == 1024) & (matmul.n == 1024) & (matmul.k == 1024)]["tflops"].median()
+    bandwidth = copy[copy.size_bytes == size]["bandwidth_Bps"].median()
+    rows = []
+    for what, ours, ref, unit, scale in (("compute.matmul 1024³ fp32", tflops, max(before[0], after[0]), "TFLOP/s", 1),
+                                         (f"memory.copy {size >> 20} MiB", bandwidth, max(before[1], after[1]),
+                                          "GB/s", 1e-9)):
+        ratio = ours / ref
+        rows.append((f"{what}, 1 thread", f"plain torch {ref * scale:.3g} {unit}", f"{ours * scale:.3g} {unit}",
+                     f"{ratio:.2f}", f"{'ok' if 0.5 < ratio < 2.0 else 'MISSED'} (0.5–2)"))
+    return rows
+
+
 @click.command()
 @click.option("--quick", is_flag=True, help="shorter link sweeps (the quick profile is timed either way)")
 @click.option("--rates", default="50,200,800", show_default=True, help="shaped link rates in Mbit/s")
@@ -84,6 +138,7 @@ def main(quick: bool, rates: str) -> None:
     rate_list = [float(r) for r in rates.split(",")]
     with tempfile.TemporaryDirectory(prefix="hetprof-bench-") as tmp:
         rows = link_rows(rate_list, quick, Path(tmp))
+        rows.extend(suite_rows(Path(tmp)))
         rows.append(quick_profile_row(Path(tmp)))
     table = Table(title="profiler bench: configured vs measured (one run, side by side)")
     for col in ("what", "configured / goal", "measured", "ratio", "verdict"):

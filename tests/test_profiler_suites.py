@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import pytest
 import torch
 
@@ -22,46 +19,30 @@ def _ctx(db, device_id=None, **kw) -> ProfileContext:
                           devices=["cpu"], **kw)
 
 
-def _plain_median(fn, repeats: int = 7) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def test_matmul_tflops_within_2x_of_plain_torch(tmp_path, one_thread):
-    a, b = torch.rand(1024, 1024) + 0.5, torch.rand(1024, 1024) + 0.5
-    before = 2 * 1024**3 / _plain_median(lambda: a @ b) / 1e12
+def test_matmul_rows_carry_their_shape_rate_and_thread_count(tmp_path, one_thread):
+    """How close the rate is to plain torch is a timing: bench/profiler_bench.py reports it."""
     with ProfileDB(tmp_path / "p.db") as db:
         ctx = _ctx(db)
         ComputeSuite().run(ctx)
         df = db.samples("compute.matmul")
-    after = 2 * 1024**3 / _plain_median(lambda: a @ b) / 1e12
-    reference = max(before, after)  # the machine is shared: the better of two side-by-side timings
-    ours = df[(df.m == 1024) & (df.n == 1024) & (df.k == 1024)]["tflops"].median()
+    square = df[(df.m == 1024) & (df.n == 1024) & (df.k == 1024)]
+    assert len(square) >= 3 and (square["tflops"] > 0).all()
+    assert ((square["tflops"] * 1e12 * square["seconds"]).round() == 2 * 1024**3).all()
     assert set(df["dtype"]) == {"fp32"}  # fp32 only on the CPU
-    assert 0.5 < ours / reference < 2.0, (ours, before, after)
     assert "best" in ctx.summary[0].headline and "median" in ctx.summary[0].headline
     assert (df["threads"] == 1).all()
 
 
-def test_copy_bandwidth_within_2x_of_plain_torch(tmp_path, one_thread):
+def test_copy_rows_stream_from_memory_and_count_read_plus_write(tmp_path, one_thread):
+    """How close the bandwidth is to plain torch is a timing: bench/profiler_bench.py reports it."""
     size = sizes_for("cpu", True)[0]
     llc = hostinfo.last_level_cache_bytes()
     if llc:
         assert size >= 4 * llc  # streams from memory, not from cache
-    src = torch.rand(size // 4) + 0.5
-    dst = torch.empty_like(src)
-    before = 2 * size / _plain_median(lambda: dst.copy_(src))
     with ProfileDB(tmp_path / "p.db") as db:
         MemorySuite().run(_ctx(db))
         df = db.samples("memory.copy")
-    after = 2 * size / _plain_median(lambda: dst.copy_(src))
-    ours = df[df.size_bytes == size]["bandwidth_Bps"].median()
-    assert 0.5 < ours / max(before, after) < 2.0, (ours, before, after)
+    assert set(df["size_bytes"]) == set(sizes_for("cpu", True)) and (df["bandwidth_Bps"] > 0).all()
     assert ((df["bandwidth_Bps"] * df["seconds"]).round() == 2 * df["size_bytes"]).all()
 
 
