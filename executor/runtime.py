@@ -65,7 +65,7 @@ class Worker:
         self.recorder = Recorder(options, topo, rank, groups.reports, self.models.console)
         self.weights = SyncEdges(options, topo, groups, rank, device, self.models)
         self.hash = plan_hash(self.plan)
-        self.run_name = f"run-{self.hash[:8]}-{datetime.datetime.now(datetime.UTC):%Y%m%dT%H%M%S}"
+        self.run_name = f"run-{self.hash[:8]}-{datetime.datetime.now(datetime.timezone.utc):%Y%m%dT%H%M%S}"
         device_types = {d.id: d.type for d in self.plan.cluster_spec().devices()}
         self.rank_info = RankInfo(
             device_type=device_types.get(topo.device_of[rank]), threads=torch.get_num_threads(),

@@ -7,7 +7,17 @@ member so a typo fails at import time instead of silently matching nothing.
 
 from __future__ import annotations
 
-from enum import StrEnum
+from enum import Enum
+
+
+class StrEnum(str, Enum):
+    """A member is its plain name in f-strings, JSON and dict keys (enum.StrEnum before Python 3.11)."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
 
 
 class Role(StrEnum):
