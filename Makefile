@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # never reaches for the multi-GB CUDA wheels.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install test demo lint bench clean
+.PHONY: install test test-fast demo lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -18,9 +18,15 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# ruff first (seconds), then every test; multi-process and multi-host tests are marked `slow`.
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q -p no:cacheprovider
+
+# The unit tests only: no worker processes, no network namespaces, no GPU.
+test-fast: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/pytest -q -p no:cacheprovider -m "not slow and not netns and not gpu"
 
 demo: $(STAMP)
 	$(BIN)/python examples/demo.py

@@ -15,6 +15,7 @@ from typing import Any
 from hetprof.errors import SpecError
 from hetprof.specs import ClusterSpec, Group, Layout, Plan, Prediction, Tasklet, TaskPlacement, WorkloadSpec
 from hetprof.specs import workload_tasks as tasks_of
+from hetprof.specs.vocabulary import Task
 
 
 def handwritten_plan(cluster: ClusterSpec | Mapping[str, Any], workload: WorkloadSpec | Mapping[str, Any],
@@ -43,8 +44,7 @@ def handwritten_plan(cluster: ClusterSpec | Mapping[str, Any], workload: Workloa
             raise SpecError(None, f"shares.{task}", f"{len(devices)} shares (one per replica)", share)
         total = sum(share)
         share = [s / total for s in share]
-        role = {"actor_gen": "actor", "actor_train": "actor", "ref_infer": "reference",
-                "reward_infer": "reward", "critic_infer": "critic", "critic_train": "critic"}[task]
+        role = Task(task).role
         n_layers = layers[role].layers
         placements.append(TaskPlacement(
             task=task, group="", layout=Layout(dp=len(devices), tp=tp),

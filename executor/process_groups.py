@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from hetprof.executor.topology import Topology
-from hetprof.specs.vocabulary import SyncEdge, TaskKind
+from hetprof.specs.vocabulary import SyncEdge, Task, TaskKind
 
 
 class ProcessGroups:
@@ -91,7 +91,7 @@ class ProcessGroups:
         groups: dict[str, dist.ProcessGroup | None] = {}
         for t in [*topo.training_tasks(), *topo.inference_tasks()]:
             groups[t.task] = dist.new_group(sorted(t.ranks), backend=backend)
-        groups["actor_gen"] = dist.new_group(sorted(topo.generators), backend=backend)
+        groups[Task.ACTOR_GEN] = dist.new_group(sorted(topo.generators), backend=backend)
         for t in topo.tasks.values():
             if t.tp > 1 or t.pp > 1:
                 _add_model_parallel(groups, topo, t.task, backend)

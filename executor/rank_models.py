@@ -33,6 +33,7 @@ from hetprof.executor.topology import Topology
 from hetprof.executor.weightsync import flatten_params
 from hetprof.models import PRESETS
 from hetprof.specs import WorkloadSpec
+from hetprof.specs.vocabulary import Role, Task
 
 # The RLBatch fields that travel to training replicas (None fields are left out).
 BATCH_FIELDS = ("input_ids", "attention_mask", "mask", "rewards", "behaviour_logprobs", "ref_logprobs",
@@ -67,7 +68,7 @@ class RankModels:
         self.rank = rank
         self.console = Console()
         self.training = workload.training
-        actor = model_ref(workload, "actor")
+        actor = model_ref(workload, Role.ACTOR)
         self.tokenizer = load_tokenizer(actor)
         self.pad_id = self.tokenizer.pad_id
         # Masters and optimizer state in fp32; generation and inference in the workload's precision
@@ -84,32 +85,32 @@ class RankModels:
         self.models: dict[str, torch.nn.Module] = {}
         self.learners: dict[str, Any] = {}
         self.sharded: dict[str, ShardedModel] = {}  # tasks this rank runs tensor- or pipeline-parallel
-        if "actor_gen" in tasks:
+        if Task.ACTOR_GEN in tasks:
             model = build_causal_lm(actor, seed=seed, dtype=self.infer_dtype, device=device)
-            self.models["actor_gen"] = self._place("actor_gen", model, head="lm")
-            self.backend = get_backend(options.backend)(self.models["actor_gen"], self.tokenizer, device)
-        if "ref_infer" in tasks:
-            model = build_causal_lm(model_ref(workload, "reference"), seed=seed, dtype=self.infer_dtype,
+            self.models[Task.ACTOR_GEN] = self._place(Task.ACTOR_GEN, model, head="lm")
+            self.backend = get_backend(options.backend)(self.models[Task.ACTOR_GEN], self.tokenizer, device)
+        if Task.REF_INFER in tasks:
+            model = build_causal_lm(model_ref(workload, Role.REFERENCE), seed=seed, dtype=self.infer_dtype,
                                     device=device).eval()
-            self.models["ref_infer"] = self._place("ref_infer", model, head="lm", flatten=False)
-        if "critic_infer" in tasks:
-            model = build_value_model(model_ref(workload, "critic"), seed=seed + 1, dtype=self.infer_dtype,
+            self.models[Task.REF_INFER] = self._place(Task.REF_INFER, model, head="lm", flatten=False)
+        if Task.CRITIC_INFER in tasks:
+            model = build_value_model(model_ref(workload, Role.CRITIC), seed=seed + 1, dtype=self.infer_dtype,
                                       device=device).eval()
-            self.models["critic_infer"] = self._place("critic_infer", model, head="value")
-        if "reward_infer" in tasks:
+            self.models[Task.CRITIC_INFER] = self._place(Task.CRITIC_INFER, model, head="value")
+        if Task.REWARD_INFER in tasks:
             from hetprof.executor.rewards import RewardModelScorer
 
-            rm = build_reward_model(model_ref(workload, "reward"), seed=seed + 2, dtype=self.infer_dtype,
+            rm = build_reward_model(model_ref(workload, Role.REWARD), seed=seed + 2, dtype=self.infer_dtype,
                                     device=device).eval()
-            self.models["reward_infer"] = self._place("reward_infer", rm, head="value", flatten=False)
+            self.models[Task.REWARD_INFER] = self._place(Task.REWARD_INFER, rm, head="value", flatten=False)
             self.reward_model = RewardModelScorer(rm, self.tokenizer, device)
-        if "actor_train" in tasks:
+        if Task.ACTOR_TRAIN in tasks:
             model = build_causal_lm(actor, seed=seed, dtype=self.train_dtype, device=device)
-            self._add_learner("actor_train", model, self.training.lr)
-        if "critic_train" in tasks:
-            model = build_value_model(model_ref(workload, "critic"), seed=seed + 1, dtype=self.train_dtype,
+            self._add_learner(Task.ACTOR_TRAIN, model, self.training.lr)
+        if Task.CRITIC_TRAIN in tasks:
+            model = build_value_model(model_ref(workload, Role.CRITIC), seed=seed + 1, dtype=self.train_dtype,
                                       device=device)
-            self._add_learner("critic_train", model, self.training.critic_lr)
+            self._add_learner(Task.CRITIC_TRAIN, model, self.training.critic_lr)
         from hetprof.executor.rewards import get_reward
 
         self.reward_fn = get_reward(options.reward)
@@ -143,7 +144,7 @@ class RankModels:
             # TP/PP: torch's tensor-parallel API and pipeline stages, data parallelism by an explicit
             # gradient average over the replicas (parallel.py says why not DDP/FSDP here).
             sharded = self.sharded[task] = ShardedModel(model, self.topo, self.groups, task, self.rank, self.device,
-                                                        head="lm" if task == "actor_train" else "value")
+                                                        head="lm" if task == Task.ACTOR_TRAIN else "value")
             wrapped = model = sharded.module
         else:
             if self.device.type == "cpu" or len(ranks) == 1:
@@ -156,7 +157,7 @@ class RankModels:
         # Sync runs generate with the very weights being trained (π_prox = π_behav): skip the recompute.
         self.learners[task] = Learner(wrapped, optimizer, self.algorithm, ppo_epochs=self.workload.ppo_epochs,
                                       mini_batches=self.workload.mini_batches,
-                                      role="actor" if task == "actor_train" else "critic",
+                                      role=Role.ACTOR if task == Task.ACTOR_TRAIN else Role.CRITIC,
                                       temperature=self.training.temperature, recompute_proximal=self.async_k > 0,
                                       seed=self.opts.seed, parallel=sharded)
 
@@ -185,19 +186,19 @@ class RankModels:
         pipe = self.sharded[task].pipeline if task in self.sharded else None
         if pipe is not None:  # every stage runs the schedule; the last stage's output reaches all
             out = pipe.forward(ids, mask)
-            if task == "ref_infer":
+            if task == Task.REF_INFER:
                 return {"ref_logprobs": logits_to_logprobs(out[:, :-1], ids[:, 1:], self.training.temperature)}
-            if task == "reward_infer":  # the score at each sequence's last attended token
+            if task == Task.REWARD_INFER:  # the score at each sequence's last attended token
                 t = torch.arange(mask.shape[1], device=mask.device)
                 last = (mask.bool() * t).amax(dim=1)
                 return {"rm_scores": out.gather(1, last[:, None]).squeeze(1).float()}
             raise ExecutionError(f"task {task}: no pipelined inference for it")
-        if task == "ref_infer":
+        if task == Task.REF_INFER:
             lp = token_logprobs(self.models[task], ids, mask, temperature=self.training.temperature)
             return {"ref_logprobs": lp.float()}
-        if task == "critic_infer":  # values in the trainer's shifted space (column t: state before token t+1)
+        if task == Task.CRITIC_INFER:  # values in the trainer's shifted space (column t: state before token t+1)
             return {"values": self.models[task](ids, mask)[:, :-1].float()}
-        if task == "reward_infer":
+        if task == Task.REWARD_INFER:
             return {"rm_scores": self.reward_model.score_ids(ids, mask).float()}
         raise ExecutionError(f"no inference role for task {task}")
 
@@ -239,7 +240,7 @@ class RankModels:
     def full_weights(self, role: str) -> dict[str, torch.Tensor] | None:
         """Every replica of a sharded (FSDP) trainer must take part in gathering the full weights
         before its lead can broadcast them; DDP replicas hold full copies and skip this."""
-        task = "actor_train" if role == "actor" else "critic_train"
+        task = Task.ACTOR_TRAIN if role == Role.ACTOR else Task.CRITIC_TRAIN
         if task in self.sharded:  # TP/PP: replica 0's ranks gather, its first rank gets the result
             return self.sharded[task].full_state()
         model = self.models.get(task)
@@ -251,16 +252,16 @@ class RankModels:
 
     def holds_receiver(self, role: str) -> bool:
         """Whether this rank holds a copy a sync must overwrite (a separate module from the trainer's)."""
-        name = "actor_gen" if role == "actor" else "critic_infer"
-        trainer = self.models.get("actor_train" if role == "actor" else "critic_train")
+        name = Task.ACTOR_GEN if role == Role.ACTOR else Task.CRITIC_INFER
+        trainer = self.models.get(Task.ACTOR_TRAIN if role == Role.ACTOR else Task.CRITIC_TRAIN)
         return name in self.models and (trainer is None or unwrap(trainer) is not unwrap(self.models[name]))
 
     def model_for_sync(self, role: str, sender: bool) -> torch.nn.Module:
         """The module whose parameters a sync edge sends (trainer) or overwrites (generator/inference)."""
-        if role == "actor":
-            name = "actor_train" if sender else "actor_gen"
+        if role == Role.ACTOR:
+            name = Task.ACTOR_TRAIN if sender else Task.ACTOR_GEN
         else:
-            name = "critic_train" if sender else "critic_infer"
+            name = Task.CRITIC_TRAIN if sender else Task.CRITIC_INFER
         if name not in self.models:
             raise ExecutionError(f"weight sync: this rank holds no {name} model")
         if name in self.sharded:  # full names and shapes (a pipeline stage's meta skeleton)
@@ -269,15 +270,15 @@ class RankModels:
 
     def sync_target(self, role: str) -> torch.nn.Module:
         """The module a received sync lands in (its flattened buckets are written in place)."""
-        return unwrap(self.models["actor_gen" if role == "actor" else "critic_infer"])
+        return unwrap(self.models[Task.ACTOR_GEN if role == Role.ACTOR else Task.CRITIC_INFER])
 
     def apply_weights(self, role: str):
         target = self.sync_target(role)
         if is_sharded(target):
             return load_full(target)  # each TP rank keeps its shard of the full tensors
-        if role == "actor":
+        if role == Role.ACTOR:
             return self.backend.load_weights
-        params = dict(unwrap(self.models["critic_infer"]).named_parameters())
+        params = dict(unwrap(self.models[Task.CRITIC_INFER]).named_parameters())
 
         def apply(state: dict[str, torch.Tensor]) -> None:
             with torch.no_grad():
@@ -292,7 +293,7 @@ class RankModels:
         TP position) such as "actor_train/stage1-tp0" (its own directory). Replica 0 writes each
         unit (`lead_only`); every replica loads the unit of its position."""
         units = []
-        for t in ("actor_train", "critic_train"):
+        for t in (Task.ACTOR_TRAIN, Task.CRITIC_TRAIN):
             if t not in self.learners:
                 continue
             if t in self.sharded:

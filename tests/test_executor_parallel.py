@@ -31,6 +31,8 @@ from hetprof.executor.topology import Topology
 from hetprof.executor.weightsync import WeightSync, copy_into, state_digest
 from hetprof.specs import ClusterSpec, Plan, WorkloadSpec
 
+pytestmark = pytest.mark.slow  # multi-process: `make test-fast` leaves it out
+
 ROOT = Path(__file__).resolve().parents[1]
 WORLD = 4
 DEVS = [f"localhost:{i}" for i in range(WORLD)]

@@ -10,9 +10,12 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
 from test_executor_parallel import DEVS, make_plan
 
 from hetprof.executor.records import read_log
+
+pytestmark = pytest.mark.slow  # multi-process: `make test-fast` leaves it out
 
 HETPROF = str(Path(__import__("sys").executable).with_name("hetprof"))
 

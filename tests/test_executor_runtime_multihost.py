@@ -21,6 +21,8 @@ from hetprof.executor.handwritten_plan import handwritten_plan
 from hetprof.executor.records import read_log
 from hetprof.specs import WorkloadSpec
 
+pytestmark = pytest.mark.slow  # multi-process: `make test-fast` leaves it out
+
 ROOT = Path(__file__).resolve().parents[1]
 HETPROF = str(Path(sys.executable).with_name("hetprof"))
 

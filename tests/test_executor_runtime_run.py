@@ -23,6 +23,8 @@ from hetprof.executor.records import read_log
 from hetprof.profiles import ProfileDB
 from hetprof.specs import ClusterSpec, WorkloadSpec
 
+pytestmark = pytest.mark.slow  # multi-process: `make test-fast` leaves it out
+
 ROOT = Path(__file__).resolve().parents[1]
 HETPROF = str(Path(os.sys.executable).with_name("hetprof"))
 

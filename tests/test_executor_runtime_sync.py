@@ -17,6 +17,8 @@ from torch import nn
 from hetprof.distributed import file_init_method, leave_process_group
 from hetprof.executor.weightsync import WeightSync, copy_into, flatten_params, make_buckets, state_digest
 
+pytestmark = pytest.mark.slow  # multi-process: `make test-fast` leaves it out
+
 WORLD = 4
 SYNC_RANKS = [0, 1, 3]  # rank 2 is on no sync edge, like an inference-only device
 

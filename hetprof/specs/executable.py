@@ -11,12 +11,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hetprof.models import ModelShape
+from hetprof.specs.vocabulary import Task, TaskKind
 
 # Tasks that run no pipeline stages, and why.
 UNPIPELINED = {
-    "actor_gen": ("the hf backend decodes token by token on one model copy, and vLLM's own pipeline "
+    Task.ACTOR_GEN: ("the hf backend decodes token by token on one model copy, and vLLM's own pipeline "
                   "parallelism is not wired to the weight sync"),
-    "critic_infer": ("it receives the critic's weights every iteration, and only whole or TP-sharded "
+    Task.CRITIC_INFER: ("it receives the critic's weights every iteration, and only whole or TP-sharded "
                      "models take a weight sync"),
 }
 
@@ -44,7 +45,7 @@ def layout_problems(task: str, kind: str, model: ModelShape, tp: int, pp: int,
         out.append(f"task {task} has layout {name}: this executor runs no pipeline stages for {task} "
                    f"({UNPIPELINED[task]})")
     splits = {tuple(s) for s in layer_splits}
-    if pp > 1 and kind == "training" and len(splits) > 1:
+    if pp > 1 and kind == TaskKind.TRAINING and len(splits) > 1:
         out.append(f"task {task} has layout {name} with replicas that split the layers differently "
                    f"({sorted(splits)}): replicas average gradients stage by stage, so every replica's "
                    f"stage s must hold the same layers")

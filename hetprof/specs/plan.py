@@ -27,14 +27,14 @@ TASKS: dict[str, tuple[str, str]] = {str(t): (str(t.kind), str(t.role)) for t in
 
 def workload_tasks(workload: WorkloadSpec) -> list[str]:
     """The tasks a workload has: GRPO drops the critic; a rule-based reward drops reward_infer."""
-    tasks = ["actor_gen", "ref_infer"]
+    tasks = [Task.ACTOR_GEN, Task.REF_INFER]
     if workload.models.reward:
-        tasks.append("reward_infer")
+        tasks.append(Task.REWARD_INFER)
     if workload.algorithm == "ppo":
-        tasks.append("critic_infer")
-    tasks.append("actor_train")
+        tasks.append(Task.CRITIC_INFER)
+    tasks.append(Task.ACTOR_TRAIN)
     if workload.algorithm == "ppo":
-        tasks.append("critic_train")
+        tasks.append(Task.CRITIC_TRAIN)
     return tasks
 
 

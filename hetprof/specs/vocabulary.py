@@ -11,10 +11,14 @@ from enum import Enum
 
 
 class StrEnum(str, Enum):
-    """A member is its plain name in f-strings, JSON and dict keys (enum.StrEnum before Python 3.11)."""
+    """A member is its plain name in f-strings, JSON, dict keys and the lists an error message prints
+    (enum.StrEnum before Python 3.11, with the plain repr too)."""
 
     def __str__(self) -> str:
         return str(self.value)
+
+    def __repr__(self) -> str:
+        return repr(self.value)
 
     def __format__(self, spec: str) -> str:
         return format(str(self.value), spec)
