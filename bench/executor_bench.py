@@ -104,8 +104,8 @@ def probe_points(workload: Path, slots: int) -> list[tuple[str, int, int]]:
 def probe_drift(db: Path, points: list[tuple[str, int, int]]) -> float:
     """How much slower the profiled kernels run now than when they were profiled (geometric mean).
 
-    This machine's speed drifts by 10–50% over minutes (other tenants share the host's caches and
-    memory bandwidth), and measured / predicted compares a run with rows profiled a minute or two
+    A shared machine's speed drifts over minutes (other tenants share the host's caches and memory
+    bandwidth), and measured / predicted compares a run with rows profiled a minute or two
     earlier. Re-timing a few of those very rows, by the profiler's own method in a fresh process,
     right around the run tells the drift apart from the cost model's error.
     """
@@ -154,11 +154,8 @@ def planned_run(work: Path, iterations: int, slots: int) -> list[dict]:
     workload = truthful_workload(work, slots)
     t0 = time.perf_counter()
     # The task rows and the data-parallel training steps in full, with the job's own shapes
-    # (`--workload`): the fit's held-out error on the quick grid's 7 repeats per point was 15–20% on
-    # this machine, 4–5% on the full grid; CPU kernel times are not smooth in shape (32 × 66 tokens
-    # took 27% longer than 32 × 64); and what a replica's step adds over the same step alone grows
-    # with the step — measured only on the 8 × 64 steps of the quick suite, it read 3.5–9 ms and the
-    # planned training stage swung 205–240 ms between profiles of one machine. Collectives quick.
+    # (`--workload`): the quick grid fits worse, CPU kernel times are not smooth in shape, and what
+    # a replica's step adds grows with the step (docs/DESIGN.md §10). Collectives quick.
     job = ("--workload", str(workload), "--cluster", str(cluster))
     hetprof("profile", "--suite", "tasks", "--suite", "dptrain", "--models", "tiny", *job, db=db, cwd=work)
     hetprof("profile", "--quick", "--suite", "collectives", "--models", "tiny", db=db, cwd=work)
@@ -167,8 +164,8 @@ def planned_run(work: Path, iterations: int, slots: int) -> list[dict]:
     for name in ("profile", "profile + run 1"):
         t0 = time.perf_counter()
         # The run's figure is a median iteration, so the model learns each shape's median repeat (the
-        # default, the fastest repeat, is the noise-robust choice for ranking plans; on this machine a
-        # training step's median is 15-25% above its fastest).
+        # default, the fastest repeat, is the noise-robust choice for ranking plans; a median sits
+        # above the fastest repeat on a shared machine).
         hetprof("fit", "--stat", "median", db=db, cwd=work)
         # A data-parallel plan: a 2-layer model gains nothing from TP or PP on CPU slots.
         hetprof("plan", "--cluster", str(cluster), "--workload", str(workload), "--cost-model", "fitted",
@@ -232,8 +229,8 @@ def _sync_rounds(rank: int, world: int, total_mb: float, repeats: int, out: str,
     group = dist.new_group(list(range(world)))
     sync = WeightSync(group, 0, model.named_parameters(), bucket_mb=bucket_mb)
     # The baseline sends the same bytes from memory as real as the weights': a buffer never written
-    # is the kernel's shared zero page on the sender, read from cache, and made the plain broadcast
-    # look 15-25% faster than any broadcast of real data.
+    # is the kernel's shared zero page on the sender, read from cache, and would make the plain
+    # broadcast look faster than any broadcast of real data.
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     apply = copy_into(model)
     times: dict[str, list[float]] = {"sync": [], "plain": []}

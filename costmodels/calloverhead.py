@@ -4,8 +4,8 @@ The cost model prices a generation call as its prefill plus one decode row per n
 (hetprof/generation.py) also pads the prompts, grows the attention mask every step, runs its first
 steps after the prefill slower than steady ones, and runs one decode forward fewer than it samples
 tokens. The profiler times whole calls of that very loop; the difference from the fitted phases,
-measured per profiled (batch, prompt) shape, is this term. On the tiny CPU model it ranged from
--0.3 ms (batch 1: the forward the call does not run) to +1.3 ms at 32 × 64 (a tenth of the call).
+measured per profiled (batch, prompt) shape, is this term; it can be negative (at batch 1 the
+forward the call does not run outweighs the rest).
 
 Like profiled-point corrections, a shape the profiler ran gets its own difference; any other shape
 gets the median over the profiled ones. A difference is seconds, not a ratio, because it is per call:

@@ -6,13 +6,26 @@ import os
 
 import click
 
-from hetprof.cli import db_option, db_path
+from hetprof.cli import RegistryOption, db_option, db_path
+
+
+def _backends() -> list[str]:
+    from hetprof.executor.backends import available_backends
+
+    return available_backends()
+
+
+def _rewards() -> list[str]:
+    from hetprof.executor.rewards import available_rewards
+
+    return available_rewards()
 
 
 @click.command("run")
 @click.argument("plan", type=click.Path(exists=True, dir_okay=False))
 @click.option("--iterations", type=int, default=20, show_default=True, help="RL iterations to run in total")
-@click.option("--backend", default="hf", show_default=True, help="generation backend (hf | vllm | a plugin)")
+@click.option("--backend", default="hf", show_default=True, cls=RegistryOption, names=lambda: _backends(),
+              help="generation backend")
 @click.option("--checkpoint-dir", type=click.Path(file_okay=False), help="where checkpoints go (none: no checkpoints)")
 @click.option("--checkpoint-every", type=int, default=5, show_default=True, help="iterations between checkpoints")
 @click.option("--resume", is_flag=True, help="continue from the last complete checkpoint in --checkpoint-dir")
@@ -20,7 +33,8 @@ from hetprof.cli import db_option, db_path
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of weights, data and sampling")
 @click.option("--prompts", type=click.Path(exists=True, dir_okay=False),
               help='JSONL prompt file ({"prompt": ..., "answer": ...} per line); default: built-in arithmetic')
-@click.option("--reward", default="arithmetic", show_default=True, help="reward name or module:function")
+@click.option("--reward", default="arithmetic", show_default=True, cls=RegistryOption, names=lambda: _rewards(),
+              help="reward by name, or module:function")
 @click.option("--nnodes", type=int, default=1, show_default=True, help="hosts taking part (one `hetprof run` each)")
 @click.option("--node-rank", type=int, default=0, show_default=True, help="which of the plan's hosts this is")
 @click.option("--rdzv", help="HOST:PORT of node 0's rendezvous (multi-host runs)")

@@ -126,8 +126,8 @@ class DBWriter:
     """Run records into the profile database over one connection kept open for the run.
 
     The leader writes a record per iteration from its writer thread, beside the next iteration's
-    work; on a CPU slot that thread shares the worker's core, and reopening the database each time
-    (schema check, connection setup) tripled the cost of a write. Opened on first use, so the
+    work; on a CPU slot that thread shares the worker's core, so the schema check and connection
+    setup are paid once per run, not per record. Opened on first use, so the
     connection belongs to the thread that writes (SQLite connections stay in their thread).
     """
 

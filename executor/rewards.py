@@ -142,6 +142,11 @@ def _as_score(value: object, name: str) -> float:
     return float(value)
 
 
+def available_rewards() -> list[str]:
+    """Every reward that can be asked for by name (besides any `module:function`)."""
+    return REWARDS.names()
+
+
 def get_reward(spec: str, **kwargs) -> RewardFn:
     """A reward by registered name (with factory kwargs), entry point, or `module:function`."""
     if spec in REWARDS:

@@ -8,8 +8,10 @@ which keeps `hetprof --help` fast and lets third parties add commands without ed
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from importlib.metadata import entry_points
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -66,6 +68,24 @@ def db_path(ctx: click.Context | None = None) -> Path:
     root = ctx.find_root()
     chosen = (root.obj or {}).get("db") if isinstance(root.obj, dict) else None
     return Path(chosen) if chosen else default_db_path()
+
+
+class RegistryOption(click.Option):
+    """An option whose help ends with the names a registry offers, read when the help is shown, so
+    listing commands imports no stage and a plugin's name appears once it is installed."""
+
+    def __init__(self, *args: Any, names: Callable[[], list[str]], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._names = names
+        self._base_help = self.help or ""
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        try:
+            names = ", ".join(self._names())
+        except Exception as exc:  # a broken plugin must not hide the help
+            names = f"(registry unavailable: {exc})"
+        self.help = f"{self._base_help} — one of: {names}" if self._base_help else f"one of: {names}"
+        return super().get_help_record(ctx)
 
 
 def db_option(fn):

@@ -1,9 +1,9 @@
 """The decode loop of an RL generator: shared by the executor's `hf` backend and the profiler.
 
 A generation call costs more than its prefill and its decode steps timed one by one: the prompts are
-padded into tensors, the first decode steps after a prefill run 30-60% slower than steady ones (the
-prefill has evicted what the steps use), and every step grows the attention mask. On the tiny CPU job
-that was 1.5-2 ms a call, a tenth of the generation stage, that no per-phase row saw. The profiler's
+padded into tensors, the first decode steps after a prefill run slower than steady ones (the
+prefill has evicted what the steps use), and every step grows the attention mask — time no per-phase
+row sees (docs/DESIGN.md §10 has the figures). The profiler's
 `task.generate` row times whole calls of this very function, and `hetprof fit` turns what they take
 beyond the per-phase rows into a per-call term (see costmodels/calloverhead.py). Neither the executor
 nor the profiler may import the other, so the loop lives here, next to its sampling step.
@@ -34,7 +34,7 @@ def pad_left(sequences: Sequence[Sequence[int]], pad_id: int, device: Any = "cpu
     for row, seq in enumerate(sequences):
         if len(seq) == 0:
             raise ValueError(f"sequence {row} is empty (a prompt needs at least one token)")
-    # built as lists and converted once: a slice assignment per row cost 0.3 ms for 32 prompts
+    # built as Python lists and converted once: one tensor copy instead of a slice assignment per row
     ids = torch.tensor([[pad_id] * (width - len(seq)) + list(seq) for seq in sequences], dtype=torch.long)
     mask = torch.tensor([[0] * (width - len(seq)) + [1] * len(seq) for seq in sequences], dtype=torch.long)
     return ids.to(device), mask.to(device)

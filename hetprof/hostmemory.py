@@ -3,10 +3,10 @@
 glibc's malloc hands blocks above its mmap threshold (128 KiB at start, adapting up to 32 MiB) to the
 kernel on free, and trims the heap's free top whenever it exceeds twice that. A CPU worker that
 alternates training and generation frees megabytes between phases, so the next prefill
-page-faults its activations back in: measured on the tiny GRPO job, 200–6600 minor faults per
-prefill and 12–26 ms for a prefill the profiler times at 11–12 ms in a tight loop (where the
-threshold had adapted and nothing was returned). With the thresholds pinned the same prefill after
-a training step faulted 0–2 times and took 12.0–12.9 ms.
+page-faults its activations back in and runs slower than the same prefill in the profiler's tight
+loop (where the threshold had adapted and nothing was returned). Rule: pin the thresholds in every
+process that times or runs kernels. Why: a run's kernels then cost what the profiler measured
+(the figures are in docs/DESIGN.md §10).
 
 The profiler and the executor both call `keep_freed_memory()` at process start, so the kernels the
 profiler times and the kernels a run executes see the same allocator. The price is that a process

@@ -3,8 +3,8 @@
 Every decode step of a rollout turns the last position's logits into a token and that token's
 behaviour log-prob, and keeps finished rows padded. The profiler's decode row times a model step
 followed by this very function, so the per-step work the cost model is told is the per-step work a
-run does (a lighter stand-in sampler left the run's decode laps 1.3–2.4× the profiled rows on the
-tiny CPU job). Neither stage may import the other, so the function lives here.
+run does (a lighter stand-in sampler made a run's decode steps slower than the rows that priced
+them). Neither stage may import the other, so the function lives here.
 
 Behaviour log-probs are those of softmax(logits / temperature) — before top-p truncation — so the
 trainer reproduces them from the same weights; temperature 0 is greedy, with log-probs at T = 1.

@@ -12,11 +12,21 @@ from pathlib import Path
 
 import click
 
-from hetprof.cli import db_option, db_path
+from hetprof.cli import RegistryOption, db_option, db_path
 
-SEARCH_HELP = ("hetrl | ilp | arealhex | verl | streamrl | exhaustive | all (every search, side by side) "
-               "or a search registered under the entry-point group hetprof.searches")
 OBJECTIVES = ("throughput", "cost", "throughput-under-budget")
+
+
+def _searches() -> list[str]:
+    from hetprof.planner.search import available_searches
+
+    return available_searches()
+
+
+def _cost_models() -> list[str]:
+    from hetprof.costmodels import available_cost_models
+
+    return available_cost_models()
 
 
 @click.command("plan")
@@ -24,7 +34,8 @@ OBJECTIVES = ("throughput", "cost", "throughput-under-budget")
               help="cluster spec (YAML/JSON)")
 @click.option("--workload", "-w", "workload_path", required=True, type=click.Path(dir_okay=False),
               help="workload spec (YAML/JSON)")
-@click.option("--search", "search", default="hetrl", show_default=True, help=SEARCH_HELP)
+@click.option("--search", "search", default="hetrl", show_default=True, cls=RegistryOption,
+              names=lambda: [*_searches(), "all"], help="search by name, or `all` (every search, side by side)")
 @click.option("--objective", type=click.Choice(OBJECTIVES), default="throughput", show_default=True,
               help="minimise seconds per iteration, $ per iteration, or seconds under a $/hour budget")
 @click.option("--budget", type=float, default=None, help="$/hour cap for --objective throughput-under-budget")
@@ -33,8 +44,8 @@ OBJECTIVES = ("throughput", "cost", "throughput-under-budget")
 @click.option("--max-evals", type=int, default=None,
               help="evaluation budget per search (makes a search independent of machine load)")
 @click.option("--seed", type=int, default=0, show_default=True, help="search and length-sampling seed")
-@click.option("--cost-model", "cost_model", default="analytical", show_default=True,
-              help="cost model by name (analytical, fitted, or a registered one)")
+@click.option("--cost-model", "cost_model", default="analytical", show_default=True, cls=RegistryOption,
+              names=lambda: _cost_models(), help="cost model by name")
 @click.option("--max-tp", type=int, default=8, show_default=True, help="largest tensor-parallel degree")
 @click.option("--max-pp", type=int, default=4, show_default=True, help="largest number of pipeline stages")
 @click.option("--storage", default=None, help="Optuna storage URL (e.g. sqlite:///study.db): resumable, inspectable")

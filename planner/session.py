@@ -64,11 +64,11 @@ EXHAUSTIVE_MAX_GPUS = 8  # "all" includes the exhaustive search only where it ca
 
 
 def search_list(name: str, gpus: int = 0) -> list[str]:
-    from hetprof.planner.search import search_names
+    from hetprof.planner.search import available_searches
 
     if name != "all":
         return [name]
-    return [n for n in search_names() if n != "exhaustive" or gpus <= EXHAUSTIVE_MAX_GPUS]
+    return [n for n in available_searches() if n != "exhaustive" or gpus <= EXHAUSTIVE_MAX_GPUS]
 
 
 def run_search(sim: Simulator, name: str, options: PlanOptions) -> Outcome:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from hetprof.cli import db_option, db_path
+from hetprof.cli import RegistryOption, db_option, db_path
 from hetprof.errors import SpecError
 
 DEFAULT_MODELS_CPU = "tiny,tiny-2x"
@@ -57,11 +57,17 @@ def _workload(workload_file: str | None, cluster_file: str | None, chosen: list[
     return shapes, workload_points(workload, count)
 
 
+def _suites() -> list[str]:
+    from hetprof.profiler.registry import available_suites
+
+    return available_suites()
+
+
 @click.command("profile")
 @db_option
-@click.option("--suite", "suites", multiple=True, metavar="S,...",
-              help="suites to run (default: inventory, compute, memory, collectives, tasks; "
-                   "link runs when asked or with --nnodes > 1)")
+@click.option("--suite", "suites", multiple=True, metavar="S,...", cls=RegistryOption, names=lambda: _suites(),
+              help="suites to run (default: those marked default by --list-suites; link runs when asked or "
+                   "with --nnodes > 1)")
 @click.option("--device", "devices", multiple=True, metavar="cpu|cuda:N", help="devices to profile")
 @click.option("--all-gpus", is_flag=True, help="profile every local GPU (in parallel where independent)")
 @click.option("--quick", is_flag=True, help="a small but meaningful sweep (this CPU machine in < 2 min)")
@@ -118,7 +124,8 @@ def profile(suites, devices, all_gpus, quick, models, workload_file, cluster_fil
 
     console = Console(stderr=True)
     if list_suites:
-        for name, cls in registry.available().items():
+        for name in registry.available_suites():
+            cls = registry.get_suite(name)
             click.echo(f"{name:12s} {cls.scope:8s} {'default' if cls.default else 'on request':10s} {cls.help}")
         return
     names = _split(suites) or None

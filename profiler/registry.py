@@ -1,6 +1,6 @@
 """The benchmark-suite registry: a suite is a small class; adding one never edits a dispatcher.
 
-Built-in suites register with `@register`; third parties publish a `Suite` subclass under the
+Built-in suites register with `@register_suite`; third parties publish a `Suite` subclass under the
 entry-point group `hetprof.benchmarks` and `hetprof profile --suite NAME` finds it.
 """
 
@@ -41,7 +41,7 @@ class Suite:
 
 SUITES: Registry[type[Suite]] = Registry(
     "benchmark suite", ENTRY_POINT_GROUP,
-    # Importing the package registers the built-ins (their modules use @register) in the order
+    # Importing the package registers the built-ins (their modules use @register_suite) in the order
     # they run and are listed.
     builtins=dict.fromkeys(["inventory", "compute", "memory", "collectives", "tasks", "dptrain", "link"],
                            "hetprof.profiler.suites"),
@@ -49,21 +49,27 @@ SUITES: Registry[type[Suite]] = Registry(
     find=lambda group: entry_points(group=group))  # this module's name, so tests can replace it
 
 
-def register(cls: type[Suite]) -> type[Suite]:
+def register_suite(cls: type[Suite]) -> type[Suite]:
     """Class decorator adding a suite under its `name`."""
     if not cls.name:
         raise TypeError(f"{cls.__name__} needs a `name`")
     return SUITES.register(cls.name, cls)
 
 
-def available() -> dict[str, type[Suite]]:
+def available_suites() -> list[str]:
     """Every suite by name: built-ins in run order, then registrations, then entry points."""
-    return SUITES.items()
+    return list(SUITES.items())
 
 
-def resolve(names: list[str] | None) -> list[type[Suite]]:
-    """The suites to run, in the registry's order; unknown names are a SpecError listing the known ones."""
-    suites = available()
+def get_suite(name: str) -> type[Suite]:
+    """The suite registered as `name`; an unknown name is refused with the known ones."""
+    return SUITES.get(name)
+
+
+def suites_to_run(names: list[str] | None) -> list[type[Suite]]:
+    """The suites to run, in the registry's order (the default ones when no names are given); unknown
+    names are a SpecError listing the known ones."""
+    suites = SUITES.items()
     if not names:
         return [cls for cls in suites.values() if cls.default]
     unknown = [n for n in names if n not in suites]

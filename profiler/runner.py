@@ -18,7 +18,7 @@ from hetprof.hostmemory import keep_freed_memory
 from hetprof.models import ModelShape
 from hetprof.profiler import devices as devmod
 from hetprof.profiler.context import ProfileContext, SummaryRow
-from hetprof.profiler.registry import Suite, resolve
+from hetprof.profiler.registry import Suite, suites_to_run
 from hetprof.profiles import ProfileDB
 
 
@@ -45,7 +45,7 @@ def _no_progress(label: str, total: int) -> Callable[[int], None]:
 def run_profile(opts: ProfileOptions, progress: ProgressFactory = _no_progress,
                 note: Callable[[str], None] = lambda text: None) -> list[SummaryRow]:
     """Profile this host as `opts` asks; every result is in the database when this returns."""
-    suites = resolve(opts.suites)
+    suites = suites_to_run(opts.suites)
     devices = devmod.select_devices(opts.devices, opts.all_gpus)
     summary: list[SummaryRow] = []
     device_suites = [s for s in suites if s.scope == "device"]
@@ -107,7 +107,7 @@ def _device_worker(opts: ProfileOptions, suite_names: list[str], device: str, de
         queue.put(("task", device, label, total))
         return lambda n=1: queue.put(("advance", device, label, n))
 
-    suites = [cls for cls in resolve(suite_names)]
+    suites = [cls for cls in suites_to_run(suite_names)]
     return run_device(opts, suites, device, devices, progress, lambda text: queue.put(("note", device, text, 0)))
 
 

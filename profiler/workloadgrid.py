@@ -1,8 +1,8 @@
 """The task shapes one RL workload will really run, added to the tasks suite's grid.
 
 A fitted cost model is best between the points it was fitted on, and CPU (and small-GPU) kernel
-times are not smooth in shape: on this project's CPU machine a prefill of 32 × 66 tokens took 27%
-longer than 32 × 64, while the grid's next point was 128. A plan for a known job should be
+times are not smooth in shape (a few tokens more can cost far more than the grid's neighbours
+suggest; docs/DESIGN.md §10). A plan for a known job should be
 predicted from rows at the job's own shapes, as the simulator asks for them: per-replica batches
 for every data-parallel degree the cluster allows, the prompt block (mean and longest), the whole
 sequence (prompt + response) that inference and training see, decode contexts across the response,

@@ -13,7 +13,7 @@ from hetprof.errors import InfeasibleError, SpecError
 from hetprof.planner import layouts
 from hetprof.planner.convert import to_plan
 from hetprof.planner.memcheck import check_plan
-from hetprof.planner.search import SearchContext, get_search, search_names
+from hetprof.planner.search import SearchContext, available_searches, get_search
 from hetprof.planner.search.space import decode_candidate, encode_candidate
 from hetprof.planner.simulator import Simulator
 from hetprof.specs import ClusterSpec, WorkloadSpec
@@ -103,7 +103,7 @@ def test_parallel_workers_find_the_same_plan():
 
 
 def test_registry_names_and_errors():
-    assert {"hetrl", "ilp", "arealhex", "verl", "streamrl", "exhaustive"} <= set(search_names())
+    assert {"hetrl", "ilp", "arealhex", "verl", "streamrl", "exhaustive"} <= set(available_searches())
     with pytest.raises(SpecError, match="one of"):
         get_search("nope")
     with pytest.raises(SpecError, match="objective"):

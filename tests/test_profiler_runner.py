@@ -20,7 +20,7 @@ def test_worker_process_path_reports_progress_and_writes(tmp_path):
 
         return advance
 
-    summary = _parallel_devices(opts, registry.resolve(opts.suites), ["cpu"], progress, lambda text: None)
+    summary = _parallel_devices(opts, registry.suites_to_run(opts.suites), ["cpu"], progress, lambda text: None)
     assert {r.benchmark for r in summary} == {"inventory.device", "compute.matmul"}
     assert bars["compute (cpu)"][0] == bars["compute (cpu)"][1] > 0
     with ProfileDB(opts.db_path) as db:

@@ -86,12 +86,12 @@ def test_device_selection_errors_name_the_option():
 
 
 def test_registry_lists_builtins_and_refuses_unknown_suites():
-    names = list(registry.available())
+    names = registry.available_suites()
     assert names[:7] == ["inventory", "compute", "memory", "collectives", "tasks", "dptrain", "link"]
-    assert [c.name for c in registry.resolve(None)] == ["inventory", "compute", "memory", "collectives", "tasks",
+    assert [c.name for c in registry.suites_to_run(None)] == ["inventory", "compute", "memory", "collectives", "tasks",
                                                         "dptrain"]
     with pytest.raises(SpecError, match="--suite.*inventory"):
-        registry.resolve(["flops"])
+        registry.suites_to_run(["flops"])
 
 
 def test_third_party_suites_come_from_entry_points(monkeypatch):
@@ -106,10 +106,10 @@ def test_third_party_suites_come_from_entry_points(monkeypatch):
             return self.obj
 
     monkeypatch.setattr(registry, "entry_points", lambda group: [FakeEP("echo", Echo)])
-    assert registry.resolve(["echo"]) == [Echo]
+    assert registry.suites_to_run(["echo"]) == [Echo]
     monkeypatch.setattr(registry, "entry_points", lambda group: [FakeEP("bad", object)])
     with pytest.raises(SpecError, match="Suite subclass"):
-        registry.available()
+        registry.available_suites()
 
 
 @pytest.mark.gpu

@@ -48,3 +48,20 @@ def test_a_broken_plugin_is_listed_as_unavailable_and_explains_itself(monkeypatc
     result = CliRunner().invoke(group, ["broken"])
     assert result.exit_code == 2
     assert "no_such_module" in result.output and "Traceback" not in result.output
+
+
+def test_help_lists_read_the_registries_so_a_registered_name_shows_up(monkeypatch):
+    from hetprof.executor import backends
+    from hetprof.planner import search
+
+    runner = CliRunner()
+
+    def help_of(command: str) -> str:  # click wraps help lines: compare with whitespace collapsed
+        return " ".join(runner.invoke(cli, [command, "--help"]).output.split())
+
+    plan_help = help_of("plan")
+    assert all(name in plan_help for name in (*search.available_searches(), "all", "analytical", "fitted"))
+    monkeypatch.setattr(backends, "available_backends", lambda: ["hf", "vllm", "my-engine"])
+    run_help = help_of("run")
+    assert "one of: hf, vllm, my-engine" in run_help and "arithmetic" in run_help
+    assert "one of: inventory, compute, memory" in help_of("profile")

@@ -28,7 +28,7 @@ def register_search(name: str) -> Callable[[type[Search]], type[Search]]:
     return SEARCHES.register(name)
 
 
-def search_names() -> list[str]:
+def available_searches() -> list[str]:
     """Every search that can be asked for: built-ins, registrations and installed entry points."""
     return SEARCHES.names()
 
@@ -38,5 +38,5 @@ def get_search(name: str) -> type[Search]:
     return SEARCHES.get(name)
 
 
-__all__ = ["ENTRY_POINT_GROUP", "Ledger", "Search", "SearchContext", "SearchResult", "get_search",
-           "register_search", "search_names"]
+__all__ = ["ENTRY_POINT_GROUP", "Ledger", "Search", "SearchContext", "SearchResult", "available_searches",
+           "get_search", "register_search"]

@@ -195,8 +195,8 @@ class _Pending:
     """An arm the search named itself (enumerated, structured or from the MILP), not the sampler.
 
     Such an arm is recorded in the study as one finished trial when its bracket ends, instead of
-    enqueue/ask/report/tell per arm: with ~1700 arms Optuna's per-call bookkeeping (each ask
-    re-reads every trial) took a third of a 60 s budget. It quacks like the trial calls used here.
+    enqueue/ask/report/tell per arm: each ask re-reads every trial, so per-arm calls grow
+    quadratically with the arms and would eat the search budget. It quacks like the trial calls used here.
     """
 
     def __init__(self, arm: Arm) -> None:

@@ -14,7 +14,7 @@ from hetprof.distributed import file_init_method
 from hetprof.errors import ExecutionError
 from hetprof.profiler.collective_worker import bus_factor, worker
 from hetprof.profiler.context import ProfileContext
-from hetprof.profiler.registry import Suite, register
+from hetprof.profiler.registry import Suite, register_suite
 
 OPS = ["all_reduce", "all_gather", "broadcast"]
 KiB, MiB, GiB = 1024, 1024**2, 1024**3
@@ -66,7 +66,7 @@ def run_world(world: int, backend: str, sizes: list[int], *, warmup: int, repeat
     return payload
 
 
-@register
+@register_suite
 class CollectivesSuite(Suite):
     name = "collectives"
     scope = "host"

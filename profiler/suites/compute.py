@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 
 from hetprof.profiler.context import ProfileContext
-from hetprof.profiler.registry import Suite, register
+from hetprof.profiler.registry import Suite, register_suite
 from hetprof.profiler.timing import Flusher, measure, random_tensor
 
 TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -37,7 +37,7 @@ def shapes_for(device: str, quick: bool) -> list[tuple[int, int, int]]:
     return SHAPES[("cpu" if device == "cpu" else "cuda", quick)]
 
 
-@register
+@register_suite
 class ComputeSuite(Suite):
     name = "compute"
     help = "matmul TFLOP/s over shapes per dtype (best and median)"

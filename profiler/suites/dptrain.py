@@ -19,7 +19,7 @@ from hetprof.distributed import file_init_method
 from hetprof.errors import ExecutionError
 from hetprof.profiler import taskmodels
 from hetprof.profiler.context import ProfileContext
-from hetprof.profiler.registry import Suite, register
+from hetprof.profiler.registry import Suite, register_suite
 from hetprof.profiler.suites.tasks import default_dtype
 
 BENCHMARK = "dp.train_step"
@@ -83,8 +83,8 @@ def workload_points(ctx: ProfileContext, tms: list[taskmodels.TaskModel]) -> lis
     profiled build.
 
     What data parallelism adds is not a constant: a replica waits for the slowest at every step's
-    all-reduce, and that wait grows with the step (1-2 ms on a CPU step of 12 ms, 3-6 ms on the
-    23 ms step of the demo's job), so the job's own steps are measured next to the generic ones.
+    all-reduce, and that wait grows with the step, so the job's own steps are measured next to the
+    generic ones (figures in docs/DESIGN.md §10).
     """
     extra = (ctx.options.get("workload_points") or {}).get("train", [])
     deepest: dict[str, taskmodels.TaskModel] = {}
@@ -95,7 +95,7 @@ def workload_points(ctx: ProfileContext, tms: list[taskmodels.TaskModel]) -> lis
             if n + 1 <= tm.shape.max_position]
 
 
-@register
+@register_suite
 class DataParallelTrainSuite(Suite):
     name = "dptrain"
     scope = "host"

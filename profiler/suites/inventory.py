@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from hetprof.profiler import hostinfo
 from hetprof.profiler.context import ProfileContext
-from hetprof.profiler.registry import Suite, register
+from hetprof.profiler.registry import Suite, register_suite
 
 
-@register
+@register_suite
 class InventorySuite(Suite):
     name = "inventory"
     help = "NVML/torch device inventory (or the CPU's model, cores and memory without NVML)"

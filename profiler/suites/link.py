@@ -17,7 +17,7 @@ from hetprof.errors import ExecutionError, SpecError
 from hetprof.profiler import netaddr
 from hetprof.profiler.context import ProfileContext
 from hetprof.profiler.link_worker import link_worker
-from hetprof.profiler.registry import Suite, register
+from hetprof.profiler.registry import Suite, register_suite
 
 
 def launch_config(ctx: ProfileContext):
@@ -40,7 +40,7 @@ def launch_config(ctx: ProfileContext):
     ), local_addr
 
 
-@register
+@register_suite
 class LinkSuite(Suite):
     name = "link"
     scope = "cluster"

@@ -10,7 +10,7 @@ import statistics
 
 from hetprof.profiler import hostinfo
 from hetprof.profiler.context import ProfileContext
-from hetprof.profiler.registry import Suite, register
+from hetprof.profiler.registry import Suite, register_suite
 from hetprof.profiler.timing import Flusher, measure, random_tensor
 
 MiB = 1024**2
@@ -24,7 +24,7 @@ def sizes_for(device: str, quick: bool) -> list[int]:
     return [1024 * MiB, 2048 * MiB] if quick else [256 * MiB, 512 * MiB, 1024 * MiB, 2048 * MiB, 4096 * MiB]
 
 
-@register
+@register_suite
 class MemorySuite(Suite):
     name = "memory"
     help = "device-to-device copy bandwidth, bytes read + written (best and median)"

@@ -6,8 +6,8 @@ samples the next token with the executor's own sampling step (`hetprof.sampling`
 at the last position, multinomial draw, the token's log-prob — every RL generator does this per
 step, over the full vocabulary), and a training step
 computes per-token log-probs and entropy in fp32 for a policy-gradient loss and clips the
-gradient norm before Adam, as the executor's learner does. Measuring the forward alone left a
-steady 10–30% that no fit over these rows could recover.
+gradient norm before Adam, as the executor's learner does. Why: time a row leaves out is a bias
+no fit over the rows can recover.
 
 These rows are what the fitted cost models learn from, so the sweep spans batch sizes and sequence
 lengths wide enough for a regression to have range, and every point keeps all its repeats. On the
@@ -24,15 +24,15 @@ from typing import Any
 from hetprof.generation import sample_continuations
 from hetprof.profiler import taskmodels
 from hetprof.profiler.context import ProfileContext
-from hetprof.profiler.registry import Suite, register
+from hetprof.profiler.registry import Suite, register_suite
 from hetprof.profiler.timing import Flusher, measure
 from hetprof.profiler.workloadgrid import merge_points
 from hetprof.sampling import next_tokens
 
 # (batch sizes, sequence/context lengths) per task, for (device kind, quick?)
 GRIDS: dict[tuple[str, bool], dict[str, tuple[tuple[int, ...], tuple[int, ...]]]] = {
-    # CPU grids reach the per-replica batches of a CPU RL run (tens of sequences): a fit that must
-    # extrapolate from batch 16 to 32 under-predicted the executor's inference by a third.
+    # CPU grids reach the per-replica batches of a CPU RL run (tens of sequences): a fit is trusted
+    # between its points, not beyond them (docs/DESIGN.md §10 has what extrapolating cost).
     ("cpu", True): {"prefill": ((1, 4, 16, 32, 64), (16, 32, 64, 128)),
                     "decode": ((1, 4, 16, 32), (16, 64, 128, 256)),
                     "train": ((1, 4, 16), (32, 64, 128)),
@@ -239,7 +239,7 @@ def _checkpointing(model: Any, on: bool) -> None:
 PHASES: dict[str, Phase] = {p.task: p for p in (Prefill(), Decode(), Train(), Generate())}
 
 
-@register
+@register_suite
 class TasksSuite(Suite):
     name = "tasks"
     help = "prefill, decode-step, train-step and whole generation-call timings of transformer blocks per model preset"
