@@ -15,7 +15,14 @@ import torch.distributed as dist
 
 from hetprof.errors import ExecutionError
 from hetprof.executor.batch_split import share_slices
-from hetprof.executor.messages import Kind, Outbox, concat_padded, message_tag, recv_tensors, select_rows
+from hetprof.executor.messages import (
+    MessageKind,
+    Outbox,
+    concat_padded,
+    message_tag,
+    recv_tensors,
+    select_rows,
+)
 from hetprof.executor.topology import TaskRanks, Topology
 
 
@@ -44,15 +51,15 @@ class Exchange:
         self.wire_device = torch.device("cpu") if group is not None else device
         self.outbox = Outbox(timeout_s, group)
 
-    def send(self, tensors: dict[str, torch.Tensor], dst: int, kind: Kind, batch: int) -> None:
+    def send(self, tensors: dict[str, torch.Tensor], dst: int, kind: MessageKind, batch: int) -> None:
         self.outbox.send(tensors, dst, message_tag(batch, kind), self.wire_device)
 
-    def receive(self, src: int, kind: Kind, batch: int, what: str) -> dict[str, torch.Tensor]:
+    def receive(self, src: int, kind: MessageKind, batch: int, what: str) -> dict[str, torch.Tensor]:
         got = receive_or_explain(self.topo, self.rank, src, message_tag(batch, kind), self.wire_device,
                                  self.group, what)
         return {k: v.to(self.device) for k, v in got.items()}
 
-    def scatter(self, batch: dict[str, torch.Tensor] | None, task: TaskRanks, kind: Kind, batch_index: int,
+    def scatter(self, batch: dict[str, torch.Tensor] | None, task: TaskRanks, kind: MessageKind, batch_index: int,
                 keys: tuple[str, ...] | None = None) -> dict[str, torch.Tensor] | None:
         """The leader sends each replica its rows (`keys` of them, all when None); returns this rank's
         rows when it runs the task, else None. Every rank calls it; only the leader passes `batch`."""
@@ -69,12 +76,12 @@ class Exchange:
             return select_rows(batch, keys, slices[task.replica_of(self.rank)])
         return self.receive(self.leader, kind, batch_index, f"{task.task} inputs of batch {batch_index}")
 
-    def to_leader(self, tensors: dict[str, torch.Tensor], kind: Kind, batch_index: int) -> None:
+    def to_leader(self, tensors: dict[str, torch.Tensor], kind: MessageKind, batch_index: int) -> None:
         """A replica lead's result on its way to the leader (the leader keeps its own)."""
         if not self.is_leader:
             self.send(tensors, self.leader, kind, batch_index)
 
-    def collect(self, own: dict[str, torch.Tensor] | None, sources: tuple[int, ...], kind: Kind,
+    def collect(self, own: dict[str, torch.Tensor] | None, sources: tuple[int, ...], kind: MessageKind,
                 batch_index: int, what: str, pad_id: int) -> dict[str, torch.Tensor]:
         """On the leader: every source's tensors in order (its own from `own`), right-padded and joined."""
         parts = [own if r == self.rank else self.receive(r, kind, batch_index, f"{what} of batch {batch_index}")

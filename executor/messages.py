@@ -4,7 +4,7 @@ Rollouts, inference inputs and results, training slices and iteration reports tr
 as {name: tensor}. Each message is two sends whatever the number of tensors: the sizes, then one
 byte buffer holding a JSON header (names, dtypes, shapes, offsets) followed by every tensor's bytes,
 because per-send latency, not bandwidth, dominates these small messages. A tag is
-`batch * len(Kind) + kind`, so messages of different kinds and of different batches in flight
+`batch * KINDS_PER_BATCH + kind`, so messages of different kinds and of different batches in flight
 (async runs) never match each other's receives.
 """
 
@@ -21,7 +21,7 @@ from hetprof.errors import ExecutionError
 from hetprof.specs.vocabulary import Task
 
 
-class Kind(IntEnum):
+class MessageKind(IntEnum):
     """What a message carries; one tag space per batch."""
 
     ROLLOUT = 1
@@ -37,14 +37,14 @@ class Kind(IntEnum):
 
 
 KINDS_PER_BATCH = 16  # room above the kinds in use, so adding one keeps old tags stable
-INPUT_KIND = {Task.REF_INFER: Kind.REF_INFER_INPUT, Task.REWARD_INFER: Kind.REWARD_INFER_INPUT,
-              Task.CRITIC_INFER: Kind.CRITIC_INFER_INPUT, Task.ACTOR_TRAIN: Kind.ACTOR_TRAIN_INPUT,
-              Task.CRITIC_TRAIN: Kind.CRITIC_TRAIN_INPUT}
-RESULT_KIND = {Task.REF_INFER: Kind.REF_INFER_RESULT, Task.REWARD_INFER: Kind.REWARD_INFER_RESULT,
-               Task.CRITIC_INFER: Kind.CRITIC_INFER_RESULT}
+INPUT_KIND = {Task.REF_INFER: MessageKind.REF_INFER_INPUT, Task.REWARD_INFER: MessageKind.REWARD_INFER_INPUT,
+              Task.CRITIC_INFER: MessageKind.CRITIC_INFER_INPUT, Task.ACTOR_TRAIN: MessageKind.ACTOR_TRAIN_INPUT,
+              Task.CRITIC_TRAIN: MessageKind.CRITIC_TRAIN_INPUT}
+RESULT_KIND = {Task.REF_INFER: MessageKind.REF_INFER_RESULT, Task.REWARD_INFER: MessageKind.REWARD_INFER_RESULT,
+               Task.CRITIC_INFER: MessageKind.CRITIC_INFER_RESULT}
 
 
-def message_tag(batch: int, kind: Kind) -> int:
+def message_tag(batch: int, kind: MessageKind) -> int:
     """The tag of a message of `kind` about `batch` (distinct for every pair)."""
     return batch * KINDS_PER_BATCH + int(kind)
 

@@ -20,7 +20,7 @@ from rich.console import Console
 from hetprof.executor import checkpoint
 from hetprof.executor.dispatch import receive_or_explain
 from hetprof.executor.iteration_report import IterationReport
-from hetprof.executor.messages import Kind, Outbox, message_tag
+from hetprof.executor.messages import MessageKind, Outbox, message_tag
 from hetprof.executor.options import RunOptions
 from hetprof.executor.records import DBWriter, RunLog, console_line
 from hetprof.executor.run_record import RecordContext, build_record
@@ -52,14 +52,14 @@ class Recorder:
         """Hand this rank's report of `iteration` on: the leader's thread records it, others send it."""
         if not self.is_leader:
             body = torch.frombuffer(bytearray(report.to_json()), dtype=torch.uint8)
-            self.outbox.send({"report": body}, self.topo.leader, message_tag(iteration, Kind.REPORT),
+            self.outbox.send({"report": body}, self.topo.leader, message_tag(iteration, MessageKind.REPORT),
                              torch.device("cpu"))
             return
         self._pending = [f for f in self._pending if not f.done() or f.result()]
         self._pending.append(self._thread.submit(self._record, iteration, seconds, report))
 
     def _receive(self, src: int, iteration: int) -> IterationReport:
-        got = receive_or_explain(self.topo, self.rank, src, message_tag(iteration, Kind.REPORT),
+        got = receive_or_explain(self.topo, self.rank, src, message_tag(iteration, MessageKind.REPORT),
                                  torch.device("cpu"), self.group, f"report of iteration {iteration}")
         return IterationReport.from_json(got["report"].numpy().tobytes())
 

@@ -66,7 +66,7 @@ def predicted_seconds(plan: Plan) -> dict[str, float]:
     return predicted
 
 
-def stage_seconds(ctx: RecordContext, reports: list[IterationReport], leader: IterationReport
+def measured_seconds(ctx: RecordContext, reports: list[IterationReport], leader: IterationReport
                   ) -> tuple[dict[str, float], dict[str, list[float]]]:
     """(per task the slowest replica, per task every replica's time) plus the leader's reward and
     advantage and each sync edge's transfer as its sender timed it (receivers also wait for training)."""
@@ -122,7 +122,7 @@ def build_record(ctx: RecordContext, iteration: int, seconds: float, reports: li
     leader = next(r for r in reports if r.rank == leader_rank)
     if leader.batch is None:
         raise ExecutionError(f"iteration {iteration}: the leader's report has no batch statistics")
-    stages, replicas = stage_seconds(ctx, reports, leader)
+    stages, replicas = measured_seconds(ctx, reports, leader)
     verified = None
     if ctx.verify_sync:
         check_sync_digests(ctx, iteration, reports)

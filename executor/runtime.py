@@ -30,7 +30,7 @@ from hetprof.executor.iteration_report import (
     prefill_timing,
     train_timing,
 )
-from hetprof.executor.messages import INPUT_KIND, RESULT_KIND, Kind
+from hetprof.executor.messages import INPUT_KIND, RESULT_KIND, MessageKind
 from hetprof.executor.options import RunOptions
 from hetprof.executor.process_groups import ProcessGroups
 from hetprof.executor.rank_models import RankModels
@@ -150,11 +150,11 @@ class Worker:
         if self.is_leader:
             self._own_rollout = out
         else:
-            self.exchange.to_leader(out, Kind.ROLLOUT, b)
+            self.exchange.to_leader(out, MessageKind.ROLLOUT, b)
 
     def _assemble(self, b: int, report: IterationReport) -> dict[str, torch.Tensor]:
         t0 = time.perf_counter()
-        batch = self.exchange.collect(self._own_rollout, self.topo.tasks[Task.ACTOR_GEN].ranks, Kind.ROLLOUT, b,
+        batch = self.exchange.collect(self._own_rollout, self.topo.tasks[Task.ACTOR_GEN].ranks, MessageKind.ROLLOUT, b,
                                       "rollouts", self.models.pad_id)
         report.task_seconds["wait_rollouts"] = time.perf_counter() - t0
         return batch
