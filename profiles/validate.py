@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable
 
 from hetprof.errors import ImportRefused
-from hetprof.profiles.content import content_id, sample_id
+from hetprof.profiles.content import canonical_json, content_id, flat_json, sample_id
 from hetprof.profiles.schema import TABLES, Table
 
 MAX_SHORT = 256
@@ -73,10 +73,30 @@ def _real(v: object) -> None:
         raise Invalid(f"expected a finite number, got {v!r}"[:80])
 
 
-def _seconds(v: object) -> None:
+def _float(v: object) -> None:
+    """A REAL column holds floats only: SQLite stores 1 as 1.0, so an int would come back with another id."""
+    if type(v) is not float:
+        raise Invalid(f"expected a finite float, got {v!r}"[:80])
     _real(v)
+
+
+def _seconds(v: object) -> None:
+    _float(v)
     if v < 0:  # type: ignore[operator]
         raise Invalid(f"expected a non-negative duration, got {v!r}")
+
+
+def _duration(v: object) -> None:
+    """A measured time: a run that took no time (or less) was not measured."""
+    _float(v)
+    if not v > 0:  # type: ignore[operator]
+        raise Invalid(f"expected a positive duration in seconds, got {v!r}")
+
+
+def _rate(v: object) -> None:
+    _float(v)
+    if not v > 0:  # type: ignore[operator]
+        raise Invalid(f"expected a positive rate, got {v!r}")
 
 
 def _source(v: object) -> None:
@@ -109,7 +129,25 @@ def _parse_json(v: object, limit: int, nested: bool = True) -> object:
         raise Invalid(f"not valid JSON (extra text at character {end})")
     if nested:
         _check_depth(parsed, 0)
+    _check_canonical(parsed, v)
     return parsed
+
+
+def _check_canonical(parsed: object, text: str) -> None:
+    """Content addresses hash the text, so it must be the one canonical spelling of its value:
+    otherwise the same measurement re-spelled (a space, reordered or duplicated keys) would land twice."""
+    try:
+        again = flat_json(parsed) if _is_flat(parsed) else canonical_json(parsed)
+    except ValueError:
+        raise Invalid("JSON holds a non-finite number (NaN or infinity)") from None
+    except RecursionError:
+        raise Invalid(f"JSON nested deeper than {MAX_JSON_DEPTH}") from None
+    if again != text:
+        raise Invalid("JSON is not in canonical form (sorted keys, no spaces, no duplicate keys)")
+
+
+def _is_flat(parsed: object) -> bool:
+    return type(parsed) is dict and all(type(v) in _NON_TEXT_SCALARS or type(v) is str for v in parsed.values())
 
 
 def _no_constant(name: str) -> None:
@@ -203,7 +241,7 @@ def _json_str_list(v: object) -> None:
 
 VALIDATORS: dict[str, Callable[[object], None]] = {
     "short": _short, "ident": _ident, "benchmark": _benchmark, "count": _count, "int": _int,
-    "real": _real, "seconds": _seconds, "time": _real, "source": _source, "id": _id,
+    "real": _float, "seconds": _seconds, "duration": _duration, "rate": _rate, "time": _float, "source": _source, "id": _id,
     "id_or_empty": _id_or_empty, "json_object": _json_object, "json_model": _json_model,
     "json_flat_params": _json_flat_params, "json_flat_metrics": _json_flat_metrics,
     "json_str_list": _json_str_list,
@@ -243,5 +281,8 @@ def check_row(table: Table, row: tuple | list, where: str) -> None:
                                                                                   table.json_flags)
         if expected != row[0]:
             raise Invalid(f"{table.name}: row id does not match its content (altered or corrupt row)")
+    except UnicodeEncodeError:
+        exc = Invalid(f"{table.name}: text is not valid Unicode (a lone surrogate)")
+        raise ImportRefused(f"{where}: {exc}") from None
     except Invalid as exc:
         raise ImportRefused(f"{where}: {exc}") from None
