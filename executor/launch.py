@@ -20,6 +20,7 @@ from pathlib import Path
 from hetprof.errors import ExecutionError
 from hetprof.executor.groups import check_supported, host_devices, planned_hosts
 from hetprof.executor.records import plan_hash
+from hetprof.processes import isolated_children
 from hetprof.specs import Plan
 
 
@@ -146,7 +147,8 @@ def launch(options: RunOptions, nnodes: int = 1, node_rank: int = 0, rdzv: str |
     # the plan's words, and points at the files that keep the tracebacks.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     try:
-        elastic_launch(config, worker_main)(options, host)
+        with isolated_children():  # workers, and the resource tracker, never import from the plan's folder
+            elastic_launch(config, worker_main)(options, host)
     except ChildFailedError as exc:
         raise ExecutionError(describe_failures(exc, plan, host, log_dir)) from None
     except Exception as exc:  # rendezvous/agent failures: name the host and the endpoint

@@ -176,9 +176,17 @@ def _read_lines(path: Path, limits: Limits) -> Iterator[bytes]:
         raise ImportRefused(f"{path}: not a readable hetprof export (gzip: {exc})") from None
 
 
+def _no_constant(name: str) -> None:
+    raise ValueError(f"JSON constant {name} is not allowed")
+
+
+# One decoder for every line: json.loads with a hook builds a new decoder per call.
+_LINE_DECODER = json.JSONDecoder(parse_constant=_no_constant)
+
+
 def _parse(line: bytes, where: str) -> object:
     try:
-        return json.loads(line, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
+        return _LINE_DECODER.decode(line.decode())
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise ImportRefused(f"{where}: not valid JSON ({str(exc)[:80]})") from None
 
@@ -207,7 +215,7 @@ def read_export(path: str | Path, limits: Limits | None = None) -> dict[str, lis
     lines = _read_lines(path, limits)
     _read_header(path, lines)
     rows: dict[str, list[tuple]] = {name: [] for name in TABLES}
-    seen: set[bytes] = set()
+    seen: set[str] = set()
     body = hashlib.sha256()
     trailer = None
     for n, line in enumerate(lines, start=2):
@@ -225,10 +233,9 @@ def read_export(path: str | Path, limits: Limits | None = None) -> dict[str, lis
             raise ImportRefused(f"{where}: expected [table, id, ...] with a known table")
         table = TABLES[item[0]]
         check_row(table, item[1:], where)
-        key = bytes.fromhex(item[1])
-        if key in seen:  # an export holds each row once; a repeat only inflates the file
+        if item[1] in seen:  # an export holds each row once; a repeat only inflates the file
             raise ImportRefused(f"{where}: row {item[1][:16]}… appears twice")
-        seen.add(key)
+        seen.add(item[1])
         rows[table.name].append(tuple(item[1:]))
     if trailer is None or trailer.get("end") is not True:
         raise ImportRefused(f"{path}: truncated (no end marker)")

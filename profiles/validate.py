@@ -115,7 +115,8 @@ def _id_or_empty(v: object) -> None:
 
 
 def _parse_json(v: object, limit: int, nested: bool = True) -> object:
-    """Parse untrusted JSON text; `nested=False` skips the depth walk for callers that reject nesting."""
+    """Parse untrusted JSON text, checking it is canonical; `nested=False` leaves the depth walk and the
+    canonical check to callers that reject nesting (they check flat maps faster)."""
     if not isinstance(v, str):
         raise Invalid(f"expected JSON text, got {type(v).__name__}")
     if len(v) > limit:
@@ -129,25 +130,21 @@ def _parse_json(v: object, limit: int, nested: bool = True) -> object:
         raise Invalid(f"not valid JSON (extra text at character {end})")
     if nested:
         _check_depth(parsed, 0)
-    _check_canonical(parsed, v)
+        _check_canonical(parsed, v, canonical_json)
     return parsed
 
 
-def _check_canonical(parsed: object, text: str) -> None:
+def _check_canonical(parsed: object, text: str, encode: Callable[[object], str]) -> None:
     """Content addresses hash the text, so it must be the one canonical spelling of its value:
     otherwise the same measurement re-spelled (a space, reordered or duplicated keys) would land twice."""
     try:
-        again = flat_json(parsed) if _is_flat(parsed) else canonical_json(parsed)
+        again = encode(parsed)
     except ValueError:
         raise Invalid("JSON holds a non-finite number (NaN or infinity)") from None
     except RecursionError:
         raise Invalid(f"JSON nested deeper than {MAX_JSON_DEPTH}") from None
     if again != text:
         raise Invalid("JSON is not in canonical form (sorted keys, no spaces, no duplicate keys)")
-
-
-def _is_flat(parsed: object) -> bool:
-    return type(parsed) is dict and all(type(v) in _NON_TEXT_SCALARS or type(v) is str for v in parsed.values())
 
 
 def _no_constant(name: str) -> None:
@@ -182,11 +179,15 @@ def _json_model(v: object) -> None:
 
 
 def _json_flat_params(v: object) -> None:
-    check_flat(_parse_json(v, MAX_JSON, nested=False), numbers_only=False)
+    parsed = _parse_json(v, MAX_JSON, nested=False)
+    check_flat(parsed, numbers_only=False)
+    _check_canonical(parsed, v, flat_json)  # type: ignore[arg-type]  # checked flat, so the fast encoder
 
 
 def _json_flat_metrics(v: object) -> None:
-    check_flat(_parse_json(v, MAX_JSON, nested=False), numbers_only=True)
+    parsed = _parse_json(v, MAX_JSON, nested=False)
+    check_flat(parsed, numbers_only=True)
+    _check_canonical(parsed, v, flat_json)  # type: ignore[arg-type]
 
 
 @functools.lru_cache(maxsize=256)  # small: a hostile file's unique key sets cannot hoard memory

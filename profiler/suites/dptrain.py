@@ -16,6 +16,7 @@ import os
 import statistics
 
 from hetprof.errors import ExecutionError
+from hetprof.processes import isolated_children
 from hetprof.profiler import taskmodels
 from hetprof.profiler.context import ProfileContext
 from hetprof.profiler.registry import Suite, register
@@ -58,10 +59,11 @@ def run_world(world: int, backend: str, points: list[dict], *, warmup: int, repe
     from hetprof.profiler.dp_worker import worker
 
     ctx = mp.get_context("spawn")
-    results = ctx.Queue()
     init = f"tcp://127.0.0.1:{free_port()}"
-    procs = mp.start_processes(worker, args=(world, init, backend, points, warmup, repeats, threads, results),
-                               nprocs=world, join=False, start_method="spawn")
+    with isolated_children():  # the ranks and the resource tracker start isolated from the current folder
+        results = ctx.Queue()
+        procs = mp.start_processes(worker, args=(world, init, backend, points, warmup, repeats, threads, results),
+                                   nprocs=world, join=False, start_method="spawn")
     try:
         status, payload = results.get(timeout=timeout_s)
     except queue.Empty:
