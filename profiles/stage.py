@@ -27,7 +27,7 @@ from hetprof.errors import ImportRefused, ProfileDBError
 from hetprof.processes import child_env, python_argv, safe_cwd
 from hetprof.profiles.bounds import Limits, Watch
 from hetprof.profiles.schema import TABLES, Table
-from hetprof.profiles.validate import check_row
+from hetprof.profiles.validate import Invalid, check_sample
 
 WORKERS = 2  # processes in all, this one included; more would only queue on a small machine
 MIN_ROWS = 100_000  # below this a worker's start (~0.3 s) costs more than it saves
@@ -142,14 +142,20 @@ def stage(other: str, mine: str, lo: Bound, hi: Bound, out: str, origin: str = "
 
 
 def checked_sample(row: tuple, width: int, sizes: dict[str, int], origin: str) -> tuple:
+    """The sample part of a `new_samples_sql` row, checked like an import's; raises ImportRefused."""
     sample, clash = row[:width], row[width]
-    where = f"{origin}: samples row {str(sample[0])[:16]!r}"
-    check_row(TABLES["samples"], sample, where)
-    if clash is not None:
-        raise ImportRefused(f"{where}: run {sample[1][:12]}… already holds another sample at seq {sample[2]}")
-    n = sizes.get(sample[1])
-    if n is not None and sample[2] >= n:
-        raise ImportRefused(f"{where}: seq {sample[2]} is outside its run's {n} samples (n_samples)")
+    try:
+        check_sample(sample)
+        if clash is not None:
+            raise Invalid(f"run {sample[1][:12]}… already holds another sample at seq {sample[2]}")
+        n = sizes.get(sample[1])
+        if n is not None and sample[2] >= n:
+            raise Invalid(f"seq {sample[2]} is outside its run's {n} samples (n_samples)")
+    except Invalid as exc:
+        raise ImportRefused(f"{origin}: samples row {str(sample[0])[:16]!r}: {exc}") from None
+    except UnicodeEncodeError:
+        raise ImportRefused(f"{origin}: samples row {str(sample[0])[:16]!r}: text is not valid Unicode "
+                            "(a lone surrogate)") from None
     return sample
 
 

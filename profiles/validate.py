@@ -271,9 +271,51 @@ def check_values(table: Table, values: tuple | list) -> None:
             raise Invalid(f"{name}: {exc}") from None
 
 
+def _sample_column(name: str, value: object, check: Callable[[object], None]) -> None:
+    if value is None:
+        raise Invalid(f"samples.{name}: missing")
+    try:
+        check(value)
+    except Invalid as exc:
+        raise Invalid(f"samples.{name}: {exc}") from None
+
+
+_CACHED_PARAMS = 512  # longest params text remembered: 8192 of them hold at most 4 MiB
+
+
+@functools.lru_cache(maxsize=8192)
+def _params_seen(text: str) -> None:
+    """`_json_flat_params`, remembered per text: a sweep stores each point's params once per repeat,
+    so a million samples hold a few thousand distinct params. Refusals raise and are not remembered."""
+    _json_flat_params(text)
+
+
+def _sample_params(value: object) -> None:
+    if type(value) is str and len(value) <= _CACHED_PARAMS:
+        _params_seen(value)
+    else:
+        _json_flat_params(value)
+
+
+def check_sample(row: tuple | list) -> None:
+    """Validate a samples row (id first) from an untrusted source; raises Invalid or UnicodeEncodeError."""
+    if len(row) != 5:
+        raise Invalid(f"samples: expected 5 columns, got {len(row)}")
+    _id(row[0])
+    _sample_column("run_id", row[1], _id)
+    _sample_column("seq", row[2], _count)
+    _sample_column("params", row[3], _sample_params)
+    _sample_column("metrics", row[4], _json_flat_metrics)
+    if sample_id(*row[1:]) != row[0]:
+        raise Invalid("samples: row id does not match its content (altered or corrupt row)")
+
+
 def check_row(table: Table, row: tuple | list, where: str) -> None:
     """Validate a full row (id first) from an untrusted source; raises ImportRefused."""
     try:
+        if table.name == "samples":
+            check_sample(row)
+            return
         if len(row) != len(table.columns) + 1:
             raise Invalid(f"{table.name}: expected {len(table.columns) + 1} columns, got {len(row)}")
         _id(row[0])
@@ -283,7 +325,6 @@ def check_row(table: Table, row: tuple | list, where: str) -> None:
         if expected != row[0]:
             raise Invalid(f"{table.name}: row id does not match its content (altered or corrupt row)")
     except UnicodeEncodeError:
-        exc = Invalid(f"{table.name}: text is not valid Unicode (a lone surrogate)")
-        raise ImportRefused(f"{where}: {exc}") from None
+        raise ImportRefused(f"{where}: {table.name}: text is not valid Unicode (a lone surrogate)") from None
     except Invalid as exc:
         raise ImportRefused(f"{where}: {exc}") from None
