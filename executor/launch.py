@@ -20,6 +20,7 @@ from pathlib import Path
 from hetprof.errors import ExecutionError
 from hetprof.executor.groups import check_supported, host_devices, planned_hosts
 from hetprof.executor.records import plan_hash
+from hetprof.executor.sizebounds import check_run_sizes
 from hetprof.processes import isolated_children
 from hetprof.specs import Plan
 
@@ -116,6 +117,7 @@ def launch(options: RunOptions, nnodes: int = 1, node_rank: int = 0, rdzv: str |
 
     options.validate()
     plan = load_plan(options.plan_path)
+    check_run_sizes(plan.workload_spec(), options.iterations)
     check_supported(plan)
     host = node_host(plan, nnodes, node_rank)
     if options.resume and node_rank == 0:

@@ -13,13 +13,14 @@ import os
 import re
 import signal
 import sqlite3
-import stat
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
+from hetprof import safefiles
 from hetprof.errors import ImportRefused
 
 PROGRESS_STEPS = 50_000  # SQLite VM steps between deadline checks: ~1 ms of work, a negligible cost
@@ -52,42 +53,18 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
-def regular_file(path: Path) -> os.stat_result:
-    """The file's status, refusing what is not a regular file (a FIFO would hang the reader, /dev/zero
-    never ends) with the reason, not a misleading 'no such file'."""
+def regular_file(path: Path) -> None:
+    """Refuse what is not a regular file (a FIFO would hang the reader, /dev/zero never ends) with the
+    reason, not a misleading 'no such file'."""
+    open_regular(path).close()
+
+
+def open_regular(path: Path) -> BinaryIO:
+    """`safefiles.open_regular`, refusing as an import does."""
     try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise ImportRefused(f"{path}: no such file") from None
-    except OSError as exc:
-        raise ImportRefused(f"{path}: cannot be read ({exc.strerror})") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise ImportRefused(f"{path}: not a regular file ({_kind(st.st_mode)})")
-    return st
-
-
-def open_regular(path: Path):
-    """Open a file for reading, checking the opened descriptor itself is a regular file (no race with a
-    swap after the check); O_NONBLOCK so that opening a FIFO returns instead of waiting for a writer."""
-    regular_file(path)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError as exc:
-        raise ImportRefused(f"{path}: cannot be read ({exc.strerror})") from None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise ImportRefused(f"{path}: not a regular file ({_kind(st.st_mode)})")
-    os.set_blocking(fd, True)
-    return os.fdopen(fd, "rb")
-
-
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return name
-    return "not a plain file"
+        return safefiles.open_regular(path)
+    except safefiles.NotReadable as exc:
+        raise ImportRefused(f"{path}: {exc}") from None
 
 
 class Watch:
