@@ -35,7 +35,7 @@ from rich.console import Console
 from rich.table import Table
 from torch import nn
 
-from hetprof.executor.launch import free_port
+from hetprof.distributed import file_init_method, leave_process_group
 from hetprof.executor.records import read_log
 from hetprof.executor.weightsync import DEFAULT_BUCKET_MB, WeightSync, copy_into, flatten_params
 
@@ -217,40 +217,41 @@ def sync_model(total_mb: float) -> nn.Module:
     return nn.Sequential(*blocks)
 
 
-def _sync_worker(rank: int, world: int, port: int, total_mb: float, repeats: int, out: str,
+def _sync_worker(rank: int, world: int, init: str, total_mb: float, repeats: int, out: str,
                  bucket_mb: float) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        torch.manual_seed(rank)
-        model = sync_model(total_mb)
-        flatten_params(model, bucket_mb)  # as the runtime lays out trainer and generator models
-        group = dist.new_group(list(range(world)))
-        sync = WeightSync(group, 0, model.named_parameters(), bucket_mb=bucket_mb)
-        # The baseline sends the same bytes from memory as real as the weights': a buffer never written
-        # is the kernel's shared zero page on the sender, read from cache, and made the plain broadcast
-        # look 15-25% faster than any broadcast of real data.
-        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-        apply = copy_into(model)
-        times: dict[str, list[float]] = {"sync": [], "plain": []}
-        for i in range(repeats + 1):  # the first round warms up connections and allocations
-            for kind in (("sync", "plain") if i % 2 == 0 else ("plain", "sync")):  # alternate the order
-                dist.barrier(group)
-                t0 = time.perf_counter()
-                if kind == "plain":
-                    dist.broadcast(flat, 0, group=group)
-                elif rank == 0:
-                    sync.send(model.named_parameters(), i)
-                else:
-                    sync.receive(apply, target=model)
-                dist.barrier(group)  # done when the slowest receiver is done
-                if i:
-                    times[kind].append(time.perf_counter() - t0)
-        if rank == 0:
-            Path(out).write_text(json.dumps({"bytes": sync.total_bytes, "buckets": len(sync.buckets), **times}))
-    finally:
-        dist.destroy_process_group()
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    _sync_rounds(rank, world, total_mb, repeats, out, bucket_mb)
+    leave_process_group()
+
+
+def _sync_rounds(rank: int, world: int, total_mb: float, repeats: int, out: str, bucket_mb: float) -> None:
+    torch.manual_seed(rank)
+    model = sync_model(total_mb)
+    flatten_params(model, bucket_mb)  # as the runtime lays out trainer and generator models
+    group = dist.new_group(list(range(world)))
+    sync = WeightSync(group, 0, model.named_parameters(), bucket_mb=bucket_mb)
+    # The baseline sends the same bytes from memory as real as the weights': a buffer never written
+    # is the kernel's shared zero page on the sender, read from cache, and made the plain broadcast
+    # look 15-25% faster than any broadcast of real data.
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    apply = copy_into(model)
+    times: dict[str, list[float]] = {"sync": [], "plain": []}
+    for i in range(repeats + 1):  # the first round warms up connections and allocations
+        for kind in (("sync", "plain") if i % 2 == 0 else ("plain", "sync")):  # alternate the order
+            dist.barrier(group)
+            t0 = time.perf_counter()
+            if kind == "plain":
+                dist.broadcast(flat, 0, group=group)
+            elif rank == 0:
+                sync.send(model.named_parameters(), i)
+            else:
+                sync.receive(apply, target=model)
+            dist.barrier(group)  # done when the slowest receiver is done
+            if i:
+                times[kind].append(time.perf_counter() - t0)
+    if rank == 0:
+        Path(out).write_text(json.dumps({"bytes": sync.total_bytes, "buckets": len(sync.buckets), **times}))
 
 
 SYNC_WORLD = 3  # one sender, two receivers
@@ -260,7 +261,7 @@ def sync_bandwidth(total_mb: float, repeats: int, work: Path, bucket_mb: float =
                    world: int | None = None) -> dict:
     out = work / "sync.json"
     world = world or SYNC_WORLD
-    mp.spawn(_sync_worker, args=(world, free_port(), total_mb, repeats, str(out), bucket_mb), nprocs=world, join=True)
+    mp.spawn(_sync_worker, args=(world, file_init_method(work), total_mb, repeats, str(out), bucket_mb), nprocs=world, join=True)
     data = json.loads(out.read_text())
     sync_bw = data["bytes"] / statistics.median(data["sync"])
     plain_bw = data["bytes"] / statistics.median(data["plain"])

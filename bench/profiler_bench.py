@@ -10,7 +10,6 @@ Measured side by side in one run:
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,14 +20,10 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from hetprof.distributed import unassigned_port
+
 HETPROF = str(Path(sys.executable).parent / "hetprof")
 QUICK_GOAL_S = 120.0
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def link_rows(rates: list[float], quick: bool, workdir: Path) -> list[tuple]:
@@ -43,7 +38,7 @@ def link_rows(rates: list[float], quick: bool, workdir: Path) -> list[tuple]:
     with testbed.shaped_pair(rates[0], tag="b") as pair:
         for rate in rates:
             pair = pair.shape(rate)
-            port = _port()
+            port = unassigned_port()
             procs = []
             start = time.perf_counter()
             for side in (0, 1):

@@ -11,6 +11,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from hetprof.distributed import leave_process_group
+
 # bus-bandwidth factors of nccl-tests: what each rank's link must carry relative to S / t
 BUS_FACTORS = {
     "all_reduce": lambda n: 2.0 * (n - 1) / n,
@@ -59,8 +61,7 @@ def worker(rank: int, world: int, init_method: str, backend: str, ops: list[str]
         if rank == 0:
             results.put(("error", f"{type(exc).__name__}: {exc}"))
         raise
-    finally:
-        dist.destroy_process_group()
+    leave_process_group()  # on success only: after a failure a peer may be gone, and the process exits
 
 
 def verify(dist, torch, op: str, world: int, device) -> None:

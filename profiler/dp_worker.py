@@ -15,6 +15,7 @@ import gc
 import time
 from typing import Any
 
+from hetprof.distributed import leave_process_group
 from hetprof.hostmemory import keep_freed_memory
 
 
@@ -34,15 +35,13 @@ def worker(rank: int, world: int, init_method: str, backend: str, points: list[d
                             device_id=device if cuda else None)
     try:
         rows = [_one_point(dist, torch, p, device, warmup, repeats) for p in points]
-        dist.barrier()  # no rank tears the group down while a peer still uses it
         if rank == 0:
             results.put(("ok", rows))
     except Exception as exc:  # report, so the parent raises a clear error instead of hanging
         if rank == 0:
             results.put(("error", f"{type(exc).__name__}: {exc}"))
         raise
-    finally:
-        dist.destroy_process_group()
+    leave_process_group()  # on success only: after a failure a peer may be gone, and the process exits
 
 
 def _one_point(dist: Any, torch: Any, point: dict, device: Any, warmup: int, repeats: int) -> dict:

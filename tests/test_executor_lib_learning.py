@@ -4,14 +4,13 @@ uneven batch shares and under micro-batch accumulation."""
 from __future__ import annotations
 
 import copy
-import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from hetprof.distributed import file_init_method, leave_process_group
 from hetprof.executor.algorithms import RLBatch, get_algorithm
 from hetprof.executor.backends import get_backend
 from hetprof.executor.data import PromptSource
@@ -132,28 +131,23 @@ def test_micro_batch_accumulation_equals_one_big_step():
     assert any(not torch.equal(a, b) for a, b in zip(whole, build_causal_lm("tiny").parameters(), strict=True))
 
 
-def _ddp_worker(rank: int, world: int, port: int, path: str, rows: list[list[int]]) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        torch.set_num_threads(1)
-        full = RLBatch(**torch.load(path + ".batch", weights_only=True), group_size=2)
-        mine = full.select(torch.tensor(rows[rank]))
-        model = build_causal_lm("tiny", seed=0)
-        ddp = torch.nn.parallel.DistributedDataParallel(model)
-        learner = Learner(ddp, torch.optim.SGD(ddp.parameters(), lr=1.0), get_algorithm("grpo")(kl_coef=0.0),
-                          mini_batches=1, micro_batches=3, max_grad_norm=None)
-        learner.update(mine)  # rank 1's 2 rows in 3 pieces: one piece is empty and must still join DDP
-        if rank == 0:
-            torch.save([p.detach() for p in model.parameters()], path + ".out")
-    finally:
-        dist.destroy_process_group()
+def _ddp_worker(rank: int, world: int, init: str, path: str, rows: list[list[int]]) -> None:
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    _ddp_update(rank, path, rows)
+    leave_process_group()  # with the DDP model out of scope: nothing holds the group at exit
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _ddp_update(rank: int, path: str, rows: list[list[int]]) -> None:
+    full = RLBatch(**torch.load(path + ".batch", weights_only=True), group_size=2)
+    mine = full.select(torch.tensor(rows[rank]))
+    model = build_causal_lm("tiny", seed=0)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    learner = Learner(ddp, torch.optim.SGD(ddp.parameters(), lr=1.0), get_algorithm("grpo")(kl_coef=0.0),
+                      mini_batches=1, micro_batches=3, max_grad_norm=None)
+    learner.update(mine)  # rank 1's 2 rows in 3 pieces: one piece is empty and must still join DDP
+    if rank == 0:
+        torch.save([p.detach() for p in model.parameters()], path + ".out")
 
 
 @pytest.mark.slow
@@ -164,7 +158,7 @@ def test_ddp_with_uneven_shares_equals_the_single_process_update(tmp_path):
     path = str(tmp_path / "ddp")
     torch.save(fields, path + ".batch")
     # Rank 0 holds 6 of 8 sequences, rank 1 holds 2 (a plan's speed-balanced shares); their token counts differ.
-    mp.spawn(_ddp_worker, args=(2, _free_port(), path, [[0, 1, 2, 3, 4, 5], [6, 7]]), nprocs=2, join=True)
+    mp.spawn(_ddp_worker, args=(2, file_init_method(tmp_path), path, [[0, 1, 2, 3, 4, 5], [6, 7]]), nprocs=2, join=True)
     distributed = torch.load(path + ".out", weights_only=True)
     single = _updated_params(copy.deepcopy(batch), 1)
     for a, b in zip(single, distributed, strict=True):

@@ -18,14 +18,16 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from hetprof.distributed import file_init_method, leave_process_group
 from hetprof.errors import ExecutionError
 from hetprof.executor.algorithms import AlgorithmConfig, RLBatch, get_algorithm
-from hetprof.executor.groups import Topology, check_supported
-from hetprof.executor.launch import free_port
+from hetprof.executor.handwritten_plan import handwritten_plan
+from hetprof.executor.launch_checks import check_supported
 from hetprof.executor.learner import Learner
-from hetprof.executor.manual import manual_plan
 from hetprof.executor.modeling import build_causal_lm, build_reward_model, build_value_model
 from hetprof.executor.parallel import ShardedModel
+from hetprof.executor.process_groups import ProcessGroups
+from hetprof.executor.topology import Topology
 from hetprof.executor.weightsync import WeightSync, copy_into, state_digest
 from hetprof.specs import ClusterSpec, Plan, WorkloadSpec
 
@@ -49,7 +51,7 @@ def make_plan(train: dict, algorithm: str = "grpo", ref: dict | None = None) -> 
         wl["models"] = {"actor": "tiny", "critic": "tiny"}
     placement = {"actor_gen": ["localhost:0"], "ref_infer": ["localhost:0"], "actor_train": ["localhost:0"],
                  "critic_infer": ["localhost:0"], "critic_train": ["localhost:0"]}
-    d = manual_plan(cluster, wl, {k: v for k, v in placement.items()
+    d = handwritten_plan(cluster, wl, {k: v for k, v in placement.items()
                                   if k in ("actor_gen", "ref_infer", "actor_train")
                                   or algorithm == "ppo"}).to_dict()
     layouts = dict(train, **(ref or {}))
@@ -114,13 +116,13 @@ def reference_update(task: str) -> dict[str, torch.Tensor]:
 
 def sharded_update(plan: Plan, task: str, rank: int, ckpt: Path):
     topo = Topology(plan, {d: i for i, d in enumerate(DEVS)})
-    topo.build_groups()
+    groups = ProcessGroups.build(topo)
     tr = topo.tasks[task]
     if rank not in tr.all_ranks:
-        return topo, None, None
+        return topo, groups, None, None
     alg = algorithm("grpo" if task == "actor_train" else "ppo")
     model = build_causal_lm("tiny", seed=0) if task == "actor_train" else build_value_model("tiny", seed=1)
-    sharded = ShardedModel(model, topo, task, rank, torch.device("cpu"), "lm" if task == "actor_train" else "value")
+    sharded = ShardedModel(model, topo, groups, task, rank, torch.device("cpu"), "lm" if task == "actor_train" else "value")
     opt = torch.optim.AdamW(sharded.parameters(), lr=1e-2, weight_decay=0.0)
     learner = Learner(sharded.module, opt, alg, ppo_epochs=2, role="actor" if task == "actor_train" else "critic",
                       recompute_proximal=False, parallel=sharded)
@@ -130,66 +132,66 @@ def sharded_update(plan: Plan, task: str, rank: int, ckpt: Path):
     lo = sum(counts[:tr.replica_of(rank)])
     stats = learner.update(batch.select(torch.arange(lo, lo + counts[tr.replica_of(rank)])))
     assert stats["grad_norm"] > 0
-    return topo, sharded, opt
+    return topo, groups, sharded, opt
 
 
-def _worker(rank: int, port: int, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+def _worker(rank: int, init: str, out: str) -> None:
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=WORLD)
     torch.set_num_threads(1)
-    out = Path(out)
-    try:
-        for name, (task, layouts) in CASES.items():
-            plan = make_plan(layouts, algorithm="grpo" if task == "actor_train" else "ppo")
-            topo, sharded, opt = sharded_update(plan, task, rank, out)
-            full = sharded.full_state() if sharded is not None else None
-            lead = topo.tasks[task].lead
+    _checks(rank, Path(out))
+    leave_process_group()
+
+
+def _checks(rank: int, out: Path) -> None:
+    for name, (task, layouts) in CASES.items():
+        plan = make_plan(layouts, algorithm="grpo" if task == "actor_train" else "ppo")
+        topo, groups, sharded, opt = sharded_update(plan, task, rank, out)
+        full = sharded.full_state() if sharded is not None else None
+        lead = topo.tasks[task].lead
+        if rank == lead:
+            torch.save({n: t.clone() for n, t in full.items()}, out / f"{name}-full.pt")
+        # weight sync from the trainer's first rank to a plain model on another rank, bitwise
+        other = next(r for r in range(WORLD) if r != lead)
+        group = dist.new_group(sorted({lead, other}))
+        ref = (build_causal_lm if task == "actor_train" else build_value_model)("tiny", seed=7)
+        if rank in (lead, other):
+            sync = WeightSync(group, lead, ref.named_parameters(), bucket_mb=0.01)
             if rank == lead:
-                torch.save({n: t.clone() for n, t in full.items()}, out / f"{name}-full.pt")
-            # weight sync from the trainer's first rank to a plain model on another rank, bitwise
-            other = next(r for r in range(WORLD) if r != lead)
-            group = dist.new_group(sorted({lead, other}))
-            ref = (build_causal_lm if task == "actor_train" else build_value_model)("tiny", seed=7)
-            if rank in (lead, other):
-                sync = WeightSync(group, lead, ref.named_parameters(), bucket_mb=0.01)
-                if rank == lead:
-                    sync.send(full.items(), 1)
-                    digest = state_digest(full.items())
-                else:
-                    sync.receive(copy_into(ref), target=ref)
-                    digest = state_digest(ref.named_parameters())
-                torch.save(digest, out / f"{name}-digest-r{rank}.pt")
-            # checkpoint: replica 0 writes its units, every rank reloads its own into a fresh copy
-            if sharded is not None:
-                if sharded.pos.replica == 0:
-                    torch.save(sharded.local_state(opt), out / f"{name}-{sharded.pos.unit}.pt")
-                dist.barrier(group=topo.groups.get(topo.replica_group(task, sharded.pos.replica)))
-            dist.barrier()
-            if sharded is not None:
-                fresh_topo = topo
-                model = (build_causal_lm if task == "actor_train" else build_value_model)("tiny", seed=5)
-                again = ShardedModel(model, fresh_topo, task, rank, torch.device("cpu"),
-                                     "lm" if task == "actor_train" else "value")
-                opt2 = torch.optim.AdamW(again.parameters(), lr=1e-2, weight_decay=0.0)
-                state = torch.load(out / f"{name}-{again.pos.unit}.pt", weights_only=True)
-                again.load_local_state(opt2, state)
-                restored = again.full_state()
-                if rank == lead:
-                    torch.save(restored, out / f"{name}-restored.pt")
-                same = all(torch.equal(_loc(a), _loc(b)) for a, b in zip(again.parameters(), sharded.parameters(),
-                                                                           strict=True))
-                assert same, f"{name}: rank {rank} did not restore its shard"
-                assert len(opt2.state) == len(opt.state)
-            dist.barrier()
-            if name == "critic_pp2xdp2":  # a pipelined forward of a scalar-head (reward) model
-                model = build_reward_model("tiny", seed=2)
-                pipe = ShardedModel(model, topo, task, rank, torch.device("cpu"), "value").pipeline
-                batch = rl_batch()
-                values = pipe.forward(batch.input_ids, batch.attention_mask)
-                torch.save(values, out / f"reward-values-r{rank}.pt")
+                sync.send(full.items(), 1)
+                digest = state_digest(full.items())
+            else:
+                sync.receive(copy_into(ref), target=ref)
+                digest = state_digest(ref.named_parameters())
+            torch.save(digest, out / f"{name}-digest-r{rank}.pt")
+        # checkpoint: replica 0 writes its units, every rank reloads its own into a fresh copy
+        if sharded is not None:
+            if sharded.pos.replica == 0:
+                torch.save(sharded.local_state(opt), out / f"{name}-{sharded.pos.unit}.pt")
+            dist.barrier(group=groups.replica(task, sharded.pos.replica))
         dist.barrier()
-    finally:
-        dist.destroy_process_group()
+        if sharded is not None:
+            fresh_topo = topo
+            model = (build_causal_lm if task == "actor_train" else build_value_model)("tiny", seed=5)
+            again = ShardedModel(model, fresh_topo, groups, task, rank, torch.device("cpu"),
+                                 "lm" if task == "actor_train" else "value")
+            opt2 = torch.optim.AdamW(again.parameters(), lr=1e-2, weight_decay=0.0)
+            state = torch.load(out / f"{name}-{again.pos.unit}.pt", weights_only=True)
+            again.load_local_state(opt2, state)
+            restored = again.full_state()
+            if rank == lead:
+                torch.save(restored, out / f"{name}-restored.pt")
+            same = all(torch.equal(_loc(a), _loc(b)) for a, b in zip(again.parameters(), sharded.parameters(),
+                                                                       strict=True))
+            assert same, f"{name}: rank {rank} did not restore its shard"
+            assert len(opt2.state) == len(opt.state)
+        dist.barrier()
+        if name == "critic_pp2xdp2":  # a pipelined forward of a scalar-head (reward) model
+            model = build_reward_model("tiny", seed=2)
+            pipe = ShardedModel(model, topo, groups, task, rank, torch.device("cpu"), "value").pipeline
+            batch = rl_batch()
+            values = pipe.forward(batch.input_ids, batch.attention_mask)
+            torch.save(values, out / f"reward-values-r{rank}.pt")
+    dist.barrier()
 
 
 def _loc(t):
@@ -200,7 +202,7 @@ def _loc(t):
 def spawned(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("parallel")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.spawn(_worker, args=(free_port(), str(out)), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(file_init_method(out), str(out)), nprocs=WORLD, join=True)
     return out
 
 

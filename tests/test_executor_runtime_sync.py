@@ -6,7 +6,6 @@ a sub-group that leaves some ranks out (as the plan's sync edge does).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from hetprof.executor.launch import free_port
+from hetprof.distributed import file_init_method, leave_process_group
 from hetprof.executor.weightsync import WeightSync, copy_into, flatten_params, make_buckets, state_digest
 
 WORLD = 4
@@ -29,20 +28,20 @@ def _model(seed: int) -> nn.Module:
     return model
 
 
-def _worker(rank: int, port: int, out: str) -> None:
+def _worker(rank: int, init: str, out: str) -> None:
     """One spawn does every multi-process check (starting processes is the slow part)."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    try:
-        torch.set_num_threads(1)
-        group = dist.new_group(SYNC_RANKS)
-        for wire, flat in ((None, False), ("bfloat16", False), (None, True)):
-            _sync_rounds(rank, group, Path(out) / f"{wire}-{flat}", wire, flat)
-        if rank < 2:
-            _p2p(rank, out)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=WORLD)
+    torch.set_num_threads(1)
+    _checks(rank, out)
+    leave_process_group()
+
+
+def _checks(rank: int, out: str) -> None:
+    group = dist.new_group(SYNC_RANKS)
+    for wire, flat in ((None, False), ("bfloat16", False), (None, True)):
+        _sync_rounds(rank, group, Path(out) / f"{wire}-{flat}", wire, flat)
+    if rank < 2:
+        _p2p(rank, out)
 
 
 def _sync_rounds(rank: int, group, out: Path, wire: str | None, flat: bool) -> None:
@@ -73,7 +72,7 @@ def _sync_rounds(rank: int, group, out: Path, wire: str | None, flat: bool) -> N
 @pytest.fixture(scope="module")
 def spawned(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("sync")
-    mp.spawn(_worker, args=(free_port(), str(out)), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(file_init_method(out), str(out)), nprocs=WORLD, join=True)
     return out
 
 
@@ -114,7 +113,7 @@ def test_state_digest_sees_a_single_changed_bit():
 
 
 def _p2p(rank: int, out: str) -> None:
-    from hetprof.executor.groups import Outbox, recv_tensors
+    from hetprof.executor.messages import Outbox, recv_tensors
 
     if rank == 0:
         box = Outbox()

@@ -7,7 +7,6 @@ The two hosts are network namespaces joined by a veth pair shaped with tc tbf; e
 from __future__ import annotations
 
 import contextlib
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hetprof.distributed import unassigned_port
 from hetprof.errors import ExecutionError
 from hetprof.profiler import testbed
 from hetprof.profiler.link_worker import pairs, sweep_sizes
@@ -79,17 +79,11 @@ def test_link_without_rendezvous_is_a_clear_error(tmp_path):
     assert "--rdzv" in done.stderr and "Traceback" not in done.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 usable, why = testbed.available()
 
 
 def _start_link_pair(pair: testbed.ShapedPair, db: Path, rate: int) -> list[subprocess.Popen]:
-    port = _free_port()
+    port = unassigned_port()
     procs = []
     for side in (0, 1):
         cmd = [*HETPROF, "--db", str(db), "profile", "--suite", "link", "--quick", "--nnodes", "2",
@@ -141,7 +135,7 @@ def test_namespaces_are_removed_when_the_body_fails():
 @pytest.mark.slow
 def test_three_hosts_per_region_measure_one_pair_per_region_pair(tmp_path):
     """Three hosts on loopback under one rendezvous: eu, eu, us -> the eu-eu and one eu-us pair."""
-    db, port = tmp_path / "p.db", _free_port()
+    db, port = tmp_path / "p.db", unassigned_port()
     regions = ("eu", "eu", "us")
     procs = [subprocess.Popen([*HETPROF, "--db", str(db), "profile", "--suite", "link", "--quick", "--nnodes", "3",
                                "--node-rank", str(r), "--rdzv", f"127.0.0.1:{port}", "--rdzv-id", "three",

@@ -16,19 +16,13 @@ from typing import Any, Literal
 from hetprof.errors import SpecError
 from hetprof.specs.cluster import ClusterSpec
 from hetprof.specs.loader import field, from_data, read_file, to_data
+from hetprof.specs.vocabulary import Task
 from hetprof.specs.workload import WorkloadSpec
 
 PLAN_VERSION = 1
 
 # The RL tasks: name -> (kind, model role). Weight sync (actor_train -> actor_gen) is an edge.
-TASKS: dict[str, tuple[str, str]] = {
-    "actor_gen": ("generation", "actor"),
-    "ref_infer": ("inference", "reference"),
-    "reward_infer": ("inference", "reward"),
-    "critic_infer": ("inference", "critic"),
-    "actor_train": ("training", "actor"),
-    "critic_train": ("training", "critic"),
-}
+TASKS: dict[str, tuple[str, str]] = {str(t): (str(t.kind), str(t.role)) for t in Task}
 
 
 def workload_tasks(workload: WorkloadSpec) -> list[str]:

@@ -8,9 +8,9 @@ message (for all-gather the gathered output, each rank contributing S / n).
 
 from __future__ import annotations
 
-import socket
 import statistics
 
+from hetprof.distributed import file_init_method
 from hetprof.errors import ExecutionError
 from hetprof.processes import isolated_children
 from hetprof.profiler.collective_worker import bus_factor, worker
@@ -39,12 +39,6 @@ def worlds_for(ctx: ProfileContext) -> list[int]:
     return list(asked or [2, 4])
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_world(world: int, backend: str, sizes: list[int], *, warmup: int, repeats: int, threads: int,
               ops: list[str] = OPS, timeout_s: float = 600.0) -> list[tuple[str, int, list[float]]]:
     """Spawn `world` ranks and return [(op, size_bytes, [seconds per repeat]), ...] from rank 0."""
@@ -53,7 +47,7 @@ def run_world(world: int, backend: str, sizes: list[int], *, warmup: int, repeat
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
-    init = f"tcp://127.0.0.1:{free_port()}"
+    init = file_init_method()  # a file store: no port to race for
     with isolated_children():  # the ranks and the resource tracker start isolated from the current folder
         results = ctx.Queue()
         procs = mp.start_processes(worker, args=(world, init, backend, ops, sizes, warmup, repeats, threads, results),

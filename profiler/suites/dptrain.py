@@ -15,12 +15,12 @@ from __future__ import annotations
 import os
 import statistics
 
+from hetprof.distributed import file_init_method
 from hetprof.errors import ExecutionError
 from hetprof.processes import isolated_children
 from hetprof.profiler import taskmodels
 from hetprof.profiler.context import ProfileContext
 from hetprof.profiler.registry import Suite, register
-from hetprof.profiler.suites.collectives import free_port
 from hetprof.profiler.suites.tasks import default_dtype
 
 BENCHMARK = "dp.train_step"
@@ -59,7 +59,7 @@ def run_world(world: int, backend: str, points: list[dict], *, warmup: int, repe
     from hetprof.profiler.dp_worker import worker
 
     ctx = mp.get_context("spawn")
-    init = f"tcp://127.0.0.1:{free_port()}"
+    init = file_init_method()  # a file store: no port to race for
     with isolated_children():  # the ranks and the resource tracker start isolated from the current folder
         results = ctx.Queue()
         procs = mp.start_processes(worker, args=(world, init, backend, points, warmup, repeats, threads, results),
