@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hetprof.display import shown
-from hetprof.errors import ExecutionError
+from hetprof.errors import ExecutionError, HetprofError
 from hetprof.executor.records import read_db, read_log
 
 
@@ -33,8 +33,8 @@ def load_records(source: str, db_file: str | Path | None) -> list[dict[str, Any]
         raise ExecutionError(f"{source}: no iteration records")
     for rec in records:  # a record needs its iteration's time; a stored run can lack that row
         if not isinstance(rec.get("iteration_s"), (int, float)):
-            raise ExecutionError(f"{source}: iteration {rec.get('iteration', '?')} has no measured iteration "
-                                 "time (its 'iteration' row is missing)")
+            raise HetprofError(f"{source}: iteration {rec.get('iteration', '?')} has no measured iteration "
+                               "time (its 'iteration' row is missing)")
     return records
 
 
