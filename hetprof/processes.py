@@ -23,8 +23,12 @@ SAFE_PATH_ENV = "PYTHONSAFEPATH"
 
 
 def python_argv(*args: str) -> list[str]:
-    """This interpreter with `-P` (no script or current folder on sys.path), then `args`."""
-    return [sys.executable, "-P", *args]
+    """This interpreter with `-P` (no script or current folder on sys.path), then `args`.
+
+    Before Python 3.11 there is no `-P`; `-I` (isolated: also ignores PYTHON* variables and the user's
+    site folder) keeps the current folder off the path there.
+    """
+    return [sys.executable, "-P" if sys.version_info >= (3, 11) else "-I", *args]
 
 
 def child_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
