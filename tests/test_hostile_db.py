@@ -8,8 +8,11 @@ import os
 import signal
 import socket
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -292,3 +295,83 @@ def test_point10_a_lone_surrogate_on_import_is_one_line(tmp_path, db_path):
     with ProfileDB(db_path) as db:
         assert db.counts()["devices"] == 0
     assert before == b"" or file_bytes(db_path) == before
+
+
+# ---- 7. a killed merge leaks nothing --------------------------------------------------------------------
+
+_SLOW_MERGE = """
+import sys, time, pathlib
+from hetprof.profiles import stage
+stage.MIN_ROWS = 1
+real, ready = stage.stage, pathlib.Path(sys.argv[3])
+def slow(*args, **kwargs):
+    ready.write_text("staging")
+    time.sleep(120)
+    return real(*args, **kwargs)
+stage.stage = slow
+sys.argv = ["hetprof", "db", "merge", "--db", sys.argv[1], sys.argv[2]]
+from hetprof.cli import main
+main()
+"""
+
+
+def _merge_held_in_staging(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
+    src, target, ready = tmp_path / "theirs.db", tmp_path / "mine.db", tmp_path / "ready"
+    for k in range(4):  # several runs: the samples are split between this process and a helper
+        fill(src, host=f"node-{k}", n=40)
+    fill(target, host="node-t")
+    proc = subprocess.Popen([sys.executable, "-P", "-c", _SLOW_MERGE, str(target), str(src), str(ready)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for _ in range(1200):
+        if ready.exists() or proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    assert ready.exists(), proc.communicate()[1]
+    assert list(tmp_path.glob(".hetprof-merge-*")), "the scratch folder lives beside the target"
+    return proc, target
+
+
+def _helpers_of(path: Path) -> list[int]:
+    """Processes whose command line names `path` (a merge's staging helper gets it in its job)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if str(path).encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+def test_point07_a_terminated_merge_removes_its_scratch_folder_and_helpers(tmp_path):
+    proc, target = _merge_held_in_staging(tmp_path)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert not list(tmp_path.glob(".hetprof-merge-*"))
+    assert not [p for p in _helpers_of(target) if p != proc.pid]
+
+
+def test_point07_a_killed_merges_folder_is_removed_by_the_next_merge(tmp_path):
+    proc, target = _merge_held_in_staging(tmp_path)
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert list(tmp_path.glob(".hetprof-merge-*"))  # SIGKILL cannot be caught
+    with ProfileDB(target) as db:
+        merge(db, tmp_path / "theirs.db")
+    assert not list(tmp_path.glob(".hetprof-merge-*"))
+
+
+def test_point07_an_orphaned_staging_helper_stops_by_itself(tmp_path):
+    from hetprof.profiles import source, stage
+
+    src, target = tmp_path / "theirs.db", tmp_path / "mine.db"
+    fill(src, n=5000)
+    fill(target, host="node-t")
+    snapshot = source.take_snapshot(src, tmp_path, Watch(Limits(), str(src)))
+    job = {"other": str(snapshot), "mine": str(target), "lo": None, "hi": None, "out": str(tmp_path / "part.db"),
+           "origin": str(src), "limits": None, "parent_pid": os.getpid() + 10**6}  # a parent already gone
+    worker = stage._start(job)
+    with pytest.raises(ImportRefused, match="the merge that started this helper is gone"):
+        stage._result(worker)
