@@ -28,3 +28,10 @@ def shown(value: object, style: str = "") -> Text:
     from rich.text import Text  # here: `hetprof --help` does not pay for rich
 
     return Text(visible(value), style=style)
+
+
+def escaped(value: object) -> str:
+    """`value` made visible and escaped, for splicing into a string that also holds console markup."""
+    from rich.markup import escape
+
+    return escape(visible(value))
