@@ -141,6 +141,8 @@ class Watch:
                                 f"(--max-row-bytes) ({exc})") from None
         except sqlite3.DatabaseError as exc:
             raise ImportRefused(f"{self.origin}: not a readable profile database ({exc})") from None
+        except UnicodeDecodeError:  # SQLite's own message quoted a corrupt schema's bytes
+            raise ImportRefused(f"{self.origin}: not a readable profile database (malformed schema)") from None
         finally:
             if main:
                 signal.signal(signal.SIGINT, previous)

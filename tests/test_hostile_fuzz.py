@@ -43,6 +43,7 @@ FUZZ = settings(max_examples=2000 if CAMPAIGN else 25, deadline=None, database=N
                                        HealthCheck.data_too_large])
 LIMITS = ["--max-bytes", "4M", "--max-rows", "5000", "--max-row-bytes", "256K", "--deadline", "20"]
 MEMORY_CAP = 256 * 2**20  # traced Python allocations while one input is read
+ADDRESS_SPACE_HEADROOM = 6 * 2**30
 TRIED: dict[str, int] = {}
 
 
@@ -52,7 +53,20 @@ def _count(loader: str) -> None:
 
 @pytest.fixture(scope="module", autouse=True)
 def _report():
-    yield
+    """Cap this process's address space while fuzzing (a blow-up is then a MemoryError, not the OOM
+    killer taking the machine's other work with it); print what was tried."""
+    import resource
+
+    limits = resource.getrlimit(resource.RLIMIT_AS)
+    in_use = int(Path("/proc/self/statm").read_text().split()[0]) * resource.getpagesize()
+    cap = in_use + ADDRESS_SPACE_HEADROOM
+    if limits[1] != resource.RLIM_INFINITY:
+        cap = min(cap, limits[1])
+    resource.setrlimit(resource.RLIMIT_AS, (cap, limits[1]))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, limits)
     if TRIED:
         print(f"\nfuzzed inputs per loader: {TRIED}; limits {' '.join(LIMITS)}; memory cap {MEMORY_CAP >> 20} MiB")
 
