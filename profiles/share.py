@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from hetprof import __version__
-from hetprof.errors import ImportRefused
+from hetprof.errors import ImportRefused, ProfileDBError
 from hetprof.profiles import source, stage
 from hetprof.profiles.bounds import Limits, Watch, open_regular, regular_file
 from hetprof.profiles.db import ProfileDB
@@ -123,7 +123,10 @@ def _exclusive_partial(out: Path) -> Iterator[tuple[Path, BinaryIO]]:
     """A new file beside `out` that this call created (O_EXCL, never following a link): a planted
     `FILE.partial` symlink or a file someone else holds open cannot receive the export. Removed on
     failure; on success the caller has renamed it over `out`."""
-    fd, name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent)  # O_EXCL, 0600
+    try:
+        fd, name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent)  # O_EXCL, 0600
+    except OSError as exc:
+        raise ProfileDBError(f"{out}: cannot write there ({exc.strerror})") from None
     tmp = Path(name)
     try:
         with os.fdopen(fd, "wb") as raw:

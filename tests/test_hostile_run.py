@@ -183,3 +183,16 @@ def test_point10_validate_on_a_run_whose_iteration_row_is_missing(tmp_path, db_p
     result = CliRunner().invoke(cli, ["validate", "r9", "--db", str(db_path)])
     assert result.exit_code == 2, result.output
     assert "iteration 1 has no measured iteration time" in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(("edit", "field"), [({"count": 10**18}, "hosts[0].count"),
+                                             ({"gpus": {"type": "cpu", "count": 10**18}}, "hosts[0].gpus.count"),
+                                             ({"count": 1000, "gpus": {"type": "cpu", "count": 1000}}, "hosts")])
+def test_point09_cluster_sizes_are_bounded_before_hosts_are_expanded(tmp_path, edit, field):
+    from hetprof.errors import SpecError
+    from hetprof.specs import ClusterSpec
+
+    spec = tmp_path / "cluster.yaml"
+    spec.write_text(json.dumps({"name": "c", "hosts": [{"name": "h", "gpus": {"type": "cpu"}, **edit}]}))
+    with pytest.raises(SpecError, match=field.replace("[", r"\[").replace("]", r"\]")):
+        ClusterSpec.load(spec)
