@@ -319,8 +319,9 @@ def merge(db: ProfileDB, other: str | Path, limits: Limits | None = None) -> dic
     regular_file(other)
     if other.resolve() == db.path.resolve():
         raise ImportRefused(f"{other}: cannot merge a database into itself")
+    watch = Watch(limits, str(other))  # one deadline for the snapshot, the checks and the helpers
     with stage.scratch_folder(db.path) as folder:
-        snapshot = source.take_snapshot(other, folder, Watch(limits, str(other)))
-        rows, staged, staged_runs = source.read_other(db.path, snapshot, folder, str(other), limits)
+        snapshot = source.take_snapshot(other, folder, watch)
+        rows, staged, staged_runs = source.read_other(db.path, snapshot, folder, watch)
         _check_references(db, rows, str(other), staged_runs)
         return _insert_all(db, rows, "merge", str(other.resolve()), staged)

@@ -10,12 +10,14 @@ every query runs under the merge's deadline, row cap and row size (see `bounds`)
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
+import time
 from pathlib import Path
 
 from hetprof.errors import ImportRefused
 from hetprof.profiles import stage
-from hetprof.profiles.bounds import Limits, Watch
+from hetprof.profiles.bounds import Watch
 from hetprof.profiles.schema import SCHEMA_VERSION, TABLES, read_version
 from hetprof.profiles.validate import check_row
 
@@ -76,10 +78,11 @@ def check_sample_places(src: sqlite3.Connection, origin: str) -> None:
         raise ImportRefused(f"{origin}: two samples of run {str(twice[0])[:12]}… share seq {twice[1]}")
 
 
-def read_other(db_path: Path, snapshot: Path, folder: Path, origin: str,
-               limits: Limits) -> tuple[dict[str, list[tuple]], list[Path], set[str]]:
-    """Every row of the snapshot that this database lacks, checked: in memory, or staged under `folder`."""
-    watch = Watch(limits, origin)
+def read_other(db_path: Path, snapshot: Path, folder: Path,
+               watch: Watch) -> tuple[dict[str, list[tuple]], list[Path], set[str]]:
+    """Every row of the snapshot that this database lacks, checked: in memory, or staged under `folder`.
+    Staging helpers get what is left of `watch`'s deadline."""
+    origin = watch.origin
     with watch.guard():
         src = stage.open_snapshot(snapshot, db_path, watch)
         try:
@@ -99,7 +102,8 @@ def read_other(db_path: Path, snapshot: Path, folder: Path, origin: str,
             src.close()
     if not ranges:
         return rows, [], set()
-    staged, runs = stage.stage_all(snapshot, db_path, ranges, folder, origin, limits)
+    left = dataclasses.replace(watch.limits, deadline_s=max(1e-3, watch.deadline - time.monotonic()))
+    staged, runs = stage.stage_all(snapshot, db_path, ranges, folder, origin, left)
     return rows, staged, runs
 
 
