@@ -32,6 +32,7 @@ from hetprof.errors import HetprofError
 from hetprof.executor.launch_checks import load_plan
 from hetprof.executor.sizebounds import check_run_sizes
 from hetprof.profiles import ProfileDB, export
+from hetprof.profiles.content import content_id
 from hetprof.profiles.schema import TABLES
 from hetprof.profiles.validate import check_row
 from hetprof.specs import ClusterSpec, WorkloadSpec
@@ -127,6 +128,8 @@ def _export_edits(draw, lines: list[bytes]) -> bytes:
     if kind == "value":
         j = draw(st.integers(0, len(rows[i]) - 1))
         rows[i][j] = draw(_JSON)
+        if draw(st.booleans()):  # as an adversary would: the id recomputed, so the value checks are reached
+            rows[i] = _readdressed(rows[i])
     body = [json.dumps(r, ensure_ascii=draw(st.booleans()), separators=(",", ":")).encode() + b"\n" for r in rows]
     if kind == "respell":
         body[i] = json.dumps(rows[i], indent=draw(st.sampled_from([None, 1]))).replace("\n", "").encode() + b"\n"
@@ -144,6 +147,16 @@ def _export_edits(draw, lines: list[bytes]) -> bytes:
         return export_lines(body, counts=counts)
     except (ValueError, KeyError, TypeError):
         return export_lines(body, counts={})
+
+
+def _readdressed(row: list) -> list:
+    table = TABLES.get(row[0]) if row and isinstance(row[0], str) else None
+    if table is None or len(row) != len(table.columns) + 2:
+        return row
+    try:
+        return [row[0], content_id(table.name, row[2:], table.json_flags), *row[2:]]
+    except (ValueError, TypeError, UnicodeEncodeError):
+        return row
 
 
 def _export_lines(seed_dir: Path) -> list[bytes]:
