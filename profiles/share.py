@@ -144,7 +144,7 @@ def _replace_regular(tmp: Path, out: Path) -> None:
     except FileNotFoundError:
         st = None
     if st is not None and not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
-        raise ImportRefused(f"{out}: exists and is not a regular file; not replacing it")
+        raise ProfileDBError(f"{out}: exists and is not a regular file; not replacing it")
     os.chmod(tmp, 0o644 & ~_umask())
     os.replace(tmp, out)
 
