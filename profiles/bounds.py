@@ -22,7 +22,9 @@ from typing import BinaryIO
 
 from hetprof import safefiles
 from hetprof.errors import ImportRefused
+from hetprof.processes import Terminated
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # Ctrl-C, kill, a closed terminal
 PROGRESS_STEPS = 50_000  # SQLite VM steps between deadline checks: ~1 ms of work, a negligible cost
 
 
@@ -81,6 +83,7 @@ class Watch:
         self.deadline = time.monotonic() + limits.deadline_s
         self.parent_pid = parent_pid
         self.stopped: str | None = None
+        self.signal = signal.SIGINT
         self.rows = 0
 
     def attach(self, conn: sqlite3.Connection) -> sqlite3.Connection:
@@ -99,8 +102,9 @@ class Watch:
             self.stopped = "orphaned"
         return 1 if self.stopped else 0
 
-    def _interrupt(self, _signum: int, _frame: object) -> None:
-        self.stopped = "interrupted"  # the next progress check stops the query; then KeyboardInterrupt
+    def _interrupt(self, signum: int, _frame: object) -> None:
+        self.stopped = "interrupted"  # the next progress check stops the query, then the signal's exception
+        self.signal = signum
 
     def count(self, n: int) -> None:
         """Add `n` rows read; refuse past the row cap, and past the deadline between queries too."""
@@ -113,7 +117,9 @@ class Watch:
 
     def raise_stopped(self) -> None:
         if self.stopped == "interrupted":
-            raise KeyboardInterrupt
+            if self.signal == signal.SIGINT:
+                raise KeyboardInterrupt
+            raise Terminated(128 + self.signal)
         if self.stopped == "orphaned":
             raise ImportRefused(f"{self.origin}: the merge that started this helper is gone")
         raise ImportRefused(f"{self.origin}: reading took longer than the {self.limits.deadline_s:g} s "
@@ -123,15 +129,16 @@ class Watch:
     def guard(self) -> Iterator[None]:
         """Turn a query stopped by the progress handler, or a value past the row size, into its one-line reason.
 
-        Ctrl-C inside marks the watch stopped instead of raising at once: an exception raised inside
-        SQLite's callback would be swallowed by it; marked, the query stops and KeyboardInterrupt follows.
+        Ctrl-C (or SIGTERM, SIGHUP) inside marks the watch stopped instead of raising at once: an
+        exception raised inside SQLite's callback would be swallowed by it; marked, the query stops and
+        KeyboardInterrupt (or `Terminated`, exit 128 + signal) follows, so cleanup runs on the way out.
         """
         main = threading.current_thread() is threading.main_thread()
-        previous = signal.signal(signal.SIGINT, self._interrupt) if main else None
+        previous = {s: signal.signal(s, self._interrupt) for s in STOP_SIGNALS} if main else {}
         try:
             yield
             if self.stopped == "interrupted":
-                raise KeyboardInterrupt
+                self.raise_stopped()
         except sqlite3.OperationalError as exc:
             if self.stopped:
                 self.raise_stopped()
@@ -144,5 +151,5 @@ class Watch:
         except UnicodeDecodeError:  # SQLite's own message quoted a corrupt schema's bytes
             raise ImportRefused(f"{self.origin}: not a readable profile database (malformed schema)") from None
         finally:
-            if main:
-                signal.signal(signal.SIGINT, previous)
+            for s, handler in previous.items():
+                signal.signal(s, handler)
