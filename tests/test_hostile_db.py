@@ -31,6 +31,7 @@ from hostile_files import (
 
 from hetprof.cli import cli
 from hetprof.errors import ImportRefused
+from hetprof.processes import Terminated
 from hetprof.profiles import ProfileDB, export, import_file, merge
 from hetprof.profiles.bounds import Limits, Watch
 from hetprof.profiles.schema import TABLES
@@ -79,13 +80,14 @@ def test_point02_a_slow_query_stops_at_the_deadline(tmp_path):
     assert time.monotonic() - t0 < 30  # generous: the point is that it ends, not how fast
 
 
-def test_point02_ctrl_c_interrupts_a_running_query():
+@pytest.mark.parametrize(("signum", "raised"), [(signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, Terminated)])
+def test_point02_ctrl_c_or_sigterm_interrupts_a_running_query(signum, raised):
     watch = Watch(Limits(deadline_s=3600), "src.db")
     conn = watch.attach(sqlite3.connect(":memory:"))
-    timer = threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer = threading.Timer(0.2, lambda: os.kill(os.getpid(), signum))
     timer.start()
     try:
-        with pytest.raises(KeyboardInterrupt), watch.guard():
+        with pytest.raises(raised), watch.guard():
             conn.execute("WITH RECURSIVE r(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM r) SELECT max(x) FROM r"
                          ).fetchone()
     finally:
