@@ -11,21 +11,26 @@ every query runs under the merge's deadline, row cap and row size (see `bounds`)
 from __future__ import annotations
 
 import dataclasses
+import os
 import sqlite3
 import time
 from pathlib import Path
 
 from hetprof.errors import ImportRefused
 from hetprof.profiles import stage
-from hetprof.profiles.bounds import Watch
+from hetprof.profiles.bounds import Watch, regular_file
 from hetprof.profiles.schema import SCHEMA_VERSION, TABLES, read_version
 from hetprof.profiles.validate import check_row
 
 
 def take_snapshot(other: Path, folder: Path, watch: Watch) -> Path:
     """Copy `other` as it is now (one read transaction) to `folder`; refuse a file past the byte cap."""
-    wal = other.with_name(other.name + "-wal")
-    size = other.stat().st_size + (wal.stat().st_size if wal.is_file() else 0)
+    size = other.stat().st_size
+    for suffix in ("-wal", "-shm", "-journal"):  # SQLite opens these too: a FIFO there would hang it
+        companion = other.with_name(other.name + suffix)
+        if os.path.lexists(companion):
+            regular_file(companion)
+            size += companion.stat().st_size if suffix == "-wal" else 0
     if size > watch.limits.max_bytes:
         raise ImportRefused(f"{watch.origin}: {size:,} bytes is more than the {watch.limits.max_bytes:,} "
                             "bytes allowed (--max-bytes)")

@@ -377,3 +377,10 @@ def test_point07_an_orphaned_staging_helper_stops_by_itself(tmp_path):
     worker = stage._start(job)
     with pytest.raises(ImportRefused, match="the merge that started this helper is gone"):
         stage._result(worker)
+
+
+def test_point13_a_fifo_beside_the_source_database_is_refused_not_waited_on(tmp_path, db_path):
+    src = tmp_path / "theirs.db"
+    fill(src)
+    os.mkfifo(tmp_path / "theirs.db-wal")
+    assert "theirs.db-wal: not a regular file (a FIFO)" in _refused_cli(["db", "merge", "--db", str(db_path), str(src)])
