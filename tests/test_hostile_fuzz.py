@@ -46,6 +46,7 @@ LIMITS = ["--max-bytes", "4M", "--max-rows", "5000", "--max-row-bytes", "256K", 
 MEMORY_CAP = 256 * 2**20  # traced Python allocations while one input is read
 ADDRESS_SPACE_HEADROOM = 6 * 2**30
 TRIED: dict[str, int] = {}
+pytestmark = pytest.mark.timeout(7200 if CAMPAIGN else 300)  # the campaign's thousands of inputs take a while
 
 
 def _count(loader: str) -> None:
