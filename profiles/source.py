@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import sqlite3
 import time
 from pathlib import Path
@@ -35,15 +36,30 @@ def take_snapshot(other: Path, folder: Path, watch: Watch) -> Path:
         raise ImportRefused(f"{watch.origin}: {size:,} bytes is more than the {watch.limits.max_bytes:,} "
                             "bytes allowed (--max-bytes)")
     snapshot = folder / "source.db"
+    wal = other.with_name(other.name + "-wal")
     with watch.guard():
-        src = watch.attach(sqlite3.connect(stage.read_only_uri(other), uri=True))
+        src = watch.attach(sqlite3.connect(stage.read_only_uri(other), uri=True, isolation_level=None))
+        try:
+            src.execute("BEGIN")
+            src.execute("SELECT COUNT(*) FROM main.sqlite_master").fetchone()  # the read transaction starts
+            if not wal.exists() or wal.stat().st_size == 0:
+                # Nothing in a WAL: while this read transaction lasts no writer can change the file
+                # (a checkpoint cannot pass this reader's mark), so a plain copy is the snapshot.
+                shutil.copyfile(other, snapshot)
+            else:
+                src.execute("COMMIT")
+                dst = sqlite3.connect(snapshot)
+                try:
+                    src.backup(dst)  # one step: pages copied from one read transaction
+                finally:
+                    dst.close()
+        finally:
+            src.close()
         dst = sqlite3.connect(snapshot)
         try:
-            src.backup(dst)
             dst.execute("PRAGMA journal_mode=DELETE")  # the copy stands alone, without a -wal beside it
         finally:
             dst.close()
-            src.close()
     return snapshot
 
 
