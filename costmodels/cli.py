@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from hetprof.cli import db_option, db_path
+from hetprof.display import escaped, shown
 
 TASK_TYPES = ("task.prefill", "task.decode", "task.train")
 
@@ -61,7 +62,7 @@ def fit(task, device, report, stat, envelope, runs, seed, store) -> None:
                                  "run `hetprof profile --suite tasks` first")
         ids = fitting.store(db, fits) if store else []
     target = f"{stat} of repeats" + (", monotone envelope" if envelope else "")
-    table = Table(title=f"hetprof fit ({path.name}, target: {target})")
+    table = Table(title=shown(f"hetprof fit ({path.name}, target: {target})"))
     table.caption = ("MAPE. held-out: fitted on the rest, scored on held-out shape ranges; analytical: roofline "
                      "on the same rows; noise: how much the target moves between halves of its repeats; run ×: "
                      "what runs take over the profile-fitted time (error on the run shapes before → after, each "
@@ -72,17 +73,17 @@ def fit(task, device, report, stat, envelope, runs, seed, store) -> None:
         table.add_column(col, justify=just)
     for i, f in enumerate(fits):
         good = f.heldout.mape <= 0.10
-        table.add_row(f.task_type, f.device_type, f.dtype, str(f.n_rows), str(f.n_samples), str(f.n_run_rows), _runs(f), f.family,
+        table.add_row(shown(f.task_type), shown(f.device_type), shown(f.dtype), str(f.n_rows), str(f.n_samples), str(f.n_run_rows), _runs(f), f.family,
                       f"[{'green' if good else 'yellow'}]{_pct(f.heldout.mape)}[/]", str(f.heldout.n_folds),
                       _pct(f.analytical_mape), _pct(f.train_mape), _pct(f.noise), ids[i][:8] if ids else "-")
     console.print(table)
     for f in fits:
         if f.call is not None:
-            console.print(f"generation calls on {f.device_type} ({f.dtype}): {f.call.default_s * 1e3:+.2f} ms beyond "
+            console.print(f"generation calls on {escaped(f.device_type)} ({escaped(f.dtype)}): {f.call.default_s * 1e3:+.2f} ms beyond "
                           f"their prefill and decode phases (median of {len(f.call.points)} profiled call shapes; "
                           "each profiled shape keeps its own)")
     for note in skipped:
-        console.print(f"[yellow]skipped:[/] {note}")
+        console.print(f"[yellow]skipped:[/] {escaped(note)}")
     if report:
         from hetprof.costmodels.report import plot_fits
 

@@ -25,6 +25,8 @@ from hetprof.executor.launch_checks import (
 )
 from hetprof.executor.options import RunOptions
 from hetprof.executor.records import plan_hash
+from hetprof.executor.sizebounds import check_run_sizes
+from hetprof.processes import isolated_children
 from hetprof.specs import Plan
 
 
@@ -76,6 +78,7 @@ def launch(options: RunOptions, nnodes: int = 1, node_rank: int = 0, rdzv: str |
 
     options.validate()
     plan = load_plan(options.plan_path)
+    check_run_sizes(plan.workload_spec(), options.iterations)
     check_supported(plan)
     host = node_host(plan, nnodes, node_rank)
     if options.resume and node_rank == 0:
@@ -109,7 +112,8 @@ def launch(options: RunOptions, nnodes: int = 1, node_rank: int = 0, rdzv: str |
     # the plan's words, and points at the files that keep the tracebacks.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     try:
-        elastic_launch(config, worker_main)(options, host)
+        with isolated_children():  # workers, and the resource tracker, never import from the plan's folder
+            elastic_launch(config, worker_main)(options, host)
     except ChildFailedError as exc:
         raise ExecutionError(describe_failures(exc, plan, host, log_dir)) from None
     except Exception as exc:  # rendezvous/agent failures: name the host and the endpoint

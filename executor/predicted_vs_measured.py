@@ -15,7 +15,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from hetprof.errors import ExecutionError
+from hetprof.display import shown
+from hetprof.errors import ExecutionError, HetprofError
 from hetprof.executor.records import read_db, read_log
 
 
@@ -30,6 +31,10 @@ def load_records(source: str, db_file: str | Path | None) -> list[dict[str, Any]
                              f"({db_file or 'no database'})")
     if not records:
         raise ExecutionError(f"{source}: no iteration records")
+    for rec in records:  # a record needs its iteration's time; a stored run can lack that row
+        if not isinstance(rec.get("iteration_s"), (int, float)):
+            raise HetprofError(f"{source}: iteration {rec.get('iteration', '?')} has no measured iteration "
+                               "time (its 'iteration' row is missing)")
     return records
 
 
@@ -64,18 +69,18 @@ def _fmt(x: float | None, spec: str = ".3f") -> str:
 def render(records: list[dict[str, Any]], skip: int = 1, console: Console | None = None) -> None:
     console = console or Console()
     run = records[0].get("run", "?")
-    per_task = Table(title=f"run {run}: predicted vs measured per task (median of iterations ≥ {skip})")
+    per_task = Table(title=shown(f"run {run}: predicted vs measured per task (median of iterations ≥ {skip})"))
     for col in ("task", "predicted s", "measured s", "measured / predicted"):
         per_task.add_column(col, justify="left" if col == "task" else "right")
     for task, row in summary(records, skip).items():
-        per_task.add_row(task, _fmt(row["predicted"]), _fmt(row["measured"]), _fmt(row["ratio"], ".2f"))
+        per_task.add_row(shown(task), _fmt(row["predicted"]), _fmt(row["measured"]), _fmt(row["ratio"], ".2f"))
     console.print(per_task)
     per_iter = Table(title="per iteration")
     for col in ("iteration", "predicted s", "measured s", "ratio", "reward", "kl", "staleness"):
         per_iter.add_column(col, justify="right")
     for rec in records:
         pred = rec.get("predicted_iteration_s")
-        per_iter.add_row(str(rec["iteration"]), _fmt(pred), _fmt(rec["iteration_s"]),
+        per_iter.add_row(shown(rec["iteration"]), _fmt(pred), _fmt(rec["iteration_s"]),
                          _fmt(ratio(rec["iteration_s"], pred), ".2f"), _fmt(rec.get("reward_mean")),
                          _fmt(rec.get("kl"), ".4f"), str(rec.get("staleness_max", "—")))
     console.print(per_iter)

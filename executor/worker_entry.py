@@ -21,6 +21,7 @@ from hetprof.distributed import leave_process_group
 from hetprof.errors import ExecutionError
 from hetprof.executor.launch_checks import check_supported, device_kind, host_devices, load_plan
 from hetprof.executor.options import RunOptions
+from hetprof.executor.peerloss import linger_if_peer_lost
 from hetprof.executor.process_groups import ProcessGroups
 from hetprof.executor.runtime import Worker
 from hetprof.executor.topology import Topology
@@ -36,9 +37,10 @@ def worker_main(options: RunOptions, host: str) -> None:
     """
     try:
         _worker(options, host)
-    except BaseException:
+    except BaseException as exc:
         sys.stdout.flush()
         sys.stderr.flush()
+        linger_if_peer_lost(exc)  # so the agent names the peer that died first (peerloss.py)
         os._exit(1)
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from hetprof import __version__
+from hetprof.display import visible
 from hetprof.errors import HetprofError
 from hetprof.paths import DB_ENV, default_db_path
 
@@ -47,7 +48,7 @@ class LazyGroup(click.Group):
         try:
             return super().invoke(ctx)
         except HetprofError as exc:
-            click.secho(f"error: {exc}", fg="red", err=True)
+            click.secho(f"error: {visible(exc)}", fg="red", err=True)
             ctx.exit(exc.exit_code)
 
 
@@ -120,5 +121,5 @@ def main() -> None:
     try:
         cli(standalone_mode=True)
     except HetprofError as exc:  # raised outside a subcommand's invoke (e.g. while loading)
-        click.secho(f"error: {exc}", fg="red", err=True)
+        click.secho(f"error: {visible(exc)}", fg="red", err=True)
         sys.exit(exc.exit_code)

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.table import Table
 
+from hetprof.display import escaped
 from hetprof.planner.candidate import Candidate
 from hetprof.planner.simulator import Score, Simulator
 from hetprof.units import fmt_bytes, fmt_seconds
@@ -62,8 +63,8 @@ def _shares(shares: Sequence[float]) -> str:
 def print_plan(console: Console, sim: Simulator, cand: Candidate, score: Score, title: str = "plan") -> None:
     """Groups, GPUs, layouts, per-task times, bottleneck, memory headroom per GPU type."""
     wl = sim.workload
-    head = (f"[bold]{title}[/bold]: {wl.name} ({wl.algorithm}, {wl.mode}"
-            + (f", staleness {wl.staleness}" if wl.mode == "async" else "") + f") on {sim.cluster.name} — "
+    head = (f"[bold]{title}[/bold]: {escaped(wl.name)} ({wl.algorithm}, {wl.mode}"
+            + (f", staleness {wl.staleness}" if wl.mode == "async" else "") + f") on {escaped(sim.cluster.name)} — "
             f"cost model {getattr(sim.cost_model, 'name', type(sim.cost_model).__name__)}")
     console.print(head)
     if not score.feasible:

@@ -16,6 +16,7 @@ from typing import Any
 
 from hetprof.hostmemory import keep_freed_memory
 from hetprof.models import ModelShape
+from hetprof.processes import isolated_children
 from hetprof.profiler import devices as devmod
 from hetprof.profiler.context import ProfileContext, SummaryRow
 from hetprof.profiler.registry import Suite, suites_to_run
@@ -113,10 +114,16 @@ def _device_worker(opts: ProfileOptions, suite_names: list[str], device: str, de
 
 def _parallel_devices(opts, suites, devices, progress, note) -> list[SummaryRow]:
     import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    with isolated_children():  # the manager, the pool's workers and the resource tracker start inside
+        return _run_pool(ctx, opts, suites, devices, progress, note)
+
+
+def _run_pool(ctx, opts, suites, devices, progress, note) -> list[SummaryRow]:
     import queue as queue_mod
     from concurrent.futures import ProcessPoolExecutor, wait
 
-    ctx = mp.get_context("spawn")
     manager = ctx.Manager()
     events = manager.Queue()
     advancers: dict[tuple[str, str], Callable[[int], None]] = {}

@@ -8,12 +8,45 @@ import time
 import click
 
 from hetprof.cli import db_option, db_path
+from hetprof.display import shown, visible
+from hetprof.processes import exit_on_signals
 
 
 def _open(readonly: bool = False):
     from hetprof.profiles import ProfileDB
 
     return ProfileDB(db_path(), readonly=readonly)
+
+
+def _size(_ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    from hetprof.profiles.bounds import parse_size
+
+    try:
+        return None if value is None else parse_size(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param=param) from None
+
+
+def limit_options(fn):
+    """--max-bytes, --max-rows, --max-row-bytes and --deadline: the bounds of reading a shared file."""
+    from hetprof.profiles.bounds import Limits
+
+    d = Limits()
+    fn = click.option("--deadline", type=click.FloatRange(min=0, min_open=True), default=d.deadline_s,
+                      show_default=True, help="seconds allowed for reading and checking the file")(fn)
+    fn = click.option("--max-row-bytes", callback=_size, default=str(d.max_row_bytes), show_default=True,
+                      help="largest row accepted (bytes; K/M/G suffixes)")(fn)
+    fn = click.option("--max-rows", type=click.IntRange(min=1), default=d.max_rows, show_default=True,
+                      help="most rows accepted, all tables together")(fn)
+    return click.option("--max-bytes", callback=_size, default=str(d.max_bytes), show_default=True,
+                        help="most bytes read: an export's uncompressed size, a database's file size")(fn)
+
+
+def limits_from(options: dict):
+    from hetprof.profiles.bounds import Limits
+
+    return Limits(max_bytes=options["max_bytes"], max_rows=options["max_rows"],
+                  max_row_bytes=options["max_row_bytes"], deadline_s=options["deadline"])
 
 
 def _console():
@@ -40,7 +73,7 @@ def info(as_json: bool) -> None:
         click.echo(json.dumps(data, indent=2, sort_keys=True))
         return
     console = _console()
-    console.print(f"[bold]{data['path']}[/]  schema v{data['schema_version']}")
+    console.print(shown(data["path"], "bold") + f"  schema v{data['schema_version']}")
     counts = Table(title="rows")
     for name in data["counts"]:
         counts.add_column(name, justify="right")
@@ -51,14 +84,14 @@ def info(as_json: bool) -> None:
         for col in ("id", "name", "kind", "catalog_type", "host", "source"):
             devs.add_column(col)
         for d in data["devices"]:
-            devs.add_row(*(str(d[c] or "") for c in ("id", "name", "kind", "catalog_type", "host", "source")))
+            devs.add_row(*(shown(d[c] or "") for c in ("id", "name", "kind", "catalog_type", "host", "source")))
         console.print(devs)
-    console.print(f"hosts: {', '.join(data['hosts']) or '(none)'}")
+    console.print(shown(f"hosts: {', '.join(data['hosts']) or '(none)'}"))
     if data["benchmarks"]:
-        console.print("samples per benchmark: " + ", ".join(f"{k} {v}" for k, v in data["benchmarks"].items()))
+        console.print(shown("samples per benchmark: " + ", ".join(f"{k} {v}" for k, v in data["benchmarks"].items())))
     for o in data["origins"]:
         added = sum(o["added"].values())
-        console.print(f"[dim]{o['kind']} {o['origin']} at {time.ctime(o['at'])}: {added} rows added")
+        console.print(shown(f"{o['kind']} {o['origin']} at {time.ctime(o['at'])}: {added} rows added", "dim"))
 
 
 @db.command("export")
@@ -70,33 +103,35 @@ def export_cmd(out: str, device: str | None, host: str | None) -> None:
     """Write everything (or one device's / host's rows) to one portable file."""
     from hetprof.profiles import export
 
-    with _open(readonly=True) as pdb:
+    with _open(readonly=True) as pdb, exit_on_signals():
         counts = export(pdb, out, device=device, host=host)
-    click.echo(f"exported to {out}: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
+    click.echo(f"exported to {visible(out)}: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
 
 
 @db.command("import")
 @db_option
 @click.argument("file", type=click.Path(dir_okay=False))
-def import_cmd(file: str) -> None:
+@limit_options
+def import_cmd(file: str, **limits: object) -> None:
     """Validate a shared file, then add all of it (or, if anything is wrong, none of it)."""
     from hetprof.profiles import import_file
 
-    with _open() as pdb:
-        added = import_file(pdb, file)
-    click.echo(f"imported {file}: added " + ", ".join(f"{v} {k}" for k, v in added.items()))
+    with _open() as pdb, exit_on_signals():
+        added = import_file(pdb, file, limits_from(limits))
+    click.echo(f"imported {visible(file)}: added " + ", ".join(f"{v} {k}" for k, v in added.items()))
 
 
 @db.command("merge")
 @db_option
 @click.argument("other", type=click.Path(dir_okay=False))
-def merge_cmd(other: str) -> None:
+@limit_options
+def merge_cmd(other: str, **limits: object) -> None:
     """Add every row of another team's database that this one lacks (idempotent)."""
     from hetprof.profiles import merge
 
-    with _open() as pdb:
-        added = merge(pdb, other)
-    click.echo(f"merged {other}: added " + ", ".join(f"{v} {k}" for k, v in added.items()))
+    with _open() as pdb, exit_on_signals():
+        added = merge(pdb, other, limits_from(limits))
+    click.echo(f"merged {visible(other)}: added " + ", ".join(f"{v} {k}" for k, v in added.items()))
 
 
 @db.command("list")
@@ -116,9 +151,9 @@ def list_cmd(benchmark: str | None, limit: int) -> None:
         for col in ("host", "samples", "params", "when", "source"):
             t.add_column(col)
         for _, r in runs.iterrows():
-            t.add_row(r["id"][:10], r["benchmark"], r["host"], str(r["n_samples"]),
-                      json.dumps(r["params"])[:60], time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created"])),
-                      r["source"])
+            t.add_row(shown(r["id"][:10]), shown(r["benchmark"]), shown(r["host"]), str(r["n_samples"]),
+                      shown(json.dumps(r["params"])[:60]),
+                      time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created"])), shown(r["source"]))
         console.print(t)
         links = pdb.links()
         if len(links):
@@ -126,7 +161,8 @@ def list_cmd(benchmark: str | None, limit: int) -> None:
             for col in ("id", "src → dst", "α", "β", "residual"):
                 lt.add_column(col)
             for _, r in links.tail(limit).iterrows():
-                lt.add_row(r["id"][:12], f"{r['src_host']} → {r['dst_host']}", f"{r['alpha_s'] * 1e3:.3f} ms",
+                lt.add_row(shown(r["id"][:12]), shown(f"{r['src_host']} → {r['dst_host']}"),
+                           f"{r['alpha_s'] * 1e3:.3f} ms",
                            f"{r['beta_Bps'] * 8 / 1e6:.1f} Mbit/s", f"{r['residual'] or 0:.3g}")
             console.print(lt)
         models = pdb.cost_models()
@@ -135,11 +171,12 @@ def list_cmd(benchmark: str | None, limit: int) -> None:
             for col in ("id", "name", "task", "family", "metrics"):
                 mt.add_column(col)
             for _, r in models.tail(limit).iterrows():
-                mt.add_row(r["id"][:12], r["name"], r["task_type"], r["family"], json.dumps(r["metrics"])[:60])
+                mt.add_row(*(shown(v) for v in (r["id"][:12], r["name"], r["task_type"], r["family"],
+                                                 json.dumps(r["metrics"])[:60])))
             console.print(mt)
         records = pdb.run_records()
         if len(records):
-            console.print(f"run records: {len(records)} rows from runs {', '.join(sorted(set(records['run'])))}")
+            console.print(shown(f"run records: {len(records)} rows from runs {', '.join(sorted(set(records['run'])))}"))
 
 
 @db.command()
@@ -160,7 +197,7 @@ def show(id_prefix: str, limit: int) -> None:
                 hits.append((table, row[0]))
         if len(hits) != 1:
             what = "nothing" if not hits else f"{len(hits)} rows"
-            raise ProfileDBError(f"id {id_prefix!r} matches {what}; give a longer unique prefix")
+            raise ProfileDBError(f"id {visible(id_prefix)!r} matches {what}; give a longer unique prefix")
         table, rid = hits[0]
         if table == "cost_models":
             console.print_json(json.dumps(pdb.get_cost_model(rid)))
@@ -168,9 +205,9 @@ def show(id_prefix: str, limit: int) -> None:
         cur = pdb.conn.execute(f"SELECT * FROM {table} WHERE id = ?", (rid,))
         names = [d[0] for d in cur.description]
         row = dict(zip(names, cur.fetchone(), strict=True))
-        console.print(f"[bold]{table[:-1]} {rid}")
+        console.print(shown(f"{table[:-1]} {rid}", "bold"))
         for k, v in row.items():
-            console.print(f"  {k}: {v}")
+            console.print(shown(f"  {k}: {v}"))
         if table == "runs":
             df = pdb.samples(row["benchmark"])
             df = df[df["run_id"] == rid].drop(columns=["sample_id", "run_id", "benchmark", "device_id",
@@ -178,9 +215,9 @@ def show(id_prefix: str, limit: int) -> None:
             df = df.dropna(axis=1, how="all")
             t = Table(title=f"samples ({min(limit, len(df))} of {len(df)})")
             for col in df.columns:
-                t.add_column(str(col), justify="right")
+                t.add_column(shown(col), justify="right")
             for _, r in df.head(limit).iterrows():
-                t.add_row(*(f"{v:.4g}" if isinstance(v, float) else str(v) for v in r))
+                t.add_row(*(shown(f"{v:.4g}" if isinstance(v, float) else v) for v in r))
             console.print(t)
 
 

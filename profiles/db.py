@@ -142,9 +142,11 @@ class ProfileDB:
         t = TABLES[table]
         try:
             check_values(t, values)
+            return (content_id(table, values, t.json_flags), *values)
         except Invalid as exc:
             raise ProfileDBError(str(exc)) from None
-        return (content_id(table, values, t.json_flags), *values)
+        except UnicodeEncodeError:
+            raise ProfileDBError(f"{table}: text is not valid Unicode (a lone surrogate)") from None
 
     @staticmethod
     def _sample_row(benchmark: str, run_id: str, seq: int, params: dict, metrics: dict) -> tuple:
@@ -202,10 +204,12 @@ class ProfileDB:
         return row[0]
 
     def add_run_records(self, records: Iterable[dict]) -> list[str]:
+        """Run records; a record without a host is this host's (the run's leader writes them), so
+        `db export --host` finds them."""
         rows = [self.row("run_records", [
             r["run"], r.get("plan_hash", ""), int(r["iteration"]), r["task"], float(r["seconds"]),
             None if r.get("predicted_s") is None else float(r["predicted_s"]),
-            canonical_json(list(r.get("device_ids", []))), r.get("host"),
+            canonical_json(list(r.get("device_ids", []))), r.get("host") or socket.gethostname(),
             canonical_json(r.get("extra", {})), __version__, time.time(), "run"]) for r in records]
         self.write(lambda c: self._insert(c, "run_records", rows))
         return [r[0] for r in rows]

@@ -32,7 +32,7 @@ class Column:
     def sql_type(self) -> str:
         if self.kind in ("int", "count"):
             return "INTEGER"
-        if self.kind in ("real", "seconds", "time"):
+        if self.kind in ("real", "seconds", "duration", "rate", "time"):
             return "REAL"
         return "TEXT"
 
@@ -85,12 +85,12 @@ TABLES: dict[str, Table] = {t.name: t for t in [
     Table("links", (
         _C("src_host", "short"), _C("dst_host", "short"),
         _C("src_region", "short", nullable=True), _C("dst_region", "short", nullable=True),
-        _C("alpha_s", "seconds"), _C("beta_Bps", "real"), _C("residual", "real", nullable=True),
+        _C("alpha_s", "seconds"), _C("beta_Bps", "rate"), _C("residual", "real", nullable=True),
         _C("run_id", "id", nullable=True, ref="runs"), *_PROVENANCE,
     )),
     Table("run_records", (
         _C("run", "short"), _C("plan_hash", "short"), _C("iteration", "count"), _C("task", "short"),
-        _C("seconds", "seconds"), _C("predicted_s", "seconds", nullable=True),
+        _C("seconds", "duration"), _C("predicted_s", "seconds", nullable=True),
         _C("device_ids", "json_str_list"), _C("host", "short", nullable=True), _C("extra", "json_object"),
         *_PROVENANCE,
     )),

@@ -12,26 +12,31 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import itertools
 import json
 import os
 import sqlite3
+import stat
 import tempfile
 import time
 import zlib
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 from hetprof import __version__
-from hetprof.errors import ImportRefused
-from hetprof.profiles import stage
+from hetprof.errors import ImportRefused, ProfileDBError
+from hetprof.profiles import source, stage
+from hetprof.profiles.bounds import Limits, Watch, open_regular, regular_file
 from hetprof.profiles.db import ProfileDB
-from hetprof.profiles.schema import SCHEMA_VERSION, TABLES, read_version
+from hetprof.profiles.samplekeys import check_sample_places
+from hetprof.profiles.schema import SCHEMA_VERSION, TABLES
 from hetprof.profiles.stage import read_only_uri
 from hetprof.profiles.validate import check_row
 
 FORMAT = "hetprof-profile-export"
 FORMAT_VERSION = 1
-MAX_LINE = 16 * 1024 * 1024
 # (table, column) pairs that must name a row present in the file or the database.
 REFERENCES = [(t.name, i + 1, c.ref, c.nullable) for t in TABLES.values()
               for i, c in enumerate(t.columns) if c.ref]
@@ -78,7 +83,11 @@ def _selected_rows(db: ProfileDB, device: str | None, host: str | None) -> Itera
                                  (host, host)):
             if link[8] is None or link[8] in set(run_ids):
                 yield "links", link
-        for rec in conn.execute("SELECT * FROM run_records WHERE host = ? ORDER BY id", (host,)):
+        # Records written before the host was stored have none: theirs is the host of their devices.
+        for rec in conn.execute(
+                "SELECT * FROM run_records WHERE host = ? OR (coalesce(host, '') = '' AND EXISTS "
+                "(SELECT 1 FROM json_each(device_ids) WHERE substr(value, 1, ?) = ?)) ORDER BY id",
+                (host, len(host) + 1, host + ":")):
             yield "run_records", rec
 
 
@@ -90,13 +99,12 @@ def _chunks(ids: list[str], size: int = 500) -> Iterator[list[str]]:
 def export(db: ProfileDB, out: str | Path, device: str | None = None, host: str | None = None) -> dict[str, int]:
     """Write the database (or the rows of one device/host) to a portable file; returns row counts."""
     out = Path(out)
-    tmp = out.with_name(out.name + ".partial")
     counts = {name: 0 for name in TABLES}
     body = hashlib.sha256()
     header = {"format": FORMAT, "format_version": FORMAT_VERSION, "schema_version": SCHEMA_VERSION,
               "tool_version": __version__, "exported_at": time.time(),
               "filter": {"device": device, "host": host}}
-    with gzip.open(tmp, "wb", compresslevel=6) as f:
+    with _exclusive_partial(out) as (tmp, raw), gzip.open(raw, "wb", compresslevel=6) as f:
         f.write((json.dumps(header, sort_keys=True) + "\n").encode())
         for name, row in _selected_rows(db, device, host):
             line = (json.dumps([name, *row], ensure_ascii=False, separators=(",", ":"), allow_nan=False)
@@ -105,39 +113,88 @@ def export(db: ProfileDB, out: str | Path, device: str | None = None, host: str 
             f.write(line)
             counts[name] += 1
         f.write((json.dumps({"end": True, "counts": counts, "body_sha256": body.hexdigest()}) + "\n").encode())
-    os.replace(tmp, out)
+        f.close()
+        _replace_regular(tmp, out)
     return counts
+
+
+@contextmanager
+def _exclusive_partial(out: Path) -> Iterator[tuple[Path, BinaryIO]]:
+    """A new file beside `out` that this call created (O_EXCL, never following a link): a planted
+    `FILE.partial` symlink or a file someone else holds open cannot receive the export. Removed on
+    failure; on success the caller has renamed it over `out`."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent)  # O_EXCL, 0600
+    except OSError as exc:
+        raise ProfileDBError(f"{out}: cannot write there ({exc.strerror})") from None
+    tmp = Path(name)
+    try:
+        with os.fdopen(fd, "wb") as raw:
+            yield tmp, raw
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _replace_regular(tmp: Path, out: Path) -> None:
+    """Rename the finished export over `out`: a rename replaces a link or file at `out`, never writes
+    through it. Refuses to replace what is not a plain file (a directory, a FIFO, a device)."""
+    try:
+        st = os.lstat(out)
+    except FileNotFoundError:
+        st = None
+    if st is not None and not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+        raise ProfileDBError(f"{out}: exists and is not a regular file; not replacing it")
+    os.chmod(tmp, 0o644 & ~_umask())
+    os.replace(tmp, out)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 # ---- import ---------------------------------------------------------------------------------
 
-def _read_lines(path: Path) -> Iterator[bytes]:
+def _read_lines(path: Path, limits: Limits) -> Iterator[bytes]:
+    """The decompressed lines of an export, refusing past the byte, row and line-size caps as it reads."""
+    total = 0
     try:
-        with gzip.open(path, "rb") as f:
-            while True:
-                line = f.readline(MAX_LINE + 1)
+        with open_regular(path) as raw, gzip.open(raw, "rb") as f:
+            for n in itertools.count(1):
+                line = f.readline(limits.max_row_bytes + 1)
                 if not line:
                     return
-                if len(line) > MAX_LINE:
-                    raise ImportRefused(f"{path}: a line is longer than {MAX_LINE // 2**20} MiB")
+                total += len(line)
+                if len(line) > limits.max_row_bytes:
+                    raise ImportRefused(f"{path}: line {n} is longer than {limits.max_row_bytes:,} bytes "
+                                        "(--max-row-bytes)")
+                if total > limits.max_bytes:
+                    raise ImportRefused(f"{path}: more than {limits.max_bytes:,} bytes uncompressed (--max-bytes)")
+                if n > limits.max_rows + 2:  # the header and trailer lines are not rows
+                    raise ImportRefused(f"{path}: more than {limits.max_rows:,} rows (--max-rows)")
                 yield line
     except (OSError, EOFError, zlib.error) as exc:
         raise ImportRefused(f"{path}: not a readable hetprof export (gzip: {exc})") from None
 
 
+def _no_constant(name: str) -> None:
+    raise ValueError(f"JSON constant {name} is not allowed")
+
+
+# One decoder for every line: json.loads with a hook builds a new decoder per call.
+_LINE_DECODER = json.JSONDecoder(parse_constant=_no_constant)
+
+
 def _parse(line: bytes, where: str) -> object:
     try:
-        return json.loads(line, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
+        return _LINE_DECODER.decode(line.decode())
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise ImportRefused(f"{where}: not valid JSON ({str(exc)[:80]})") from None
 
 
-def read_export(path: str | Path) -> dict[str, list[tuple]]:
-    """Parse and check a whole export file; returns its rows per table or raises ImportRefused."""
-    path = Path(path)
-    if not path.is_file():
-        raise ImportRefused(f"{path}: no such file")
-    lines = _read_lines(path)
+def _read_header(path: Path, lines: Iterator[bytes]) -> None:
     first = next(lines, None)
     if first is None:
         raise ImportRefused(f"{path}: empty file")
@@ -145,28 +202,43 @@ def read_export(path: str | Path) -> dict[str, list[tuple]]:
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise ImportRefused(f"{path}: not a hetprof profile export (header has no format '{FORMAT}')")
     if header.get("format_version") != FORMAT_VERSION:
-        raise ImportRefused(f"{path}: export format version {header.get('format_version')!r} is not "
+        raise ImportRefused(f"{path}: export format version {str(header.get('format_version'))[:20]!r} is not "
                             f"{FORMAT_VERSION}")
     schema = header.get("schema_version")
-    if not isinstance(schema, int) or not 1 <= schema <= SCHEMA_VERSION:
-        raise ImportRefused(f"{path}: schema version {schema!r} is not one this hetprof reads "
+    if type(schema) is not int or not 1 <= schema <= SCHEMA_VERSION:
+        raise ImportRefused(f"{path}: schema version {str(schema)[:20]!r} is not one this hetprof reads "
                             f"(1..{SCHEMA_VERSION}); upgrade hetprof")
+
+
+def read_export(path: str | Path, limits: Limits | None = None) -> dict[str, list[tuple]]:
+    """Parse and check a whole export file; returns its rows per table or raises ImportRefused."""
+    path = Path(path)
+    limits = limits or Limits()
+    watch = Watch(limits, str(path))
+    lines = _read_lines(path, limits)
+    _read_header(path, lines)
     rows: dict[str, list[tuple]] = {name: [] for name in TABLES}
+    seen: set[str] = set()
     body = hashlib.sha256()
     trailer = None
     for n, line in enumerate(lines, start=2):
         where = f"{path}: line {n}"
         if trailer is not None:
             raise ImportRefused(f"{where}: data after the end marker")
+        if n % 10_000 == 0:
+            watch.count(0)  # the deadline
         item = _parse(line, where)
         if isinstance(item, dict):
             trailer = item
             continue
         body.update(line)
-        if not isinstance(item, list) or not item or item[0] not in TABLES:
+        if not isinstance(item, list) or not item or type(item[0]) is not str or item[0] not in TABLES:
             raise ImportRefused(f"{where}: expected [table, id, ...] with a known table")
         table = TABLES[item[0]]
         check_row(table, item[1:], where)
+        if item[1] in seen:  # an export holds each row once; a repeat only inflates the file
+            raise ImportRefused(f"{where}: row {item[1][:16]}… appears twice")
+        seen.add(item[1])
         rows[table.name].append(tuple(item[1:]))
     if trailer is None or trailer.get("end") is not True:
         raise ImportRefused(f"{path}: truncated (no end marker)")
@@ -174,7 +246,7 @@ def read_export(path: str | Path) -> dict[str, list[tuple]]:
         raise ImportRefused(f"{path}: checksum mismatch — the file was altered or damaged")
     counts = {name: len(r) for name, r in rows.items()}
     if trailer.get("counts") != counts:
-        raise ImportRefused(f"{path}: row counts {counts} differ from the declared {trailer.get('counts')}")
+        raise ImportRefused(f"{path}: row counts {counts} differ from the declared {str(trailer.get('counts'))[:200]}")
     return rows
 
 
@@ -225,60 +297,31 @@ def _insert_all(db: ProfileDB, rows: dict[str, list[tuple]], kind: str, origin: 
             db.conn.execute(f"DETACH DATABASE {alias}")
 
 
-def import_file(db: ProfileDB, path: str | Path) -> dict[str, int]:
+def import_file(db: ProfileDB, path: str | Path, limits: Limits | None = None) -> dict[str, int]:
     """Validate a whole export, then add it all in one transaction. Returns rows added per table."""
-    rows = read_export(path)
+    rows = read_export(path, limits)
     _check_references(db, rows, str(path))
+    check_sample_places(db, rows, str(path))
     return _insert_all(db, rows, "import", str(Path(path).resolve()))
 
 
 # ---- merge ----------------------------------------------------------------------------------
 
-def merge(db: ProfileDB, other: str | Path) -> dict[str, int]:
+def merge(db: ProfileDB, other: str | Path, limits: Limits | None = None) -> dict[str, int]:
     """Add every row of another database that this one lacks; idempotent; validated like an import.
 
-    Large samples tables are checked by two processes into staging files (see `stage`); the
-    rest, and small databases, are checked here and held in memory until the one transaction.
+    The source is read from a private snapshot (see `source`); large samples tables are checked by
+    two processes into staging files (see `stage`); the rest, and small databases, are checked here
+    and held in memory until the one transaction.
     """
+    limits = limits or Limits()
     other = Path(other)
-    if not other.is_file():
-        raise ImportRefused(f"{other}: no such file")
+    regular_file(other)
     if other.resolve() == db.path.resolve():
         raise ImportRefused(f"{other}: cannot merge a database into itself")
-    with tempfile.TemporaryDirectory(prefix="hetprof-merge-") as folder:
-        try:
-            rows, staged, staged_runs = _read_other(db, other, Path(folder))
-        except sqlite3.DatabaseError as exc:
-            raise ImportRefused(f"{other}: not a readable profile database ({exc})") from None
+    watch = Watch(limits, str(other))  # one deadline for the snapshot, the checks and the helpers
+    with stage.scratch_folder(db.path) as folder:
+        snapshot = source.take_snapshot(other, folder, watch)
+        rows, staged, staged_runs = source.read_other(db.path, snapshot, folder, watch)
         _check_references(db, rows, str(other), staged_runs)
         return _insert_all(db, rows, "merge", str(other.resolve()), staged)
-
-
-def _read_other(db: ProfileDB, other: Path, folder: Path) -> tuple[dict[str, list[tuple]], list[Path], set[str]]:
-    """Every row of `other` that this database lacks, checked: in memory, or staged under `folder`."""
-    src = sqlite3.connect(read_only_uri(other), uri=True)
-    try:
-        version = read_version(src)
-        if not 1 <= version <= SCHEMA_VERSION:
-            raise ImportRefused(f"{other}: schema version {version} is not one this hetprof reads "
-                                f"(1..{SCHEMA_VERSION})")
-        src.execute("ATTACH DATABASE ? AS mine", (read_only_uri(db.path),))
-        for name, table in TABLES.items():
-            cols = [r[1] for r in src.execute(f"PRAGMA main.table_info({name})")]
-            if cols != table.column_names:
-                raise ImportRefused(f"{other}: table {name} has columns {cols}, expected {table.column_names}")
-        ranges = stage.plan(src)
-        rows: dict[str, list[tuple]] = {}
-        for name, table in TABLES.items():
-            if name == "samples" and ranges:
-                rows[name] = []
-                continue
-            rows[name] = src.execute(stage.missing_rows_sql(table)).fetchall()
-            for row in rows[name]:
-                check_row(table, row, f"{other}: {name} row {str(row[0])[:16]!r}")
-    finally:
-        src.close()
-    if not ranges:
-        return rows, [], set()
-    staged, runs = stage.stage_all(other, db.path, ranges, folder)
-    return rows, staged, runs

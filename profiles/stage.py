@@ -11,17 +11,23 @@ unchecked rows in. No rows travel between processes: a worker returns its count 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from hetprof.errors import ImportRefused, ProfileDBError
+from hetprof.processes import child_env, python_argv, safe_cwd
+from hetprof.profiles.bounds import Limits, Watch
 from hetprof.profiles.schema import TABLES, Table
-from hetprof.profiles.validate import check_row
+from hetprof.profiles.validate import Invalid, check_sample
 
 WORKERS = 2  # processes in all, this one included; more would only queue on a small machine
 MIN_ROWS = 100_000  # below this a worker's start (~0.3 s) costs more than it saves
@@ -78,32 +84,79 @@ def plan(src: sqlite3.Connection, workers: int = WORKERS) -> list[tuple[Bound, B
     return list(zip(edges[:-1], edges[1:], strict=False))
 
 
-def stage(other: str, mine: str, lo: Bound, hi: Bound, out: str) -> list[str]:
-    """Check the samples of `other` in run_id range [lo, hi) that `mine` lacks; write them to `out`.
+def open_snapshot(snapshot: str | Path, mine: str | Path, watch: Watch) -> sqlite3.Connection:
+    """A bounded read-only connection to a merge's private snapshot, with this database attached as `mine`.
 
-    Returns the run ids the staged rows reference; raises ImportRefused at the first bad row.
+    The snapshot is a copy nobody else writes (`immutable` skips locking); `watch` bounds every query.
     """
+    src = watch.attach(sqlite3.connect(f"{read_only_uri(Path(snapshot))}&immutable=1", uri=True))
+    src.execute("ATTACH DATABASE ? AS mine", (read_only_uri(Path(mine)),))
+    return src
+
+
+def new_samples_sql() -> str:
+    """Samples of `main` with, last, the id `mine` holds at the same (run_id, seq): NULL for a new place,
+    the same id for a sample already here (skipped), another id for a clash (refused)."""
+    cols = ", ".join(f"o.{c}" for c in TABLES["samples"].column_names)
+    return (f"SELECT {cols}, m.id FROM main.samples AS o LEFT JOIN mine.samples AS m "
+            "ON m.run_id = o.run_id AND m.seq = o.seq WHERE (m.id IS NULL OR m.id <> o.id)")
+
+
+def run_sizes(src: sqlite3.Connection) -> dict[str, int]:
+    """n_samples of every run in the source and this database: a sample's seq must be below it."""
+    return {rid: n for rid, n in src.execute("SELECT id, n_samples FROM mine.runs UNION ALL "
+                                             "SELECT id, n_samples FROM main.runs") if type(n) is int}
+
+
+def stage(other: str, mine: str, lo: Bound, hi: Bound, out: str, origin: str = "",
+          limits: dict | None = None, parent_pid: int | None = None) -> list[str]:
+    """Check the samples of the snapshot `other` in run_id range [lo, hi) that `mine` lacks; write them to `out`.
+
+    Returns the run ids the staged rows reference; raises ImportRefused at the first bad row (named
+    after `origin`, the file the user gave) or past a bound of `limits`.
+    """
+    origin = origin or other
+    watch = Watch(Limits(**limits) if limits else Limits(), origin, parent_pid)
     table = TABLES["samples"]
     where, args = _range_sql(lo, hi)
-    src = sqlite3.connect(read_only_uri(Path(other)), uri=True)
+    width = len(table.column_names)
     dst = sqlite3.connect(out, isolation_level=None)
     try:
-        src.execute("ATTACH DATABASE ? AS mine", (read_only_uri(Path(mine)),))
-        dst.execute("PRAGMA journal_mode=OFF")  # a scratch file: if this fails, the merge fails
-        dst.execute("PRAGMA synchronous=OFF")
-        dst.execute(f"CREATE TABLE samples ({', '.join(table.column_names)})")
-        dst.execute("BEGIN")
-        runs: set[str] = set()
-        for rows in _batches(src.execute(f"{missing_rows_sql(table)} AND {where}", args)):
-            for row in rows:
-                check_row(table, row, f"{other}: samples row {str(row[0])[:16]!r}")
-                runs.add(row[1])
-            dst.executemany(f"INSERT INTO samples VALUES ({','.join('?' * len(table.column_names))})", rows)
-        dst.execute("COMMIT")
+        with watch.guard():
+            src = open_snapshot(other, mine, watch)
+            dst.execute("PRAGMA journal_mode=OFF")  # a scratch file: if this fails, the merge fails
+            dst.execute("PRAGMA synchronous=OFF")
+            dst.execute(f"CREATE TABLE samples ({', '.join(table.column_names)})")
+            dst.execute("BEGIN")
+            sizes = run_sizes(src)
+            runs: set[str] = set()
+            for rows in _batches(src.execute(f"{new_samples_sql()} AND {where}", args)):
+                checked = [checked_sample(row, width, sizes, origin) for row in rows]
+                runs.update(row[1] for row in checked)
+                dst.executemany(f"INSERT INTO samples VALUES ({','.join('?' * width)})", checked)
+            dst.execute("COMMIT")
+            src.close()
         return sorted(runs)
     finally:
         dst.close()
-        src.close()
+
+
+def checked_sample(row: tuple, width: int, sizes: dict[str, int], origin: str) -> tuple:
+    """The sample part of a `new_samples_sql` row, checked like an import's; raises ImportRefused."""
+    sample, clash = row[:width], row[width]
+    try:
+        check_sample(sample)
+        if clash is not None:
+            raise Invalid(f"run {sample[1][:12]}… already holds another sample at seq {sample[2]}")
+        n = sizes.get(sample[1])
+        if n is not None and sample[2] >= n:
+            raise Invalid(f"seq {sample[2]} is outside its run's {n} samples (n_samples)")
+    except Invalid as exc:
+        raise ImportRefused(f"{origin}: samples row {str(sample[0])[:16]!r}: {exc}") from None
+    except UnicodeEncodeError:
+        raise ImportRefused(f"{origin}: samples row {str(sample[0])[:16]!r}: text is not valid Unicode "
+                            "(a lone surrogate)") from None
+    return sample
 
 
 def _batches(cur: sqlite3.Cursor) -> Iterator[list[tuple]]:
@@ -111,18 +164,20 @@ def _batches(cur: sqlite3.Cursor) -> Iterator[list[tuple]]:
         yield rows
 
 
-def stage_all(other: Path, mine: Path, ranges: list[tuple[Bound, Bound]], folder: Path) -> tuple[list[Path], set[str]]:
+def stage_all(other: Path, mine: Path, ranges: list[tuple[Bound, Bound]], folder: Path, origin: str,
+              limits: Limits) -> tuple[list[Path], set[str]]:
     """Stage every range, the first in this process and each other one in a worker process.
 
     Returns the staging files and the run ids their rows reference. A refusal anywhere is raised
     here, and workers still running are stopped.
     """
     files = [folder / f"part{k}.db" for k in range(len(ranges))]
-    jobs = [{"other": str(other), "mine": str(mine), "lo": lo, "hi": hi, "out": str(f)}
+    jobs = [{"other": str(other), "mine": str(mine), "lo": lo, "hi": hi, "out": str(f), "origin": origin,
+             "limits": dataclasses.asdict(limits), "parent_pid": os.getpid()}
             for (lo, hi), f in zip(ranges, files, strict=True)]
     workers = [_start(job) for job in jobs[1:]]
     try:
-        runs = set(stage(**jobs[0]))
+        runs = set(stage(**{**jobs[0], "parent_pid": None}))
         for worker in workers:
             runs.update(_result(worker))
     finally:
@@ -136,9 +191,11 @@ def stage_all(other: Path, mine: Path, ranges: list[tuple[Bound, Bound]], folder
 def _start(job: dict) -> subprocess.Popen:
     """A fresh interpreter running `main`: unlike multiprocessing's spawn it never re-runs the
     caller's script (a merge called from a script without a __main__ guard would fork forever),
-    and the job and its answer travel as JSON."""
-    return subprocess.Popen([sys.executable, "-c", "from hetprof.profiles.stage import main; main()", json.dumps(job)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    and the job and its answer travel as JSON. It starts isolated from the current folder, and
+    stops by itself if this process dies (its progress check watches its parent)."""
+    return subprocess.Popen(python_argv("-c", "from hetprof.profiles.stage import main; main()", json.dumps(job)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
+                            cwd=safe_cwd())
 
 
 def _result(worker: subprocess.Popen) -> list[str]:
@@ -166,3 +223,35 @@ def main() -> None:
     except sqlite3.DatabaseError as exc:
         answer = {"unreadable": str(exc)}
     print(json.dumps(answer))
+
+
+SCRATCH_PREFIX = ".hetprof-merge-"
+
+
+@contextmanager
+def scratch_folder(db_path: Path) -> Iterator[Path]:
+    """A private folder beside the database for a merge's snapshot and staging files, removed on every
+    exit (an exception, Ctrl-C, SIGTERM via `exit_on_signals`, interpreter exit). A merge killed
+    outright (SIGKILL) leaves its folder; the next merge into the same database removes it, as the
+    pid in its name is gone."""
+    parent = db_path.resolve().parent
+    _sweep_stale(parent)
+    with tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-", dir=parent) as folder:
+        yield Path(folder)
+
+
+def _sweep_stale(parent: Path) -> None:
+    for entry in parent.glob(SCRATCH_PREFIX + "*"):
+        pid = entry.name[len(SCRATCH_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and entry.is_dir() and not entry.is_symlink() and not _alive(int(pid)):
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

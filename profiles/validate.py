@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable
 
 from hetprof.errors import ImportRefused
-from hetprof.profiles.content import content_id, sample_id
+from hetprof.profiles.content import canonical_json, content_id, flat_json, sample_id
 from hetprof.profiles.schema import TABLES, Table
 
 MAX_SHORT = 256
@@ -73,10 +73,30 @@ def _real(v: object) -> None:
         raise Invalid(f"expected a finite number, got {v!r}"[:80])
 
 
-def _seconds(v: object) -> None:
+def _float(v: object) -> None:
+    """A REAL column holds floats only: SQLite stores 1 as 1.0, so an int would come back with another id."""
+    if type(v) is not float:
+        raise Invalid(f"expected a finite float, got {v!r}"[:80])
     _real(v)
+
+
+def _seconds(v: object) -> None:
+    _float(v)
     if v < 0:  # type: ignore[operator]
         raise Invalid(f"expected a non-negative duration, got {v!r}")
+
+
+def _duration(v: object) -> None:
+    """A measured time: a run that took no time (or less) was not measured."""
+    _float(v)
+    if not v > 0:  # type: ignore[operator]
+        raise Invalid(f"expected a positive duration in seconds, got {v!r}")
+
+
+def _rate(v: object) -> None:
+    _float(v)
+    if not v > 0:  # type: ignore[operator]
+        raise Invalid(f"expected a positive rate, got {v!r}")
 
 
 def _source(v: object) -> None:
@@ -95,7 +115,8 @@ def _id_or_empty(v: object) -> None:
 
 
 def _parse_json(v: object, limit: int, nested: bool = True) -> object:
-    """Parse untrusted JSON text; `nested=False` skips the depth walk for callers that reject nesting."""
+    """Parse untrusted JSON text, checking it is canonical; `nested=False` leaves the depth walk and the
+    canonical check to callers that reject nesting (they check flat maps faster)."""
     if not isinstance(v, str):
         raise Invalid(f"expected JSON text, got {type(v).__name__}")
     if len(v) > limit:
@@ -109,7 +130,21 @@ def _parse_json(v: object, limit: int, nested: bool = True) -> object:
         raise Invalid(f"not valid JSON (extra text at character {end})")
     if nested:
         _check_depth(parsed, 0)
+        _check_canonical(parsed, v, canonical_json)
     return parsed
+
+
+def _check_canonical(parsed: object, text: str, encode: Callable[[object], str]) -> None:
+    """Content addresses hash the text, so it must be the one canonical spelling of its value:
+    otherwise the same measurement re-spelled (a space, reordered or duplicated keys) would land twice."""
+    try:
+        again = encode(parsed)
+    except ValueError:
+        raise Invalid("JSON holds a non-finite number (NaN or infinity)") from None
+    except RecursionError:
+        raise Invalid(f"JSON nested deeper than {MAX_JSON_DEPTH}") from None
+    if again != text:
+        raise Invalid("JSON is not in canonical form (sorted keys, no spaces, no duplicate keys)")
 
 
 def _no_constant(name: str) -> None:
@@ -144,11 +179,15 @@ def _json_model(v: object) -> None:
 
 
 def _json_flat_params(v: object) -> None:
-    check_flat(_parse_json(v, MAX_JSON, nested=False), numbers_only=False)
+    parsed = _parse_json(v, MAX_JSON, nested=False)
+    check_flat(parsed, numbers_only=False)
+    _check_canonical(parsed, v, flat_json)  # type: ignore[arg-type]  # checked flat, so the fast encoder
 
 
 def _json_flat_metrics(v: object) -> None:
-    check_flat(_parse_json(v, MAX_JSON, nested=False), numbers_only=True)
+    parsed = _parse_json(v, MAX_JSON, nested=False)
+    check_flat(parsed, numbers_only=True)
+    _check_canonical(parsed, v, flat_json)  # type: ignore[arg-type]
 
 
 @functools.lru_cache(maxsize=256)  # small: a hostile file's unique key sets cannot hoard memory
@@ -203,7 +242,7 @@ def _json_str_list(v: object) -> None:
 
 VALIDATORS: dict[str, Callable[[object], None]] = {
     "short": _short, "ident": _ident, "benchmark": _benchmark, "count": _count, "int": _int,
-    "real": _real, "seconds": _seconds, "time": _real, "source": _source, "id": _id,
+    "real": _float, "seconds": _seconds, "duration": _duration, "rate": _rate, "time": _float, "source": _source, "id": _id,
     "id_or_empty": _id_or_empty, "json_object": _json_object, "json_model": _json_model,
     "json_flat_params": _json_flat_params, "json_flat_metrics": _json_flat_metrics,
     "json_str_list": _json_str_list,
@@ -232,9 +271,51 @@ def check_values(table: Table, values: tuple | list) -> None:
             raise Invalid(f"{name}: {exc}") from None
 
 
+def _sample_column(name: str, value: object, check: Callable[[object], None]) -> None:
+    if value is None:
+        raise Invalid(f"samples.{name}: missing")
+    try:
+        check(value)
+    except Invalid as exc:
+        raise Invalid(f"samples.{name}: {exc}") from None
+
+
+_CACHED_PARAMS = 512  # longest params text remembered: 8192 of them hold at most 4 MiB
+
+
+@functools.lru_cache(maxsize=8192)
+def _params_seen(text: str) -> None:
+    """`_json_flat_params`, remembered per text: a sweep stores each point's params once per repeat,
+    so a million samples hold a few thousand distinct params. Refusals raise and are not remembered."""
+    _json_flat_params(text)
+
+
+def _sample_params(value: object) -> None:
+    if type(value) is str and len(value) <= _CACHED_PARAMS:
+        _params_seen(value)
+    else:
+        _json_flat_params(value)
+
+
+def check_sample(row: tuple | list) -> None:
+    """Validate a samples row (id first) from an untrusted source; raises Invalid or UnicodeEncodeError."""
+    if len(row) != 5:
+        raise Invalid(f"samples: expected 5 columns, got {len(row)}")
+    _id(row[0])
+    _sample_column("run_id", row[1], _id)
+    _sample_column("seq", row[2], _count)
+    _sample_column("params", row[3], _sample_params)
+    _sample_column("metrics", row[4], _json_flat_metrics)
+    if sample_id(*row[1:]) != row[0]:
+        raise Invalid("samples: row id does not match its content (altered or corrupt row)")
+
+
 def check_row(table: Table, row: tuple | list, where: str) -> None:
     """Validate a full row (id first) from an untrusted source; raises ImportRefused."""
     try:
+        if table.name == "samples":
+            check_sample(row)
+            return
         if len(row) != len(table.columns) + 1:
             raise Invalid(f"{table.name}: expected {len(table.columns) + 1} columns, got {len(row)}")
         _id(row[0])
@@ -243,5 +324,7 @@ def check_row(table: Table, row: tuple | list, where: str) -> None:
                                                                                   table.json_flags)
         if expected != row[0]:
             raise Invalid(f"{table.name}: row id does not match its content (altered or corrupt row)")
+    except UnicodeEncodeError:
+        raise ImportRefused(f"{where}: {table.name}: text is not valid Unicode (a lone surrogate)") from None
     except Invalid as exc:
         raise ImportRefused(f"{where}: {exc}") from None

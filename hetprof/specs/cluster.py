@@ -12,7 +12,7 @@ from pathlib import Path
 
 from hetprof import catalog
 from hetprof.errors import SpecError
-from hetprof.specs.loader import field, from_data, positive, read_file, to_data
+from hetprof.specs.loader import field, from_data, read_file, to_data
 from hetprof.units import parse_duration, parse_rate
 
 
@@ -34,11 +34,15 @@ def _duration(text: str) -> bool:
         return False
 
 
+MAX_DEVICES = 1 << 16  # devices in one cluster: hosts and devices are expanded one by one
+
+
 @dataclasses.dataclass
 class GpuSlot:
     type: str = field(help="GPU type from the catalog (hetprof.catalog), e.g. A100-40GB, L40S, cpu",
                       check=_known_gpu, expect="a known GPU type (" + ", ".join(catalog.known_types()) + ")")
-    count: int = field(1, help="GPUs of this type on the host", check=positive, expect="a positive integer")
+    count: int = field(1, help="GPUs of this type on the host", check=lambda x: 0 < x <= MAX_DEVICES,
+                       expect=f"a positive integer at most {MAX_DEVICES:,}")
 
     @property
     def canonical_type(self) -> str:
@@ -51,8 +55,8 @@ class Host:
     gpus: GpuSlot = field(help="the GPUs on this host")
     region: str = field("default", help="region (e.g. us-east); links across regions use inter_region")
     zone: str | None = field(None, help="zone inside the region (informational)")
-    count: int = field(1, help="number of identical hosts this entry stands for", check=positive,
-                       expect="a positive integer")
+    count: int = field(1, help="number of identical hosts this entry stands for",
+                       check=lambda x: 0 < x <= MAX_DEVICES, expect=f"a positive integer at most {MAX_DEVICES:,}")
     address: str | None = field(None, help="address the executor reaches this host at (multi-host runs)")
     price_per_hour: float | None = field(None, help="$/GPU-hour override of the catalog default",
                                          check=lambda x: x >= 0, expect="a non-negative number")
@@ -114,6 +118,9 @@ class ClusterSpec:
     network: NetworkSpec = field(default_factory=NetworkSpec, help="link defaults and overrides")
 
     def validate(self) -> None:
+        devices = sum(h.count * h.gpus.count for h in self.hosts)
+        if devices > MAX_DEVICES:  # before anything is expanded per host or per device
+            raise SpecError(None, "hosts", f"at most {MAX_DEVICES:,} devices in all (count × gpus.count)", devices)
         seen: set[str] = set()
         for i, entry in enumerate(self.hosts):
             expanded = [entry.name] if entry.count == 1 else [f"{entry.name}-{k}" for k in range(entry.count)]

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import types
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
+from hetprof import safefiles
 from hetprof.errors import SpecError
 
 T = TypeVar("T")
@@ -30,23 +32,86 @@ def field(default: Any = dataclasses.MISSING, *, help: str = "", check=None, exp
     return dataclasses.field(default=default, metadata=meta)
 
 
+MAX_SPEC_BYTES = 64 * 2**20  # a plan with a long search trace is a few MB
+MAX_DEPTH = 64  # specs nest a handful of levels; deeper is not a spec
+MAX_VALUES = 2_000_000  # values in one file, counted as a tree
+
+
 def read_file(path: str | Path) -> Any:
-    """Plain data from a .yaml/.yml/.json file; a parse error names the file and line."""
+    """Plain data from a .yaml/.yml/.json file; any problem is a SpecError naming the file (and line).
+
+    The file is someone else's: it must be a regular file of at most MAX_SPEC_BYTES, UTF-8, nested
+    at most MAX_DEPTH deep, with finite numbers and text without lone surrogates.
+    """
     path = Path(path)
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise SpecError(str(path), "", "a readable file", exc.strerror) from None
+        text = safefiles.read_bounded(path, MAX_SPEC_BYTES).decode("utf-8")
+    except safefiles.NotReadable as exc:
+        raise SpecError(str(path), "", "a readable file", str(exc)) from None
+    except UnicodeDecodeError as exc:
+        raise SpecError(str(path), "", "UTF-8 text", f"byte {exc.object[exc.start]:#04x} at offset {exc.start}") from None
     try:
-        if path.suffix == ".json":
-            return json.loads(text)
-        return yaml.safe_load(text)
-    except (yaml.YAMLError, json.JSONDecodeError) as exc:
+        data = json.loads(text, parse_constant=_no_constant) if path.suffix == ".json" else yaml.safe_load(text)
+    except (yaml.YAMLError, ValueError) as exc:
         raise SpecError(str(path), "", "valid YAML/JSON", str(exc).splitlines()[0]) from None
+    except RecursionError:
+        raise SpecError(str(path), "", f"data nested at most {MAX_DEPTH} deep", "deeper") from None
+    check_plain(data, str(path))
+    return data
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def check_plain(data: Any, file: str | None, path: str = "") -> None:
+    """Refuse what no spec holds and what would break a later reader: deep nesting, more than
+    MAX_VALUES values (YAML aliases can make a small file a huge tree), NaN/infinity, lone
+    surrogates (they cannot be written back as UTF-8). Paths are spelled out only for the error."""
+    stack: list[tuple[Any, tuple | None, int]] = [(data, None, 0)]  # (value, (parent chain, key), depth)
+    seen = 0
+    while stack:
+        value, chain, depth = stack.pop()
+        seen += 1
+        if seen > MAX_VALUES:
+            raise SpecError(file, path, f"at most {MAX_VALUES:,} values (YAML aliases expand)", "more")
+        if depth > MAX_DEPTH:
+            raise SpecError(file, _spell(path, chain), f"data nested at most {MAX_DEPTH} deep", "deeper")
+        kind = type(value)
+        if kind is float and not math.isfinite(value):
+            raise SpecError(file, _spell(path, chain), "a finite number", value)
+        if kind is str and not value.isascii():
+            _check_text(value, file, _spell(path, chain))
+        elif kind is dict:
+            for k, v in value.items():
+                if type(k) is str and not k.isascii():
+                    _check_text(k, file, _spell(path, chain))
+                stack.append((v, (chain, k), depth + 1))
+        elif kind is list:
+            stack.extend((v, (chain, i), depth + 1) for i, v in enumerate(value))
+
+
+def _spell(path: str, chain: tuple | None) -> str:
+    keys = []
+    while chain is not None:
+        chain, key = chain
+        keys.append(key)
+    for key in reversed(keys):
+        path = f"{path}[{key}]" if isinstance(key, int) else _join(path, str(key))
+    return path
+
+
+def _check_text(text: str, file: str | None, path: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise SpecError(file, path, "text without lone surrogates", text.encode("utf-8", "backslashreplace")
+                        .decode("ascii")) from None
 
 
 def from_data(cls: type[T], data: Any, file: str | None = None, path: str = "") -> T:
     """Build `cls` from plain data, checking every field's type; raises SpecError naming the field."""
+    check_plain(data, file, path)
     return _convert(cls, data, file, path)
 
 

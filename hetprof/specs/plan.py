@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from hetprof.errors import SpecError
 from hetprof.specs.cluster import ClusterSpec
-from hetprof.specs.loader import field, from_data, positive, read_file, to_data
+from hetprof.specs.loader import field, from_data, read_file, to_data
 from hetprof.specs.vocabulary import Task
 from hetprof.specs.workload import WorkloadSpec
 
@@ -38,11 +38,19 @@ def workload_tasks(workload: WorkloadSpec) -> list[str]:
     return tasks
 
 
+MAX_DEGREE = 1 << 16  # a parallel degree: loops over replicas and stages are sized by it
+_DEGREE = f"a positive integer at most {MAX_DEGREE:,}"
+
+
+def _degree(x: int) -> bool:
+    return 0 < x <= MAX_DEGREE
+
+
 @dataclasses.dataclass
 class Layout:
-    dp: int = field(1, help="data-parallel replicas", check=positive, expect="a positive integer")
-    tp: int = field(1, help="tensor-parallel degree", check=positive, expect="a positive integer")
-    pp: int = field(1, help="pipeline stages", check=positive, expect="a positive integer")
+    dp: int = field(1, help="data-parallel replicas", check=_degree, expect=_DEGREE)
+    tp: int = field(1, help="tensor-parallel degree", check=_degree, expect=_DEGREE)
+    pp: int = field(1, help="pipeline stages", check=_degree, expect=_DEGREE)
 
     @property
     def world(self) -> int:

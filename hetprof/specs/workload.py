@@ -13,17 +13,29 @@ from hetprof.models import ModelShape, resolve_model
 from hetprof.specs.loader import field, from_data, non_negative, positive, read_file, to_data
 
 LONGEST_DRAWS = 1 << 18  # lengths drawn to estimate the expected longest of a batch
+# Size bounds, checked when a spec loads (before any search or worker starts): far above any real
+# RL job, and low enough that sizing arrays or loops by them cannot hang or exhaust a machine.
+MAX_TOKENS = 1 << 20  # a prompt or response length: a million-token context
+MAX_STALENESS = 64  # async versions ahead; each holds a step of rollouts in memory
+MAX_SEQUENCES = 1 << 20  # prompts × responses in one step
+MAX_RESPONSES = 4096  # responses sampled per prompt
+MAX_PASSES = 1024  # PPO epochs, and mini-batches per epoch
+
+
+def _within(limit: int) -> tuple:
+    return (lambda x: 0 < x <= limit), f"a positive number at most {limit:,}"
 
 
 @dataclasses.dataclass
 class LengthDist:
     """A token-length distribution; response lengths are long-tailed in RL, which the planner feels."""
 
-    mean: float = field(help="mean length in tokens", check=positive, expect="a positive number")
-    max: int | None = field(None, help="hard cap (defaults to 2 × mean)", check=positive, expect="a positive integer")
+    mean: float = field(help="mean length in tokens", check=_within(MAX_TOKENS)[0], expect=_within(MAX_TOKENS)[1])
+    max: int | None = field(None, help="hard cap (defaults to 2 × mean)", check=_within(MAX_TOKENS)[0],
+                            expect=_within(MAX_TOKENS)[1])
     dist: Literal["fixed", "uniform", "normal", "lognormal"] = field("fixed", help="shape of the distribution")
-    std: float = field(0.0, help="standard deviation (normal, lognormal)", check=non_negative,
-                       expect="a non-negative number")
+    std: float = field(0.0, help="standard deviation (normal, lognormal)", check=lambda x: 0 <= x <= MAX_TOKENS,
+                       expect=f"a non-negative number at most {MAX_TOKENS:,}")
 
     def validate(self) -> None:
         if self.max is not None and self.max < self.mean:
@@ -87,12 +99,15 @@ class WorkloadSpec:
     algorithm: Literal["ppo", "grpo"] = field("grpo", help="RL algorithm")
     mode: Literal["sync", "async"] = field("sync", help="sync, or async with a staleness bound")
     staleness: int = field(1, help="async: generation may run at most this many weight versions ahead",
-                           check=positive, expect="a positive integer")
-    prompts_per_step: int = field(64, help="prompts per iteration", check=positive, expect="a positive integer")
-    responses_per_prompt: int = field(8, help="responses sampled per prompt", check=positive,
-                                      expect="a positive integer")
-    ppo_epochs: int = field(1, help="passes over each batch", check=positive, expect="a positive integer")
-    mini_batches: int = field(1, help="optimizer steps per epoch", check=positive, expect="a positive integer")
+                           check=_within(MAX_STALENESS)[0], expect=_within(MAX_STALENESS)[1])
+    prompts_per_step: int = field(64, help="prompts per iteration", check=_within(MAX_SEQUENCES)[0],
+                                  expect=_within(MAX_SEQUENCES)[1])
+    responses_per_prompt: int = field(8, help="responses sampled per prompt", check=_within(MAX_RESPONSES)[0],
+                                      expect=_within(MAX_RESPONSES)[1])
+    ppo_epochs: int = field(1, help="passes over each batch", check=_within(MAX_PASSES)[0],
+                            expect=_within(MAX_PASSES)[1])
+    mini_batches: int = field(1, help="optimizer steps per epoch", check=_within(MAX_PASSES)[0],
+                              expect=_within(MAX_PASSES)[1])
     precision: Literal["bf16", "fp16", "fp32"] = field("bf16", help="compute dtype (mixed-precision Adam)")
     training: TrainingParams = field(default_factory=TrainingParams, help="algorithm hyper-parameters")
     name: str = field("workload", help="a name for reports")
@@ -114,6 +129,9 @@ class WorkloadSpec:
                 resolve_model(ref, Path(self.base_dir) if self.base_dir else None)
             except KeyError:
                 raise SpecError(None, f"models.{role}", "a model preset or a path to a HF config.json", ref) from None
+        if self.sequences_per_step > MAX_SEQUENCES:
+            raise SpecError(None, "prompts_per_step", f"prompts × responses at most {MAX_SEQUENCES:,}",
+                            self.sequences_per_step)
         if self.sequences_per_step % self.mini_batches:
             raise SpecError(None, "mini_batches", f"a divisor of prompts × responses ({self.sequences_per_step})",
                             self.mini_batches)

@@ -12,6 +12,7 @@ import statistics
 
 from hetprof.distributed import file_init_method
 from hetprof.errors import ExecutionError
+from hetprof.processes import isolated_children
 from hetprof.profiler.collective_worker import bus_factor, worker
 from hetprof.profiler.context import ProfileContext
 from hetprof.profiler.registry import Suite, register_suite
@@ -46,10 +47,11 @@ def run_world(world: int, backend: str, sizes: list[int], *, warmup: int, repeat
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
-    results = ctx.Queue()
     init = file_init_method()  # a file store: no port to race for
-    procs = mp.start_processes(worker, args=(world, init, backend, ops, sizes, warmup, repeats, threads, results),
-                               nprocs=world, join=False, start_method="spawn")
+    with isolated_children():  # the ranks and the resource tracker start isolated from the current folder
+        results = ctx.Queue()
+        procs = mp.start_processes(worker, args=(world, init, backend, ops, sizes, warmup, repeats, threads, results),
+                                   nprocs=world, join=False, start_method="spawn")
     try:
         status, payload = results.get(timeout=timeout_s)
     except queue.Empty:

@@ -17,6 +17,7 @@ import statistics
 
 from hetprof.distributed import file_init_method
 from hetprof.errors import ExecutionError
+from hetprof.processes import isolated_children
 from hetprof.profiler import taskmodels
 from hetprof.profiler.context import ProfileContext
 from hetprof.profiler.registry import Suite, register_suite
@@ -58,10 +59,11 @@ def run_world(world: int, backend: str, points: list[dict], *, warmup: int, repe
     from hetprof.profiler.dp_worker import worker
 
     ctx = mp.get_context("spawn")
-    results = ctx.Queue()
     init = file_init_method()  # a file store: no port to race for
-    procs = mp.start_processes(worker, args=(world, init, backend, points, warmup, repeats, threads, results),
-                               nprocs=world, join=False, start_method="spawn")
+    with isolated_children():  # the ranks and the resource tracker start isolated from the current folder
+        results = ctx.Queue()
+        procs = mp.start_processes(worker, args=(world, init, backend, points, warmup, repeats, threads, results),
+                                   nprocs=world, join=False, start_method="spawn")
     try:
         status, payload = results.get(timeout=timeout_s)
     except queue.Empty:

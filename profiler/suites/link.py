@@ -14,6 +14,7 @@ import os
 import statistics
 
 from hetprof.errors import ExecutionError, SpecError
+from hetprof.processes import isolated_children
 from hetprof.profiler import netaddr
 from hetprof.profiler.context import ProfileContext
 from hetprof.profiler.link_worker import link_worker
@@ -61,7 +62,8 @@ class LinkSuite(Suite):
                 "target_s": ctx.options.get("link_target_s") or (0.25 if ctx.quick else 0.4),
                 "repeats": 3 if ctx.quick else 5, "sizes": 5 if ctx.quick else 8}
         try:
-            results = elastic_launch(config, link_worker)(spec)
+            with isolated_children():  # the worker starts isolated from the current folder
+                results = elastic_launch(config, link_worker)(spec)
         except Exception as exc:  # ChildFailedError, RendezvousTimeoutError, ...
             raise ExecutionError(f"link suite: the rendezvous at {config.rdzv_endpoint} or a worker failed "
                                  f"({type(exc).__name__}: {exc})") from None
