@@ -116,6 +116,8 @@ class Calibration:
     @functools.lru_cache(maxsize=256)  # noqa: B019
     def link(self, device_type: str) -> tuple[LinkSpec, str]:
         rows, kind = self._rows("collective.", device_type)
+        if rows is not None and "hosts" in rows:  # rows across hosts time the network, not this GPU's link
+            rows = rows[rows["hosts"].fillna(1) <= 1]
         if rows is not None and {"size_bytes", "seconds", "world"} <= set(rows.columns):
             for op in ("all_reduce", "all_gather", "broadcast"):
                 sel = rows[rows["benchmark"] == f"collective.{op}"]

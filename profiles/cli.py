@@ -87,6 +87,24 @@ def import_cmd(file: str) -> None:
     click.echo(f"imported {file}: added " + ", ".join(f"{v} {k}" for k, v in added.items()))
 
 
+@db.command("import-reference")
+@db_option
+@click.argument("names", nargs=-1, required=True, metavar="NAME... | all")
+def import_reference_cmd(names: tuple[str, ...]) -> None:
+    """Import shipped reference profiles: published figures per GPU type, stored as `reference`.
+
+    Calibration uses them where a GPU type has no measured rows; measured rows always win.
+    """
+    from hetprof.profiles.references import import_reference
+    from hetprof.profiles.references import names as shipped
+
+    wanted = shipped() if names == ("all",) else list(names)
+    with _open() as pdb:
+        for name in wanted:
+            added = import_reference(pdb, name)
+            click.echo(f"imported reference {name}: added " + ", ".join(f"{v} {k}" for k, v in added.items()))
+
+
 @db.command("merge")
 @db_option
 @click.argument("other", type=click.Path(dir_okay=False))
