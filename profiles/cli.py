@@ -131,8 +131,9 @@ def list_cmd(benchmark: str | None, limit: int) -> None:
         t = Table(title=f"benchmark runs ({len(runs)} shown)")
         t.add_column("id", no_wrap=True)
         t.add_column("benchmark", no_wrap=True, min_width=14)
-        for col in ("host", "samples", "params", "when", "source"):
+        for col in ("host", "samples", "params", "when"):
             t.add_column(col)
+        t.add_column("source", no_wrap=True, min_width=9)  # measured or reference: never cut
         for _, r in runs.iterrows():
             t.add_row(r["id"][:10], r["benchmark"], r["host"], str(r["n_samples"]),
                       json.dumps(r["params"])[:60], time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created"])),
