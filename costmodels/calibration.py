@@ -74,6 +74,7 @@ class Calibration:
     def _canon(self, name: str) -> str | None:
         return self.catalog.canonical_name(name)
 
+    @functools.lru_cache(maxsize=256)  # noqa: B019
     def curves(self, device_type: str):
         return self.catalog.lookup(device_type).efficiency
 

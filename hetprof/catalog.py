@@ -38,8 +38,12 @@ class EfficiencyCurve:
     points: tuple[tuple[float, float], ...]
     source: str
 
+    @functools.cached_property
+    def _xs(self) -> list[float]:
+        return [p[0] for p in self.points]
+
     def __call__(self, x: float) -> float:
-        xs = [p[0] for p in self.points]
+        xs = self._xs
         if x <= xs[0]:
             return self.points[0][1]
         if x >= xs[-1]:
