@@ -129,6 +129,21 @@ def test_cost_model_reads_efficiencies_from_the_catalog_it_is_given(tmp_path):
     assert fast < slow
 
 
+def test_several_collective_points_fit_the_catalog_link_like_measured_rows(tmp_path):
+    from hetprof.costmodels.comm import collective_time
+
+    mib, gib = 2.0 ** 20, 2.0 ** 30
+    file = write(tmp_path, "link.yaml", {"gpus": {"H100-SXM": {"efficiency": {"collective": {
+        "points": [[mib, 0.1], [64 * mib, 0.6], [gib, 0.9]], "world": 4, "source": "our nccl-tests run"}}}}})
+    link, source = get_cost_model("analytical", catalog=load_catalog(file)).device_link("H100-SXM")
+    assert source == "datasheet" and link.alpha_s > 0 and 0.6 * 450e9 < link.beta_Bps < 1.0 * 450e9
+    for size, eff in ((mib, 0.1), (gib, 0.9)):  # the fitted ring reproduces the busbw it was given
+        implied = 2 * 3 / 4 * size / (450e9 * eff)
+        assert collective_time("all_reduce", size, 4, link.alpha_s, link.beta_Bps) == pytest.approx(implied, rel=0.2)
+    single = get_cost_model("analytical").device_link("H100-SXM")[0]  # one point: nominal × it, NVLink α
+    assert single.beta_Bps == pytest.approx(450e9 * 1.02) and single.alpha_s == pytest.approx(5e-6)
+
+
 # ---- gpu_types in a cluster spec --------------------------------------------------------------
 
 def cluster_with_new_gpu() -> dict:
