@@ -200,3 +200,24 @@ def test_catalog_option_types_are_copied_into_the_cluster(tmp_path):
     standalone = ClusterSpec.from_dict(cluster.to_dict())
     assert standalone.catalog.lookup("X1").efficiency.matmul(4096) == 0.6
     assert math.isclose(standalone.catalog.lookup("X1").peak_flops("bf16"), 400e12)
+
+
+def test_fit_compares_with_the_analytical_model_of_the_catalog_it_is_given(tmp_path):
+    from click.testing import CliRunner
+    from costmodels_synth import add_rows
+
+    from hetprof.cli import cli
+    from hetprof.costmodels.fitting import fit_database
+    from hetprof.profiles import ProfileDB
+
+    half = {name: {"points": [[1, 0.35 if name in ("matmul", "attention") else 0.425]], "source": "halved"}
+            for name in ("matmul", "attention", "memory", "decode_memory")}
+    file = write(tmp_path, "slow-cpu.yaml", {"gpus": {"cpu": {"efficiency": half}}})
+    with ProfileDB(tmp_path / "p.db") as db:
+        add_rows(db, models=("tiny",), batches=(1, 2, 4), lengths=(16, 32, 64), tasks=("decode",))
+        plain = fit_database(db, task="task.decode")[0].analytical
+        slow = fit_database(db, task="task.decode", catalog=load_catalog(file))[0].analytical
+    assert len(plain) == len(slow) and all(s > p for s, p in zip(slow, plain, strict=True))
+    bad = write(tmp_path, "bad.yaml", {"gpus": {"cpu": {"memory_GB": "lots"}}})
+    res = CliRunner().invoke(cli, ["--db", str(tmp_path / "p.db"), "fit", "--catalog", bad])
+    assert res.exit_code == 2 and "bad.yaml" in res.output and "gpus.cpu.memory_GB" in res.output
