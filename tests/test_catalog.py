@@ -221,3 +221,15 @@ def test_fit_compares_with_the_analytical_model_of_the_catalog_it_is_given(tmp_p
     bad = write(tmp_path, "bad.yaml", {"gpus": {"cpu": {"memory_GB": "lots"}}})
     res = CliRunner().invoke(cli, ["--db", str(tmp_path / "p.db"), "fit", "--catalog", bad])
     assert res.exit_code == 2 and "bad.yaml" in res.output and "gpus.cpu.memory_GB" in res.output
+
+
+def test_what_if_adds_a_gpu_type_from_the_catalog_file(tmp_path):
+    from hetprof.planner.whatif import apply_what_if
+
+    team = load_catalog(write(tmp_path, "team.yaml", {"gpus": {"X1": NEW_GPU}}))
+    file = write(tmp_path, "cluster.yaml", {"name": "c", "hosts": [{"name": "b", "gpus": {"type": "L4", "count": 1}}]})
+    cluster = ClusterSpec.load(file, catalog=team)
+    assert cluster.gpu_types == {}
+    changed = apply_what_if(cluster, "add 2xX1@default")
+    assert changed.gpu_counts() == {"L4": 1, "X1": 2} and "X1" in changed.gpu_types
+    assert ClusterSpec.from_dict(changed.to_dict()).catalog.lookup("X1").hbm_GBps == 2000
