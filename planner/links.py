@@ -137,6 +137,16 @@ class _SpecLinks:
         self.gpu = {h.name: h.gpus.type for h in hosts}
         self.named = {name for link in cluster.network.links for name in link.between}
         self._memo: dict[tuple, LinkSpec | None] = {}
+        self.goodput = cluster.catalog.inter_host
+
+    def _priced(self, params, host: str | None) -> LinkSpec:
+        """A spec link as planned: its nominal rate × the catalog's efficiency — within `host`, its GPU
+        type's collective bus bandwidth at large messages; between hosts, the inter-host goodput."""
+        if host is not None:
+            beta = params.beta_Bps * self.cluster.catalog.lookup(self.gpu[host]).efficiency.collective.best
+        else:
+            beta = params.beta_Bps * self.goodput(params.beta_Bps)
+        return LinkSpec(params.alpha_s, beta)
 
     def between(self, a: str, b: str) -> LinkSpec | None:
         if a == b:
@@ -151,7 +161,7 @@ class _SpecLinks:
                 self._memo[key] = measured
         if key not in self._memo:
             params = self.cluster.link_between(a, b)
-            self._memo[key] = None if params is None else LinkSpec(params.alpha_s, params.beta_Bps)
+            self._memo[key] = None if params is None else self._priced(params, a if a == b else None)
         return self._memo[key]
 
 
