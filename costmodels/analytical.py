@@ -1,15 +1,18 @@
 """The roofline cost model: a phase takes as long as its slower bound, compute or memory traffic.
 
-time = max(FLOPs / achievable FLOP/s, bytes / achievable bandwidth) + kernels × launch latency.
-The achievable rates are the profile database's measurements of that device type when it has
-them and datasheet peaks × typical efficiencies otherwise (`calibration.py`); communication is
-composed on top by the base class with α–β terms on the real links.
+time = max(matmul FLOPs / matmul FLOP/s + attention FLOPs / attention FLOP/s, bytes / bandwidth)
+       + kernels × launch latency.
+The achievable rates are the profile database's rows of that device type (measured, else
+reference) when it has them and catalog peaks otherwise, each shaped by the catalog's efficiency
+curves — a decode step's skinny matmuls or a short attention reach less than big ones
+(`calibration.py`); communication is composed on top by the base class with α–β terms.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from hetprof.catalog import Catalog
 from hetprof.costmodels import phases
 from hetprof.costmodels.base import CostModel
 from hetprof.costmodels.calibration import Calibration
@@ -17,24 +20,28 @@ from hetprof.costmodels.data import LinkSpec, Phase, PhaseTime
 
 
 class AnalyticalCostModel(CostModel):
-    """Roofline per phase; rates measured (profile database) or datasheet (catalog)."""
+    """Roofline per phase; rates measured or reference (profile database) or datasheet (catalog)."""
 
     name = "analytical"
 
-    def __init__(self, db: Any | None = None):
-        super().__init__()
-        self.calibration = Calibration(db)
+    def __init__(self, db: Any | None = None, catalog: Catalog | None = None):
+        super().__init__(catalog)
+        self.calibration = Calibration(db, self.catalog)
 
     def phase_time(self, phase: Phase, device_type: str) -> PhaseTime:
         phases.check(phase)
-        compute = self.calibration.flops(device_type, phase.dtype)
-        memory = self.calibration.memory_bw(device_type)
-        t_compute = phases.flops(phase) / compute.value
-        t_memory = phases.memory_bytes(phase) / memory.value
-        floor = phases.kernel_launches(phase) * self.calibration.launch_s(device_type)
-        bound, rate = (t_compute, compute) if t_compute >= t_memory else (t_memory, memory)
-        note = "" if compute.source == memory.source else (
-            f"{device_type}: compute rate {compute.source}, memory bandwidth {memory.source}")
+        cal = self.calibration
+        matmul = cal.compute_rate(device_type, phase.dtype, "matmul", phases.matmul_rows(phase))
+        attention = cal.compute_rate(device_type, phase.dtype, "attention", phases.attention_keys(phase))
+        moved = phases.memory_bytes(phase)
+        memory = cal.memory_rate(device_type, phase.batch if phase.kind == "decode" else None, moved)
+        t_compute = phases.passes(phase) * (phases.forward_matmul_flops(phase) / matmul.value
+                                            + phases.forward_attention_flops(phase) / attention.value)
+        t_memory = moved / memory.value
+        floor = phases.kernel_launches(phase) * cal.launch_s(device_type)
+        bound, rate = (t_compute, matmul) if t_compute >= t_memory else (t_memory, memory)
+        note = "" if matmul.source == memory.source else (
+            f"{device_type}: compute rate {matmul.source}, memory bandwidth {memory.source}")
         return PhaseTime(bound + floor, rate.source, note)
 
     def device_link(self, device_type: str) -> tuple[LinkSpec, str]:

@@ -14,7 +14,7 @@ import abc
 import functools
 import math
 
-from hetprof.catalog import lookup
+from hetprof.catalog import Catalog, builtin
 from hetprof.costmodels import comm, memory
 from hetprof.costmodels.data import Estimate, LinkSpec, MemoryEstimate, Phase, PhaseTime, Placement, Work
 from hetprof.models import DTYPE_BYTES, ModelShape
@@ -51,7 +51,8 @@ class CostModel(abc.ABC):
 
     name: str = ""
 
-    def __init__(self) -> None:
+    def __init__(self, catalog: Catalog | None = None) -> None:
+        self.catalog = catalog or builtin()  # the GPU types (and efficiency curves) this model prices
         # Per-instance memoisation: answers depend only on (work, placement) and the model's data.
         self.task_time = functools.lru_cache(maxsize=CACHE_SIZE)(self._task_time)  # type: ignore[method-assign]
         self.memory = functools.lru_cache(maxsize=CACHE_SIZE)(self._memory)  # type: ignore[method-assign]
@@ -108,7 +109,7 @@ class CostModel(abc.ABC):
 
     def host_transfer_time(self, size_bytes: float, device_type: str) -> float:
         """Offload or reload of `size_bytes` between device and host memory (colocated tasks)."""
-        return size_bytes / comm.host_link_Bps(device_type)
+        return size_bytes / comm.host_link_Bps(self.catalog.lookup(device_type))
 
     # ---- composition ---------------------------------------------------------------------------
     @staticmethod
@@ -168,7 +169,7 @@ class CostModel(abc.ABC):
         if placement.pp > 1:
             stage = self._pipeline(work, placement, stage, parts)
         source = combine_sources(sources)
-        if mem.total > lookup(dev).memory_bytes and work.kind != "generation":
+        if mem.total > self.catalog.lookup(dev).memory_bytes and work.kind != "generation":
             notes.append(f"needs {mem.total / 1e9:.1f} GB per device, more than {dev} has")
         return Estimate(stage, parts, source, tuple(notes))
 
@@ -195,7 +196,7 @@ class CostModel(abc.ABC):
     def max_concurrent_sequences(self, work: Work, placement: Placement) -> int:
         """How many sequences' KV caches fit next to the weights on one device of a generation replica."""
         return memory.max_concurrent_sequences(work.model, self._stage_layers(work, placement), placement.tp,
-                                               work.seq_len, work.dtype, lookup(placement.device_type).memory_bytes)
+                                               work.seq_len, work.dtype, self.catalog.lookup(placement.device_type).memory_bytes)
 
     def device_source(self, device_type: str) -> str:
         """Where this model's numbers for a device type come from when no phase was timed."""

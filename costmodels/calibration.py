@@ -1,12 +1,15 @@
-"""Device rates for the roofline: measured in the profile database where it has rows, datasheet otherwise.
+"""Device rates for the roofline: measured rows first, then reference rows, then the catalog's datasheet.
 
-A roofline needs four numbers per device type: achievable FLOP/s per dtype, achievable memory
-bandwidth, the intra-node link's α–β, and a kernel-launch floor. Each comes with its source so an
-estimate can say whether it rests on measurements or on a vendor's sheet.
+A roofline needs per device type: achievable FLOP/s per dtype and matmul shape, attention FLOP/s by
+context, achievable memory bandwidth, the intra-node link's α–β, and a kernel-launch floor. Each
+comes with its source — "measured", "reference" (published figures imported with `hetprof db
+import --reference`) or "datasheet" (catalog peaks × efficiency curves) — so an estimate can say what
+it rests on. Measured rows always outrank reference rows, and both outrank the datasheet.
 
-Measured values are high quantiles of the profiler's raw samples (compute.matmul tflops,
-memory.copy bandwidth) — the rate the big kernels of a transformer actually reach — and α–β from a
-least-squares fit of the collective timings (collective.* rows) of that device type.
+Profile rows set a ceiling — a high quantile of the profiler's raw samples (compute.matmul tflops,
+memory.copy bandwidth), the rate the big kernels reach — and the catalog's efficiency curves give
+the shape below it (small matmuls, short attention, small decode batches reach less); α–β is fitted
+to the collective timings (collective.* rows) of that device type.
 """
 
 from __future__ import annotations
@@ -16,18 +19,15 @@ import functools
 import statistics
 from typing import Any
 
-from hetprof.catalog import lookup
-from hetprof.costmodels.comm import collective_time, fit_alpha_beta
+from hetprof.catalog import Catalog, EfficiencyCurve, builtin
+from hetprof.costmodels.comm import busbw_factor, collective_time, fit_alpha_beta
 from hetprof.costmodels.data import LinkSpec
 
 MEASURED = "measured"
+REFERENCE = "reference"
 DATASHEET = "datasheet"
+ROW_RANK = (MEASURED, REFERENCE)  # which profile rows a rate reads, best first
 
-# Fractions of datasheet peaks a well-tuned kernel reaches (mamf-finder and stream-style copies
-# typically show 60–80% of peak FLOPs and ~80–90% of peak HBM on current GPUs).
-DATASHEET_COMPUTE_EFFICIENCY = 0.7
-DATASHEET_MEMORY_EFFICIENCY = 0.85
-DATASHEET_LINK_EFFICIENCY = 0.8
 NVLINK_ALPHA_S = 5e-6
 PCIE_ALPHA_S = 1.5e-5
 # Per kernel: CUDA launch latency; on the CPU, PyTorch eager dispatch of one op (Python module call,
@@ -35,6 +35,7 @@ PCIE_ALPHA_S = 1.5e-5
 LAUNCH_S = {"gpu": 4e-6, "cpu": 1e-5}
 RATE_QUANTILE = 0.9
 DP_STEP = "dp.train_step"  # the profiler's dptrain suite: a step alone ("plain") and as a replica ("dp")
+CURVE_WORLD = 8  # the ring size a catalog collective curve describes (one 8-GPU host)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,9 +45,10 @@ class Rate:
 
 
 class Calibration:
-    """Per device type rates, read once from a profile database (or None: datasheet only)."""
+    """Per device type rates, read once from a profile database (or None: catalog only)."""
 
-    def __init__(self, db: Any | None = None):
+    def __init__(self, db: Any | None = None, catalog: Catalog | None = None):
+        self.catalog = catalog or builtin()
         self._frames: dict[str, Any] = {}
         if db is not None:
             for family in ("compute.matmul", "memory.copy", "collective.", DP_STEP):
@@ -54,35 +56,66 @@ class Calibration:
                 self._frames[family] = df if len(df) else None
 
     def _rows(self, family: str, device_type: str):
+        """(rows, source) of the best-ranked kind this device type has for a family, or (None, datasheet)."""
         df = self._frames.get(family)
         if df is None or "catalog_type" not in df:
-            return None
-        name = lookup(device_type).name
-        rows = df[df["catalog_type"].fillna("").map(lambda c: _canon(c) == name)]
-        return rows if len(rows) else None
+            return None, DATASHEET
+        name = self.catalog.lookup(device_type).name
+        rows = df[df["catalog_type"].fillna("").map(lambda c: self._canon(c) == name)]
+        if "run_source" not in rows:
+            return (rows, MEASURED) if len(rows) else (None, DATASHEET)
+        kinds = rows["run_source"].fillna(MEASURED)
+        for kind in ROW_RANK:
+            sel = rows[kinds == kind]
+            if len(sel):
+                return sel, kind
+        return None, DATASHEET
+
+    def _canon(self, name: str) -> str | None:
+        return self.catalog.canonical_name(name)
+
+    def curves(self, device_type: str):
+        return self.catalog.lookup(device_type).efficiency
 
     @functools.lru_cache(maxsize=256)  # noqa: B019 - one Calibration per cost model, bounded
     def flops(self, device_type: str, dtype: str) -> Rate:
-        rows = self._rows("compute.matmul", device_type)
+        """The large-matmul ceiling: measured/reference high quantile, else peak × best matmul efficiency."""
+        rows, kind = self._rows("compute.matmul", device_type)
         if rows is not None and "tflops" in rows and "dtype" in rows:
             sel = rows[rows["dtype"] == dtype]["tflops"].dropna()
             if len(sel):
-                return Rate(float(sel.quantile(RATE_QUANTILE)) * 1e12, MEASURED)
-        gpu = lookup(device_type)
-        return Rate(gpu.peak_flops(dtype) * DATASHEET_COMPUTE_EFFICIENCY, DATASHEET)
+                return Rate(float(sel.quantile(RATE_QUANTILE)) * 1e12, kind)
+        gpu = self.catalog.lookup(device_type)
+        return Rate(gpu.peak_flops(dtype) * gpu.efficiency.matmul.best, DATASHEET)
+
+    def compute_rate(self, device_type: str, dtype: str, kind: str, x: float) -> Rate:
+        """FLOP/s of a `kind` ("matmul": x = rows per device; "attention": x = keys per query) kernel."""
+        ceiling = self.flops(device_type, dtype)
+        curves = self.curves(device_type)
+        curve: EfficiencyCurve = getattr(curves, kind)
+        return Rate(ceiling.value * curve(x) / curves.matmul.best, ceiling.source)
 
     @functools.lru_cache(maxsize=256)  # noqa: B019
     def memory_bw(self, device_type: str) -> Rate:
-        rows = self._rows("memory.copy", device_type)
+        """The streaming-copy ceiling: measured/reference high quantile, else peak × best memory efficiency."""
+        rows, kind = self._rows("memory.copy", device_type)
         if rows is not None and "bandwidth_Bps" in rows:
             sel = rows["bandwidth_Bps"].dropna()
             if len(sel):
-                return Rate(float(sel.quantile(RATE_QUANTILE)), MEASURED)
-        return Rate(lookup(device_type).hbm_Bps * DATASHEET_MEMORY_EFFICIENCY, DATASHEET)
+                return Rate(float(sel.quantile(RATE_QUANTILE)), kind)
+        gpu = self.catalog.lookup(device_type)
+        return Rate(gpu.hbm_Bps * gpu.efficiency.memory.best, DATASHEET)
+
+    def memory_rate(self, device_type: str, decode_batch: int | None, size_bytes: float) -> Rate:
+        """Bytes/s of a phase moving `size_bytes` (decode: by its batch, on the decode curve)."""
+        ceiling = self.memory_bw(device_type)
+        curves = self.curves(device_type)
+        eff = curves.decode_memory(decode_batch) if decode_batch is not None else curves.memory(size_bytes)
+        return Rate(ceiling.value * eff / curves.memory.best, ceiling.source)
 
     @functools.lru_cache(maxsize=256)  # noqa: B019
     def link(self, device_type: str) -> tuple[LinkSpec, str]:
-        rows = self._rows("collective.", device_type)
+        rows, kind = self._rows("collective.", device_type)
         if rows is not None and {"size_bytes", "seconds", "world"} <= set(rows.columns):
             for op in ("all_reduce", "all_gather", "broadcast"):
                 sel = rows[rows["benchmark"] == f"collective.{op}"]
@@ -92,11 +125,23 @@ class Calibration:
                 sel = sel[sel["world"] == world].groupby("size_bytes")["seconds"].median()
                 if len(sel) >= 2 and world > 1:
                     alpha, beta, _ = fit_alpha_beta(list(sel.index.astype(float)), list(sel.values), op, world)
-                    return LinkSpec(alpha, beta), MEASURED
-        gpu = lookup(device_type)
+                    return LinkSpec(alpha, beta), kind
+        return self._catalog_link(device_type), DATASHEET
+
+    def _catalog_link(self, device_type: str) -> LinkSpec:
+        """α–β from the catalog: nominal one-way bandwidth × the collective curve; with several curve
+        points, α and β are fitted to the all-reduce times they imply, as measured rows would be."""
+        gpu = self.catalog.lookup(device_type)
+        nominal = gpu.intra_node_GBps * 1e9 / 2  # the datasheet figure is bidirectional
+        curve = gpu.efficiency.collective
         alpha = NVLINK_ALPHA_S if "link" in gpu.interconnect.lower() else PCIE_ALPHA_S
-        beta = gpu.intra_node_GBps * 1e9 / 2 * DATASHEET_LINK_EFFICIENCY  # datasheet is bidirectional
-        return LinkSpec(alpha, beta), DATASHEET
+        if len(curve.points) < 2:
+            return LinkSpec(alpha, nominal * curve.best)
+        factor = busbw_factor("all_reduce", CURVE_WORLD)
+        sizes = [x for x, _ in curve.points]
+        seconds = [factor * s / (nominal * eff) for s, eff in curve.points]
+        fit_alpha, beta, _ = fit_alpha_beta(sizes, seconds, "all_reduce", CURVE_WORLD)
+        return LinkSpec(fit_alpha, beta)
 
     @functools.lru_cache(maxsize=256)  # noqa: B019
     def dp_step_extra(self, device_type: str) -> Rate:
@@ -108,7 +153,7 @@ class Calibration:
         communication threads taking a CPU slot's core — and, negative, the part of the all-reduce
         a GPU overlaps with the backward pass. Unmeasured: 0 (the all-reduce alone).
         """
-        rows = self._rows(DP_STEP, device_type)
+        rows, kind = self._rows(DP_STEP, device_type)
         if rows is None or not {"mode", "grad_bytes", "world", "seconds"} <= set(rows.columns):
             return Rate(0.0, DATASHEET)
         link, _ = self.link(device_type)
@@ -122,15 +167,12 @@ class Calibration:
                 extras.append(float(times["dp"] - times["plain"]) - sync)
         if not extras:
             return Rate(0.0, DATASHEET)
-        return Rate(float(statistics.median(extras)), MEASURED)
+        return Rate(float(statistics.median(extras)), kind)
 
-    @staticmethod
-    def launch_s(device_type: str) -> float:
-        return LAUNCH_S["cpu" if lookup(device_type).vendor == "generic" else "gpu"]
+    def launch_s(self, device_type: str) -> float:
+        return LAUNCH_S["cpu" if self.catalog.lookup(device_type).vendor == "generic" else "gpu"]
 
-
-def _canon(name: str) -> str | None:
-    try:
-        return lookup(name).name
-    except KeyError:
-        return None
+    def source(self, device_type: str) -> dict[str, str]:
+        """Which inputs this device type's rates rest on, per rate (for the plan report)."""
+        return {"compute": self.flops(device_type, "bf16").source, "memory": self.memory_bw(device_type).source,
+                "link": self.link(device_type)[1]}

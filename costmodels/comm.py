@@ -8,7 +8,7 @@ nccl-tests uses to turn algbw into busbw (all-reduce 2(n−1)/n, all-gather and 
 
 from __future__ import annotations
 
-from hetprof.catalog import lookup
+from hetprof.catalog import GpuType
 
 # Rollout payload per token moved between groups: token id (int64), behaviour log-prob (fp32),
 # response mask (int8), advantage/return slot (fp32). Rewards are per sequence and negligible.
@@ -62,9 +62,8 @@ def collective_time(op: str, size_bytes: float, n: int, alpha_s: float, beta_Bps
     return alpha_steps(op, n) * alpha_s + busbw_factor(op, n) * size_bytes / beta_Bps
 
 
-def host_link_Bps(device_type: str) -> float:
-    """Achievable one-way host <-> device copy bandwidth of a device type (datasheet bus class)."""
-    gpu = lookup(device_type)
+def host_link_Bps(gpu: GpuType) -> float:
+    """Achievable one-way host <-> device copy bandwidth of a GPU type (datasheet bus class)."""
     if gpu.vendor == "generic":
         return gpu.hbm_Bps
     name = gpu.name.upper()

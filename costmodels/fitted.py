@@ -15,7 +15,7 @@ import math
 import warnings
 from typing import Any
 
-from hetprof.catalog import canonical_name
+from hetprof.catalog import Catalog, canonical_name
 from hetprof.costmodels import calloverhead, pointcorrections
 from hetprof.costmodels.analytical import AnalyticalCostModel
 from hetprof.costmodels.base import CostModel
@@ -91,9 +91,9 @@ class FittedCostModel(CostModel):
 
     name = "fitted"
 
-    def __init__(self, db: Any | None = None, models: list[LoadedModel] | None = None):
-        super().__init__()
-        self.analytical = AnalyticalCostModel(db)
+    def __init__(self, db: Any | None = None, models: list[LoadedModel] | None = None, catalog: Catalog | None = None):
+        super().__init__(catalog)
+        self.analytical = AnalyticalCostModel(db, self.catalog)
         self.rejected: list[str] = []
         self.models: dict[tuple[str, str, str], LoadedModel] = {}
         for m in models if models is not None else self._load(db):

@@ -37,21 +37,46 @@ def attention_pairs(p: Phase) -> float:
     return p.batch * p.tokens * (p.tokens + 1) / 2.0
 
 
-def forward_flops(p: Phase) -> float:
-    """Forward FLOPs on one device."""
+def forward_matmul_flops(p: Phase) -> float:
+    """Forward FLOPs of the weight matmuls (and LM head) on one device."""
     m = p.model
     matmul = tokens(p) * m.matmul_flops_per_token_per_layer()
-    attn = 4.0 * m.heads * m.head_dim * attention_pairs(p)
     head = 2.0 * m.vocab * m.hidden * tokens(p) if p.with_head else 0.0
-    return (p.layers * (matmul + attn) + head) / p.tp
+    return (p.layers * matmul + head) / p.tp
+
+
+def forward_attention_flops(p: Phase) -> float:
+    """Forward FLOPs of attention scores and values (QKᵀ, AV) on one device."""
+    m = p.model
+    return p.layers * 4.0 * m.heads * m.head_dim * attention_pairs(p) / p.tp
+
+
+def forward_flops(p: Phase) -> float:
+    """Forward FLOPs on one device."""
+    return forward_matmul_flops(p) + forward_attention_flops(p)
+
+
+def passes(p: Phase) -> float:
+    """Forward-equivalents of work: training adds backward (twice the forward) and recomputation."""
+    if p.kind == "train":
+        return 4.0 if p.recompute else 3.0
+    return 1.0
 
 
 def flops(p: Phase) -> float:
     """FLOPs of the phase on one device (training: forward, backward, optional recomputation)."""
-    fwd = forward_flops(p)
-    if p.kind == "train":
-        return fwd * (4.0 if p.recompute else 3.0)
-    return fwd
+    return forward_flops(p) * passes(p)
+
+
+# What the catalog's efficiency curves are indexed by (hetprof/data/gpus.yaml says why these).
+def matmul_rows(p: Phase) -> float:
+    """Rows of each weight matmul on one device: the tokens in flight (small for decode)."""
+    return float(tokens(p))
+
+
+def attention_keys(p: Phase) -> float:
+    """Keys each query attends over: the context length."""
+    return float(p.tokens)
 
 
 def weight_bytes(p: Phase) -> float:

@@ -149,13 +149,12 @@ def replica_overflow(sim: Simulator, task: str, replica: tuple[str, ...], tp: in
     for s, layers in enumerate(split):
         dev = sim.devices[replica[s * tp]]
         need = sim.costs.memory(task, dev.type, tp, layers, max(1, batch)).total
-        over += max(0.0, need - catalog.lookup(dev.type).memory_bytes)
+        over += max(0.0, need - sim.catalog.lookup(dev.type).memory_bytes)
     return over
 
 
-def _type_speed(device_type: str, kind: str) -> float:
+def _type_speed(gpu: catalog.GpuType, kind: str) -> float:
     """A datasheet speed proxy that only seeds the balancing (decode is bandwidth-bound)."""
-    gpu = catalog.lookup(device_type)
     return gpu.hbm_Bps if kind == "generation" else gpu.peak_flops("bf16")
 
 
@@ -183,7 +182,7 @@ def balance_layers(sim: Simulator, task: str, replica: tuple[str, ...], tp: int,
         return (layers,)
     kind = TASKS[task][0]
     stage_types = [sim.devices[replica[s * tp]].type for s in range(pp)]
-    split = _proportional(layers, [_type_speed(t, kind) for t in stage_types])
+    split = _proportional(layers, [_type_speed(sim.catalog.lookup(t), kind) for t in stage_types])
 
     def judge(candidate: Sequence[int]) -> tuple[float, float]:
         return (replica_overflow(sim, task, replica, tp, candidate, batch),

@@ -9,7 +9,6 @@ between phases and each must fit alone. Generation must have room for at least o
 
 from __future__ import annotations
 
-from hetprof.catalog import lookup
 from hetprof.costmodels import memory as mem
 from hetprof.specs import TASKS, Plan
 
@@ -34,7 +33,7 @@ def device_demands(plan: Plan) -> tuple[dict[str, list[tuple[str, float, float]]
             layers = k.layer_end - k.layer_start
             batch = max(1, round(k.batch_share * n))
             for d in k.devices:
-                capacity = lookup(types[d]).memory_bytes
+                capacity = cluster.catalog.lookup(types[d]).memory_bytes
                 concurrent = batch
                 if kind == "generation":
                     room = mem.max_concurrent_sequences(model, layers, tp, seq_len, dtype, capacity)
@@ -50,16 +49,18 @@ def device_demands(plan: Plan) -> tuple[dict[str, list[tuple[str, float, float]]
 def device_peaks(plan: Plan) -> dict[str, float]:
     """Peak bytes per device under the resident-or-offload rule."""
     demands, _ = device_demands(plan)
-    types = {d.id: d.type for d in plan.cluster_spec().devices()}
-    return {d: _peak(items, lookup(types[d]).memory_bytes) for d, items in demands.items()}
+    cluster = plan.cluster_spec()
+    types = {d.id: d.type for d in cluster.devices()}
+    return {d: _peak(items, cluster.catalog.lookup(types[d]).memory_bytes) for d, items in demands.items()}
 
 
 def check_plan(plan: Plan) -> list[str]:
     """Every memory violation of a plan, as sentences (empty: every device holds its tasks)."""
     demands, problems = device_demands(plan)
-    types = {d.id: d.type for d in plan.cluster_spec().devices()}
+    cluster = plan.cluster_spec()
+    types = {d.id: d.type for d in cluster.devices()}
     for d, items in sorted(demands.items()):
-        capacity = lookup(types[d]).memory_bytes
+        capacity = cluster.catalog.lookup(types[d]).memory_bytes
         peak = _peak(items, capacity)
         if peak > capacity:
             worst = max(items, key=lambda x: x[1])

@@ -20,7 +20,6 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from hetprof.catalog import lookup
 from hetprof.costmodels import LinkSpec
 from hetprof.errors import InfeasibleError
 from hetprof.planner.candidate import Candidate, TaskLayout
@@ -93,6 +92,7 @@ class Simulator:
         self.streaming = streaming
         self.graph = build_graph(workload)
         self.tasks: list[str] = list(self.graph.tasks)
+        self.catalog = cluster.catalog  # GPU types: the built-in catalog plus the spec's gpu_types
         self.devices = {d.id: d for d in cluster.devices()}
         self.links = LinkTable(cluster, db, local_link=measured_device_link(cost_model))
         lengths = workload.response_len.sample(workload.sequences_per_step, np.random.default_rng(seed))
@@ -100,10 +100,10 @@ class Simulator:
         self.costs = TaskCosts(cost_model, self.graph, workload, self.devices, self.links, lengths, chunks,
                                padded=executable)
         # (ClusterSpec.price_per_hour looks a host up by expanding the spec; once per host is enough.)
-        host_price = {h.name: h.price_per_hour if h.price_per_hour is not None else lookup(h.gpus.type).price_per_hour
+        host_price = {h.name: h.price_per_hour if h.price_per_hour is not None else self.catalog.lookup(h.gpus.type).price_per_hour
                       for h in cluster.expanded_hosts()}
         self.price = {d: host_price[dev.host] for d, dev in self.devices.items()}
-        self.capacity = {d: lookup(dev.type).memory_bytes for d, dev in self.devices.items()}
+        self.capacity = {d: self.catalog.lookup(dev.type).memory_bytes for d, dev in self.devices.items()}
         self.staleness = workload.staleness if workload.mode == "async" else 0
         self._scores: dict[Candidate, Score] = {}
         self._residency: dict[tuple, tuple] = {}
@@ -384,7 +384,7 @@ class Simulator:
         """
         per_host: dict[str, int] = {}
         for h in self.cluster.expanded_hosts():
-            t = lookup(h.gpus.type).name
+            t = self.catalog.lookup(h.gpus.type).name
             per_host[t] = max(per_host.get(t, 0), h.gpus.count)
         counts = self.cluster.gpu_counts()
         for task in self.tasks:
@@ -404,12 +404,12 @@ class Simulator:
                         layers = -(-model.layers // pp)
                         est = self.costs.memory(task, t, tp, layers, 1)
                         need = est.total if self.graph.kind_of(task) != "generation" else est.weights + est.activations
-                        if need <= lookup(t).memory_bytes:
+                        if need <= self.catalog.lookup(t).memory_bytes:
                             fits = True
                             break
-                        if best is None or need / lookup(t).memory_bytes < best[0]:
-                            best = (need / lookup(t).memory_bytes,
-                                    f"{need / GB:.1f} GB per GPU on {t} ({lookup(t).memory_GB:.0f} GB) at TP{tp}×PP{pp}")
+                        if best is None or need / self.catalog.lookup(t).memory_bytes < best[0]:
+                            best = (need / self.catalog.lookup(t).memory_bytes,
+                                    f"{need / GB:.1f} GB per GPU on {t} ({self.catalog.lookup(t).memory_GB:.0f} GB) at TP{tp}×PP{pp}")
                     if fits:
                         break
                 if fits:

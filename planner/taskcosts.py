@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hetprof.catalog import lookup
+from hetprof.catalog import builtin
 from hetprof.costmodels import MemoryEstimate, Placement, Work
 from hetprof.models import DTYPE_BYTES, ModelShape
 from hetprof.planner.candidate import TaskLayout, even_split
@@ -87,7 +87,8 @@ class TaskCosts:
         self._mem: dict[tuple, MemoryEstimate] = {}
         self._sig: dict[tuple, tuple] = {}
         self._stage: dict[tuple, float] = {}
-        self._capacity = {t: lookup(t).memory_bytes for t in {d.type for d in devices.values()}}
+        self.catalog = getattr(cost_model, "catalog", None) or builtin()
+        self._capacity = {t: self.catalog.lookup(t).memory_bytes for t in {d.type for d in devices.values()}}
 
     # ---- small helpers --------------------------------------------------------------------------
     def work(self, task: str, batch: int, layers: int | None = None, response_len: float | None = None,
@@ -282,7 +283,7 @@ class TaskCosts:
             problems.append(
                 f"{task} needs {est.total / GB:.1f} GB on each of {len(devs)} {dtype_} GPU(s) "
                 f"({', '.join(devs[:3])}{', ...' if len(devs) > 3 else ''}) which have "
-                f"{lookup(dtype_).memory_bytes / GB:.0f} GB: weights {est.weights / GB:.1f}, grads "
+                f"{self.catalog.lookup(dtype_).memory_bytes / GB:.0f} GB: weights {est.weights / GB:.1f}, grads "
                 f"{est.grads / GB:.1f}, optimizer {est.optimizer / GB:.1f}, activations "
                 f"{est.activations / GB:.1f}, KV cache {est.kv_cache / GB:.1f} GB with "
                 f"{layout.describe()} and {layers} of {model.layers} layers per stage")

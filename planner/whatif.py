@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import re
 
-from hetprof import catalog
 from hetprof.errors import SpecError
 from hetprof.specs import ClusterSpec
 from hetprof.specs.loader import to_data
@@ -37,10 +36,10 @@ def apply_what_if(cluster: ClusterSpec, text: str) -> ClusterSpec:
 def apply_edit(cluster: ClusterSpec, edit: str) -> ClusterSpec:
     data = copy.deepcopy(cluster.to_dict())
     if m := _ADD.match(edit):
-        count, gpu, region, per_host = int(m.group(1)), _gpu(m.group(2), edit), m.group(3), m.group(4)
+        count, gpu, region, per_host = int(m.group(1)), _gpu(cluster, m.group(2), edit), m.group(3), m.group(4)
         _add(data, count, gpu, region, int(per_host) if per_host else GPUS_PER_HOST, edit)
     elif m := _REMOVE.match(edit):
-        _remove(data, int(m.group(1)), _gpu(m.group(2), edit), m.group(3), edit)
+        _remove(data, int(m.group(1)), _gpu(cluster, m.group(2), edit), m.group(3), edit)
     elif m := _LINK.match(edit):
         _link(data, cluster, m.group(1), m.group(2), m.group(3), m.group(4), edit)
     else:
@@ -51,10 +50,11 @@ def apply_edit(cluster: ClusterSpec, edit: str) -> ClusterSpec:
         raise SpecError("--what-if", exc.field, exc.expected, f"{exc.got} after {edit!r}") from None
 
 
-def _gpu(name: str, edit: str) -> str:
-    canon = catalog.canonical_name(name)
+def _gpu(cluster: ClusterSpec, name: str, edit: str) -> str:
+    """The catalog name of a GPU type: the built-in catalog's or one the spec's gpu_types define."""
+    canon = cluster.catalog.canonical_name(name)
     if canon is None:
-        raise SpecError("--what-if", "", "a known GPU type (" + ", ".join(catalog.known_types()) + ")",
+        raise SpecError("--what-if", "", "a known GPU type (" + ", ".join(cluster.catalog.known_types()) + ")",
                         f"{name} in {edit!r}")
     return canon
 
@@ -76,10 +76,11 @@ def _add(data: dict, count: int, gpu: str, region: str, per_host: int, edit: str
 
 def _remove(data: dict, count: int, gpu: str, region: str | None, edit: str) -> None:
     """Take GPUs away from the last matching hosts first; hosts left with none disappear."""
-    expanded = ClusterSpec.from_dict(data).expanded_hosts()
+    spec = ClusterSpec.from_dict(data)
+    expanded = spec.expanded_hosts()
     hosts = [to_data(h) for h in expanded]
     match = [i for i, h in enumerate(expanded)
-             if catalog.canonical_name(h.gpus.type) == gpu and (region is None or h.region == region)]
+             if spec.catalog.canonical_name(h.gpus.type) == gpu and (region is None or h.region == region)]
     have = sum(expanded[i].gpus.count for i in match)
     if have < count:
         where = f" in region {region}" if region else ""

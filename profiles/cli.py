@@ -174,7 +174,7 @@ def show(id_prefix: str, limit: int) -> None:
         if table == "runs":
             df = pdb.samples(row["benchmark"])
             df = df[df["run_id"] == rid].drop(columns=["sample_id", "run_id", "benchmark", "device_id",
-                                                       "device_name", "catalog_type", "host"])
+                                                       "device_name", "catalog_type", "host", "run_source"])
             df = df.dropna(axis=1, how="all")
             t = Table(title=f"samples ({min(limit, len(df))} of {len(df)})")
             for col in df.columns:

@@ -265,15 +265,16 @@ class ProfileDB:
 
         where, args = _prefix_filter("r.benchmark", benchmark)
         cur = self.conn.execute(
-            "SELECT s.id, s.run_id, r.benchmark, r.device_id, d.name, d.catalog_type, r.host, s.seq, "
+            "SELECT s.id, s.run_id, r.benchmark, r.device_id, d.name, d.catalog_type, r.host, r.source, s.seq, "
             "s.params, s.metrics FROM samples s JOIN runs r ON r.id = s.run_id "
             f"LEFT JOIN devices d ON d.id = r.device_id {where} ORDER BY r.created, s.seq", args)
         rows = []
-        for sid, rid, bench, dev, dname, ctype, host, seq, p, m in cur:
+        for sid, rid, bench, dev, dname, ctype, host, source, seq, p, m in cur:
             rows.append({"sample_id": sid, "run_id": rid, "benchmark": bench, "device_id": dev,
-                         "device_name": dname, "catalog_type": ctype, "host": host, "seq": seq,
-                         **json.loads(p), **json.loads(m)})
-        base = ["sample_id", "run_id", "benchmark", "device_id", "device_name", "catalog_type", "host", "seq"]
+                         "device_name": dname, "catalog_type": ctype, "host": host, "run_source": source,
+                         "seq": seq, **json.loads(p), **json.loads(m)})
+        base = ["sample_id", "run_id", "benchmark", "device_id", "device_name", "catalog_type", "host", "run_source",
+                "seq"]
         return pd.DataFrame(rows, columns=None if rows else base)
 
     def snapshot_hash(self) -> str:

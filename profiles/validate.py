@@ -22,7 +22,7 @@ MAX_SHORT = 256
 MAX_JSON = 64 * 1024
 MAX_MODEL_JSON = 8 * 1024 * 1024
 MAX_JSON_DEPTH = 12
-SOURCES = ("measured", "datasheet", "run", "fitted")
+SOURCES = ("measured", "reference", "datasheet", "run", "fitted")  # reference: published figures
 
 _IDENT = re.compile(r"^[A-Za-z0-9_.:+-]{1,64}$")
 _BENCHMARK = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z0-9_]+){1,4}$")

@@ -10,14 +10,11 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from hetprof import catalog
+from hetprof import catalog as gpu_catalog
 from hetprof.errors import SpecError
+from hetprof.specs.gpus import GpuTypeSpec
 from hetprof.specs.loader import field, from_data, positive, read_file, to_data
 from hetprof.units import parse_duration, parse_rate
-
-
-def _known_gpu(name: str) -> bool:
-    return catalog.canonical_name(name) is not None
 
 
 def _rate(text: str) -> bool:
@@ -36,13 +33,9 @@ def _duration(text: str) -> bool:
 
 @dataclasses.dataclass
 class GpuSlot:
-    type: str = field(help="GPU type from the catalog (hetprof.catalog), e.g. A100-40GB, L40S, cpu",
-                      check=_known_gpu, expect="a known GPU type (" + ", ".join(catalog.known_types()) + ")")
+    type: str = field(help="GPU type from the catalog (hetprof/data/gpus.yaml, --catalog, or gpu_types:), "
+                           "e.g. A100-40GB, L40S, cpu")
     count: int = field(1, help="GPUs of this type on the host", check=positive, expect="a positive integer")
-
-    @property
-    def canonical_type(self) -> str:
-        return catalog.lookup(self.type).name
 
 
 @dataclasses.dataclass
@@ -112,8 +105,31 @@ class ClusterSpec:
     hosts: list[Host] = field(help="the hosts and their GPUs")
     name: str = field("cluster", help="a name for reports")
     network: NetworkSpec = field(default_factory=NetworkSpec, help="link defaults and overrides")
+    gpu_types: dict[str, GpuTypeSpec] = field(
+        default_factory=dict, help="GPU types this cluster adds to the catalog or overrides (same format as "
+                                   "the catalog's `gpus:`)")
+
+    def __post_init__(self) -> None:
+        self._catalog: gpu_catalog.Catalog | None = None
+
+    @property
+    def catalog(self) -> gpu_catalog.Catalog:
+        """The built-in catalog extended by this spec's `gpu_types`: what its devices are priced with."""
+        if self._catalog is None:
+            self._catalog = gpu_catalog.builtin().extended(gpu_catalog.CatalogSpec(gpus=self.gpu_types),
+                                                           where="gpu_types")
+        return self._catalog
 
     def validate(self) -> None:
+        try:
+            known = self.catalog
+        except SpecError as exc:  # a gpu_types entry the catalog refuses: its path is relative here
+            raise SpecError(None, exc.field, exc.expected, exc.got) from None
+        for i, entry in enumerate(self.hosts):
+            if known.canonical_name(entry.gpus.type) is None:
+                raise SpecError(None, f"hosts[{i}].gpus.type",
+                                "a known GPU type (" + ", ".join(known.known_types()) + ") or one in gpu_types",
+                                entry.gpus.type)
         seen: set[str] = set()
         for i, entry in enumerate(self.hosts):
             expanded = [entry.name] if entry.count == 1 else [f"{entry.name}-{k}" for k in range(entry.count)]
@@ -149,7 +165,7 @@ class ClusterSpec:
         raise KeyError(name)
 
     def devices(self) -> list[Device]:
-        return [Device(h.name, i, h.gpus.canonical_type, h.region)
+        return [Device(h.name, i, self.catalog.lookup(h.gpus.type).name, h.region)
                 for h in self.expanded_hosts() for i in range(h.gpus.count)]
 
     def gpu_counts(self) -> dict[str, int]:
@@ -163,7 +179,7 @@ class ClusterSpec:
 
     def price_per_hour(self, host: str) -> float:
         h = self.host(host)
-        return h.price_per_hour if h.price_per_hour is not None else catalog.lookup(h.gpus.type).price_per_hour
+        return h.price_per_hour if h.price_per_hour is not None else self.catalog.lookup(h.gpus.type).price_per_hour
 
     # ---- links ------------------------------------------------------------------------------
     def link_between(self, host_a: str, host_b: str) -> LinkParams | None:
@@ -173,7 +189,7 @@ class ClusterSpec:
         """
         a, b = self.host(host_a), self.host(host_b)
         if host_a == host_b:
-            gpu = catalog.lookup(a.gpus.type)
+            gpu = self.catalog.lookup(a.gpus.type)
             return LinkParams("5us", f"{gpu.intra_node_GBps / 2}GB/s")
         pair = {host_a, host_b}
         for link in self.network.links:
@@ -189,8 +205,13 @@ class ClusterSpec:
 
     # ---- files ------------------------------------------------------------------------------
     @classmethod
-    def load(cls, path: str | Path) -> ClusterSpec:
-        return from_data(cls, read_file(path), file=str(path))
+    def load(cls, path: str | Path, catalog: gpu_catalog.Catalog | None = None) -> ClusterSpec:
+        """Read a cluster spec; with `catalog` (from --catalog), the types it defines that the spec uses
+        are copied into the spec's gpu_types, so the spec and plans made from it stand alone."""
+        data = read_file(path)
+        if catalog is not None and isinstance(data, dict):
+            data = with_catalog_types(data, catalog)
+        return from_data(cls, data, file=str(path))
 
     @classmethod
     def from_dict(cls, data: dict, file: str | None = None) -> ClusterSpec:
@@ -198,3 +219,26 @@ class ClusterSpec:
 
     def to_dict(self) -> dict:
         return to_data(self)
+
+
+def with_catalog_types(data: dict, catalog: gpu_catalog.Catalog) -> dict:
+    """Cluster data with the `catalog` entries of the GPU types its hosts name added to `gpu_types`
+    (entries the spec writes itself win). Types the built-in catalog has unchanged are not copied."""
+    hosts = data.get("hosts")
+    if not isinstance(hosts, list):
+        return data
+    own = dict(data.get("gpu_types") or {}) if isinstance(data.get("gpu_types"), dict) else None
+    if own is None:
+        return data
+    builtin = gpu_catalog.builtin()
+    for h in hosts:
+        name = h.get("gpus", {}).get("type") if isinstance(h, dict) and isinstance(h.get("gpus"), dict) else None
+        canon = catalog.canonical_name(name) if isinstance(name, str) else None
+        if canon is None or canon in own or _same(builtin.types.get(canon), catalog.types[canon]):
+            continue
+        own[canon] = catalog.entry_data(canon)
+    return {**data, "gpu_types": own} if own else data
+
+
+def _same(a: gpu_catalog.GpuType | None, b: gpu_catalog.GpuType) -> bool:
+    return a is not None and a == b and a.efficiency == b.efficiency

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 
-from hetprof import catalog
 from hetprof.errors import InfeasibleError
 from hetprof.planner import layouts
 from hetprof.planner.candidate import Candidate
@@ -82,7 +81,7 @@ class ArealHexSearch(Search):
         # The compute-first ranking is AReaL-Hex's; its reverse covers clusters where the
         # compute-dense GPUs are too small to hold training state.
         for hosts in (ranked, ranked[::-1]):
-            flops = {h: sum(catalog.lookup(sim.devices[d].type).peak_flops("bf16") for d in ds) for h, ds in hosts}
+            flops = {h: sum(sim.catalog.lookup(sim.devices[d].type).peak_flops("bf16") for d in ds) for h, ds in hosts}
             whole = sum(flops.values())
             lo, hi = 0.0, 1.0
             for _ in range(GAMMA_STEPS):
@@ -115,7 +114,7 @@ class ArealHexSearch(Search):
             by_host.setdefault(sim.devices[d].host, []).append(d)
 
         def ratio(h: str) -> float:
-            g = catalog.lookup(sim.devices[by_host[h][0]].type)
+            g = sim.catalog.lookup(sim.devices[by_host[h][0]].type)
             return g.peak_flops("bf16") / g.hbm_Bps
 
         order = sorted(by_host, key=lambda h: (-ratio(h), list(by_host).index(h)))

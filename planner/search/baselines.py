@@ -14,7 +14,6 @@ instances by output length).
 
 from __future__ import annotations
 
-from hetprof import catalog
 from hetprof.errors import InfeasibleError
 from hetprof.planner import layouts
 from hetprof.planner.candidate import Candidate
@@ -58,7 +57,7 @@ def bandwidth_first(sim) -> list[str]:
         hosts.setdefault(sim.devices[d].host, sim.devices[d].type)
 
     def ratio(t: str) -> float:
-        g = catalog.lookup(t)
+        g = sim.catalog.lookup(t)
         return g.hbm_Bps / g.peak_flops("bf16")
 
     return sorted(hosts, key=lambda h: (-ratio(hosts[h]), list(hosts).index(h)))

@@ -1,0 +1,100 @@
+"""The GPU catalog file format: datasheet figures and efficiency curves, with their sources.
+
+Shared by the package's own catalog (hetprof/data/gpus.yaml), `--catalog FILE` and a cluster spec's
+`gpu_types:` section; hetprof/catalog.py turns it into the runtime catalog. Typed loading reports a
+mistake with its field path and file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from hetprof.errors import SpecError
+from hetprof.specs.loader import field, from_data, non_negative, positive
+
+CURVES = ("matmul", "attention", "memory", "decode_memory", "collective")
+# Above 1: NVLink SHARP all-reduces beat the one-way link rate in nccl-tests' busbw terms.
+MAX_EFFICIENCY = 1.5
+
+
+def _valid_points(points: list[list[float]]) -> bool:
+    if not points or any(len(p) != 2 for p in points):
+        return False
+    xs = [p[0] for p in points]
+    return (all(x > 0 and math.isfinite(x) for x in xs) and all(a < b for a, b in zip(xs, xs[1:], strict=False))
+            and all(0 < p[1] <= MAX_EFFICIENCY for p in points))
+
+
+# ---- the file format (typed loading: a mistake is reported with its field path and file) -------
+
+@dataclasses.dataclass
+class CurveSpec:
+    source: str = field(help="a key of `sources:` or a citation (title, URL, table/figure, date)",
+                        check=lambda s: bool(s.strip()), expect="a non-empty source")
+    points: list[list[float]] | None = field(
+        None, help="(x, efficiency) pairs, x increasing; interpolated linearly in log x, flat beyond the ends",
+        check=_valid_points, expect=f"(x, efficiency) pairs with x > 0 increasing and 0 < efficiency <= {MAX_EFFICIENCY}")
+    ceiling: float | None = field(None, help="instead of points: the default curve rescaled so its best point is this",
+                                  check=lambda x: 0 < x <= MAX_EFFICIENCY, expect=f"an efficiency in (0, {MAX_EFFICIENCY}]")
+
+    def validate(self) -> None:
+        if (self.points is None) == (self.ceiling is None):
+            raise SpecError(None, "points", "either points or ceiling (exactly one)",
+                            "both" if self.points is not None else "neither")
+
+
+@dataclasses.dataclass
+class EfficiencySpec:
+    matmul: CurveSpec | None = field(None, help="matmul FLOP/s fraction by rows per device (tokens in flight)")
+    attention: CurveSpec | None = field(None, help="attention FLOP/s fraction by keys per query")
+    memory: CurveSpec | None = field(None, help="HBM bandwidth fraction by bytes a phase moves")
+    decode_memory: CurveSpec | None = field(None, help="HBM bandwidth fraction while decoding, by decode batch")
+    collective: CurveSpec | None = field(None, help="intra-node collective bus bandwidth fraction by message bytes")
+
+
+@dataclasses.dataclass
+class NetworkEfficiencySpec:
+    inter_host: CurveSpec | None = field(None, help="goodput fraction of an inter-host link by its nominal bytes/s")
+
+
+@dataclasses.dataclass
+class SourceSpec:
+    title: str = field(help="what the figures are and where in the document (table, figure)")
+    url: str | None = field(None, help="where to read it")
+    date: str | None = field(None, help="publication date")
+    kind: str = field("published microbenchmark", help="datasheet, published microbenchmark, measured profile, ...")
+
+
+@dataclasses.dataclass
+class GpuTypeSpec:
+    vendor: str | None = field(None, help="nvidia, amd, ... ('generic' marks the CPU pseudo-device)")
+    memory_GB: float | None = field(None, help="device memory, GB", check=positive, expect="a positive number")
+    hbm_GBps: float | None = field(None, help="peak memory bandwidth, GB/s", check=positive, expect="a positive number")
+    bf16_tflops: float | None = field(None, help="dense bf16 TFLOP/s (absent: the fp16 figure)", check=positive,
+                                      expect="a positive number")
+    fp16_tflops: float | None = field(None, help="dense fp16 TFLOP/s", check=positive, expect="a positive number")
+    fp32_tflops: float | None = field(None, help="fp32 TFLOP/s", check=positive, expect="a positive number")
+    intra_node_GBps: float | None = field(None, help="aggregate bidirectional GPU-to-GPU bandwidth, GB/s",
+                                          check=positive, expect="a positive number")
+    interconnect: str | None = field(None, help="NVLink4, PCIe5, ... (latency class of the intra-node link)")
+    price_per_hour: float | None = field(None, help="$/GPU-hour default", check=non_negative,
+                                         expect="a non-negative number")
+    source: str | None = field(None, help="source of the datasheet figures (a key of `sources:` or a citation)")
+    price_source: str | None = field(None, help="source of the price")
+    aliases: list[str] = field(default_factory=list, help="other names, e.g. what the driver reports")
+    efficiency: EfficiencySpec | None = field(None, help="this type's efficiency curves (others: `defaults:`)")
+
+
+@dataclasses.dataclass
+class CatalogSpec:
+    sources: dict[str, SourceSpec] = field(default_factory=dict, help="citations the curves and figures name")
+    defaults: EfficiencySpec | None = field(None, help="curves for types without their own")
+    network: NetworkEfficiencySpec | None = field(None, help="curves of links between hosts")
+    gpus: dict[str, GpuTypeSpec] = field(default_factory=dict, help="GPU types by name (new or overriding)")
+
+
+def parse(data: Any, file: str | None = None) -> CatalogSpec:
+    """A catalog file's plain data, type-checked; errors name the field path and the file."""
+    return from_data(CatalogSpec, data if data is not None else {}, file=file)
