@@ -121,8 +121,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--trials", type=int, default=150, help="optuna trials per fit (calibration and each LOSO fold)")
     ap.add_argument("--no-loso", action="store_true", help="skip leave-one-source-out (it refits once per source)")
     ap.add_argument("--plans", type=Path, help="write each case's pinned layout as a plan file in this folder")
+    ap.add_argument("--quick", action="store_true", help="a few trials per fit (a smoke run)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
+    if args.quick:
+        args.trials = min(args.trials, 12)
 
     cases = load_cases(args.cases)
     data = cal.builtin_data()
