@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from hetprof.cli import db_option, db_path
+from hetprof.cli import catalog_option, db_option, db_path
 
 TASK_TYPES = ("task.prefill", "task.decode", "task.train")
 
@@ -23,7 +23,8 @@ TASK_TYPES = ("task.prefill", "task.decode", "task.train")
               help="also learn from the phases real runs recorded (`hetprof run --db`)")
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the boosted families")
 @click.option("--store/--no-store", default=True, show_default=True, help="write the fitted models to the DB")
-def fit(task, device, report, stat, envelope, runs, seed, store) -> None:
+@catalog_option
+def fit(task, device, report, stat, envelope, runs, seed, store, catalog_path) -> None:
     """Fit per-task cost models on the profile database's task rows and store them.
 
     Prints, per task type and device type, the rows used, the held-out MAPE of the fitted model
@@ -38,15 +39,18 @@ def fit(task, device, report, stat, envelope, runs, seed, store) -> None:
       hetprof profile --quick --suite tasks --models tiny,tiny-2x && hetprof fit
       hetprof fit --task task.decode --device cpu --report fit.png
       hetprof run plan.json --iterations 5 && hetprof fit      # learn from the run too
+      hetprof fit --catalog team-gpus.yaml    # the analytical column with the team's efficiency curves
     """
     from rich.console import Console
     from rich.table import Table
 
+    from hetprof.catalog import load_catalog
     from hetprof.costmodels import fitting
     from hetprof.errors import ProfileDBError
     from hetprof.profiles import ProfileDB
 
     console = Console()
+    catalog = load_catalog(catalog_path) if catalog_path else None
     path = db_path()
     if not path.exists():
         raise ProfileDBError(f"{path}: no profile database; run `hetprof profile --suite tasks` first")
@@ -54,7 +58,7 @@ def fit(task, device, report, stat, envelope, runs, seed, store) -> None:
     with ProfileDB(path) as db:
         with console.status("fitting…") as status:
             fits = fitting.fit_database(db, task=task, device=device, seed=seed, stat=stat, envelope=envelope,
-                                        runs=runs, skipped=skipped, progress=lambda m: status.update(f"fitting… {m}"))
+                                        runs=runs, skipped=skipped, catalog=catalog, progress=lambda m: status.update(f"fitting… {m}"))
         if not fits:
             where = f" on {device}" if device else ""
             raise ProfileDBError(f"{path}: no {task or 'task'} rows{where} to fit; "

@@ -312,10 +312,12 @@ def _run_calibration(runs: Group, family, params: dict[str, Any], points: dict, 
 
 def fit_database(db: Any, task: str | None = None, device: str | None = None, seed: int = 0,
                  progress: Callable[[str], None] | None = None, skipped: list[str] | None = None,
-                 stat: str = DEFAULT_STAT, envelope: bool = True, runs: bool = True) -> list[TaskFit]:
+                 stat: str = DEFAULT_STAT, envelope: bool = True, runs: bool = True,
+                 catalog: Any | None = None) -> list[TaskFit]:
     """Fit every task group the database has rows for (optionally one task type / device type);
-    `runs` adds the phases recorded by real runs to the profiler's rows."""
-    analytical = AnalyticalCostModel(db)
+    `runs` adds the phases recorded by real runs to the profiler's rows; `catalog` (a --catalog
+    file's) prices the analytical baseline."""
+    analytical = AnalyticalCostModel(db, catalog)
     fits = []
     if stat not in STATS:
         raise ValueError(f"unknown statistic {stat!r} (one of {', '.join(STATS)})")

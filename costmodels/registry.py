@@ -8,6 +8,7 @@ point in the group `hetprof.costmodels` whose target is a CostModel subclass or 
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Any
@@ -37,6 +38,19 @@ def available_cost_models() -> list[str]:
     return COST_MODELS.names()
 
 
-def get_cost_model(name: str, db: Any | None = None, **options: Any) -> Any:
-    """A fresh cost model by name, reading its calibration from `db` (a ProfileDB) if given."""
-    return COST_MODELS.get(name)(db=db, **options)
+def get_cost_model(name: str, db: Any | None = None, catalog: Any | None = None, **options: Any) -> Any:
+    """A fresh cost model by name, reading its calibration from `db` (a ProfileDB) if given and its
+    GPU types from `catalog` (a hetprof.catalog.Catalog; the built-in one if None). A registered
+    factory that takes no `catalog` keeps working on the built-in catalog."""
+    factory = COST_MODELS.get(name)
+    if catalog is not None and _accepts(factory, "catalog"):
+        options["catalog"] = catalog
+    return factory(db=db, **options)
+
+
+def _accepts(factory: Callable[..., Any], name: str) -> bool:
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())

@@ -80,6 +80,13 @@ def db_option(fn):
                         is_eager=True, help=f"profile database (default: ${DB_ENV} or ~/.hetprof/profiles.db)")(fn)
 
 
+def catalog_option(fn):
+    """A `--catalog FILE` option: a GPU catalog file (hetprof/data/gpus.yaml's format) extending the built-in one."""
+    return click.option("--catalog", "catalog_path", type=click.Path(dir_okay=False), default=None,
+                        help="GPU catalog file extending the built-in one: new GPU types, efficiency curves, "
+                             "sources (format of hetprof/data/gpus.yaml)")(fn)
+
+
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hetprof")
 @click.option("--db", type=click.Path(dir_okay=False), envvar=DB_ENV,

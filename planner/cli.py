@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from hetprof.cli import db_option, db_path
+from hetprof.cli import catalog_option, db_option, db_path
 
 SEARCH_HELP = ("hetrl | ilp | arealhex | verl | streamrl | exhaustive | all (every search, side by side) "
                "or a search registered under the entry-point group hetprof.searches")
@@ -51,11 +51,12 @@ OBJECTIVES = ("throughput", "cost", "throughput-under-budget")
 @click.option("--out", "-o", "out_path", type=click.Path(dir_okay=False), default=None, help="write the plan (JSON)")
 @click.option("--gantt", "gantt_path", type=click.Path(dir_okay=False), default=None,
               help="write a Gantt chart (PNG) of one iteration")
+@catalog_option
 @db_option
 def plan(cluster_path: str, workload_path: str, search: str, objective: str, budget: float | None, budget_s: float,
          max_evals: int | None, seed: int, cost_model: str, max_tp: int, max_pp: int, storage: str | None,
          no_streaming: bool, runnable: bool, evaluate_path: str | None, what_ifs: tuple[str, ...], out_path: str | None,
-         gantt_path: str | None) -> None:
+         gantt_path: str | None, catalog_path: str | None) -> None:
     """Find the fastest (or cheapest) placement of an RL job on a heterogeneous cluster.
 
     \b
@@ -65,6 +66,7 @@ def plan(cluster_path: str, workload_path: str, search: str, objective: str, bud
       hetprof plan -c C.yaml -w W.yaml --objective cost --out plan.json --gantt plan.png
       hetprof plan -c C.yaml -w W.yaml --what-if "add 8xH100@us-east"
       hetprof plan -c C.yaml -w W.yaml --evaluate plan.json --cost-model fitted
+      hetprof plan -c C.yaml -w W.yaml --catalog team-gpus.yaml
     """
     from rich.console import Console
 
@@ -79,7 +81,9 @@ def plan(cluster_path: str, workload_path: str, search: str, objective: str, bud
     for name, value in (("--budget-s", budget_s), ("--max-tp", max_tp), ("--max-pp", max_pp)):
         if value is None or value <= 0:
             raise SpecError(name, "", "a positive number", value)
-    cluster = ClusterSpec.load(cluster_path)
+    from hetprof.catalog import load_catalog
+
+    cluster = ClusterSpec.load(cluster_path, catalog=load_catalog(catalog_path) if catalog_path else None)
     workload = WorkloadSpec.load(workload_path)
     options = session.PlanOptions(objective=objective, budget=budget, budget_s=budget_s, max_evals=max_evals,
                                   seed=seed, cost_model=cost_model, max_tp=max_tp, max_pp=max_pp, storage=storage,

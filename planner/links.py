@@ -137,6 +137,12 @@ class _SpecLinks:
         self.gpu = {h.name: h.gpus.type for h in hosts}
         self.named = {name for link in cluster.network.links for name in link.between}
         self._memo: dict[tuple, LinkSpec | None] = {}
+        self.goodput = cluster.catalog.inter_host
+
+    def _priced(self, params, same_host: bool) -> LinkSpec:
+        """A spec link as planned: between hosts, its nominal rate × the catalog's inter-host goodput."""
+        beta = params.beta_Bps if same_host else params.beta_Bps * self.goodput(params.beta_Bps)
+        return LinkSpec(params.alpha_s, beta)
 
     def between(self, a: str, b: str) -> LinkSpec | None:
         if a == b:
@@ -151,7 +157,7 @@ class _SpecLinks:
                 self._memo[key] = measured
         if key not in self._memo:
             params = self.cluster.link_between(a, b)
-            self._memo[key] = None if params is None else LinkSpec(params.alpha_s, params.beta_Bps)
+            self._memo[key] = None if params is None else self._priced(params, same_host=a == b)
         return self._memo[key]
 
 

@@ -53,7 +53,7 @@ def make_simulator(cluster: ClusterSpec, workload: WorkloadSpec, options: PlanOp
     """Cost model + simulator; raises InfeasibleError early for missing links or models that fit nowhere."""
     from hetprof.costmodels import get_cost_model
 
-    cm = get_cost_model(options.cost_model, db=db)
+    cm = get_cost_model(options.cost_model, db=db, catalog=cluster.catalog)
     sim = Simulator(cluster, workload, cm, seed=options.seed, db=db, streaming=options.streaming,
                     executable=options.executable)
     sim.check_fits(options.max_tp, options.max_pp)

@@ -66,13 +66,13 @@ class Score:
 
 
 def measured_device_link(cost_model) -> Callable[[str], LinkSpec | None]:
-    """The cost model's link between devices of one type where it was measured (profiled
-    collectives), else None: within a host that beats the spec's datasheet link, and weight sync
-    between colocated devices is priced with what this host's collectives really take."""
+    """The cost model's link between devices of one type: measured or reference collectives, else the
+    catalog's collective efficiency on the datasheet link. Within a host that beats the spec's bare
+    datasheet link, and weight sync between colocated devices is priced with what collectives take."""
 
     def local(gpu_type: str) -> LinkSpec | None:
-        link, source = cost_model.device_link(gpu_type)
-        return link if source == "measured" else None
+        link, _source = cost_model.device_link(gpu_type)
+        return link
 
     return local
 

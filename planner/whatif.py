@@ -45,7 +45,7 @@ def apply_edit(cluster: ClusterSpec, edit: str) -> ClusterSpec:
     else:
         raise SpecError("--what-if", "", GRAMMAR, edit)
     try:
-        return ClusterSpec.from_dict(data, file="<what-if>")
+        return ClusterSpec.from_dict(data, file="<what-if>").using(cluster.base_catalog)
     except SpecError as exc:
         raise SpecError("--what-if", exc.field, exc.expected, f"{exc.got} after {edit!r}") from None
 

@@ -110,14 +110,24 @@ class ClusterSpec:
                                    "the catalog's `gpus:`)")
 
     def __post_init__(self) -> None:
+        self._base: gpu_catalog.Catalog | None = None
         self._catalog: gpu_catalog.Catalog | None = None
+
+    def using(self, base: gpu_catalog.Catalog | None) -> ClusterSpec:
+        """This spec priced over `base` (a --catalog file's catalog) instead of the built-in one."""
+        self._base, self._catalog = base, None
+        return self
+
+    @property
+    def base_catalog(self) -> gpu_catalog.Catalog | None:
+        return self._base
 
     @property
     def catalog(self) -> gpu_catalog.Catalog:
-        """The built-in catalog extended by this spec's `gpu_types`: what its devices are priced with."""
+        """The base catalog (built-in unless `using` one) extended by `gpu_types`: what the devices are priced with."""
         if self._catalog is None:
-            self._catalog = gpu_catalog.builtin().extended(gpu_catalog.CatalogSpec(gpus=self.gpu_types),
-                                                           where="gpu_types")
+            base = self._base or gpu_catalog.builtin()
+            self._catalog = base.extended(gpu_catalog.CatalogSpec(gpus=self.gpu_types), where="gpu_types")
         return self._catalog
 
     def validate(self) -> None:
@@ -211,7 +221,7 @@ class ClusterSpec:
         data = read_file(path)
         if catalog is not None and isinstance(data, dict):
             data = with_catalog_types(data, catalog)
-        return from_data(cls, data, file=str(path))
+        return from_data(cls, data, file=str(path)).using(catalog)
 
     @classmethod
     def from_dict(cls, data: dict, file: str | None = None) -> ClusterSpec:
