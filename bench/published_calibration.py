@@ -3,11 +3,13 @@
 The knobs are a few global constants of the GPU catalog (hetprof/data/gpus.yaml), each a factor on
 what the catalog holds now, applied to every GPU type alike — never to one case:
 
-  compute      matmul and attention efficiency curves (the microbenchmark kernels' rates against
-               what a whole RL training or prefill step sustains around them)
-  decode       decode-step memory (HBM) efficiency
-  collective   intra-node collective bus bandwidth
-  inter_host   inter-host network goodput
+  compute             matmul and attention efficiency curves (the microbenchmark kernels' rates
+                      against what a whole RL training or prefill step sustains around them)
+  decode              decode-step memory (HBM) efficiency
+  decode_small_batch  decode efficiency below batch 256 only (a small batch's step is latency-bound:
+                      launches, scheduling and sampling that a big batch amortises)
+  collective          intra-node collective bus bandwidth
+  inter_host          inter-host network goodput
 
 Every efficiency stays in (0, 1] (a scaled point is capped at 1) and a curve keeps its shape, so
 what rises with size still rises. The fit minimises the median |ln(predicted / published)| over
@@ -42,11 +44,15 @@ class Knob:
     high: float
     curves: tuple[str, ...]        # efficiency curves (catalog keys) the factor multiplies
     help: str
+    below: float = math.inf        # only the points of x below this (a curve's small-size end)
 
 
 KNOBS = (
     Knob("compute", 0.3, 1.5, ("matmul", "attention"), "factor on matmul and attention efficiency"),
-    Knob("decode", 0.3, 1.5, ("decode_memory",), "factor on decode-step HBM efficiency"),
+    Knob("decode", 0.3, 1.2, ("decode_memory",), "factor on decode-step HBM efficiency"),
+    Knob("decode_small_batch", 0.05, 1.0, ("decode_memory",),
+         "further factor on decode HBM efficiency below batch 256 (never above 1: efficiency rises with batch)",
+         below=256),
     Knob("collective", 0.3, 1.5, ("collective",), "factor on intra-node collective bandwidth"),
     Knob("inter_host", 0.1, 1.5, ("inter_host",), "factor on inter-host network goodput"),
 )
@@ -61,17 +67,18 @@ def builtin_data() -> dict:
 def scaled_data(data: dict, factors: dict[str, float]) -> dict:
     """The catalog data with each knob's curves multiplied by its factor (capped at efficiency 1)."""
     out = copy.deepcopy(data)
-    by_curve = {curve: factors.get(k.name, 1.0) for k in KNOBS for curve in k.curves}
     blocks = [out.get("defaults") or {}, (out.get("network") or {})]
     blocks += [(entry or {}).get("efficiency") or {} for entry in (out.get("gpus") or {}).values()]
-    for block in blocks:
-        for curve, factor in by_curve.items():
-            spec = block.get(curve)
-            if not spec or factor == 1.0:
+    for knob in KNOBS:
+        factor = factors.get(knob.name, 1.0)
+        if factor == 1.0:
+            continue
+        for spec in (block.get(curve) for block in blocks for curve in knob.curves):
+            if not spec:
                 continue
             if spec.get("points") is not None:
-                spec["points"] = [[x, min(1.0, y * factor)] for x, y in spec["points"]]
-            if spec.get("ceiling") is not None:
+                spec["points"] = [[x, min(1.0, y * factor) if x < knob.below else y] for x, y in spec["points"]]
+            if spec.get("ceiling") is not None and math.isinf(knob.below):
                 spec["ceiling"] = min(1.0, spec["ceiling"] * factor)
     return out
 

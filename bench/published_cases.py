@@ -143,6 +143,6 @@ def price(case: Case, cost_model) -> Priced:
         return Priced(case, math.inf, {}, tuple(score.violations) or ("infeasible",))
     phases = {}
     for phase, kinds in PHASES.items():
-        tasks = [t for t in sim.tasks if sim.graph.kind_of(t) in kinds]
+        tasks = [t for t in sim.graph.tasks if sim.graph.kind_of(t) in kinds]  # followers too
         phases[phase] = sum(score.task_seconds.get(t, 0.0) for t in tasks)
     return Priced(case, score.iteration_s, phases)

@@ -15,6 +15,7 @@ import dataclasses
 
 from hetprof.errors import SpecError
 from hetprof.planner.candidate import Candidate, TaskLayout
+from hetprof.specs import SHARDING
 from hetprof.specs.loader import field, from_data, positive
 
 KINDS = ("generation", "inference", "training")
@@ -27,6 +28,8 @@ class PinnedTask:
     group: str = field(help="name of the GPU group the task runs on")
     tp: int = field(1, help="tensor-parallel degree", check=positive, expect="a positive integer")
     pp: int = field(1, help="pipeline-parallel degree", check=positive, expect="a positive integer")
+    sharding: str = field("none", help="training state sharded over the replicas: none (DDP), zero1, zero2, fsdp",
+                          check=lambda s: s in SHARDING, expect="one of " + ", ".join(SHARDING))
 
 
 @dataclasses.dataclass
@@ -72,12 +75,15 @@ def pinned_candidate(sim, layout: PinnedLayout, file: str | None = None, path: s
         if key not in layout.tasks:
             raise SpecError(file, _join(path, f"tasks.{key}"), f"a placement for task {task} (by name or kind)", None)
         pin = layout.tasks[key]
+        if pin.sharding != "none" and sim.graph.kind_of(task) != "training":
+            raise SpecError(file, _join(path, f"tasks.{key}.sharding"), f"none for {task} (only training shards)",
+                            pin.sharding)
         members[pin.group].append(task)
         try:
-            layouts[task] = TaskLayout.even(task, group_devices[pin.group], pin.tp, pin.pp,
-                                            sim.graph.model_of(task).layers)
+            even = TaskLayout.even(task, group_devices[pin.group], pin.tp, pin.pp, sim.graph.model_of(task).layers)
         except ValueError as exc:
             raise SpecError(file, _join(path, f"tasks.{key}"), "TP × PP dividing its group's GPUs", str(exc)) from None
+        layouts[task] = dataclasses.replace(even, sharding=pin.sharding)
     used = [name for name in layout.groups if members[name]]
     return Candidate([members[n] for n in used], [group_devices[n] for n in used], layouts)
 

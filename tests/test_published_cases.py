@@ -42,6 +42,7 @@ def test_cases_cover_what_the_check_needs():
     assert len({c.source.id for c in CASES}) >= 3
     assert len({d.type for c in CASES for d in c.cluster.devices()}) >= 3
     assert {c.workload.mode for c in CASES} == {"sync", "async"}
+    assert {c.workload.algorithm for c in CASES} == {"ppo", "grpo"}
     params = [c.workload.roles()["actor"].params for c in CASES]
     assert min(params) < 2e9 and max(params) > 30e9
 
