@@ -31,7 +31,7 @@ from hetprof.planner.convert import to_plan
 from hetprof.planner.pinned import pinned_candidate
 
 BAND = (0.80, 1.25)
-console = Console()
+console = Console(width=120)  # wide enough for the case titles in a log file
 
 
 def _ratio_text(ratio: float) -> str:
