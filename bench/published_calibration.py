@@ -72,7 +72,9 @@ def scaled_data(data: dict, factors: dict[str, float]) -> dict:
     """The catalog data with each knob's curves multiplied by its factor (capped at efficiency 1)."""
     out = copy.deepcopy(data)
     blocks = [out.get("defaults") or {}, (out.get("network") or {})]
-    blocks += [(entry or {}).get("efficiency") or {} for entry in (out.get("gpus") or {}).values()]
+    # Every GPU type alike; the CPU pseudo-device's nominal placeholder is not a GPU to calibrate.
+    blocks += [(entry or {}).get("efficiency") or {} for entry in (out.get("gpus") or {}).values()
+               if (entry or {}).get("vendor") != "generic"]
     for knob in KNOBS:
         factor = factors.get(knob.name, 1.0)
         if factor == 1.0:
