@@ -47,5 +47,9 @@ class AnalyticalCostModel(CostModel):
     def device_link(self, device_type: str) -> tuple[LinkSpec, str]:
         return self.calibration.link(device_type)
 
+    def inputs(self, device_type: str) -> dict[str, str]:
+        """What this device type's numbers rest on: compute, memory and link → measured/reference/datasheet."""
+        return self.calibration.source(device_type)
+
     def dp_step_extra(self, device_type: str) -> float:
         return self.calibration.dp_step_extra(device_type).value

@@ -35,7 +35,7 @@ PCIE_ALPHA_S = 1.5e-5
 LAUNCH_S = {"gpu": 4e-6, "cpu": 1e-5}
 RATE_QUANTILE = 0.9
 DP_STEP = "dp.train_step"  # the profiler's dptrain suite: a step alone ("plain") and as a replica ("dp")
-CURVE_WORLD = 8  # the ring size a catalog collective curve describes (one 8-GPU host)
+CURVE_WORLD = 8  # the ring size a catalog collective curve describes unless it says (one 8-GPU host)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +74,7 @@ class Calibration:
     def _canon(self, name: str) -> str | None:
         return self.catalog.canonical_name(name)
 
+    @functools.lru_cache(maxsize=256)  # noqa: B019
     def curves(self, device_type: str):
         return self.catalog.lookup(device_type).efficiency
 
@@ -116,6 +117,8 @@ class Calibration:
     @functools.lru_cache(maxsize=256)  # noqa: B019
     def link(self, device_type: str) -> tuple[LinkSpec, str]:
         rows, kind = self._rows("collective.", device_type)
+        if rows is not None and "hosts" in rows:  # rows across hosts time the network, not this GPU's link
+            rows = rows[rows["hosts"].fillna(1) <= 1]
         if rows is not None and {"size_bytes", "seconds", "world"} <= set(rows.columns):
             for op in ("all_reduce", "all_gather", "broadcast"):
                 sel = rows[rows["benchmark"] == f"collective.{op}"]
@@ -137,10 +140,11 @@ class Calibration:
         alpha = NVLINK_ALPHA_S if "link" in gpu.interconnect.lower() else PCIE_ALPHA_S
         if len(curve.points) < 2:
             return LinkSpec(alpha, nominal * curve.best)
-        factor = busbw_factor("all_reduce", CURVE_WORLD)
+        world = curve.world or CURVE_WORLD
+        factor = busbw_factor("all_reduce", world)
         sizes = [x for x, _ in curve.points]
         seconds = [factor * s / (nominal * eff) for s, eff in curve.points]
-        fit_alpha, beta, _ = fit_alpha_beta(sizes, seconds, "all_reduce", CURVE_WORLD)
+        fit_alpha, beta, _ = fit_alpha_beta(sizes, seconds, "all_reduce", world)
         return LinkSpec(fit_alpha, beta)
 
     @functools.lru_cache(maxsize=256)  # noqa: B019

@@ -145,5 +145,15 @@ class FittedCostModel(CostModel):
     def device_link(self, device_type: str) -> tuple[LinkSpec, str]:
         return self.analytical.device_link(device_type)
 
+    def inputs(self, device_type: str) -> dict[str, str]:
+        """Per task type "fitted" where a fitted model exists; otherwise the analytical inputs it falls back to."""
+        out = {f"{task.removeprefix('task.')}": "fitted" for task in self.fitted_tasks(device_type)}
+        return {**out, **self.analytical.inputs(device_type)}
+
+    def fitted_tasks(self, device_type: str) -> list[str]:
+        """The task types (task.prefill, task.decode, task.train) with a fitted model on this device type."""
+        name = canonical_name(device_type) or device_type
+        return sorted({task for task, device, _dtype in self.models if device == name})
+
     def dp_step_extra(self, device_type: str) -> float:
         return self.analytical.dp_step_extra(device_type)

@@ -37,9 +37,14 @@ class EfficiencyCurve:
 
     points: tuple[tuple[float, float], ...]
     source: str
+    world: int | None = None  # collective curves: ranks the figures were measured with
+
+    @functools.cached_property
+    def _xs(self) -> list[float]:
+        return [p[0] for p in self.points]
 
     def __call__(self, x: float) -> float:
-        xs = [p[0] for p in self.points]
+        xs = self._xs
         if x <= xs[0]:
             return self.points[0][1]
         if x >= xs[-1]:
@@ -55,7 +60,7 @@ class EfficiencyCurve:
 
     def scaled(self, ceiling: float, source: str) -> EfficiencyCurve:
         k = ceiling / self.best
-        return EfficiencyCurve(tuple((x, y * k) for x, y in self.points), source)
+        return EfficiencyCurve(tuple((x, y * k) for x, y in self.points), source, self.world)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,8 +151,7 @@ class Catalog:
         data = {k: v for k, v in data.items() if v is not None}
         data["source"], data["price_source"] = self._citation(g.source), self._citation(g.price_source)
         data["aliases"] = list(g.aliases)
-        data["efficiency"] = {c: {"points": [list(p) for p in getattr(g.efficiency, c).points],
-                                  "source": self._citation(getattr(g.efficiency, c).source)} for c in CURVES}
+        data["efficiency"] = {c: _curve_data(getattr(g.efficiency, c), self._citation) for c in CURVES}
         return data
 
     def _citation(self, source: str) -> str:
@@ -170,6 +174,13 @@ class Catalog:
         for name, entry in specs.items():
             types[name] = _gpu_type(name, entry, defaults, file, f"{where}.{name}")
         return Catalog(types, sources, defaults, inter_host, specs)
+
+
+def _curve_data(curve: EfficiencyCurve, cite) -> dict[str, Any]:
+    data: dict[str, Any] = {"points": [list(p) for p in curve.points], "source": cite(curve.source)}
+    if curve.world is not None:
+        data["world"] = curve.world
+    return data
 
 
 REQUIRED = ("memory_GB", "hbm_GBps", "fp16_tflops", "intra_node_GBps")
@@ -197,7 +208,7 @@ def _check_complete(entry: GpuTypeSpec, file: str | None, where: str) -> None:
 
 def _curve(spec: CurveSpec, default: EfficiencyCurve | None, file: str | None, where: str) -> EfficiencyCurve:
     if spec.points is not None:
-        return EfficiencyCurve(tuple((float(x), float(y)) for x, y in spec.points), spec.source)
+        return EfficiencyCurve(tuple((float(x), float(y)) for x, y in spec.points), spec.source, spec.world)
     if default is None:
         raise SpecError(file, f"{where}.ceiling", "points (there is no default curve to rescale here)", spec.ceiling)
     return default.scaled(float(spec.ceiling), spec.source)

@@ -139,9 +139,13 @@ class _SpecLinks:
         self._memo: dict[tuple, LinkSpec | None] = {}
         self.goodput = cluster.catalog.inter_host
 
-    def _priced(self, params, same_host: bool) -> LinkSpec:
-        """A spec link as planned: between hosts, its nominal rate × the catalog's inter-host goodput."""
-        beta = params.beta_Bps if same_host else params.beta_Bps * self.goodput(params.beta_Bps)
+    def _priced(self, params, host: str | None) -> LinkSpec:
+        """A spec link as planned: its nominal rate × the catalog's efficiency — within `host`, its GPU
+        type's collective bus bandwidth at large messages; between hosts, the inter-host goodput."""
+        if host is not None:
+            beta = params.beta_Bps * self.cluster.catalog.lookup(self.gpu[host]).efficiency.collective.best
+        else:
+            beta = params.beta_Bps * self.goodput(params.beta_Bps)
         return LinkSpec(params.alpha_s, beta)
 
     def between(self, a: str, b: str) -> LinkSpec | None:
@@ -157,7 +161,7 @@ class _SpecLinks:
                 self._memo[key] = measured
         if key not in self._memo:
             params = self.cluster.link_between(a, b)
-            self._memo[key] = None if params is None else self._priced(params, same_host=a == b)
+            self._memo[key] = None if params is None else self._priced(params, a if a == b else None)
         return self._memo[key]
 
 

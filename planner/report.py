@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hetprof.planner.candidate import Candidate
+from hetprof.planner.provenance import fitted_warnings, provenance_lines
 from hetprof.planner.simulator import Score, Simulator
 from hetprof.units import fmt_bytes, fmt_seconds
 
@@ -105,6 +106,16 @@ def print_plan(console: Console, sim: Simulator, cand: Candidate, score: Score, 
     console.print(f"iteration [bold]{_secs(score.iteration_s)}[/bold] · throughput {score.throughput:.1f} seq/s · "
                   f"bottleneck [bold]{score.bottleneck}[/bold] · {_dollars(score.cost_per_iteration)} per iteration "
                   f"({_dollars(score.price_per_hour)}/h for {len(set(cand.devices()))} GPUs)")
+    print_provenance(console, sim)
+
+
+def print_provenance(console: Console, sim: Simulator) -> None:
+    """Per GPU type, whether its numbers are measured, reference or datasheet; fitted-model gaps as warnings."""
+    console.print("numbers per GPU type (measured > reference > datasheet):")
+    for line in provenance_lines(sim):
+        console.print(f"  {line}", highlight=False)
+    for warning in fitted_warnings(sim):
+        console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
 
 
 def print_comparison(console: Console, outcomes: Sequence[Outcome], reference: str | None = None,

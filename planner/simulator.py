@@ -67,13 +67,13 @@ class Score:
 
 
 def measured_device_link(cost_model) -> Callable[[str], LinkSpec | None]:
-    """The cost model's link between devices of one type: measured or reference collectives, else the
-    catalog's collective efficiency on the datasheet link. Within a host that beats the spec's bare
-    datasheet link, and weight sync between colocated devices is priced with what collectives take."""
+    """The cost model's link between devices of one type where profile rows give it (measured, else
+    reference collectives), else None: within a host that beats the spec's datasheet link, and weight
+    sync between colocated devices is priced with what this host's collectives really take."""
 
     def local(gpu_type: str) -> LinkSpec | None:
-        link, _source = cost_model.device_link(gpu_type)
-        return link
+        link, source = cost_model.device_link(gpu_type)
+        return link if source in ("measured", "reference") else None
 
     return local
 

@@ -11,6 +11,7 @@ import re
 
 from hetprof.errors import SpecError
 from hetprof.specs import ClusterSpec
+from hetprof.specs.cluster import with_catalog_types
 from hetprof.specs.loader import to_data
 from hetprof.units import parse_duration, parse_rate
 
@@ -44,6 +45,7 @@ def apply_edit(cluster: ClusterSpec, edit: str) -> ClusterSpec:
         _link(data, cluster, m.group(1), m.group(2), m.group(3), m.group(4), edit)
     else:
         raise SpecError("--what-if", "", GRAMMAR, edit)
+    data = with_catalog_types(data, cluster.catalog)  # an added type the spec did not list yet travels with it
     try:
         return ClusterSpec.from_dict(data, file="<what-if>").using(cluster.base_catalog)
     except SpecError as exc:

@@ -87,6 +87,24 @@ def import_cmd(file: str) -> None:
     click.echo(f"imported {file}: added " + ", ".join(f"{v} {k}" for k, v in added.items()))
 
 
+@db.command("import-reference")
+@db_option
+@click.argument("names", nargs=-1, required=True, metavar="NAME... | all")
+def import_reference_cmd(names: tuple[str, ...]) -> None:
+    """Import shipped reference profiles: published figures per GPU type, stored as `reference`.
+
+    Calibration uses them where a GPU type has no measured rows; measured rows always win.
+    """
+    from hetprof.profiles.references import import_reference
+    from hetprof.profiles.references import names as shipped
+
+    wanted = shipped() if names == ("all",) else list(names)
+    with _open() as pdb:
+        for name in wanted:
+            added = import_reference(pdb, name)
+            click.echo(f"imported reference {name}: added " + ", ".join(f"{v} {k}" for k, v in added.items()))
+
+
 @db.command("merge")
 @db_option
 @click.argument("other", type=click.Path(dir_okay=False))
@@ -113,8 +131,9 @@ def list_cmd(benchmark: str | None, limit: int) -> None:
         t = Table(title=f"benchmark runs ({len(runs)} shown)")
         t.add_column("id", no_wrap=True)
         t.add_column("benchmark", no_wrap=True, min_width=14)
-        for col in ("host", "samples", "params", "when", "source"):
+        for col in ("host", "samples", "params", "when"):
             t.add_column(col)
+        t.add_column("source", no_wrap=True, min_width=9)  # measured or reference: never cut
         for _, r in runs.iterrows():
             t.add_row(r["id"][:10], r["benchmark"], r["host"], str(r["n_samples"]),
                       json.dumps(r["params"])[:60], time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created"])),

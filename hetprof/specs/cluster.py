@@ -237,9 +237,10 @@ def with_catalog_types(data: dict, catalog: gpu_catalog.Catalog) -> dict:
     hosts = data.get("hosts")
     if not isinstance(hosts, list):
         return data
-    own = dict(data.get("gpu_types") or {}) if isinstance(data.get("gpu_types"), dict) else None
-    if own is None:
-        return data
+    own = data.get("gpu_types") or {}
+    if not isinstance(own, dict):
+        return data  # the typed loader reports it with its path
+    own = dict(own)
     builtin = gpu_catalog.builtin()
     for h in hosts:
         name = h.get("gpus", {}).get("type") if isinstance(h, dict) and isinstance(h.get("gpus"), dict) else None

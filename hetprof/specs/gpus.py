@@ -38,6 +38,9 @@ class CurveSpec:
         check=_valid_points, expect=f"(x, efficiency) pairs with x > 0 increasing and 0 < efficiency <= {MAX_EFFICIENCY}")
     ceiling: float | None = field(None, help="instead of points: the default curve rescaled so its best point is this",
                                   check=lambda x: 0 < x <= MAX_EFFICIENCY, expect=f"an efficiency in (0, {MAX_EFFICIENCY}]")
+    world: int | None = field(None, help="collective curves: the ranks the figures were measured with (default 8); "
+                                         "the ring α–β model carries them to other world sizes",
+                              check=lambda n: n >= 2, expect="an integer >= 2")
 
     def validate(self) -> None:
         if (self.points is None) == (self.ceiling is None):
