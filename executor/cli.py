@@ -44,7 +44,8 @@ def run(plan: str, iterations: int, backend: str, checkpoint_dir: str | None, ch
                    hetprof run plan.json --nnodes 2 --node-rank 1 --rdzv 10.0.0.1:29400   (on host 1)
     Measured stage times go to the log, the console and the profile database (run records).
     """
-    from hetprof.executor.launch import RunOptions, launch
+    from hetprof.executor.launch import launch
+    from hetprof.executor.options import RunOptions
 
     options = RunOptions(
         plan_path=os.path.abspath(plan), iterations=iterations, backend=backend,
@@ -65,6 +66,6 @@ def validate(source: str, skip: int) -> None:
 
     SOURCE is a run's JSONL log, or a run id whose records are in the profile database.
     """
-    from hetprof.executor.validation import load_records, render
+    from hetprof.executor.predicted_vs_measured import load_records, render
 
     render(load_records(source, db_path()), skip=skip)

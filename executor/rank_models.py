@@ -17,8 +17,6 @@ from rich.console import Console
 from hetprof.dataparallel import wrap_replica
 from hetprof.errors import ExecutionError
 from hetprof.executor.data import Prompt, PromptSource, load_jsonl
-from hetprof.executor.groups import Topology
-from hetprof.executor.launch import RunOptions
 from hetprof.executor.modeling import (
     build_causal_lm,
     build_reward_model,
@@ -26,9 +24,12 @@ from hetprof.executor.modeling import (
     torch_dtype,
     unwrap,
 )
+from hetprof.executor.options import RunOptions
 from hetprof.executor.parallel import ShardedModel
+from hetprof.executor.process_groups import ProcessGroups
 from hetprof.executor.tensorpar import is_sharded, load_full
 from hetprof.executor.tokenizer import load_tokenizer
+from hetprof.executor.topology import Topology
 from hetprof.executor.weightsync import flatten_params
 from hetprof.models import PRESETS
 from hetprof.specs import WorkloadSpec
@@ -49,11 +50,11 @@ def model_ref(workload: WorkloadSpec, role: str) -> str:
     return str(path)
 
 
-class RoleSet:
+class RankModels:
     """Models, optimizers and library objects for the tasks on one rank."""
 
     def __init__(self, workload: WorkloadSpec, tasks: list[str], device: torch.device, options: RunOptions,
-                 topo: Topology, rank: int):
+                 topo: Topology, groups: ProcessGroups, rank: int):
         from hetprof.executor.algorithms import AlgorithmConfig, get_algorithm
         from hetprof.executor.backends import get_backend
 
@@ -62,6 +63,7 @@ class RoleSet:
         self.device = device
         self.opts = options
         self.topo = topo
+        self.groups = groups
         self.rank = rank
         self.console = Console()
         self.training = workload.training
@@ -117,7 +119,7 @@ class RoleSet:
         (one device) lay its weights out flat so weight syncs land in place."""
         tr = self.topo.tasks[task]
         if tr.tp > 1 or tr.pp > 1:
-            self.sharded[task] = ShardedModel(model, self.topo, task, self.rank, self.device, head)
+            self.sharded[task] = ShardedModel(model, self.topo, self.groups, task, self.rank, self.device, head)
             return self.sharded[task].module
         if flatten:
             flatten_params(model, self.opts.bucket_mb)
@@ -133,14 +135,14 @@ class RoleSet:
     def _add_learner(self, task: str, model: torch.nn.Module, lr: float) -> None:
         from hetprof.executor.learner import Learner
 
-        group = self.topo.groups.get(task)
+        group = self.groups.replicas(task)
         tr = self.topo.tasks[task]
         ranks = tr.ranks
         sharded = None
         if tr.tp > 1 or tr.pp > 1:
             # TP/PP: torch's tensor-parallel API and pipeline stages, data parallelism by an explicit
             # gradient average over the replicas (parallel.py says why not DDP/FSDP here).
-            sharded = self.sharded[task] = ShardedModel(model, self.topo, task, self.rank, self.device,
+            sharded = self.sharded[task] = ShardedModel(model, self.topo, self.groups, task, self.rank, self.device,
                                                         head="lm" if task == "actor_train" else "value")
             wrapped = model = sharded.module
         else:
@@ -285,7 +287,7 @@ class RoleSet:
         return apply
 
     # ---- checkpoints ---------------------------------------------------------------------------
-    def trained_tasks(self, lead_only: bool) -> list[str]:
+    def trained_units(self, lead_only: bool) -> list[str]:
         """Checkpoint units on this rank: a training task, or for a TP/PP task one unit per (stage,
         TP position) such as "actor_train/stage1-tp0" (its own directory). Replica 0 writes each
         unit (`lead_only`); every replica loads the unit of its position."""

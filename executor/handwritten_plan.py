@@ -17,7 +17,7 @@ from hetprof.specs import ClusterSpec, Group, Layout, Plan, Prediction, Tasklet,
 from hetprof.specs import workload_tasks as tasks_of
 
 
-def manual_plan(cluster: ClusterSpec | Mapping[str, Any], workload: WorkloadSpec | Mapping[str, Any],
+def handwritten_plan(cluster: ClusterSpec | Mapping[str, Any], workload: WorkloadSpec | Mapping[str, Any],
                 placement: Mapping[str, Sequence[str]], shares: Mapping[str, Sequence[float]] | None = None,
                 predicted: Prediction | None = None, task_seconds: Mapping[str, float] | None = None) -> Plan:
     """A plan from placements: `placement[task]` lists each replica's device, or its list of devices
