@@ -10,6 +10,7 @@ The agent's report names only local ranks; this module maps them back to the pla
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -17,6 +18,7 @@ import tempfile
 
 from hetprof.errors import ExecutionError
 from hetprof.executor.launch_checks import (
+    check_backend,
     check_resumable,
     check_supported,
     host_devices,
@@ -84,6 +86,7 @@ def launch(options: RunOptions, nnodes: int = 1, node_rank: int = 0, rdzv: str |
 
     options.validate()
     plan = load_plan(options.plan_path)
+    options = dataclasses.replace(options, backend=check_backend(plan, options.backend, options.plan_path))
     check_supported(plan)
     host = node_host(plan, nnodes, node_rank)
     if options.resume and node_rank == 0:

@@ -32,7 +32,7 @@ from hetprof.executor.tokenizer import load_tokenizer
 from hetprof.executor.topology import Topology
 from hetprof.executor.weightsync import flatten_params
 from hetprof.models import PRESETS
-from hetprof.specs import WorkloadSpec
+from hetprof.specs import Task, WorkloadSpec
 
 # The RLBatch fields that travel to training replicas (None fields are left out).
 BATCH_FIELDS = ("input_ids", "attention_mask", "mask", "rewards", "behaviour_logprobs", "ref_logprobs",
@@ -146,19 +146,24 @@ class RankModels:
                                                         head="lm" if task == "actor_train" else "value")
             wrapped = model = sharded.module
         else:
-            if self.device.type == "cpu" or len(ranks) == 1:
+            # the plan's sharding (DDP or FSDP2, dataparallel.py); a sharded model's weights are DTensors
+            sharding = tr.sharding if len(ranks) > 1 else "none"
+            if sharding == "none" and (self.device.type == "cpu" or len(ranks) == 1):
                 flatten_params(model, self.opts.bucket_mb)  # syncs broadcast straight from the weights
             wrapped = model
             if len(ranks) > 1:
-                wrapped = wrap_replica(model, group, self.device)  # what the profiler's `dptrain` suite times
+                wrapped = wrap_replica(model, group, self.device, sharding)
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
         self.models[task] = wrapped
-        # Sync runs generate with the very weights being trained (π_prox = π_behav): skip the recompute.
+        # The plan's log-prob pass (actor_logprob, on these ranks beside actor_train) recomputes the old
+        # log-probs under the weights before the update; without it the rollout's own are used.
         self.learners[task] = Learner(wrapped, optimizer, self.algorithm, ppo_epochs=self.workload.ppo_epochs,
                                       mini_batches=self.workload.mini_batches,
                                       role="actor" if task == "actor_train" else "critic",
-                                      temperature=self.training.temperature, recompute_proximal=self.async_k > 0,
-                                      seed=self.opts.seed, parallel=sharded)
+                                      temperature=self.training.temperature,
+                                      recompute_proximal=Task.ACTOR_LOGPROB in self.tasks,
+                                      seed=self.opts.seed, parallel=sharded,
+                                      process_group=group if sharded is None and len(ranks) > 1 else None)
 
     # ---- data --------------------------------------------------------------------------------
     def prompts(self, batch: int) -> list[Prompt]:
@@ -247,7 +252,10 @@ class RankModels:
             return None
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+        # the parameters the sync manifest names: a tied LM head appears in the state dict twice
+        names = {n for n, _ in unwrap(model).named_parameters()}
+        return {n: t for n, t in state.items() if n in names}
 
     def holds_receiver(self, role: str) -> bool:
         """Whether this rank holds a copy a sync must overwrite (a separate module from the trainer's)."""
