@@ -311,20 +311,39 @@ class RankModels:
                 units.append(t)
         return units
 
+    def gathers_state(self, unit: str) -> bool:
+        """Whether taking a unit's state is a collective of its replicas (an FSDP-sharded trainer)."""
+        task = unit.split("/")[0]
+        return task not in self.sharded and _is_sharded(self.models[task])
+
     def state(self, unit: str) -> dict[str, Any]:
+        """A unit's model and optimizer state; an FSDP-sharded trainer gathers the full state, so
+        every replica must call this (a collective), though only the lead writes it."""
         task = unit.split("/")[0]
         if task in self.sharded:
             return self.sharded[task].local_state(self.learners[task].optimizer)
-        return {"model": unwrap(self.models[task]).state_dict(),
-                "optimizer": self.learners[task].optimizer.state_dict()}
+        model, optimizer = self.models[task], self.learners[task].optimizer
+        if _is_sharded(model):
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+            weights, moments = get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))
+            return {"model": weights, "optimizer": moments}
+        return {"model": unwrap(model).state_dict(), "optimizer": optimizer.state_dict()}
 
     def load_state(self, unit: str, state: dict[str, Any]) -> None:
         task = unit.split("/")[0]
         if task in self.sharded:
             self.sharded[task].load_local_state(self.learners[task].optimizer, state)
             return
-        unwrap(self.models[task]).load_state_dict(state["model"])
-        self.learners[task].optimizer.load_state_dict(state["optimizer"])
+        model, optimizer = self.models[task], self.learners[task].optimizer
+        if _is_sharded(model):  # every replica reads the full state and keeps its shard
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+            set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
+                           options=StateDictOptions(full_state_dict=True))
+            return
+        unwrap(model).load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
 
 
 def _is_sharded(model: torch.nn.Module) -> bool:

@@ -141,11 +141,20 @@ def test_hetprof_run_trains_fsdp_with_the_log_prob_pass_and_no_reference(tmp_pat
     plan = cpu_plan(tmp_path)
     assert [t["task"] for t in json.loads(plan.read_text())["tasks"]] == ["actor_gen", "actor_logprob", "actor_train"]
     cmd = [HETPROF, "--db", str(tmp_path / "db.sqlite"), "run", str(plan), "--log", str(tmp_path / "run.jsonl"),
-           "--seed", "0", "--timeout", "60", "--iterations", "2", "--verify-sync"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=tmp_path)
+           "--seed", "0", "--timeout", "60", "--verify-sync", "--checkpoint-dir", str(tmp_path / "ckpt"),
+           "--checkpoint-every", "2"]
+    done = subprocess.run([*cmd, "--iterations", "2"], capture_output=True, text=True, timeout=180, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
+    # the sharded trainer's checkpoint holds the whole model, gathered from both shards
+    saved = torch.load(tmp_path / "ckpt" / "actor_train" / "iter-000002" / "state.pt", weights_only=True)
+    whole = dict(build_causal_lm("tiny", seed=0).named_parameters())
+    assert {n: t.shape for n, t in saved["model"].items() if n in whole} == {n: t.shape for n, t in whole.items()}
+    resumed = subprocess.run([*cmd, "--iterations", "3", "--resume"], capture_output=True, text=True, timeout=180,
+                             cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
     records = read_log(tmp_path / "run.jsonl")
-    assert len(records) == 2 and all(r["sync_verified"] is True for r in records)  # gathered from the shards
+    assert [r["iteration"] for r in records] == [0, 1, 2]
+    assert all(r["sync_verified"] is True for r in records)  # gathered from the shards, before and after
     assert records[0]["layouts"]["actor_train"] == "DP2×TP1×PP1 fsdp"
     assert "ref_infer" not in records[0]["layouts"] and not records[0].get("kl")  # no reference model, no KL
     # the log-prob pass is timed apart from the update, on both replicas, and recorded as its own task
