@@ -121,3 +121,35 @@ def test_the_cost_model_prices_sharding_over_the_given_link():
     assert fsdp == pytest.approx(root_t + ag + ag + rs)  # 30 s of compute hides every middle layer
     sharded = cm.memory(work, Placement("A100-80GB", dp=4, sharding="fsdp"))
     assert sharded.weights == pytest.approx(cm.memory(work, Placement("A100-80GB")).weights / 4)
+
+
+def test_published_qwen3_8b_layouts_on_8_h100_fit_in_memory():
+    """verl runs Qwen 7-8B GRPO on one 8×H100 node with FSDP over all 8 (TP1), or Megatron TP1×PP2
+    with a distributed optimizer; whole Adam state per GPU (DDP) does not fit."""
+    import dataclasses
+
+    from hetprof.planner import layouts
+    from hetprof.planner.candidate import Candidate, TaskLayout
+    from hetprof.planner.simulator import Simulator
+    from hetprof.specs import ClusterSpec, WorkloadSpec
+
+    cluster = ClusterSpec.from_dict({"name": "h100x8", "hosts": [{"name": "n", "gpus": {"type": "H100", "count": 8}}]})
+    wl = WorkloadSpec.from_dict({"models": {"actor": "qwen3-8b"}, "prompts_per_step": 128, "responses_per_prompt": 8,
+                                 "prompt_len": {"mean": 256, "max": 1024}, "mini_batches": 4,
+                                 "response_len": {"mean": 512, "max": 1024, "dist": "lognormal", "std": 256},
+                                 "training": {"recompute": True, "kl_coef": 0.0}})
+    sim = Simulator(cluster, wl, get_cost_model("analytical"))
+    devs = tuple(sorted(sim.devices))
+    lays = {t: TaskLayout.even(t, devs, 2 if t == "actor_gen" else 1, 1, 36) for t in sim.tasks}
+
+    def colocated(train: TaskLayout):
+        return sim.evaluate(Candidate([tuple(sim.tasks)], [devs], {**lays, "actor_train": train}))
+
+    ddp = lays["actor_train"]
+    assert not colocated(ddp).feasible  # 16 B/param of an 8B model on each 80 GB GPU
+    assert colocated(dataclasses.replace(ddp, sharding="fsdp")).feasible
+    pp2 = TaskLayout.even("actor_train", devs, 1, 2, 36)
+    assert not colocated(pp2).feasible
+    assert colocated(dataclasses.replace(pp2, sharding="zero1")).feasible
+    chosen = layouts.best_layout(sim, "actor_train", devs)
+    assert chosen.sharding != "none" and sim.task_eval(chosen).violations == ()

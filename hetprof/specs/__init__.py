@@ -14,6 +14,7 @@ from hetprof.specs.plan import (
     TaskPlacement,
     workload_tasks,
 )
+from hetprof.specs.vocabulary import Role, SyncEdge, Task, TaskKind
 from hetprof.specs.workload import GenerationParams, LengthDist, ModelRoles, TrainingParams, WorkloadSpec
 
 __all__ = [
@@ -21,4 +22,5 @@ __all__ = [
     "FOLLOWS", "GENERATION_BACKENDS", "SHARDING", "TASKS", "Group", "Layout", "Plan", "Prediction", "TaskPlacement",
     "Tasklet", "workload_tasks",
     "GenerationParams", "LengthDist", "ModelRoles", "TrainingParams", "WorkloadSpec",
+    "Role", "SyncEdge", "Task", "TaskKind",
 ]

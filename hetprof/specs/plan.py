@@ -16,25 +16,18 @@ from typing import Any, Literal
 from hetprof.errors import SpecError
 from hetprof.specs.cluster import ClusterSpec
 from hetprof.specs.loader import field, from_data, positive, read_file, to_data
+from hetprof.specs.vocabulary import Task
 from hetprof.specs.workload import WorkloadSpec
 
 PLAN_VERSION = 1
 
 # The RL tasks: name -> (kind, model role). Weight sync (actor_train -> actor_gen) is an edge.
-TASKS: dict[str, tuple[str, str]] = {
-    "actor_gen": ("generation", "actor"),
-    "actor_logprob": ("inference", "actor"),
-    "ref_infer": ("inference", "reference"),
-    "reward_infer": ("inference", "reward"),
-    "critic_infer": ("inference", "critic"),
-    "actor_train": ("training", "actor"),
-    "critic_train": ("training", "critic"),
-}
+TASKS: dict[str, tuple[str, str]] = {str(t): (str(t.kind), str(t.role)) for t in Task}
 
 # Tasks that run on another task's workers with its layout and its very weights: the old-log-prob
 # pass is a forward of the trainer's own module before its update (verl's compute_log_prob runs on
 # the actor workers), so it is never placed on its own and never needs a weight sync.
-FOLLOWS: dict[str, str] = {"actor_logprob": "actor_train"}
+FOLLOWS: dict[str, str] = {Task.ACTOR_LOGPROB: Task.ACTOR_TRAIN}
 
 # Data-parallel sharding of a training task's state over its replicas: what each level shards.
 SHARDING: dict[str, tuple[str, ...]] = {
