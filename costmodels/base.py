@@ -223,7 +223,7 @@ class CostModel(abc.ABC):
 
 
 # Source words from most to least trustworthy; an estimate is as trustworthy as its weakest part.
-SOURCE_TRUST = ("fitted", "measured", "datasheet")
+SOURCE_TRUST = ("fitted", "measured", "reference", "datasheet")
 _PROBE = ModelShape("probe", "llama", 1, 64, 128, 1, 1, 64, 64, True)
 
 

@@ -103,7 +103,8 @@ class Placement:
 class Estimate:
     """Seconds for a task, where they go, and what the numbers came from.
 
-    source: "measured" (profile-database calibration), "datasheet" (catalog fallback) or "fitted";
+    source: "measured" (profile-database calibration), "reference" (imported published figures),
+    "datasheet" (catalog peaks × efficiency curves) or "fitted";
     notes say more (e.g. which device type fell back to the analytical model and why).
     """
 

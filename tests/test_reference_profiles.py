@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from hetprof.cli import cli
 from hetprof.costmodels import get_cost_model
+from hetprof.costmodels.base import combine_sources
 from hetprof.profiles import DeviceInfo, ProfileDB, read_export
 from hetprof.profiles.references import (
     CITATION_KEYS,
@@ -58,6 +59,9 @@ def test_reference_import_is_marked_and_measured_rows_outrank_it(db_path):
         assert measured.flops("H100-SXM", "bf16").source == "measured"
         assert measured.flops("H100-SXM", "bf16").value == pytest.approx(500e12)
         assert measured.memory_bw("H100-SXM").source == "reference"  # no measured copy rows: reference still
+        # an estimate resting on both is as trustworthy as its reference part
+        assert combine_sources({"measured", "reference"}) == "reference"
+        assert combine_sources({"reference", "datasheet"}) == "datasheet"
 
 
 def test_cli_imports_references_and_lists_them_as_reference(db_path):
