@@ -20,8 +20,8 @@ fitted cost model is too slow to be asked at each.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
+import functools
 import heapq
 import math
 from collections.abc import Callable
@@ -32,7 +32,7 @@ from hetprof.registry import Registry
 from hetprof.specs import ClusterSpec
 
 Call = Callable[[int, float, float], float]  # (batch, prompt tokens, decode steps) -> seconds
-RESPONSE_POINTS = 4  # segments of the response range the per-step cost is sampled on
+CONTEXT_SEGMENTS = 2  # the context range's pieces the step cost is sampled on (it is near-linear in it)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,94 +63,116 @@ class GenerationRequest:
     padded_prompt: Callable[[int], float]
     padded_response: Callable[[int], float]
     limits: EngineLimits
+    table: StepTable | None = None  # the replica kind's step costs, if the caller keeps one per kind
 
 
 class StepTable:
     """Per-step decode seconds and prefill seconds of one replica, interpolated from a grid of calls.
 
     One decode step of b sequences at context c costs call(b, c, 1) − call(b, c, 0) (the prefill
-    cancels). The grid spans batches 1, 2, 4, … and contexts from the prompt to the longest
-    sequence; batches in between interpolate linearly (the roofline is piecewise linear in the
-    batch), contexts too. A grid point whose KV (b·c tokens) exceeds the room is priced at the
-    batch that fits, scaled up — admission never lets a live batch get there.
+    cancels). The grid spans batches 1, 4, 16, … and three contexts from the prompt to the longest
+    sequence; every whole batch up to the most is interpolated once, linearly (the roofline is
+    piecewise linear in the batch and near-linear in the context), so an engine's thousands of steps
+    cost two list lookups each. Past the batch whose KV (b·c tokens) fits, a step is priced as the
+    cost model prices it, in waves of what fits — admission never lets a live batch get there.
     """
 
     def __init__(self, call: Call, prompt: float, most: int, longest: int, kv_tokens: int) -> None:
-        self.call, self.prompt, self.kv_tokens = call, prompt, kv_tokens
-        self.batches = sorted({min(most, 1 << i) for i in range(max(1, most).bit_length() + 1)})
+        self.call, self.most = call, max(1, most)
         top = prompt + max(1, longest)
-        self.contexts = [prompt + (top - prompt) * i / RESPONSE_POINTS for i in range(RESPONSE_POINTS + 1)]
-        self.step = {(b, c): self._step(b, c) for b in self.batches for c in self.contexts}
-        self.fill = {b: call(b, prompt, 0) for b in self.batches}
+        self.contexts = [prompt + (top - prompt) * i / CONTEXT_SEGMENTS for i in range(CONTEXT_SEGMENTS + 1)]
+        self.steps = [self._row(c, lambda b, c=c: call(b, c, 1) - call(b, c, 0), kv_tokens // max(1, round(c + 1)))
+                      for c in self.contexts]
+        self.fills = self._row(prompt, lambda b: call(b, prompt, 0), kv_tokens // max(1, round(prompt)))
 
-    def _step(self, b: int, context: float) -> float:
-        fits = max(1, min(b, int(self.kv_tokens // max(1.0, context + 1))))
-        return (self.call(fits, context, 1) - self.call(fits, context, 0)) * b / fits
+    def _row(self, context: float, cost: Callable[[int], float], room: int) -> list[float]:
+        """`cost` at every whole batch up to the most: sampled at 1, 4, 16, … up to the batch whose KV
+        fits at `context`, linear in between; past it the cost model's own rule, waves of what fits."""
+        fits = max(1, min(self.most, room))
+        grid = sorted({min(fits, 4 ** i) for i in range(fits.bit_length())} | {fits})
+        values = [cost(b) for b in grid]
+        row = np.interp(np.arange(fits + 1), grid, values).tolist()
+        return row + [values[-1] * b / fits for b in range(fits + 1, self.most + 1)]
 
-    def _between(self, b: float, at: Callable[[int], float]) -> float:
-        i = min(bisect.bisect_left(self.batches, b), len(self.batches) - 1)
-        b1 = self.batches[i]
-        if b1 == b or i == 0:
-            return at(b1) * (b / b1 if b < b1 else 1.0)
-        b0 = self.batches[i - 1]
-        return at(b0) + (at(b1) - at(b0)) * (b - b0) / (b1 - b0)
+    def prefill(self, batch: np.ndarray | int) -> np.ndarray | float:
+        """Seconds to prefill `batch` prompts (the call with no decode step); arrays element-wise."""
+        b = np.asarray(batch)
+        out = np.asarray(self.fills)[np.minimum(b, self.most)] * np.maximum(1.0, b / self.most)
+        return out if out.ndim else float(out)
 
-    def prefill(self, batch: int) -> float:
-        """Seconds to prefill `batch` prompts (the call with no decode step)."""
-        return self._between(batch, self.fill.__getitem__)
-
-    def decode(self, batch: float, context: float) -> float:
-        """Seconds of one decode step of `batch` live sequences whose mean context is `context` tokens."""
-        cs = self.contexts
-        j = min(max(1, bisect.bisect_left(cs, context)), len(cs) - 1)
+    def decode(self, batch: np.ndarray | int, context: np.ndarray | float) -> np.ndarray | float:
+        """Seconds of one decode step of `batch` live sequences whose mean context is `context` tokens
+        (arrays element-wise)."""
+        b, c = np.asarray(batch), np.asarray(context, dtype=float)
+        cs = np.asarray(self.contexts)
+        j = np.clip(np.searchsorted(cs, c, side="left"), 1, len(cs) - 1)
         c0, c1 = cs[j - 1], cs[j]
-        w = min(1.0, max(0.0, (context - c0) / (c1 - c0))) if c1 > c0 else 0.0
-        return self._between(batch, lambda b: (1 - w) * self.step[(b, c0)] + w * self.step[(b, c1)])
+        w = np.clip((c - c0) / np.where(c1 > c0, c1 - c0, 1.0), 0.0, 1.0)
+        rows, bb = np.asarray(self.steps), np.minimum(b, self.most)
+        out = ((1 - w) * rows[j - 1, bb] + w * rows[j, bb]) * np.maximum(1.0, b / self.most)
+        return out if out.ndim else float(out)
 
 
 def _blocks(tokens: float, block: int) -> int:
     return math.ceil(tokens / block)
 
 
-def vllm_generation(request: GenerationRequest, call: Call) -> EngineRun:
-    """Continuous batching of the request's sequences, in arrival order, behind mean-length prompts."""
-    prompt, limits = request.prompt, request.limits
-    lens = [max(1, int(x)) for x in request.lengths]
-    if not lens:
-        return EngineRun(0.0, ())
-    blocks = limits.kv_tokens // limits.block_tokens
-    need = [_blocks(prompt + n, limits.block_tokens) for n in lens]
-    if max(need) > blocks:
-        return EngineRun(math.inf, (), f"a {prompt + max(lens):.0f}-token sequence needs {max(need)} KV blocks "
-                                        f"of {limits.block_tokens} tokens; the replica has room for {blocks}")
-    table = StepTable(call, prompt, max(1, min(limits.max_num_seqs, len(lens))), max(lens), limits.kv_tokens)
-    clock, step, used, queue, start_sum = 0.0, 0, 0, 0, 0
-    live: list[tuple[int, int]] = []   # (decode step at which it finishes, index)
-    starts: dict[int, int] = {}
-    finish: list[float] = []
+@functools.lru_cache(maxsize=1024)
+def continuous_schedule(lens: tuple[int, ...], need: tuple[int, ...], seats: int, blocks: int
+                        ) -> tuple[np.ndarray, np.ndarray]:
+    """(start, end) decode step of each sequence under first-come-first-served admission while a seat
+    and its KV blocks are free. It depends on lengths and limits only, not on any cost, so one
+    schedule serves every replica kind with the same batch."""
+    starts, ends = [0] * len(lens), [0] * len(lens)
+    live: list[tuple[int, int]] = []
+    step = used = queue = 0
     while queue < len(lens) or live:
-        admitted = 0
-        while queue < len(lens) and len(live) < limits.max_num_seqs and used + need[queue] <= blocks:
+        while queue < len(lens) and len(live) < seats and used + need[queue] <= blocks:
             heapq.heappush(live, (step + lens[queue], queue))
-            starts[queue] = step
-            start_sum += step
-            used += need[queue]
-            queue += 1
-            admitted += 1
-        if admitted:
-            clock += table.prefill(admitted)
-        end = live[0][0]
-        span = end - step
-        batch = len(live)
-        decoded = step + span / 2 - start_sum / batch  # mean tokens decoded, mid-span
-        clock += span * table.decode(batch, prompt + decoded)
-        step = end
+            starts[queue], used, queue = step, used + need[queue], queue + 1
+        step = live[0][0]
         while live and live[0][0] == step:
             _, i = heapq.heappop(live)
             used -= need[i]
-            start_sum -= starts.pop(i)
-            finish.append(clock)
-    return EngineRun(clock, tuple(sorted(finish)))
+            ends[i] = step
+    return np.asarray(starts), np.asarray(ends)
+
+
+def vllm_generation(request: GenerationRequest, call: Call) -> EngineRun:
+    """Continuous batching of the request's sequences, in arrival order, behind mean-length prompts.
+
+    Between two events (a sequence finishing, requests admitted) the live batch is constant; each
+    such span costs its steps at that batch and its mean context mid-span, and every admission a
+    prefill of the requests it lets in, before the span that follows.
+    """
+    prompt, limits = request.prompt, request.limits
+    lens = tuple(max(1, int(x)) for x in request.lengths)
+    if not lens:
+        return EngineRun(0.0, ())
+    blocks = limits.kv_tokens // limits.block_tokens
+    need = tuple(_blocks(prompt + n, limits.block_tokens) for n in lens)
+    if max(need) > blocks:
+        return EngineRun(math.inf, (), f"a {prompt + max(lens):.0f}-token sequence needs {max(need)} KV blocks "
+                                        f"of {limits.block_tokens} tokens; the replica has room for {blocks}")
+    table = request.table or StepTable(call, prompt, min(limits.max_num_seqs, len(lens)), max(lens), limits.kv_tokens)
+    seats = limits.max_num_seqs
+    binds = sum(sorted(need)[-seats:]) > blocks  # can the KV cache, not the seats, hold admissions back?
+    starts, ends = continuous_schedule(lens, need, seats, blocks if binds else sum(need))
+    events = np.unique(np.concatenate([starts, ends]))
+    t0, span = events[:-1], np.diff(events)
+    by_start, by_end = np.sort(starts), np.argsort(ends, kind="stable")
+    started = np.searchsorted(by_start, t0, side="right")
+    ended = np.searchsorted(ends[by_end], t0, side="right")
+    live = started - ended
+    start_sum = np.concatenate([[0], np.cumsum(by_start)])[started] - np.concatenate(
+        [[0], np.cumsum(starts[by_end])])[ended]
+    decoded = t0 + span / 2 - start_sum / np.maximum(live, 1)
+    segment = np.where(live > 0, span * table.decode(np.maximum(live, 1), prompt + decoded), 0.0)
+    admitted = np.bincount(np.searchsorted(events, starts), minlength=len(events))[:-1]
+    fill = np.where(admitted > 0, table.prefill(np.maximum(admitted, 1)), 0.0)
+    after = np.cumsum(fill + segment)               # clock when the span starting at events[k] ends
+    finish = after[np.searchsorted(events, ends) - 1]
+    return EngineRun(float(after[-1]), tuple(np.sort(finish).tolist()))
 
 
 def hf_generation(request: GenerationRequest, call: Call) -> EngineRun:

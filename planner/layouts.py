@@ -188,8 +188,12 @@ def balance_layers(sim: Simulator, task: str, replica: tuple[str, ...], tp: int,
     split = _proportional(layers, [_type_speed(sim.catalog.lookup(t), kind) for t in stage_types])
 
     def judge(candidate: Sequence[int]) -> tuple[float, float]:
-        return (replica_overflow(sim, task, replica, tp, candidate, batch, shards),
-                replica_time(sim, task, replica, tp, pp, batch, tuple(candidate)))
+        if kind == "generation":  # stage balance from one pipelined call, not a whole engine run per trial
+            seconds = sim.costs.pipeline_seconds(task, replica, tp, pp, min(batch, sim.workload.generation.max_num_seqs),
+                                                 candidate)
+        else:
+            seconds = replica_time(sim, task, replica, tp, pp, batch, tuple(candidate))
+        return replica_overflow(sim, task, replica, tp, candidate, batch, shards), seconds
 
     best = judge(split)
     for _ in range(MAX_LAYER_MOVES):
@@ -275,15 +279,17 @@ def balanced_layout(sim: Simulator, task: str, replicas: Sequence[tuple[str, ...
         return None
     replicas = replicas[:task_batch(sim)]
     levels = sharding_levels(sim, task, len(replicas), tp, pp)
-    best, best_t = None, math.inf
+    # Balanced once at the level holding least (sharding moves no replica's compute, only what fits),
+    # then each level judged on those shares and splits.
+    base = _layout_at(sim, task, replicas, tp, pp, balanced, memo, levels[-1])
+    if base is None or len(levels) == 1 or base.dp == 1:
+        return base if base is None or base.dp > 1 or base.sharding == "none" else \
+            dataclasses.replace(base, sharding="none")
+    best, best_t = base, math.inf
     for level in levels:
-        layout = _layout_at(sim, task, replicas, tp, pp, balanced, memo, level)
-        if layout is None:
-            continue
-        if layout.dp == 1 and level != "none":
-            layout = dataclasses.replace(layout, sharding="none")
-        t = layout_cost(sim, layout) if len(levels) > 1 else 0.0
-        if best is None or t < best_t * (1 - 1e-9):
+        layout = dataclasses.replace(base, sharding=level)
+        t = layout_cost(sim, layout)
+        if t < best_t * (1 - 1e-9):
             best, best_t = layout, t
     return best
 

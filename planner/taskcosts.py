@@ -25,7 +25,7 @@ from hetprof.catalog import builtin
 from hetprof.costmodels import MemoryEstimate, Placement, Work
 from hetprof.models import DTYPE_BYTES, ModelShape
 from hetprof.planner.candidate import TaskLayout, even_split
-from hetprof.planner.engines import ENGINES, EngineLimits, GenerationRequest, arrival_order
+from hetprof.planner.engines import ENGINES, EngineLimits, GenerationRequest, StepTable, arrival_order
 from hetprof.planner.graph import RLGraph
 from hetprof.planner.links import LinkTable
 from hetprof.specs import Device, WorkloadSpec
@@ -93,6 +93,7 @@ class TaskCosts:
         self._mem: dict[tuple, MemoryEstimate] = {}
         self._sig: dict[tuple, tuple] = {}
         self._stage: dict[tuple, float] = {}
+        self._tables: dict[tuple, StepTable] = {}
         self.catalog = getattr(cost_model, "catalog", None) or builtin()
         self._capacity = {t: self.catalog.lookup(t).memory_bytes for t in {d.type for d in devices.values()}}
 
@@ -186,6 +187,13 @@ class TaskCosts:
             return ReplicaCost(per_step * steps * self.workload.ppo_epochs)
         return self._generation(task, sig, tp, batch, split)
 
+    def pipeline_seconds(self, task: str, devices: Sequence[str], tp: int, pp: int, batch: int,
+                         split: Sequence[int]) -> float:
+        """One call of `batch` sequences at the mean lengths through the replica's stages: what
+        balancing a generator's layer split compares (its stages' balance, not its engine's queue)."""
+        sig = self._stage_signature(tuple(devices), tp, pp)
+        return self._composed(task, sig, tp, max(1, batch), tuple(split), self.response, self.prompt)
+
     def _generation(self, task: str, sig: tuple, tp: int, batch: int, split: tuple[int, ...]) -> ReplicaCost:
         """A generator replica's batch as the plan's engine runs it, within its KV room (planner.engines)."""
         stages, _ = sig
@@ -197,10 +205,19 @@ class TaskCosts:
             return ReplicaCost(math.inf, note=f"not even one sequence's KV cache fits next to {model.name}'s "
                                              f"weights on {types} (TP{tp}, {max(split)} layers per stage)")
         gen = self.workload.generation
+
+        def call(b: int, prompt: float, steps: float) -> float:
+            return self._composed(task, sig, tp, b, split, steps, prompt)
+
+        key = (task, sig, tp, split)
+        table = self._tables.get(key)
+        if table is None and self.backend == "vllm":  # one per replica kind, whatever its batch
+            table = self._tables[key] = StepTable(call, self.prompt, gen.max_num_seqs,
+                                                  self.workload.response_len.cap, room)
         request = GenerationRequest(tuple(arrival_order(self.replica_lengths(batch)).tolist()), self.prompt,
                                     self.generation_prompt, self.padded_response,
-                                    EngineLimits(room, gen.max_num_seqs, gen.block_tokens))
-        run = self.engine(request, lambda b, prompt, steps: self._composed(task, sig, tp, b, split, steps, prompt))
+                                    EngineLimits(room, gen.max_num_seqs, gen.block_tokens), table)
+        run = self.engine(request, call)
         return ReplicaCost(run.seconds, run.finish, run.note)
 
     def _composed(self, task: str, sig: tuple, tp: int, batch: int, split: tuple[int, ...], response: float,

@@ -64,10 +64,10 @@ def test_vllm_prices_each_step_at_the_live_mean_context():
 
 
 def test_step_table_interpolates_between_batches():
-    table = StepTable(linear, 16.0, 8, 64, 1 << 20)
-    assert table.batches == [1, 2, 4, 8]
-    assert table.decode(3, 40.0) == pytest.approx(step(3))
-    assert table.prefill(3) == pytest.approx(ALPHA * 3 * 16)
+    table = StepTable(linear, 16.0, 20, 64, 1 << 20)  # sampled at batches 1, 4, 16, 20
+    for b in (1, 3, 7, 20):
+        assert table.decode(b, 40.0) == pytest.approx(step(b))
+        assert table.prefill(b) == pytest.approx(ALPHA * b * 16)
 
 
 def test_hf_decodes_every_wave_to_its_longest_response():

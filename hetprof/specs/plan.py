@@ -179,7 +179,6 @@ class Plan:
             raise SpecError(None, "tasks", f"a placement for every task of the workload ({', '.join(expected)})",
                             f"missing {missing}")
         roles = workload.roles()
-        self._check_followers(groups)
         for ti, t in enumerate(self.tasks):
             where = f"tasks[{ti}]"
             if t.group not in groups:
@@ -212,6 +211,7 @@ class Plan:
             if not math.isclose(sum(shares.values()), 1.0, abs_tol=1e-6):
                 raise SpecError(None, f"{where}.tasklets", "batch shares over replicas summing to 1",
                                 round(sum(shares.values()), 6))
+        self._check_followers(groups)
 
     def _check_followers(self, groups: dict[str, Group]) -> None:
         """A follower task (FOLLOWS) sits in its leader's group with its leader's devices and degrees."""
