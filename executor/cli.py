@@ -24,8 +24,8 @@ def _rewards() -> list[str]:
 @click.command("run")
 @click.argument("plan", type=click.Path(exists=True, dir_okay=False))
 @click.option("--iterations", type=int, default=20, show_default=True, help="RL iterations to run in total")
-@click.option("--backend", default="hf", show_default=True, cls=RegistryOption, names=lambda: _backends(),
-              help="generation backend")
+@click.option("--backend", default=None, cls=RegistryOption, names=lambda: _backends(),
+              help="generation backend; default: the one the plan was made for, and another is refused")
 @click.option("--checkpoint-dir", type=click.Path(file_okay=False), help="where checkpoints go (none: no checkpoints)")
 @click.option("--checkpoint-every", type=int, default=5, show_default=True, help="iterations between checkpoints")
 @click.option("--resume", is_flag=True, help="continue from the last complete checkpoint in --checkpoint-dir")
@@ -46,7 +46,7 @@ def _rewards() -> list[str]:
               "weights bitwise (hashes; costs one pass over the weights)")
 @click.option("--quiet", is_flag=True, help="no per-iteration console lines")
 @db_option
-def run(plan: str, iterations: int, backend: str, checkpoint_dir: str | None, checkpoint_every: int, resume: bool,
+def run(plan: str, iterations: int, backend: str | None, checkpoint_dir: str | None, checkpoint_every: int, resume: bool,
         log: str | None, seed: int, prompts: str | None, reward: str, nnodes: int, node_rank: int, rdzv: str | None,
         local_addr: str | None, timeout_s: float, bucket_mb: float, verify_sync: bool, quiet: bool) -> None:
     """Run PLAN (a plan JSON from `hetprof plan`) with one worker process per planned device.

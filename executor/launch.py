@@ -10,12 +10,14 @@ The agent's report names only local ranks; this module maps them back to the pla
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import tempfile
 
 from hetprof.errors import ExecutionError
 from hetprof.executor.launch_checks import (
+    check_backend,
     check_resumable,
     check_supported,
     host_devices,
@@ -79,6 +81,7 @@ def launch(options: RunOptions, nnodes: int = 1, node_rank: int = 0, rdzv: str |
     options.validate()
     plan = load_plan(options.plan_path)
     check_run_sizes(plan.workload_spec(), options.iterations)
+    options = dataclasses.replace(options, backend=check_backend(plan, options.backend, options.plan_path))
     check_supported(plan)
     host = node_host(plan, nnodes, node_rank)
     if options.resume and node_rank == 0:

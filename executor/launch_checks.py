@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from hetprof.errors import ExecutionError
+from hetprof.errors import ExecutionError, HetprofError
 from hetprof.specs import ClusterSpec, Plan
 from hetprof.specs.executable import layout_problems
 
@@ -69,7 +69,8 @@ def check_supported(plan: Plan, cuda_available: bool | None = None) -> str:
     for t in plan.tasks:
         splits = [tuple(k.layer_end - k.layer_start for k in sorted(t.tasklets, key=lambda k: k.stage) if k.replica == r)
                   for r in sorted({k.replica for k in t.tasklets})]
-        problems = layout_problems(t.task, t.kind, roles[t.role], t.layout.tp, t.layout.pp, splits, str(t.layout))
+        problems = layout_problems(t.task, t.kind, roles[t.role], t.layout.tp, t.layout.pp, splits, str(t.layout),
+                                   t.layout.sharding)
         if problems:
             raise ExecutionError(f"{problems[0]}; it is refused rather than changed — replan with `hetprof plan` "
                                  f"(it plans within what `hetprof run` carries out unless given --any-layout) "
@@ -90,6 +91,18 @@ def check_supported(plan: Plan, cuda_available: bool | None = None) -> str:
     if kinds == {"cuda"}:
         return "nccl"
     return "gloo"  # mixed CPU slots and GPUs: gloo reaches both
+
+
+def check_backend(plan: Plan, backend: str | None, path: str | Path = "the plan") -> str:
+    """The generation backend to run: the plan's own, or `backend` if it is the same one.
+
+    A plan's generation times were priced for one engine (continuous batching or the padded loop),
+    so running it with another would measure something the plan did not predict: refused (exit 2).
+    """
+    if backend is None or backend == plan.backend:
+        return plan.backend
+    raise HetprofError(f"{path} was planned for the {plan.backend} generation backend, not {backend} (--backend): "
+                       f"run it with --backend {plan.backend} or replan with `hetprof plan --backend {backend}`")
 
 
 def plan_is_cpu(plan: Plan) -> bool:

@@ -17,7 +17,7 @@ class RunOptions:
 
     plan_path: str
     iterations: int = 20
-    backend: str = "hf"
+    backend: str | None = "hf"  # None: the plan's own (the launcher resolves it before workers start)
     checkpoint_dir: str | None = None
     checkpoint_every: int = 5
     resume: bool = False

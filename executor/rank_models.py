@@ -147,19 +147,24 @@ class RankModels:
                                                         head="lm" if task == Task.ACTOR_TRAIN else "value")
             wrapped = model = sharded.module
         else:
-            if self.device.type == "cpu" or len(ranks) == 1:
+            # the plan's sharding (DDP or FSDP2, dataparallel.py); a sharded model's weights are DTensors
+            sharding = tr.sharding if len(ranks) > 1 else "none"
+            if sharding == "none" and (self.device.type == "cpu" or len(ranks) == 1):
                 flatten_params(model, self.opts.bucket_mb)  # syncs broadcast straight from the weights
             wrapped = model
             if len(ranks) > 1:
-                wrapped = wrap_replica(model, group, self.device)  # what the profiler's `dptrain` suite times
+                wrapped = wrap_replica(model, group, self.device, sharding)
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
         self.models[task] = wrapped
-        # Sync runs generate with the very weights being trained (π_prox = π_behav): skip the recompute.
+        # The plan's log-prob pass (actor_logprob, on these ranks beside actor_train) recomputes the old
+        # log-probs under the weights before the update; without it the rollout's own are used.
         self.learners[task] = Learner(wrapped, optimizer, self.algorithm, ppo_epochs=self.workload.ppo_epochs,
                                       mini_batches=self.workload.mini_batches,
                                       role=Role.ACTOR if task == Task.ACTOR_TRAIN else Role.CRITIC,
-                                      temperature=self.training.temperature, recompute_proximal=self.async_k > 0,
-                                      seed=self.opts.seed, parallel=sharded)
+                                      temperature=self.training.temperature,
+                                      recompute_proximal=Task.ACTOR_LOGPROB in self.tasks,
+                                      seed=self.opts.seed, parallel=sharded,
+                                      process_group=group if sharded is None and len(ranks) > 1 else None)
 
     # ---- data --------------------------------------------------------------------------------
     def prompts(self, batch: int) -> list[Prompt]:
@@ -248,7 +253,10 @@ class RankModels:
             return None
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+        # the parameters the sync manifest names: a tied LM head appears in the state dict twice
+        names = {n for n, _ in unwrap(model).named_parameters()}
+        return {n: t for n, t in state.items() if n in names}
 
     def holds_receiver(self, role: str) -> bool:
         """Whether this rank holds a copy a sync must overwrite (a separate module from the trainer's)."""
@@ -304,20 +312,39 @@ class RankModels:
                 units.append(t)
         return units
 
+    def gathers_state(self, unit: str) -> bool:
+        """Whether taking a unit's state is a collective of its replicas (an FSDP-sharded trainer)."""
+        task = unit.split("/")[0]
+        return task not in self.sharded and _is_sharded(self.models[task])
+
     def state(self, unit: str) -> dict[str, Any]:
+        """A unit's model and optimizer state; an FSDP-sharded trainer gathers the full state, so
+        every replica must call this (a collective), though only the lead writes it."""
         task = unit.split("/")[0]
         if task in self.sharded:
             return self.sharded[task].local_state(self.learners[task].optimizer)
-        return {"model": unwrap(self.models[task]).state_dict(),
-                "optimizer": self.learners[task].optimizer.state_dict()}
+        model, optimizer = self.models[task], self.learners[task].optimizer
+        if _is_sharded(model):
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+            weights, moments = get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))
+            return {"model": weights, "optimizer": moments}
+        return {"model": unwrap(model).state_dict(), "optimizer": optimizer.state_dict()}
 
     def load_state(self, unit: str, state: dict[str, Any]) -> None:
         task = unit.split("/")[0]
         if task in self.sharded:
             self.sharded[task].load_local_state(self.learners[task].optimizer, state)
             return
-        unwrap(self.models[task]).load_state_dict(state["model"])
-        self.learners[task].optimizer.load_state_dict(state["optimizer"])
+        model, optimizer = self.models[task], self.learners[task].optimizer
+        if _is_sharded(model):  # every replica reads the full state and keeps its shard
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+            set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
+                           options=StateDictOptions(full_state_dict=True))
+            return
+        unwrap(model).load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
 
 
 def _is_sharded(model: torch.nn.Module) -> bool:

@@ -51,10 +51,17 @@ def load_units(models: RankModels, checkpoint_dir: str, start: int, device: torc
 
 
 def save_units(models: RankModels, checkpoint_dir: str, iteration: int, plan_hash: str, run_name: str) -> bool:
-    """Write the units this rank leads; whether it wrote any (the leader commits when all have)."""
+    """Write the units this rank leads; whether it wrote any (the leader commits when all have).
+    Every rank of a unit takes its state, as an FSDP-sharded trainer gathers it collectively."""
     saved = False
-    for unit in models.trained_units(lead_only=True):
-        checkpoint.save(checkpoint.task_dir(checkpoint_dir, unit), iteration, models.state(unit),
+    leads = set(models.trained_units(lead_only=True))
+    for unit in models.trained_units(lead_only=False):
+        if unit not in leads and not models.gathers_state(unit):
+            continue
+        state = models.state(unit)
+        if unit not in leads:
+            continue
+        checkpoint.save(checkpoint.task_dir(checkpoint_dir, unit), iteration, state,
                         {"plan_hash": plan_hash, "run": run_name, "task": unit})
         saved = True
     return saved

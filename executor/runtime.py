@@ -216,10 +216,16 @@ class Worker:
                 continue
             t0 = time.perf_counter()
             stats = self.models.train(tr.task, part)
-            seconds = report.task_seconds[tr.task] = time.perf_counter() - t0
+            # the log-prob pass runs inside the actor's update (its first forward): timed apart
+            logprob = stats.pop("logprob_seconds", 0.0)
+            seconds = report.task_seconds[tr.task] = time.perf_counter() - t0 - logprob
+            rows, width = part["input_ids"].shape
+            if logprob:
+                report.task_seconds[Task.ACTOR_LOGPROB] = logprob
             if self.rank != tr.ranks[tr.replica_of(self.rank)]:
                 continue  # a replica's statistics are reported once, by its first rank
-            rows, width = part["input_ids"].shape
+            if logprob:
+                report.work_timings[Task.ACTOR_LOGPROB] = [prefill_timing(rows, width, logprob)]
             report.work_timings[tr.task] = [train_timing(rows, width, seconds, self.workload.ppo_epochs,
                                                          self.workload.mini_batches)]
             report.train_stats[tr.task] = {"n": rows, **stats}

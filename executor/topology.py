@@ -33,6 +33,7 @@ class TaskRanks:
     tp_ranks: tuple[tuple[int, ...], ...] = ()  # every rank of each replica (pp × tp of them)
     pp: int = 1
     stage_layers: tuple[tuple[tuple[int, int], ...], ...] = ()  # per replica, per stage: [start, end)
+    sharding: str = "none"  # training state over the replicas: none (DDP), zero2, fsdp (FSDP2)
 
     @property
     def lead(self) -> int:
@@ -87,7 +88,7 @@ class Topology:
                 tuple(rank_of[s[0].devices[0]] for s in stages), tuple(s[0].batch_share for s in stages),
                 tuple(s[0].devices[0] for s in stages), str(t.layout),
                 tuple(tuple(rank_of[d] for k in s for d in k.devices) for s in stages), len(stages[0]),
-                tuple(tuple(_layer_range(k, t, plan) for k in s) for s in stages))
+                tuple(tuple(_layer_range(k, t, plan) for k in s) for s in stages), t.layout.sharding)
         if Task.ACTOR_GEN not in self.tasks or Task.ACTOR_TRAIN not in self.tasks:
             raise ExecutionError("a plan needs placements for actor_gen and actor_train")
 

@@ -129,16 +129,18 @@ def test_roofline_bound_and_tp_comm():
     # a single decode step is memory bound: its time is weights + KV over achievable HBM bandwidth
     ph = Phase("decode", Q8, 36, 1, 1024, with_head=True)
     t = cm.phase_time(ph, "A100-80GB")
-    hbm = a100.hbm_Bps * 0.85
+    hbm = a100.hbm_Bps * a100.efficiency.decode_memory(1)  # the decode curve at batch 1
     expected = phases.memory_bytes(ph) / hbm + phases.kernel_launches(ph) * 4e-6
     assert t.seconds == pytest.approx(expected) and t.source == "datasheet"
     # it reads every layer's weights, the LM head and the whole KV cache (embedding rows are a lookup)
     assert phases.memory_bytes(ph) > (36 * Q8.params_per_layer + 151_936 * 4096) * 2 + 1024 * 147_456
-    # a long prefill is compute bound: 16384 rows reach A100's published large-matmul ceiling (0.859 of
-    # peak), attention over 2048 keys the default curve's 0.439 (hetprof/data/gpus.yaml)
+    # a long prefill is compute bound: 16384 rows reach A100's large-matmul ceiling, attention over
+    # 2048 keys the attention curve's value there (hetprof/data/gpus.yaml)
     pf = Phase("prefill", Q8, 36, 8, 2048)
+    eff = a100.efficiency
     assert cm.phase_time(pf, "A100-80GB").seconds == pytest.approx(
-        phases.forward_matmul_flops(pf) / (312e12 * 0.859) + phases.forward_attention_flops(pf) / (312e12 * 0.439)
+        phases.forward_matmul_flops(pf) / (312e12 * eff.matmul.best)
+        + phases.forward_attention_flops(pf) / (312e12 * eff.attention(2048))
         + phases.kernel_launches(pf) * 4e-6)
     # inference with TP=2: two all-reduces of the hidden states per layer on the given link
     link = LinkSpec(1e-5, 1e11)

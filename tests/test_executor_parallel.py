@@ -57,6 +57,8 @@ def make_plan(train: dict, algorithm: str = "grpo", ref: dict | None = None) -> 
                                   if k in ("actor_gen", "ref_infer", "actor_train")
                                   or algorithm == "ppo"}).to_dict()
     layouts = dict(train, **(ref or {}))
+    if "actor_train" in layouts:  # the log-prob pass follows its trainer's layout
+        layouts["actor_logprob"] = layouts["actor_train"]
     for t in d["tasks"]:
         if t["task"] not in layouts:
             continue

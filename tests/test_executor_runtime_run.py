@@ -166,9 +166,9 @@ def test_layouts_the_runtime_cannot_carry_out_are_refused_up_front(tmp_path):
     for g in base["groups"]:
         g["devices"] = ["localhost:0", "localhost:1"]
     tp, pp = json.loads(json.dumps(base)), json.loads(json.dumps(base))
-    train = next(t for t in tp["tasks"] if t["task"] == "actor_train")
-    train["layout"]["tp"] = 2
-    train["tasklets"][0]["devices"] = ["localhost:0", "localhost:1"]
+    for train in (t for t in tp["tasks"] if t["task"] in ("actor_train", "actor_logprob")):  # the pass follows
+        train["layout"]["tp"] = 2
+        train["tasklets"][0]["devices"] = ["localhost:0", "localhost:1"]
     assert check_supported(Plan.from_dict(tp)) == "gloo"  # TP (and PP) training is carried out
     gen = next(t for t in pp["tasks"] if t["task"] == "actor_gen")  # pipelined generation is not
     gen["layout"]["pp"] = 2

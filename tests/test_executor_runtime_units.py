@@ -89,7 +89,8 @@ def test_manual_plan_groups_tasks_that_share_devices_and_normalises_shares():
                                                        "actor_train": ["h:2", "h:3"]},
                        shares={"actor_gen": [3, 1]})
     groups = {tuple(g.tasks): g.devices for g in plan.groups}
-    assert groups == {("actor_gen",): ["h:0", "h:1"], ("ref_infer", "actor_train"): ["h:2", "h:3"]}
+    # the log-prob pass goes where actor_train goes
+    assert groups == {("actor_gen",): ["h:0", "h:1"], ("actor_logprob", "ref_infer", "actor_train"): ["h:2", "h:3"]}
     assert [k.batch_share for k in plan.task("actor_gen").tasklets] == [0.75, 0.25]
     with pytest.raises(SpecError, match="placement.ref_infer"):
         handwritten_plan(cluster({"h": 2}), workload(), {"actor_gen": ["h:0"], "actor_train": ["h:1"]})
@@ -103,7 +104,7 @@ def test_topology_leads_training_and_builds_sync_edges():
     assert topo.leader == 2  # actor_train replica 0
     assert topo.sync_members("weight_sync") == [0, 2, 3]
     assert topo.sync_members("critic_sync") == []
-    assert "rank 1 (device a:1; tasks ref_infer, actor_train)" == topo.describe(1)
+    assert "rank 1 (device a:1; tasks actor_logprob, ref_infer, actor_train)" == topo.describe(1)
     with pytest.raises(ExecutionError, match="no worker runs"):
         Topology(plan, {"a:0": 0, "a:1": 1, "b:0": 2})
 
@@ -117,9 +118,9 @@ def test_check_supported_refuses_gpus_without_cuda_and_layouts_it_cannot_run_nam
         check_supported(plan, cuda_available=False)
     assert check_supported(plan, cuda_available=True) == "nccl"  # TP2 generation is carried out
     data = plan.to_dict()
-    train = next(t for t in data["tasks"] if t["task"] == "actor_train")
-    train["layout"]["tp"] = 2
-    train["tasklets"][0]["devices"] = ["n:0", "n:1"]
+    for train in (t for t in data["tasks"] if t["task"] in ("actor_train", "actor_logprob")):  # the pass follows
+        train["layout"]["tp"] = 2
+        train["tasklets"][0]["devices"] = ["n:0", "n:1"]
     for g in data["groups"]:
         g["devices"] = ["n:0", "n:1"]
     assert check_supported(Plan.from_dict(data), cuda_available=True) == "nccl"  # TP2 training is carried out too

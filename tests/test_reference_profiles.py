@@ -106,7 +106,7 @@ def test_plan_report_says_what_each_gpu_types_numbers_rest_on(db_path, specs):
     text = " ".join(res.output.split())
     assert "H100-SXM (2 GPUs): compute reference, memory reference, link datasheet" in text
     assert "L4 (2 GPUs): compute datasheet, memory datasheet, link datasheet — catalog peaks × efficiency curves" in text
-    assert "matmul: xla-matmul-table-sm90" in text
+    assert "collective: published-runs-fit" in text and "memory: hetprof-0.1-constants" in text
     assert "warning" not in text
 
 

@@ -107,10 +107,10 @@ def test_workload_roles_and_tasks(tmp_path):
     assert roles["actor"].name == "qwen3-8b" and roles["reference"].name == "qwen3-8b"
     assert roles["critic"].name == "qwen3-4b"
     assert spec.sequences_per_step == 1024
-    assert workload_tasks(spec) == ["actor_gen", "ref_infer", "reward_infer", "critic_infer", "actor_train",
-                                    "critic_train"]
+    assert workload_tasks(spec) == ["actor_gen", "actor_logprob", "ref_infer", "reward_infer", "critic_infer",
+                                    "actor_train", "critic_train"]  # the old-log-prob pass by default
     grpo = WorkloadSpec.from_dict({**WORKLOAD, "algorithm": "grpo", "models": {"actor": "qwen3-4b"}})
-    assert workload_tasks(grpo) == ["actor_gen", "ref_infer", "actor_train"]
+    assert workload_tasks(grpo) == ["actor_gen", "actor_logprob", "ref_infer", "actor_train"]
 
 
 @pytest.mark.parametrize("change, field", [
@@ -158,11 +158,15 @@ def _plan_dict():
     return {
         "cluster": cluster, "workload": workload,
         "groups": [{"name": "g0", "tasks": ["actor_gen"], "devices": ["localhost:0"]},
-                   {"name": "g1", "tasks": ["ref_infer", "actor_train"], "devices": ["localhost:1", "localhost:2"]}],
+                   {"name": "g1", "tasks": ["ref_infer", "actor_train", "actor_logprob"],
+                    "devices": ["localhost:1", "localhost:2"]}],
         "tasks": [
             {"task": "actor_gen", "group": "g0", "tasklets": [tasklet]},
             {"task": "ref_infer", "group": "g1", "tasklets": [{**tasklet, "devices": ["localhost:1"]}]},
             {"task": "actor_train", "group": "g1", "layout": {"dp": 2},
+             "tasklets": [{**tasklet, "devices": ["localhost:1"], "batch_share": 0.6},
+                          {**tasklet, "replica": 1, "devices": ["localhost:2"], "batch_share": 0.4}]},
+            {"task": "actor_logprob", "group": "g1", "layout": {"dp": 2},  # follows actor_train
              "tasklets": [{**tasklet, "devices": ["localhost:1"], "batch_share": 0.6},
                           {**tasklet, "replica": 1, "devices": ["localhost:2"], "batch_share": 0.4}]},
         ],

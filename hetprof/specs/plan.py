@@ -24,10 +24,35 @@ PLAN_VERSION = 1
 # The RL tasks: name -> (kind, model role). Weight sync (actor_train -> actor_gen) is an edge.
 TASKS: dict[str, tuple[str, str]] = {str(t): (str(t.kind), str(t.role)) for t in Task}
 
+# Tasks that run on another task's workers with its layout and its very weights: the old-log-prob
+# pass is a forward of the trainer's own module before its update (verl's compute_log_prob runs on
+# the actor workers), so it is never placed on its own and never needs a weight sync.
+FOLLOWS: dict[str, str] = {Task.ACTOR_LOGPROB: Task.ACTOR_TRAIN}
+
+# Data-parallel sharding of a training task's state over its replicas: what each level shards.
+SHARDING: dict[str, tuple[str, ...]] = {
+    "none": (),                                   # DDP: every replica holds everything
+    "zero1": ("optimizer",),
+    "zero2": ("optimizer", "grads"),
+    "fsdp": ("optimizer", "grads", "params"),     # ZeRO-3 / FSDP full shard
+}
+
+# Generation engines a plan can be made for (`hetprof plan --backend`, `hetprof run --backend`).
+GENERATION_BACKENDS = ("hf", "vllm")
+
 
 def workload_tasks(workload: WorkloadSpec) -> list[str]:
-    """The tasks a workload has: GRPO drops the critic; a rule-based reward drops reward_infer."""
-    tasks = [Task.ACTOR_GEN, Task.REF_INFER]
+    """The tasks a workload has, in workflow order.
+
+    The old-log-prob recompute runs unless the workload trains on the rollout's own log-probs; the
+    reference pass only with a KL term (kl_coef > 0); a reward model only for model rewards; the
+    critic (values and training) only for PPO.
+    """
+    tasks = [Task.ACTOR_GEN]
+    if not workload.training.use_rollout_logprobs:
+        tasks.append(Task.ACTOR_LOGPROB)
+    if workload.training.kl_coef > 0:
+        tasks.append(Task.REF_INFER)
     if workload.models.reward:
         tasks.append(Task.REWARD_INFER)
     if workload.algorithm == "ppo":
@@ -51,13 +76,16 @@ class Layout:
     dp: int = field(1, help="data-parallel replicas", check=_degree, expect=_DEGREE)
     tp: int = field(1, help="tensor-parallel degree", check=_degree, expect=_DEGREE)
     pp: int = field(1, help="pipeline stages", check=_degree, expect=_DEGREE)
+    sharding: str = field("none", help="data-parallel sharding of training state: none (DDP), zero1, zero2, "
+                          "fsdp (ZeRO-3)", check=lambda s: s in SHARDING, expect="one of " + ", ".join(SHARDING))
 
     @property
     def world(self) -> int:
         return self.dp * self.tp * self.pp
 
     def __str__(self) -> str:
-        return f"DP{self.dp}×TP{self.tp}×PP{self.pp}"
+        shard = "" if self.sharding == "none" else f" {self.sharding}"
+        return f"DP{self.dp}×TP{self.tp}×PP{self.pp}{shard}"
 
 
 @dataclasses.dataclass
@@ -122,6 +150,8 @@ class Plan:
     version: int = field(PLAN_VERSION, help="plan format version",
                          check=lambda v: v == PLAN_VERSION, expect=f"plan format version {PLAN_VERSION}")
     cost_model: str = field("analytical", help="cost model the prediction used")
+    backend: str = field("hf", help="generation backend the plan was priced for (hetprof run --backend must match)",
+                         check=lambda b: b in GENERATION_BACKENDS, expect="one of " + ", ".join(GENERATION_BACKENDS))
     profile_snapshot: str = field("", help="content hash of the profile data the cost model saw")
     search: str = field("", help="search that produced the plan")
     seed: int = field(0, help="search seed")
@@ -161,6 +191,9 @@ class Plan:
             where = f"tasks[{ti}]"
             if t.group not in groups:
                 raise SpecError(None, f"{where}.group", "a group name of this plan", t.group)
+            if t.layout.sharding != "none" and t.kind != "training":
+                raise SpecError(None, f"{where}.layout.sharding", "none (only training tasks shard their state)",
+                                t.layout.sharding)
             if len(t.tasklets) != t.layout.dp * t.layout.pp:
                 raise SpecError(None, f"{where}.tasklets", f"dp × pp = {t.layout.dp * t.layout.pp} tasklets",
                                 len(t.tasklets))
@@ -186,6 +219,22 @@ class Plan:
             if not math.isclose(sum(shares.values()), 1.0, abs_tol=1e-6):
                 raise SpecError(None, f"{where}.tasklets", "batch shares over replicas summing to 1",
                                 round(sum(shares.values()), 6))
+        self._check_followers(groups)
+
+    def _check_followers(self, groups: dict[str, Group]) -> None:
+        """A follower task (FOLLOWS) sits in its leader's group with its leader's devices and degrees."""
+        placed = {t.task: (i, t) for i, t in enumerate(self.tasks)}
+        for follower, leader in FOLLOWS.items():
+            if follower not in placed or leader not in placed:
+                continue
+            i, f = placed[follower]
+            lead = placed[leader][1]
+            same = (f.group == lead.group and (f.layout.dp, f.layout.tp, f.layout.pp) ==
+                    (lead.layout.dp, lead.layout.tp, lead.layout.pp) and f.devices() == lead.devices())
+            if not same:
+                raise SpecError(None, f"tasks[{i}]", f"{follower} on {leader}'s group, devices and layout "
+                                f"(it runs on {leader}'s workers with its weights)",
+                                f"group {f.group}, {f.layout} on {f.devices()}")
 
     # ---- files ------------------------------------------------------------------------------
     @classmethod

@@ -45,6 +45,7 @@ class Task(StrEnum):
     """One unit of an RL iteration that the planner places on devices and the executor runs."""
 
     ACTOR_GEN = "actor_gen"
+    ACTOR_LOGPROB = "actor_logprob"  # the old log-probs under the trainer's current weights
     REF_INFER = "ref_infer"
     REWARD_INFER = "reward_infer"
     CRITIC_INFER = "critic_infer"
@@ -68,12 +69,12 @@ class SyncEdge(StrEnum):
 
 
 TASK_KIND: dict[Task, TaskKind] = {
-    Task.ACTOR_GEN: TaskKind.GENERATION, Task.REF_INFER: TaskKind.INFERENCE,
+    Task.ACTOR_GEN: TaskKind.GENERATION, Task.ACTOR_LOGPROB: TaskKind.INFERENCE, Task.REF_INFER: TaskKind.INFERENCE,
     Task.REWARD_INFER: TaskKind.INFERENCE, Task.CRITIC_INFER: TaskKind.INFERENCE,
     Task.ACTOR_TRAIN: TaskKind.TRAINING, Task.CRITIC_TRAIN: TaskKind.TRAINING,
 }
 TASK_ROLE: dict[Task, Role] = {
-    Task.ACTOR_GEN: Role.ACTOR, Task.REF_INFER: Role.REFERENCE, Task.REWARD_INFER: Role.REWARD,
+    Task.ACTOR_GEN: Role.ACTOR, Task.ACTOR_LOGPROB: Role.ACTOR, Task.REF_INFER: Role.REFERENCE, Task.REWARD_INFER: Role.REWARD,
     Task.CRITIC_INFER: Role.CRITIC, Task.ACTOR_TRAIN: Role.ACTOR, Task.CRITIC_TRAIN: Role.CRITIC,
 }
 # Order in which a rank that holds several tasks of a kind runs them within one iteration.

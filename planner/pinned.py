@@ -1,0 +1,92 @@
+"""Layouts pinned by hand: a known run's GPU split and per-task parallelism, priced as it ran.
+
+A search proposes candidates; to check the simulator against a published run (or to price a
+layout a team already uses) the layout is given instead. A pinned layout names groups of GPUs —
+each the next `gpus` devices of the cluster in its listed order — and, per task kind
+(`generation`, `inference`, `training`) or per task name, the group a task runs on and its
+TP × PP; data parallelism fills the group. Tasks named in one group time-share its GPUs, as the
+planner's groups do. Naming kinds rather than tasks keeps a layout valid when the workload's task
+graph gains or drops a pass (a log-prob recompute, a reference only with KL).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hetprof.errors import SpecError
+from hetprof.planner.candidate import Candidate, TaskLayout
+from hetprof.specs import SHARDING
+from hetprof.specs.loader import field, from_data, positive
+
+KINDS = ("generation", "inference", "training")
+
+
+@dataclasses.dataclass
+class PinnedTask:
+    """Where one task (or every task of a kind) runs and how it is split."""
+
+    group: str = field(help="name of the GPU group the task runs on")
+    tp: int = field(1, help="tensor-parallel degree", check=positive, expect="a positive integer")
+    pp: int = field(1, help="pipeline-parallel degree", check=positive, expect="a positive integer")
+    sharding: str = field("none", help="training state sharded over the replicas: none (DDP), zero1, zero2, fsdp",
+                          check=lambda s: s in SHARDING, expect="one of " + ", ".join(SHARDING))
+
+
+@dataclasses.dataclass
+class PinnedLayout:
+    """GPU groups (in cluster device order) and each task kind's or task's placement."""
+
+    groups: dict[str, int] = field(help="group name -> number of GPUs, taken in the cluster's device order")
+    tasks: dict[str, PinnedTask] = field(help="task kind (generation, inference, training) or task name -> placement")
+
+    def validate(self) -> None:
+        for name, count in self.groups.items():
+            if count < 1:
+                raise SpecError(None, f"groups.{name}", "a positive number of GPUs", count)
+        for key, task in self.tasks.items():
+            if task.group not in self.groups:
+                raise SpecError(None, f"tasks.{key}.group", "one of the groups (" + ", ".join(self.groups) + ")",
+                                task.group)
+
+    @classmethod
+    def from_dict(cls, data: object, file: str | None = None) -> PinnedLayout:
+        return from_data(cls, data, file=file)
+
+
+def pinned_candidate(sim, layout: PinnedLayout, file: str | None = None, path: str = "layout") -> Candidate:
+    """The candidate `layout` pins for the simulator's cluster and workload (every task placed).
+
+    Raises SpecError naming the field when a task has no placement, a group does not divide into
+    TP × PP replicas, or the groups need more GPUs than the cluster has.
+    """
+    devices = list(sim.devices)
+    needed = sum(layout.groups.values())
+    if needed > len(devices):
+        raise SpecError(file, _join(path, "groups"), f"at most the cluster's {len(devices)} GPUs in all", needed)
+    group_devices: dict[str, tuple[str, ...]] = {}
+    start = 0
+    for name, count in layout.groups.items():
+        group_devices[name] = tuple(devices[start:start + count])
+        start += count
+    members: dict[str, list[str]] = {name: [] for name in layout.groups}
+    layouts: dict[str, TaskLayout] = {}
+    for task in sim.tasks:
+        key = task if task in layout.tasks else sim.graph.kind_of(task)
+        if key not in layout.tasks:
+            raise SpecError(file, _join(path, f"tasks.{key}"), f"a placement for task {task} (by name or kind)", None)
+        pin = layout.tasks[key]
+        if pin.sharding != "none" and sim.graph.kind_of(task) != "training":
+            raise SpecError(file, _join(path, f"tasks.{key}.sharding"), f"none for {task} (only training shards)",
+                            pin.sharding)
+        members[pin.group].append(task)
+        try:
+            even = TaskLayout.even(task, group_devices[pin.group], pin.tp, pin.pp, sim.graph.model_of(task).layers)
+        except ValueError as exc:
+            raise SpecError(file, _join(path, f"tasks.{key}"), "TP × PP dividing its group's GPUs", str(exc)) from None
+        layouts[task] = dataclasses.replace(even, sharding=pin.sharding)
+    used = [name for name in layout.groups if members[name]]
+    return Candidate([members[n] for n in used], [group_devices[n] for n in used], layouts)
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name

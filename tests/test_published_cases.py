@@ -1,0 +1,123 @@
+"""The published-runs cases (bench/published/): every case loads, cites its source and prices.
+
+These check the cases and the harness, not how close the predictions are: that is the bench's
+job (bench/published_bench.py), and a model change that moves a ratio must not fail the suite.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hetprof.costmodels import get_cost_model
+from hetprof.errors import SpecError
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+def _load(name: str):
+    """A bench module by file path (bench/ is scripts, not a package); siblings resolve by name."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+cases_mod = _load("published_cases")
+calibration = _load("published_calibration")
+CASES = cases_mod.load_cases()
+
+
+def test_cases_cover_what_the_check_needs():
+    assert len(CASES) >= 10
+    assert len({c.source.id for c in CASES}) >= 3
+    assert len({d.type for c in CASES for d in c.cluster.devices()}) >= 3
+    assert {c.workload.mode for c in CASES} == {"sync", "async"}
+    assert {c.workload.algorithm for c in CASES} == {"ppo", "grpo"}
+    params = [c.workload.roles()["actor"].params for c in CASES]
+    assert min(params) < 2e9 and max(params) > 30e9
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_case_cites_its_source_and_prices_to_a_finite_time(case):
+    src = case.source
+    assert src.title and src.where and src.date and src.url.startswith("https://")
+    assert case.spec.published.figure and case.published_s > 0
+    assert case.name == case.folder.name
+    priced = cases_mod.price(case, get_cost_model("analytical"))
+    assert priced.feasible, priced.problems
+    assert math.isfinite(priced.predicted_s) and priced.predicted_s > 0
+    for phase in case.spec.published.phases:
+        assert priced.phases[phase] > 0
+
+
+def test_run_hours_become_seconds_per_step():
+    pub = cases_mod.Published(figure="Time (h) ~230", run_hours=230, run_steps=250)
+    assert pub.seconds() == pytest.approx(230 * 3600 / 250)
+
+
+def _copy_case(tmp_path: Path) -> Path:
+    src = next(c.folder for c in CASES if c.name == "nemo-llama3.1-8b-grpo-sync-16xh100")  # preset model only
+    dst = tmp_path / "cases" / src.name
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_a_layout_naming_an_unknown_group_is_refused_with_its_field(tmp_path):
+    folder = _copy_case(tmp_path)
+    data = yaml.safe_load((folder / "case.yaml").read_text())
+    data["layout"]["tasks"]["training"]["group"] = "nowhere"
+    (folder / "case.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(SpecError) as err:
+        cases_mod.load_case(folder)
+    assert "layout.tasks.training.group" in str(err.value) and "case.yaml" in str(err.value)
+
+
+def test_a_case_without_a_published_time_is_refused(tmp_path):
+    folder = _copy_case(tmp_path)
+    data = yaml.safe_load((folder / "case.yaml").read_text())
+    data["published"].pop("step_s")
+    (folder / "case.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(SpecError, match="published"):
+        cases_mod.load_case(folder)
+
+
+def test_groups_larger_than_the_cluster_are_refused(tmp_path):
+    folder = _copy_case(tmp_path)
+    data = yaml.safe_load((folder / "case.yaml").read_text())
+    first = next(iter(data["layout"]["groups"]))
+    data["layout"]["groups"][first] = 4096
+    (folder / "case.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(SpecError, match="layout.groups"):
+        cases_mod.price(cases_mod.load_case(folder), get_cost_model("analytical"))
+
+
+def test_knob_factors_keep_efficiencies_physical_and_curves_in_shape():
+    data = calibration.builtin_data()
+    scaled = calibration.scaled_data(data, {k.name: 1.4 for k in calibration.KNOBS})
+    curves = [scaled["defaults"][c] for c in ("matmul", "attention", "decode_memory", "collective")]
+    curves += [scaled["network"]["inter_host"]]
+    for curve in curves:
+        ys = [y for _, y in curve["points"]]
+        assert all(0 < y <= 1 for y in ys)
+    before = [y for _, y in data["defaults"]["matmul"]["points"]]
+    after = [y for _, y in scaled["defaults"]["matmul"]["points"]]
+    rises = [b2 >= b1 for b1, b2 in zip(before, before[1:], strict=False)]
+    assert rises == [a2 >= a1 for a1, a2 in zip(after, after[1:], strict=False)]
+    assert data["defaults"]["matmul"]["points"][0][1] == before[0]  # the committed data is untouched
+
+
+def test_neutral_factors_price_like_the_committed_catalog():
+    case = CASES[0]
+    plain = cases_mod.price(case, get_cost_model("analytical"))
+    neutral = calibration.price_all([case], calibration.catalog_with(dict(calibration.NEUTRAL)))[0]
+    assert neutral.predicted_s == pytest.approx(plain.predicted_s)
