@@ -100,10 +100,11 @@ class Learner:
         a point where every replica waits for the slowest."""
         tokens = torch.stack([mask[idx].float().sum() for idx in minis]) if minis else mask.new_zeros(0).float()
         group = self._ddp_group()
+        replicas = 1
         if group is not None and len(minis):
             dist.all_reduce(tokens, group=group)
-            tokens = tokens / dist.get_world_size(group)
-        return list(tokens.clamp(min=1.0).unbind())
+            replicas = dist.get_world_size(group)
+        return replica_denominators(tokens, replicas)
 
     @torch.no_grad()
     def proximal_logprobs(self, batch: RLBatch) -> torch.Tensor:
@@ -257,3 +258,14 @@ def _fsdp_no_sync(setter):
         yield
     finally:
         setter(True)
+
+
+def replica_denominators(global_tokens: torch.Tensor, replicas: int) -> list[torch.Tensor]:
+    """Each mini-batch's loss denominator on one data-parallel replica.
+
+    Data parallelism averages gradients over the replicas, so a replica divides its token sum by
+    the global token count over the replica count; the averaged gradient is then the global token
+    mean. The count is floored at one token *before* the division: flooring after it would give a
+    batch of one token over two replicas a half-size update.
+    """
+    return list((global_tokens.float().clamp(min=1.0) / replicas).unbind())

@@ -14,7 +14,9 @@ def group_normalised(rewards: torch.Tensor, group_size: int, scale_std: bool = T
     """GRPO: each response's reward minus its group's mean, over the group's std (per sequence, [B]).
 
     Responses to one prompt are consecutive rows. The result sums to zero within each group, so
-    the group's baseline costs no critic. `scale_std=False` is Dr. GRPO's unbiased variant.
+    the group's baseline costs no critic, and a group of equal rewards gets exactly zero. The std is
+    the population std (divide by n, as DeepSeekMath's normalisation reads; TRL divides by n−1).
+    `scale_std=False` is Dr. GRPO's unbiased variant.
     """
     if rewards.dim() != 1:
         raise ValueError("rewards must be one scalar per sequence")
@@ -24,7 +26,10 @@ def group_normalised(rewards: torch.Tensor, group_size: int, scale_std: bool = T
     centred = grouped - grouped.mean(dim=1, keepdim=True)
     if scale_std and group_size > 1:
         centred = centred / (grouped.std(dim=1, unbiased=False, keepdim=True) + eps)
-    return centred.reshape(-1)
+    # A group whose rewards are all equal carries no signal: exactly 0. In float32 its mean can be
+    # one ulp off the common value, and that residue over (tiny std + eps) is an O(1) advantage.
+    tied = (grouped == grouped[:, :1]).all(dim=1, keepdim=True)
+    return centred.masked_fill(tied, 0.0).reshape(-1)
 
 
 def terminal_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
