@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -68,9 +69,8 @@ def summary_table(priced: Sequence[Priced], folds: Sequence[cal.HeldOut] | None)
         groups.setdefault(p.case.source.id, []).append(p)
     for name, ps in groups.items():
         inside = sum(1 for p in ps if p.feasible and BAND[0] <= p.ratio <= BAND[1])
-        ratios = sorted(p.ratio for p in ps)
         table.add_row(name, str(len(ps)), f"{inside}/{len(ps)}", f"{cal.median_abs_ln(ps):.3f}",
-                      _ratio_text(ratios[len(ratios) // 2]), str(sum(not p.feasible for p in ps)))
+                      _ratio_text(statistics.median(p.ratio for p in ps)), str(sum(not p.feasible for p in ps)))
     if folds:
         for fold in folds:
             table.add_row(f"LOSO held out: {fold.source}", str(len(fold.priced)), "",
