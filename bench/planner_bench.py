@@ -24,6 +24,7 @@ from rich.table import Table
 from hetprof.costmodels import get_cost_model
 from hetprof.errors import InfeasibleError
 from hetprof.planner.search import SearchContext, get_search
+from hetprof.planner.search.ilp import ILPConfig
 from hetprof.planner.simulator import Simulator
 from hetprof.specs import ClusterSpec, WorkloadSpec
 
@@ -85,7 +86,7 @@ def run_row(scenario, model, algorithm, mode, args, cm) -> dict:
         row[f"{name}_error"] = err
     if het is not None and not args.no_ilp:
         res, secs, err = search(sim, "ilp", args.budget_s, args.seed, 1, warm_start=het.candidate,
-                                options={"time_limit_s": args.ilp_limit_s, "shortlist": args.shortlist})
+                                config=ILPConfig(time_limit_s=args.ilp_limit_s, shortlist=args.shortlist))
         row["ilp"] = ratio(res, het)
         row["ilp_optimal"] = bool(res and res.extra.get("optimal"))
         row["ilp_gap"] = res.extra.get("gap") if res else None

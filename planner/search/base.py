@@ -26,6 +26,40 @@ RESERVE_S = 3.0         # most of the time budget kept back from a clock-paced s
 RESERVE_SHARE = 0.05    # ... and at most this share of it
 
 
+@dataclasses.dataclass(frozen=True)
+class SearchConfig:
+    """Base of each search's own knobs: a frozen dataclass whose fields carry `help` metadata.
+
+    Typed fields replace free-form option dicts so a misspelt or mistyped knob fails at once,
+    naming itself, instead of being ignored. `from_dict` builds one from plain data (YAML, JSON).
+    """
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            low = f.metadata.get("min")
+            value = getattr(self, f.name)
+            if low is not None and value is not None and value < low:
+                raise SpecError(None, f.name, f"a value ≥ {low} ({f.metadata.get('help', '')})", value)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SearchConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        for key in data:
+            if key not in known:
+                raise SpecError(None, key, f"one of {', '.join(sorted(known)) or '(none)'}", data[key])
+        return cls(**data)
+
+    @classmethod
+    def describe(cls) -> dict[str, str]:
+        """Each knob's help text, for documentation and `--help`-style listings."""
+        return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(cls)}
+
+
+def knob(default: Any, help: str, minimum: float | None = None) -> Any:  # noqa: A002 - the field's help text
+    """A SearchConfig field with its help text and, optionally, the least value it accepts."""
+    return dataclasses.field(default=default, metadata={"help": help, "min": minimum})
+
+
 @dataclasses.dataclass
 class SearchContext:
     """Inputs of one search.
@@ -33,7 +67,8 @@ class SearchContext:
     The first fields are the contract every search honours. The later ones are optional knobs:
     `max_evals` makes a search deterministic (a wall-clock budget depends on machine load, an
     evaluation budget does not), `storage`/`study_name` make an Optuna-driven search resumable,
-    `warm_start` hands a search a known good candidate (the ILP starts from the heuristic's).
+    `warm_start` hands a search a known good candidate (the ILP starts from the heuristic's), and
+    `config` holds the search's own knobs (its `Search.config_type`; None: that type's defaults).
     """
 
     sim: Simulator
@@ -48,7 +83,7 @@ class SearchContext:
     storage: str | None = None
     study_name: str | None = None
     warm_start: Candidate | None = None
-    options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    config: SearchConfig | None = None
 
     def __post_init__(self) -> None:
         if self.objective not in ("throughput", "cost", "throughput-under-budget"):
@@ -149,9 +184,14 @@ class Search:
     """Base of all searches: construct with a context, `run()` returns a SearchResult."""
 
     name: str = ""
+    config_type: type[SearchConfig] = SearchConfig
 
     def __init__(self, ctx: SearchContext) -> None:
         self.ctx = ctx
+        if ctx.config is not None and not isinstance(ctx.config, self.config_type):
+            raise SpecError(None, "config", f"a {self.config_type.__name__} for search {self.name!r}",
+                            type(ctx.config).__name__)
+        self.config = ctx.config if ctx.config is not None else self.config_type()
 
     def run(self) -> SearchResult:  # pragma: no cover - interface
         raise NotImplementedError
