@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from hetprof.errors import InfeasibleError, SpecError
@@ -24,6 +25,18 @@ if TYPE_CHECKING:
 TIE = 1e-9
 RESERVE_S = 3.0         # most of the time budget kept back from a clock-paced search's steps ...
 RESERVE_SHARE = 0.05    # ... and at most this share of it
+PROGRESS_EVERY_S = 0.25  # a progress callback hears of evaluations at most this often (improvements at once)
+
+
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    """Where a running search stands, for a progress line: plain data, reported by the ledger."""
+
+    evaluations: int
+    best: float                 # objective value of the best plan so far (inf: none feasible yet)
+    elapsed_s: float
+    max_evals: int | None
+    time_budget_s: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +97,7 @@ class SearchContext:
     study_name: str | None = None
     warm_start: Candidate | None = None
     config: SearchConfig | None = None
+    progress: Callable[[Progress], None] | None = None
 
     def __post_init__(self) -> None:
         if self.objective not in ("throughput", "cost", "throughput-under-budget"):
@@ -134,6 +148,7 @@ class Ledger:
         self.best_score: Score | None = None
         self.best_value = math.inf
         self.trace: list[dict[str, float]] = []
+        self._told = -math.inf
 
     def value(self, score: Score) -> float:
         if not score.feasible:
@@ -145,7 +160,19 @@ class Ledger:
         self.evaluations += 1
         value = self.value(score)
         self.offer(candidate, score, value)
+        self.tell()
         return value, score
+
+    def tell(self, now: bool = False) -> None:
+        """Report progress to the context's callback: at once if `now`, else at most every
+        PROGRESS_EVERY_S (the callback only displays; the search never depends on it)."""
+        if self.ctx.progress is None:
+            return
+        t = time.perf_counter()
+        if now or t - self._told >= PROGRESS_EVERY_S:
+            self._told = t
+            self.ctx.progress(Progress(self.evaluations, self.best_value, t - self.started, self.max_evals,
+                                       self.ctx.time_budget_s))
 
     def offer(self, candidate: Candidate, score: Score, value: float) -> bool:
         """Record a scored candidate; True if it is the new best (equal objective: the cheaper wins)."""
@@ -157,6 +184,7 @@ class Ledger:
             self.best, self.best_score, self.best_value = candidate, score, value
             if improved:
                 self.trace.append({"t": round(self.elapsed, 4), "best": value, "evals": self.evaluations})
+                self.tell(now=True)
         return better
 
     @property

@@ -45,12 +45,13 @@ class Genome:
         return dict(self.shapes)
 
 
-def initial_orders(arm: Arm, by_type: dict[str, tuple[str, ...]], variant: int,
-                   rng: np.random.Generator) -> tuple[tuple[str, ...], ...]:
+def initial_orders(arm: Arm, by_type: dict[str, tuple[str, ...]], variant: int, rng: np.random.Generator,
+                   region_of: Callable[[str], str] | None = None) -> tuple[tuple[str, ...], ...]:
     """Hand each group its count of every type as contiguous, locality-ordered blocks.
 
     Variant 0 fills groups in order (idle GPUs last), variant 1 in reverse, later variants in a
     random group order: contiguous blocks keep a group on as few hosts and regions as possible.
+    An arm with a `region` takes that region's GPUs (`region_of`) first.
     """
     k = len(arm.grouping)
     slots = list(range(k + 1))
@@ -61,6 +62,8 @@ def initial_orders(arm: Arm, by_type: dict[str, tuple[str, ...]], variant: int,
     orders: list[list[str]] = [[] for _ in range(k + 1)]
     for ti, t in enumerate(arm.types):
         pool = list(by_type.get(t, ()))
+        if arm.region is not None and region_of is not None:
+            pool.sort(key=lambda d: region_of(d) != arm.region)
         want = [arm.counts[g][ti] for g in range(k)]
         want.append(len(pool) - sum(want))
         pos = 0
@@ -107,7 +110,8 @@ class ArmEvolution:
         return Genome(orders, tuple(sorted(new.items())))
 
     def seed_genome(self) -> Genome | None:
-        orders = initial_orders(self.arm, self.by_type, self.variant, self.rng)
+        devices = self.assembler.sim.devices
+        orders = initial_orders(self.arm, self.by_type, self.variant, self.rng, lambda d: devices[d].region)
         self.variant += 1
         return self._repair(orders, None, set(range(len(orders))), True)
 

@@ -8,16 +8,18 @@ number of evaluations, the best 1/η survive, survivors get η times more. Insid
 resumes, its TPE sampler proposes arms from everything recorded, and optuna-dashboard shows it.
 
 Small problems enumerate every arm; larger ones start from structured arms (whole GPU kinds per
-group, even splits, region-aligned splits) and add TPE-proposed arms in further brackets while
-budget remains. On larger problems the arm level also asks the restricted MILP (`milp_arms`):
-after the first bracket has ranked the groupings, it is solved for the best few, and each of its
-shortlisted solutions enters the next bracket as an arm seeded with that solution; evolution then
-refines those arms beyond the restricted space. If the arm surviving the second bracket has a
-grouping no solve covered, the MILP is solved for it too and its arms join a last, short bracket.
+group, even splits, region-aligned splits, and sub-pools — a region, a GPU type, a type within a
+region — with the rest of the cluster idle) and add TPE-proposed arms in further brackets. On
+larger problems the arm level also asks the restricted MILP (`milp_arms`): after a bracket has
+ranked the groupings it is solved for the best few, and each shortlisted solution enters the next
+bracket as an arm seeded with it; evolution then refines those arms beyond the restricted space.
 
-Time: a clock-paced search stops its evolution at the ledger's deadline, which keeps back a
-margin for wrapping up (closing the study's trials, building the result), so the whole run ends
-within `time_budget_s`.
+Pacing: the search runs in *stages* of doubling evaluation budgets (400, 800, 1600, …), each a
+full sequence of brackets over the arms its budget affords, every arm keeping its population from
+stage to stage. Nothing in that sequence reads the clock or the total budget, so `--max-evals N`
+is exactly the first N evaluations of any longer run, a loaded machine does the same work more
+slowly, and the time budget only cuts the sequence short (the ledger keeps a margin back for
+recording the study). Quality therefore follows evaluations, never seconds.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from hetprof.planner.search.arms import (
     enumerate_arms,
     region_cuts,
     structured_arms,
+    sub_pools,
 )
 from hetprof.planner.search.base import Ledger, Search, SearchConfig, SearchResult, knob
 from hetprof.planner.search.evolution import ArmEvolution, genome_from_candidate
@@ -54,19 +57,17 @@ if TYPE_CHECKING:
 
 ENUMERATE_LIMIT = 1500      # arms: below this every (grouping, counts) arm is tried
 BRACKET_ARMS = 27           # TPE-proposed arms per extra bracket
-EVALS_PER_ARM = 24          # default evaluation budget per initial arm
-MILP_AT = 0.40              # clock-paced: the first bracket ends at this share of the budget ...
-MILP_UNTIL = 0.65           # ... and the MILP seeding must be done by this share
-MILP_GROUPINGS = 2          # best-ranked groupings the MILP is solved for
-MILP_LAST_AT = 0.82         # clock-paced: the second bracket ends here; if its best grouping had no
-MILP_LAST_UNTIL = 0.90      # MILP solve yet, one is done by this share, and a last bracket follows
-ASK_SHARE = 0.04            # clock-paced: most of the budget spent asking TPE for arms per bracket
+STAGE_EVALS = 400           # the first stage's evaluation budget; every later stage doubles it
+MILP_FROM = 3200            # stages with at least this budget ask the MILP for arms ...
+MILP_GROUPINGS = 2          # ... for the best-ranked groupings not solved yet
+MILP_MAX = 3                # groupings the MILP is solved for in one run, at most
 
 
 @dataclasses.dataclass(frozen=True)
 class HetRLConfig(SearchConfig):
     enumerate_limit: int = knob(ENUMERATE_LIMIT, "enumerate every arm when there are at most this many", 0)
     milp_arms: bool = knob(True, "seed arms from the restricted MILP on problems too large to enumerate")
+    milp_from: int = knob(MILP_FROM, "the least stage budget (evaluations) at which the MILP is asked", 1)
 
 
 @dataclasses.dataclass
@@ -97,28 +98,52 @@ class HetRLSearch(Search):
         totals = [len(by_type[t]) for t in types]
         groupings = all_groupings(sim)
         exact = arm_count(groupings, totals) <= self.config.enumerate_limit
-        structured = structured_arms(groupings, types, totals, region_cuts(sim, by_type, types))
-        arms = enumerate_arms(groupings, types, totals) if exact else structured
+        cuts, pools = region_cuts(sim, by_type, types), sub_pools(sim, types)
+        if not exact:
+            structured = structured_arms(groupings, types, totals, cuts, pools)
+            return _Problem(types, by_type, totals, groupings, exact), structured, structured
+        # enumeration names every count split, but not where a sub-pool's GPUs come from: those
+        # arms join the rest, sampled like them, after the structured arms a budget takes first
+        pooled = [a for a in structured_arms(groupings, types, totals, cuts, pools) if a.region]
+        arms = enumerate_arms(groupings, types, totals) + pooled
+        structured = structured_arms(groupings, types, totals, cuts)
         return _Problem(types, by_type, totals, groupings, exact), arms, structured
 
     def run(self) -> SearchResult:
         ctx = self.ctx
         ledger = Ledger(ctx)
         problem, arms, structured = self._problem()
-        # With an evaluation budget the search is deterministic; without one it is paced by the
-        # clock (rungs sized from the measured evaluation rate) and uses the whole time budget.
-        total_evals = ctx.max_evals or max(400, EVALS_PER_ARM * len(arms))
-        arms = affordable_arms(arms, structured, total_evals, ctx.seed)
-        name = ctx.study_name or f"hetrl-{problem_key(ctx.sim, ctx.objective, ctx.budget)}-seed{ctx.seed}"
+        # one study per problem (the simulator's seed draws its response lengths), whatever the
+        # search's seed: processes sharing a storage each bring their own
+        name = ctx.study_name or f"hetrl-{problem_key(ctx.sim, ctx.objective, ctx.budget)}-lengths{ctx.sim.seed}"
         study = ArmStudy(name, ctx.seed, ctx.storage)
         self._resumed = study.resumed()
+        self._offer_shared(study.best_stored(), ledger)
         self._assembler = Assembler(ctx.sim, ctx.max_tp, ctx.max_pp)
         self._seeds: dict[Arm, list[Candidate]] = {}
+        self._states: dict[Arm, ArmEvolution] = {}
         self._milp = MilpArms(ctx, problem.types)
         pool = EvaluationPool(ledger, ctx.workers, ctx.max_tp, ctx.max_pp)
-        halving = Halving(ledger, pool, study, timed=ctx.max_evals is None)
+        halving = Halving(ledger, pool, study)
+        stages = brackets = 0
+        best_arm: ArmEvolution | None = None
+        budget = STAGE_EVALS
         try:
-            brackets, best_arm = self._brackets(problem, arms, total_evals, halving)
+            # Stages of doubling evaluation budgets, each a full run of the bracket sequence over
+            # the arms it can afford; arms keep their populations from stage to stage. The work
+            # depends on neither budget: --max-evals N and a clock that allows N evaluations do
+            # the same N, so more budget never gives a worse plan and load only slows it down.
+            while not ledger.exhausted:
+                before = ledger.evaluations
+                stage_arms = affordable_arms(arms, structured, budget, ctx.seed)
+                done, survivor = self._stage(problem, stage_arms, budget, halving, best_arm)
+                stages, brackets = stages + 1, brackets + done
+                if survivor is not None and (best_arm is None or survivor.value <= best_arm.value):
+                    best_arm = survivor
+                if ledger.evaluations == before:
+                    break               # every arm is exhausted and nothing new was proposed
+                budget *= 2
+            self._offer_shared(study.pull(), ledger)
         finally:
             pool.close()
         if ledger.max_evals and ledger.evaluations >= ledger.max_evals:
@@ -127,82 +152,86 @@ class HetRLSearch(Search):
             stopped_by = "time"
         else:
             stopped_by = "search space exhausted"
-        return ledger.result("hetrl", arms=len(arms), arms_enumerated=problem.exact, brackets=brackets,
-                             best_arm=best_arm.arm.label if best_arm else None, study=name,
+        return ledger.result("hetrl", arms=len(arms), arms_enumerated=problem.exact, stages=stages,
+                             brackets=brackets, best_arm=best_arm.arm.label if best_arm else None, study=name,
                              storage=ctx.storage, stopped_by=stopped_by,
-                             resumed_candidates=len(self._resumed), milp=self._milp.info or None)
+                             resumed_candidates=len(self._resumed), shared_trials=study.shared,
+                             milp=self._milp.info or None)
 
-    def _brackets(self, problem: _Problem, arms: list[Arm], total_evals: int,
-                  halving: Halving) -> tuple[int, ArmEvolution | None]:
-        """Brackets of halving until a budget runs out: the initial arms, then MILP and TPE arms."""
+    def _stage(self, problem: _Problem, arms: list[Arm], total_evals: int, halving: Halving,
+               carry: ArmEvolution | None) -> tuple[int, ArmEvolution | None]:
+        """One stage: brackets of halving over the initial arms, then MILP and TPE arms, on
+        `total_evals` evaluations; `carry` (the best arm so far) joins the first bracket."""
         ledger, study = halving.ledger, halving.study
-        use_milp = not problem.exact and self.config.milp_arms
-        span = ledger.deadline - ledger.started
+        use_milp = not problem.exact and self.config.milp_arms and total_evals >= self.config.milp_from
         distributions = arm_distributions(problem.groupings, problem.types, problem.totals)
-        brackets, next_index = 0, 0
+        start = ledger.evaluations
+        brackets = 0
         best_arm: ArmEvolution | None = None
-        carry: ArmEvolution | None = None
         items: list[tuple[Any, Arm | None]] = [(None, arm) for arm in arms]
         ranked_states: list[ArmEvolution] = []
         while not ledger.exhausted:
             brackets += 1
-            trials, states, next_index = self._open(items, problem, ledger, study, next_index)
+            trials, states = self._open(items, problem, ledger, study, carry)
             if carry is not None:
                 states.append(carry)
                 trials.append(None)
-            remaining = (ledger.max_evals or total_evals) - ledger.evaluations
+            if not states:
+                break
+            remaining = total_evals - (ledger.evaluations - start)
             budget = remaining if problem.exact else max(len(states), remaining // (1 if brackets >= 3 else 2))
             final = problem.exact or brackets >= 3
-            if halving.timed and use_milp:
-                # clock-paced with MILP seeding: bracket 1 until MILP_AT, bracket 2 until
-                # MILP_LAST_AT, then a final bracket (the last grouping's MILP arms and the survivor)
-                halving.until = ledger.started + (MILP_AT if brackets == 1 else MILP_LAST_AT) * span \
-                    if brackets <= 2 else None
             survivor = halving.bracket(states, trials, budget, final=final)
-            halving.until = None
             ranked_states.extend(states)
-            study.record(trials, distributions)
+            self._offer_shared(study.record(trials, distributions), ledger)
             best_arm = survivor if best_arm is None or survivor.value <= best_arm.value else best_arm
             carry = survivor
             if problem.exact or ledger.exhausted or final:
                 break
             items = []
-            if use_milp and brackets <= 2:
-                items += self._milp_items(brackets, ranked_states, carry, ledger, problem, halving.timed, span)
-                if halving.timed and brackets == 2:
-                    continue            # the last, short bracket: no TPE asks
-            items += self._tpe_items(study, problem, halving.timed, span)
+            if use_milp:
+                items += self._milp_items(brackets, ranked_states, carry, ledger, problem)
+            items += self._tpe_items(study, problem, ledger)
         return brackets, best_arm
 
     def _open(self, items: list[tuple[Any, Arm | None]], problem: _Problem, ledger: Ledger, study: ArmStudy,
-              next_index: int) -> tuple[list, list[ArmEvolution], int]:
-        """A bracket's arms as evolution states (warmed from stored and MILP candidates) and trials."""
+              carry: ArmEvolution | None) -> tuple[list, list[ArmEvolution]]:
+        """A bracket's arms as evolution states and trials. An arm met before (an earlier stage)
+        continues its population; a new one starts warmed from stored and MILP candidates."""
         import optuna
 
         trials, states = [], []
+        taken = {carry.arm} if carry is not None else set()
         for trial, arm in items:
-            if arm is None:
-                study.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            if arm is None or arm in taken:
+                if trial is not None:
+                    study.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
                 continue
-            if trial is None:
-                trial = PendingTrial(arm)
-            state = ArmEvolution(arm, next_index, self.ctx.seed, self._assembler, problem.by_type)
-            next_index += 1
-            self._warm(state, ledger, problem)
+            taken.add(arm)
+            state = self._states.get(arm)
+            if state is None:
+                state = ArmEvolution(arm, len(self._states), self.ctx.seed, self._assembler, problem.by_type)
+                self._states[arm] = state
+                self._warm(state, ledger, problem)
+            else:
+                state.seed_from(self._seeds.pop(arm, []), ledger, problem.all_devices)
+            trial = trial if trial is not None else PendingTrial(arm)
             trial.set_user_attr("arm", arm.label)
+            trial.set_user_attr("process", study.process)
             trials.append(trial)
             states.append(state)
-        return trials, states, next_index
+        return trials, states
 
     def _milp_items(self, brackets: int, ranked_states: list[ArmEvolution], carry: ArmEvolution, ledger: Ledger,
-                    problem: _Problem, timed: bool, span: float) -> list[tuple[Any, Arm]]:
-        """After bracket 1 the best-ranked groupings' MILP arms; after bracket 2 the survivor's
-        grouping's, when it is none of those (the arms that won may come from TPE)."""
-        share = MILP_UNTIL if brackets == 1 else MILP_LAST_UNTIL
-        until = ledger.started + share * span if timed else None
+                    problem: _Problem) -> list[tuple[Any, Arm]]:
+        """After a stage's first bracket the best-ranked groupings' MILP arms; after its second the
+        survivor's grouping's, when it is none of those (the arms that won may come from TPE)."""
+        left = MILP_MAX - len(self._milp.tried)
+        if brackets > 2 or left <= 0:
+            return []
         ranked, count = (ranked_states, MILP_GROUPINGS) if brackets == 1 else ([carry], 1)
         items: list[tuple[Any, Arm]] = []
-        for arm, cands in self._milp.arms(ranked, until, count):
+        for arm, cands in self._milp.arms(ranked, min(count, left), ledger.deadline):
             if arm == carry.arm:
                 carry.seed_from(cands, ledger, problem.all_devices)
             else:
@@ -210,20 +239,27 @@ class HetRLSearch(Search):
                 items.append((None, arm))
         return items
 
-    def _tpe_items(self, study: ArmStudy, problem: _Problem, timed: bool, span: float) -> list[tuple[Any, Arm | None]]:
-        """Arms the study's TPE sampler proposes from all recorded trials.
-
-        Each ask re-reads the whole history (~1700 trials at 64 GPUs, tenths of a second per ask),
-        so a clock-paced search stops asking after ASK_SHARE of its budget.
-        """
-        ask_until = time.perf_counter() + ASK_SHARE * span
+    def _tpe_items(self, study: ArmStudy, problem: _Problem, ledger: Ledger) -> list[tuple[Any, Arm | None]]:
+        """Arms the study's TPE sampler proposes from all recorded trials."""
         items: list[tuple[Any, Arm | None]] = []
         for _ in range(BRACKET_ARMS):
-            if timed and time.perf_counter() >= ask_until:
+            if ledger.exhausted:
                 break
             trial = study.study.ask()
             items.append((trial, arm_from_trial(trial, problem.groupings, problem.types, problem.totals)))
         return items
+
+    @staticmethod
+    def _offer_shared(found: list[Candidate], ledger: Ledger) -> None:
+        """Offer stored or other processes' best plans to this ledger, scored here (one problem,
+        one score); they are not this process's evaluations, so its own work stays what its budget
+        says."""
+        for cand in found:
+            try:
+                score = ledger.ctx.sim.evaluate(cand)
+            except (KeyError, ValueError):
+                continue                # a plan for devices this cluster does not have
+            ledger.offer(cand, score, ledger.value(score))
 
     def _warm(self, state: ArmEvolution, ledger: Ledger, problem: _Problem) -> None:
         """Start an arm from what is known: a stored candidate of this arm, the context's warm start

@@ -4,7 +4,7 @@ TPE arms rarely name (a whole region's A100s and L40S for training, everything e
 For the best-ranked groupings found so far, `solve_restricted` (the `ilp` search's own solver)
 is asked for a shortlist; each solution becomes an arm (its GPU counts per type) whose population
 starts from that solution. With an evaluation budget CBC runs under a node limit, so the search
-stays deterministic; clock-paced, the solves share a deadline.
+stays deterministic; the search's deadline only cuts a solve that would outlast the search.
 """
 
 from __future__ import annotations
@@ -27,9 +27,8 @@ if TYPE_CHECKING:
     from hetprof.planner.search.base import SearchContext
     from hetprof.planner.search.evolution import ArmEvolution
 
-SHORTLIST = 3       # MILP solutions per grouping that become arms
+SHORTLIST = 2       # MILP solutions per grouping that become arms (a solve takes ~10 s at 64 GPUs)
 NODES = 3000        # CBC node limit with an evaluation budget (deterministic)
-FIRST = 0.6         # clock-paced: the first of several groupings' solves gets this part of the window
 
 
 @dataclasses.dataclass
@@ -52,27 +51,22 @@ class MilpArms:
                 out.append(st.arm.grouping)
         return out
 
-    def _limits(self, i: int, n: int, until: float | None) -> SolveLimits | None:
-        if until is None:
-            return SolveLimits(time_limit_s=600.0, shortlist=SHORTLIST, max_nodes=NODES)
-        left = (until - time.perf_counter()) * (FIRST if i < n - 1 else 1.0)
-        return None if left < 0.5 else SolveLimits(time_limit_s=left, shortlist=SHORTLIST, total_s=left)
-
-    def arms(self, ranked: Sequence[ArmEvolution], until: float | None,
-             count: int) -> list[tuple[Arm, list[Candidate]]]:
+    def arms(self, ranked: Sequence[ArmEvolution], count: int, deadline: float) -> list[tuple[Arm, list[Candidate]]]:
         """Arms seeded from the MILP, solved for the `count` best groupings in `ranked` not tried yet.
 
-        `until` (clock-paced) caps the wall time; otherwise CBC's node limit bounds it.
+        CBC's node limit bounds each solve, so the answer does not depend on machine load; the
+        search's `deadline` (perf_counter) only cuts a solve that would outlast the whole search.
         """
         ctx, sim = self.ctx, self.ctx.sim
         groupings = self._groupings(ranked, count)
         out: dict[Arm, list[Candidate]] = {}
         started = time.perf_counter()
         solved: list[str] = list(self.info.get("groupings", []))
-        for i, grouping in enumerate(groupings):
-            limits = self._limits(i, len(groupings), until)
-            if limits is None:
+        for grouping in groupings:
+            left = deadline - time.perf_counter()
+            if left < 0.5:
                 break
+            limits = SolveLimits(time_limit_s=min(600.0, left), shortlist=SHORTLIST, max_nodes=NODES)
             self.tried.add(grouping)
             # its own ledger, started here: `total_s` then caps this solve as a whole. No warm start:
             # the heuristic's candidate is rarely type-pure, CBC then rejects it or keeps a poor

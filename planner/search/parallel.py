@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from hetprof.planner.search.base import TIE
 from hetprof.planner.search.space import Assembler, decode_candidate, encode_candidate
 
 if TYPE_CHECKING:
@@ -37,11 +38,16 @@ def _advance_in_worker(state: ArmEvolution, n: int, deadline_wall: float) -> tup
     state.assembler = _WORKER["assembler"]
     found: list[tuple[float, str]] = []
 
+    best: list[tuple[float, float]] = []     # (value, $/iteration) of the best so far
+
     def evaluate(cand: Candidate) -> float:
         score = sim.evaluate(cand)
         value = float(sim.objective_value(score, _WORKER["objective"], _WORKER["budget"])) if score.feasible \
             else math.inf
-        if not found or value < found[-1][0]:
+        # the ledger's rule: lower value, or within TIE and cheaper
+        if not best or value < best[-1][0] * (1 - TIE) or (
+                value <= best[-1][0] * (1 + TIE) and score.cost_per_iteration < best[-1][1] * (1 - TIE)):
+            best.append((value, score.cost_per_iteration))
             found.append((value, encode_candidate(cand)))
         return value
 
@@ -75,7 +81,10 @@ class EvaluationPool:
                 return math.inf
             return ledger.evaluate(cand)[0]
 
-        if self.pool is None or len(states) < 2:
+        # the rung that reaches the evaluation budget runs here, arm by arm, so exactly the
+        # evaluations a one-process run would make are made (a worker cannot see the others' count)
+        short = ledger.max_evals is not None and ledger.max_evals - ledger.evaluations < n * len(states)
+        if self.pool is None or len(states) < 2 or short:
             for s in states:
                 if over():
                     break
@@ -94,3 +103,4 @@ class EvaluationPool:
             for value, text in found:
                 cand = decode_candidate(text)
                 ledger.offer(cand, ledger.ctx.sim.evaluate(cand), value)
+            ledger.tell()

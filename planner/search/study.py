@@ -5,11 +5,19 @@ finalists COMPLETE, and each trial keeps its best candidate as a JSON user attri
 never a pickle). The search runs on an in-memory study — an RDB round trip per trial call would
 cost more than the simulator — and each finished bracket is copied to `--storage` in one batch,
 so a later run (or another process sharing the storage) reads every recorded arm back.
+
+Several processes or machines may share one storage and study name while they run (each best
+with its own seed): every trial names the process that recorded it, and at each bracket's end a
+process reads the others' new trials — their arms inform its TPE sampler and their best plans are
+offered to its ledger — so the last process to finish returns the study's best plan.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import socket
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -109,6 +117,29 @@ def stored_candidates(study: optuna.Study) -> dict[str, list[Candidate]]:
     return out
 
 
+SHARED_BEST = 8    # the best candidates of other processes' (or earlier runs') trials a search adopts
+
+
+def trial_value(t: optuna.trial.FrozenTrial) -> float:
+    """A finished arm's best value: its final value, or its last rung's when it was cut."""
+    if t.value is not None:
+        return float(t.value)
+    if t.intermediate_values:
+        return float(t.intermediate_values[max(t.intermediate_values)])
+    return math.inf
+
+
+def best_candidates(trials: Sequence[optuna.trial.FrozenTrial], k: int = SHARED_BEST) -> list[Candidate]:
+    """The candidates of the k best trials that keep one (plain JSON user attributes)."""
+    out = []
+    for t in sorted((t for t in trials if t.user_attrs.get("candidate")), key=trial_value)[:k]:
+        try:
+            out.append(decode_candidate(t.user_attrs["candidate"]))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
 def close_trial(study: optuna.Study, trial: Any, state: ArmEvolution, how: Any) -> None:
     """Record an arm's outcome on its trial: its best candidate, evaluations, and PRUNED/COMPLETE."""
     if trial is None:
@@ -126,6 +157,29 @@ def close_trial(study: optuna.Study, trial: Any, state: ArmEvolution, how: Any) 
         study.tell(trial, state=how)
 
 
+STORAGE_TRIES = 5
+
+
+def _storage(url: str) -> Any:
+    """An RDB storage; SQLite waits for a writer in another process instead of failing at once.
+
+    Processes started together race to create a new database's schema; the loser's insert fails
+    on a unique constraint, and a retry then finds the schema the winner made.
+    """
+    import optuna
+    import sqlalchemy.exc
+
+    kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
+    for attempt in range(STORAGE_TRIES):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError):
+            if attempt == STORAGE_TRIES - 1:
+                raise
+            time.sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
 class ArmStudy:
     """The in-memory study a search runs on, mirrored batch-wise to an optional RDB storage."""
 
@@ -134,22 +188,52 @@ class ArmStudy:
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.name = name
+        self.process = f"{socket.gethostname()}:{os.getpid()}"
         self.study = optuna.create_study(direction="minimize",
                                          sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=10))
         self.stored = None
+        self.shared = 0                 # trials read from other processes while this one ran
+        self.seen: set[int] = set()     # stored trial numbers already in this study
         if storage:
-            self.stored = optuna.create_study(study_name=name, storage=storage, direction="minimize",
+            self.stored = optuna.create_study(study_name=name, storage=_storage(storage), direction="minimize",
                                               load_if_exists=True)
-            self.study.add_trials([t for t in self.stored.get_trials(deepcopy=False) if t.state.is_finished()])
+            finished = [t for t in self.stored.get_trials(deepcopy=False) if t.state.is_finished()]
+            self.study.add_trials(finished)
+            self.seen = {t.number for t in finished}
         self.saved = len(self.study.trials)
 
     def resumed(self) -> dict[str, list[Candidate]]:
         return stored_candidates(self.study)
 
-    def record(self, trials: Sequence[Any], distributions: dict) -> None:
-        """Add a finished bracket's self-named arms to the study and copy what is new to the storage."""
-        self.study.add_trials([t.frozen(distributions) for t in trials if isinstance(t, PendingTrial)])
-        if self.stored is not None:
-            fresh = [t for t in self.study.get_trials(deepcopy=False)[self.saved:] if t.state.is_finished()]
-            self.stored.add_trials(fresh)
-            self.saved += len(fresh)
+    def best_stored(self) -> list[Candidate]:
+        """The best plans this study held when the search started (earlier runs, other processes)."""
+        return best_candidates(self.study.get_trials(deepcopy=False))
+
+    def record(self, trials: Sequence[Any], distributions: dict) -> list[Candidate]:
+        """Add a finished bracket's self-named arms to the study, copy what is new to the storage,
+        and return the best candidates other processes stored meanwhile."""
+        # an arm the bracket never reached (the budget ran out first) is no trial yet
+        self.study.add_trials([t.frozen(distributions) for t in trials if isinstance(t, PendingTrial) and t.reports])
+        if self.stored is None:
+            return []
+        fresh = [t for t in self.study.get_trials(deepcopy=False)[self.saved:] if t.state.is_finished()]
+        self.stored.add_trials(fresh)
+        self.saved = len(self.study.trials)
+        return self.pull()
+
+    def pull(self) -> list[Candidate]:
+        """Finished trials other processes stored since the last look: into this study (TPE learns
+        from them) and, the best few as candidates, to the caller."""
+        if self.stored is None:
+            return []
+        new = [t for t in self.stored.get_trials(deepcopy=False) if t.number not in self.seen
+               and t.state.is_finished() and t.user_attrs.get("process") != self.process]
+        self.seen |= {t.number for t in self.stored.get_trials(deepcopy=False)
+                      if t.user_attrs.get("process") == self.process}
+        self.seen |= {t.number for t in new}
+        if not new:
+            return []
+        self.study.add_trials(new)
+        self.saved = len(self.study.trials)
+        self.shared += len(new)
+        return best_candidates(new)
