@@ -87,12 +87,23 @@ class CostModel(abc.ABC):
         (measured by the profiler's `dptrain` suite; 0 where a model has no measurement)."""
         return 0.0
 
-    def dp_grad_sync_time(self, work: Work, placement: Placement, dp: int, link: LinkSpec) -> float:
-        """What data parallelism adds to one optimizer step: the ring all-reduce of one replica-shard's
-        gradients across `dp` replicas, plus the measured per-step cost beyond it (never below 0)."""
-        params = memory.params_on_device(work.model, self._stage_layers(work, placement), placement.tp,
-                                         with_embeddings=True)
-        sync = self.collective_time("all_reduce", params * DTYPE_BYTES[work.dtype], dp, link)
+    def dp_grad_sync_time(self, work: Work, placement: Placement, dp: int, link: LinkSpec,
+                          sharding: str = "none", compute_s: float = 0.0) -> float:
+        """What data parallelism adds to one optimizer step over `dp` replicas of a replica-shard: the
+        gradient (and, sharded, parameter) collectives `comm.data_parallel_sync_time` prices for
+        `sharding` — FSDP's overlapped with the step's `compute_s` — plus the measured per-step cost
+        beyond them (never below 0)."""
+        model, tp = work.model, placement.tp
+        layers = self._stage_layers(work, placement)
+        width = DTYPE_BYTES[work.dtype]
+        layer_bytes = model.params_per_layer * width / tp
+        root_bytes = (memory.params_on_device(model, layers, tp, with_embeddings=True)
+                      - layers * model.params_per_layer / tp) * width
+        backward = 3.0 if work.recompute else 2.0  # recomputation replays the forward inside the backward
+        micro = math.ceil(work.batch / memory.micro_batch(work.batch, work.seq_len))
+        sync = comm.data_parallel_sync_time(sharding, layer_bytes, layers, root_bytes, dp, link.alpha_s,
+                                            link.beta_Bps, compute_s / (1 + backward),
+                                            compute_s * backward / (1 + backward), micro)
         return max(0.0, sync + self.dp_step_extra(placement.device_type))
 
     def weight_sync_time(self, model: ModelShape, link: LinkSpec, receivers: int = 1, dtype: str = "bf16",
@@ -206,7 +217,8 @@ class CostModel(abc.ABC):
         if work.kind == "generation":
             concurrent = min(work.batch, self.max_concurrent_sequences(work, placement))
         return memory.task_memory(work.kind, work.model, self._stage_layers(work, placement), placement.tp,
-                                  work.batch, work.seq_len, work.dtype, work.recompute, concurrent)
+                                  work.batch, work.seq_len, work.dtype, work.recompute, concurrent,
+                                  placement.dp, placement.sharding)
 
 
 # Source words from most to least trustworthy; an estimate is as trustworthy as its weakest part.

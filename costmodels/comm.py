@@ -100,3 +100,41 @@ def fit_alpha_beta(sizes: list[float], seconds: list[float], op: str, n: int) ->
     pred = steps * alpha + factor * s * inv_beta
     resid = float(np.sqrt(np.mean(((pred - t) / t) ** 2)))
     return alpha, 1.0 / inv_beta, resid
+
+
+def data_parallel_sync_time(sharding: str, layer_bytes: float, layers: int, root_bytes: float, n: int,
+                            alpha_s: float, beta_Bps: float, forward_s: float = 0.0, backward_s: float = 0.0,
+                            micro_batches: int = 1) -> float:
+    """Exposed seconds data parallelism over `n` replicas adds to one optimizer step.
+
+    `layer_bytes` is one decoder layer's gradient/parameter message on one rank, `root_bytes` the
+    rest of the stage (embeddings, LM head, norm); `forward_s` / `backward_s` the step's compute.
+    - none (DDP): one all-reduce of every gradient, after the backward.
+    - zero1, zero2: a reduce-scatter of the gradients and an all-gather of the updated parameters
+      once per step (the same bytes and steps as the all-reduce: sharding the state is free in time).
+    - fsdp: per micro-batch and layer an all-gather before its forward, another before its
+      backward and a reduce-scatter of its gradients after; prefetch overlaps each layer's traffic
+      with its neighbour's compute, so a layer costs max(compute, comm) and only the first gather
+      (the root's and one layer's) and the last reduce-scatters are exposed.
+    """
+    if n <= 1:
+        return 0.0
+    total = layers * layer_bytes + root_bytes
+    if sharding == "none":
+        return collective_time("all_reduce", total, n, alpha_s, beta_Bps)
+    if sharding in ("zero1", "zero2"):
+        return (collective_time("reduce_scatter", total, n, alpha_s, beta_Bps)
+                + collective_time("all_gather", total, n, alpha_s, beta_Bps))
+    if sharding != "fsdp":
+        raise ValueError(f"unknown sharding {sharding!r}")
+    micro = max(1, micro_batches)
+    gather = collective_time("all_gather", layer_bytes, n, alpha_s, beta_Bps)
+    scatter = collective_time("reduce_scatter", layer_bytes, n, alpha_s, beta_Bps)
+    root = (collective_time("all_gather", root_bytes, n, alpha_s, beta_Bps)
+            + collective_time("reduce_scatter", root_bytes, n, alpha_s, beta_Bps))
+    per_fwd = forward_s / (micro * max(1, layers))
+    per_bwd = backward_s / (micro * max(1, layers))
+    hidden = max(0, layers - 1)
+    forward = gather + hidden * max(0.0, gather - per_fwd)
+    backward = gather + hidden * max(0.0, gather + scatter - per_bwd) + scatter
+    return micro * (root + forward + backward)

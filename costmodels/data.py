@@ -79,7 +79,8 @@ class Placement:
 
     tp_link / pp_link None means the device type's intra-node link (measured collectives from the
     profile database when present, the datasheet otherwise). `microbatches` feeds the pipeline
-    (default 2 × pp, capped by the batch).
+    (default 2 × pp, capped by the batch). A training replica shards its state over `dp` replicas
+    as `sharding` says (none, zero1, zero2, fsdp: hetprof.specs.plan.SHARDING); memory reads both.
     """
 
     device_type: str
@@ -88,10 +89,12 @@ class Placement:
     tp_link: LinkSpec | None = None
     pp_link: LinkSpec | None = None
     microbatches: int | None = None
+    dp: int = 1
+    sharding: str = "none"
 
     def __post_init__(self) -> None:
-        if self.tp < 1 or self.pp < 1:
-            raise ValueError(f"Placement.tp and pp must be >= 1, got tp={self.tp} pp={self.pp}")
+        if self.tp < 1 or self.pp < 1 or self.dp < 1:
+            raise ValueError(f"Placement.tp, pp and dp must be >= 1, got tp={self.tp} pp={self.pp} dp={self.dp}")
         try:
             lookup(self.device_type)
         except KeyError:

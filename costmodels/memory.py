@@ -14,6 +14,11 @@ Counting conventions (the tests check each against hand arithmetic):
   Training and inference run in micro-batches of at most MICRO_BATCH_TOKENS tokens (gradient
   accumulation; verl's default token budget per GPU), so activations scale with the micro-batch.
 - the LM head's fp32 logits (and their gradient in training) for one micro-batch.
+- data-parallel sharding over `dp` replicas (ZeRO paper, FSDP): zero1 divides the optimizer state
+  by dp, zero2 the gradients too, fsdp (ZeRO-3) the weights too, and then holds the units it
+  gathers while they compute: the root unit (embeddings, LM head, final norm — FSDP keeps the
+  root gathered through the step) plus two decoder layers (the one computing and the one being
+  prefetched), as activations since they are freed, not moved.
 - generation keeps the KV cache of its concurrent sequences (KV heads shard over tp, at least one
   per rank) plus a fixed workspace; at most GPU_MEMORY_UTILIZATION of the device is used, as vLLM does.
 """
@@ -24,6 +29,7 @@ import math
 
 from hetprof.costmodels.data import MemoryEstimate
 from hetprof.models import DTYPE_BYTES, ModelShape
+from hetprof.specs.plan import SHARDING
 
 MIXED_PRECISION_OPTIMIZER_BYTES = 12  # fp32 master weights + Adam m + Adam v, per parameter
 FP32_OPTIMIZER_BYTES = 8  # Adam m + v when the weights already are fp32
@@ -60,6 +66,19 @@ def micro_batch(batch: int, seq_len: int, token_budget: int = MICRO_BATCH_TOKENS
     return max(1, min(batch, token_budget // max(1, seq_len)))
 
 
+def sharded_state(sharding: str) -> tuple[str, ...]:
+    """What a data-parallel sharding level divides over the replicas (hetprof.specs.plan.SHARDING)."""
+    try:
+        return SHARDING[sharding]
+    except KeyError:
+        raise ValueError(f"unknown sharding {sharding!r} (one of {', '.join(SHARDING)})") from None
+
+
+def gathered_params(model: ModelShape, tp: int) -> float:
+    """Parameters a fully sharded replica holds gathered at once: the root unit and two layers."""
+    return (model.embedding_params + model.lm_head_params + model.hidden + 2 * model.params_per_layer) / tp
+
+
 def optimizer_bytes_per_param(dtype: str) -> int:
     return FP32_OPTIMIZER_BYTES if DTYPE_BYTES[dtype] >= 4 else MIXED_PRECISION_OPTIMIZER_BYTES
 
@@ -81,11 +100,11 @@ def max_concurrent_sequences(model: ModelShape, layers: int, tp: int, seq_len: i
 
 
 def task_memory(kind: str, model: ModelShape, layers: int, tp: int, batch: int, seq_len: int, dtype: str,
-                recompute: bool, concurrent: int) -> MemoryEstimate:
+                recompute: bool, concurrent: int, dp: int = 1, sharding: str = "none") -> MemoryEstimate:
     """Peak bytes on one device of a (tp-sharded, `layers`-layer) replica during its phase.
 
     `concurrent` is the number of sequences whose KV cache generation holds at once (ignored by
-    the other kinds).
+    the other kinds); `sharding` shards a training replica's state over its `dp` replicas.
     """
     width = DTYPE_BYTES[dtype]
     params = params_on_device(model, layers, tp)
@@ -102,13 +121,17 @@ def task_memory(kind: str, model: ModelShape, layers: int, tp: int, batch: int, 
         if kind == "inference":
             act = tokens * per_layer + logits  # layers run one after another, nothing kept
         elif kind == "training":
-            grads = params * width
-            optimizer = params * optimizer_bytes_per_param(dtype)
+            shards = sharded_state(sharding) if dp > 1 else ()
+            grads = params * width / (dp if "grads" in shards else 1)
+            optimizer = params * optimizer_bytes_per_param(dtype) / (dp if "optimizer" in shards else 1)
             if recompute:
                 act = tokens * (layers * model.hidden * width + per_layer)
             else:
                 act = tokens * layers * per_layer
             act += 2 * logits  # logits and their gradient
+            if "params" in shards:
+                weights /= dp
+                act += min(params, gathered_params(model, tp)) * width
         else:
             raise ValueError(f"unknown work kind {kind!r}")
     total = weights + grads + optimizer + act + kv

@@ -12,7 +12,8 @@ from hetprof.cli import db_option, db_path
 @click.command("run")
 @click.argument("plan", type=click.Path(exists=True, dir_okay=False))
 @click.option("--iterations", type=int, default=20, show_default=True, help="RL iterations to run in total")
-@click.option("--backend", default="hf", show_default=True, help="generation backend (hf | vllm | a plugin)")
+@click.option("--backend", default=None,
+              help="generation backend (hf | vllm); default: the one the plan was made for, and another is refused")
 @click.option("--checkpoint-dir", type=click.Path(file_okay=False), help="where checkpoints go (none: no checkpoints)")
 @click.option("--checkpoint-every", type=int, default=5, show_default=True, help="iterations between checkpoints")
 @click.option("--resume", is_flag=True, help="continue from the last complete checkpoint in --checkpoint-dir")
@@ -32,7 +33,7 @@ from hetprof.cli import db_option, db_path
               "weights bitwise (hashes; costs one pass over the weights)")
 @click.option("--quiet", is_flag=True, help="no per-iteration console lines")
 @db_option
-def run(plan: str, iterations: int, backend: str, checkpoint_dir: str | None, checkpoint_every: int, resume: bool,
+def run(plan: str, iterations: int, backend: str | None, checkpoint_dir: str | None, checkpoint_every: int, resume: bool,
         log: str | None, seed: int, prompts: str | None, reward: str, nnodes: int, node_rank: int, rdzv: str | None,
         local_addr: str | None, timeout_s: float, bucket_mb: float, verify_sync: bool, quiet: bool) -> None:
     """Run PLAN (a plan JSON from `hetprof plan`) with one worker process per planned device.
@@ -44,7 +45,8 @@ def run(plan: str, iterations: int, backend: str, checkpoint_dir: str | None, ch
                    hetprof run plan.json --nnodes 2 --node-rank 1 --rdzv 10.0.0.1:29400   (on host 1)
     Measured stage times go to the log, the console and the profile database (run records).
     """
-    from hetprof.executor.launch import RunOptions, launch
+    from hetprof.executor.launch import launch
+    from hetprof.executor.options import RunOptions
 
     options = RunOptions(
         plan_path=os.path.abspath(plan), iterations=iterations, backend=backend,
@@ -65,6 +67,6 @@ def validate(source: str, skip: int) -> None:
 
     SOURCE is a run's JSONL log, or a run id whose records are in the profile database.
     """
-    from hetprof.executor.validation import load_records, render
+    from hetprof.executor.predicted_vs_measured import load_records, render
 
     render(load_records(source, db_path()), skip=skip)

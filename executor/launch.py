@@ -15,43 +15,20 @@ import logging
 import os
 import socket
 import tempfile
-from pathlib import Path
 
 from hetprof.errors import ExecutionError
-from hetprof.executor.groups import check_supported, host_devices, planned_hosts
+from hetprof.executor.launch_checks import (
+    check_backend,
+    check_resumable,
+    check_supported,
+    host_devices,
+    load_plan,
+    plan_is_cpu,
+    planned_hosts,
+)
+from hetprof.executor.options import RunOptions
 from hetprof.executor.records import plan_hash
 from hetprof.specs import Plan
-
-
-@dataclasses.dataclass(frozen=True)
-class RunOptions:
-    """Everything a worker needs besides the plan; plain values so the spawn start method can send it."""
-
-    plan_path: str
-    iterations: int = 20
-    backend: str = "hf"
-    checkpoint_dir: str | None = None
-    checkpoint_every: int = 5
-    resume: bool = False
-    log: str | None = None
-    db: str | None = None
-    seed: int = 0
-    prompts: str | None = None
-    reward: str = "arithmetic"
-    timeout_s: float = 120.0
-    bucket_mb: float = 32.0
-    verify_sync: bool = False
-    quiet: bool = False
-
-    def validate(self) -> None:
-        if self.iterations < 1:
-            raise ExecutionError(f"--iterations must be at least 1, got {self.iterations}")
-        if self.checkpoint_every < 1:
-            raise ExecutionError(f"--checkpoint-every must be at least 1, got {self.checkpoint_every}")
-        if self.resume and not self.checkpoint_dir:
-            raise ExecutionError("--resume needs --checkpoint-dir (where the checkpoints are)")
-        if self.timeout_s <= 0:
-            raise ExecutionError(f"--timeout must be positive, got {self.timeout_s}")
 
 
 def free_port() -> int:
@@ -59,12 +36,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def load_plan(path: str | Path) -> Plan:
-    plan = Plan.load(path)
-    plan.validate()
-    return plan
 
 
 def node_host(plan: Plan, nnodes: int, node_rank: int) -> str:
@@ -111,10 +82,11 @@ def launch(options: RunOptions, nnodes: int = 1, node_rank: int = 0, rdzv: str |
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from hetprof.executor.runtime import worker_main
+    from hetprof.executor.worker_entry import worker_main
 
     options.validate()
     plan = load_plan(options.plan_path)
+    options = dataclasses.replace(options, backend=check_backend(plan, options.backend, options.plan_path))
     check_supported(plan)
     host = node_host(plan, nnodes, node_rank)
     if options.resume and node_rank == 0:
@@ -159,22 +131,3 @@ def launch(options: RunOptions, nnodes: int = 1, node_rank: int = 0, rdzv: str |
             os.environ.pop("OMP_NUM_THREADS", None)
         else:
             os.environ["OMP_NUM_THREADS"] = env_before
-
-
-def check_resumable(checkpoint_dir: str | Path, plan: Plan) -> int:
-    """Refuse --resume before any worker starts when there is nothing (or another plan's) to resume."""
-    from hetprof.executor.checkpoint import committed
-
-    meta = committed(checkpoint_dir)
-    if meta is None:
-        raise ExecutionError(f"--resume: no complete checkpoint under {checkpoint_dir}")
-    if meta.get("plan_hash") != plan_hash(plan):
-        raise ExecutionError(f"--resume: the checkpoint under {checkpoint_dir} was made for plan "
-                             f"{meta.get('plan_hash')}, not this plan ({plan_hash(plan)})")
-    return int(meta["iteration"])
-
-
-def plan_is_cpu(plan: Plan) -> bool:
-    cluster = plan.cluster_spec()
-    used = {d for t in plan.tasks for d in t.devices()}
-    return all(d.type == "cpu" for d in cluster.devices() if d.id in used)

@@ -138,8 +138,10 @@ class Learner:
         start = time.perf_counter()
         if len(batch) == 0:
             raise ValueError("an update needs at least one sequence (a replica with no share must not train)")
+        logprob_seconds = 0.0
         if self.role == "actor" and self.recompute_proximal and batch.proximal_logprobs is None:
             batch.proximal_logprobs = self.proximal_logprobs(batch)
+            logprob_seconds = time.perf_counter() - start
         if batch.advantages is None:
             self.algorithm.advantages(batch)
         self.model.train()
@@ -178,6 +180,7 @@ class Learner:
         self.updates += 1
         out = {k: v / counts[k] for k, v in sums.items()}
         out.update({"optimizer_steps": float(self.steps), "update_seconds": time.perf_counter() - start,
+                    "logprob_seconds": logprob_seconds,
                     "lr": float(self.optimizer.param_groups[0]["lr"])})
         if self.role == "actor":
             out["reward_mean"] = float(batch.rewards.float().mean())

@@ -67,12 +67,13 @@ class ShardedModel:
     `head` is "lm" for causal LMs, "value" for scalar-head (critic / reward) models.
     """
 
-    def __init__(self, model: nn.Module, topo: Any, task: str, rank: int, device: torch.device,
+    def __init__(self, model: nn.Module, topo: Any, groups: Any, task: str, rank: int, device: torch.device,
                  head: str, micro_batches: int | None = None):
         tr = topo.tasks[task]
         self.task, self.rank, self.device = task, rank, device
         self.pos = Position(*tr.position(rank), replicas=len(tr.ranks), stages=tr.pp, tp=tr.tp)
         self.topo = topo
+        self.groups = groups
         self.pipeline: Pipeline | None = None
         self.bounds = list(tr.stage_layers[self.pos.replica])
         p = self.pos
@@ -85,17 +86,17 @@ class ShardedModel:
             self.reference = model
             self.module = model
         if p.tp > 1:
-            tensor_parallel(self.module, topo.groups[topo.tp_group(task, p.replica, p.stage)], device.type, task)
+            tensor_parallel(self.module, groups.tensor(task, p.replica, p.stage), device.type, task)
         self.partial = {id(q) for q in partial_grad_params(self.module)} if p.tp > 1 else set()
         if p.stages > 1:
             cfg = (model.config if head == "lm" else model.backbone.config)
             ranks = topo.pipeline_ranks(task, p.replica, p.tp_index)
-            self.pipeline = Pipeline(stage, p.stage, p.stages, topo.groups[topo.pp_group(task, p.replica, p.tp_index)],
+            self.pipeline = Pipeline(stage, p.stage, p.stages, groups.pipeline(task, p.replica, p.tp_index),
                                      ranks, device, cfg.hidden_size, getattr(cfg, "vocab_size", 0),
                                      next(stage.parameters()).dtype, micro_batches or p.stages)
-        self.dp_group = topo.groups.get(topo.dp_group(task, p.stage, p.tp_index)) if p.replicas > 1 else None
-        self.replica_group = topo.groups.get(topo.replica_group(task, p.replica))
-        tie = topo.groups.get(topo.tie_group(task, p.replica, p.tp_index)) if p.stages > 1 else None
+        self.dp_group = groups.data(task, p.stage, p.tp_index) if p.replicas > 1 else None
+        self.replica_group = groups.replica(task, p.replica)
+        tie = groups.tied(task, p.replica, p.tp_index) if p.stages > 1 else None
         self.tie_group = tie if isinstance(self.module, StageModule) and self.module.tied else None
 
     # ---- what the learner and the roles use ------------------------------------------------------
@@ -114,7 +115,7 @@ class ShardedModel:
                 q.grad = torch.zeros_like(q)
         if self.partial:
             grads = [q.grad for q in params if id(q) in self.partial]
-            _all_reduce_flat(grads, self.topo.groups[self.topo.tp_group(self.task, self.pos.replica, self.pos.stage)])
+            _all_reduce_flat(grads, self.groups.tensor(self.task, self.pos.replica, self.pos.stage))
         tied = self._tied_copy()
         if self.tie_group is not None and tied is not None:
             dist.all_reduce(_local(tied.grad), group=self.tie_group)
@@ -164,7 +165,7 @@ class ShardedModel:
             return full if p.tp_index == 0 else None
         if p.tp_index != 0:
             return None
-        group = self.topo.groups[self.topo.pp_group(self.task, 0, 0)]
+        group = self.groups.pipeline(self.task, 0, 0)
         ranks = self.topo.pipeline_ranks(self.task, 0, 0)
         names = [n for n, _ in self.reference.named_parameters()]
         shapes = dict(self.reference.named_parameters())

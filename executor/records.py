@@ -9,14 +9,14 @@ stages {task or phase: seconds}, replicas {task: [seconds per replica]}, predict
 predicted_iteration_s, tokens, tokens_per_s, reward_mean, kl, clip_frac, staleness_max,
 staleness_mean, sync_bytes, sync_Bps, layouts {task: "DP2×TP1×PP1"}, devices {task: [ids]}, time,
 work {task: what one replica ran: kind, role, model shape, layout}, phase_times {task: [{kind, batch,
-tokens, seconds, device, device_type, dtype, threads, with_head}]} (see `phase_rows`).
+tokens, seconds, device, device_type, dtype, threads, with_head}]} (built by run_record.build_record;
+costmodels/runrows.py reads them back as task rows).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +78,7 @@ def work_description(plan: Plan) -> dict[str, dict[str, Any]]:
     """Per task, what one replica runs in the cost model's terms: the shape a run record is about.
 
     Stage times alone cannot teach a cost model anything; with the model shape and layout next to
-    them (and the phases each rank timed, see `phase_rows`) `hetprof fit` can learn from real runs.
+    them (and the phases each rank timed, see `run_record.work_timings`) `hetprof fit` can learn from real runs.
     """
     roles = plan.workload_spec().roles()
     out: dict[str, dict[str, Any]] = {}
@@ -86,32 +86,6 @@ def work_description(plan: Plan) -> dict[str, dict[str, Any]]:
         shape = roles[t.role]
         out[t.task] = {"kind": t.kind, "role": t.role, "model": {k: getattr(shape, k) for k in SHAPE_KEYS},
                        "tp": t.layout.tp, "pp": t.layout.pp, "dp": t.layout.dp}
-    return out
-
-
-def train_phase(part: dict[str, Any], seconds: float, workload: Any) -> dict[str, Any]:
-    """A training task's time as the profiler's `task.train` row: one optimizer step of a mini-batch.
-
-    The learner takes ppo_epochs × mini_batches steps over this replica's slice, so the per-step
-    time is the task's time over that count (a recompute of proximal log-probs in async runs is
-    folded in: it is part of what each step costs there).
-    """
-    rows, width = part["input_ids"].shape
-    steps = max(1, workload.ppo_epochs * workload.mini_batches)
-    return {"kind": "train", "batch": -(-int(rows) // max(1, workload.mini_batches)), "tokens": int(width),
-            "seconds": seconds / steps, "with_head": True, "steps": steps}
-
-
-def gather_phase_times(gathered: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """Every rank's phase timings of one iteration, by task, each tagged with where it ran."""
-    out: dict[str, list[dict[str, Any]]] = {}
-    for info in gathered:
-        meta = info.get("phase_meta", {})
-        for task, phases in info.get("phase_times", {}).items():
-            dtype = meta.get("dtypes", {}).get(task)
-            out.setdefault(task, []).extend(
-                {**ph, "device": info.get("device"), "device_type": meta.get("device_type"),
-                 "threads": meta.get("threads"), "dtype": dtype} for ph in phases)
     return out
 
 
@@ -205,7 +179,3 @@ def console_line(record: dict[str, Any]) -> str:
     return (f"[bold]iter {record['iteration']}[/bold] {record['iteration_s']:.2f}s "
             f"reward={record['reward_mean']:.3f} kl={record['kl']:.4f} clip={record['clip_frac']:.3f} "
             f"tok/s={record['tokens_per_s']:.0f} stale≤{record['staleness_max']} [dim]{stages}[/dim]")
-
-
-def now() -> float:
-    return time.time()

@@ -1,6 +1,10 @@
 """How a model replica is wrapped for data-parallel training: one definition for two stages.
 
-DDP on the CPU (gloo), FSDP2 on GPUs (each decoder layer sharded, then the rest).
+The plan's sharding says how: none is DDP, zero2 and fsdp are FSDP2 `fully_shard` (each decoder
+layer a unit, then the root), zero2 keeping each unit gathered from its forward to its backward
+(SHARD_GRAD_OP: gradients and optimizer state sharded, parameters whole while they compute), fsdp
+resharding after the forward (ZeRO-3). Both run on GPUs (NCCL) and on the CPU (gloo). Without a
+plan (the profiler's `dptrain` suite) the default is DDP on the CPU and FSDP2 on GPUs.
 
 The executor trains data-parallel replicas with this wrapper and the profiler times the same
 wrapper (`dptrain` suite), so the cost of data parallelism the planner is told is the cost of the
@@ -38,18 +42,24 @@ def wrap_ddp(model: Any, group: Any = None, device: Any = None) -> Any:
     return DistributedDataParallel(model, device_ids=ids, process_group=group, **{name: sync})
 
 
-def wrap_fsdp(model: Any, group: Any) -> Any:
-    """FSDP2 over `group`'s GPUs: shard each decoder layer, then the rest."""
+def wrap_fsdp(model: Any, group: Any, device_type: str = "cuda", reshard_after_forward: bool = True) -> Any:
+    """FSDP2 over `group`'s devices: shard each decoder layer, then the rest."""
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 
-    mesh = DeviceMesh.from_group(group, "cuda")
+    mesh = DeviceMesh.from_group(group, device_type)
     for module in model.modules():
         if type(module).__name__.endswith("DecoderLayer"):
-            fully_shard(module, mesh=mesh)
-    return fully_shard(model, mesh=mesh)
+            fully_shard(module, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    return fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
 
 
-def wrap_replica(model: Any, group: Any, device: Any) -> Any:
-    """A data-parallel replica as hetprof trains one on `device`: FSDP2 on a GPU, DDP on the CPU."""
-    return wrap_fsdp(model, group) if device.type == "cuda" else wrap_ddp(model, group, device)
+def wrap_replica(model: Any, group: Any, device: Any, sharding: str | None = None) -> Any:
+    """A data-parallel replica as hetprof trains one on `device`, sharded as the plan says (module docstring)."""
+    if sharding is None:
+        sharding = "fsdp" if device.type == "cuda" else "none"
+    if sharding == "none":
+        return wrap_ddp(model, group, device)
+    if sharding in ("zero2", "fsdp"):
+        return wrap_fsdp(model, group, device.type, reshard_after_forward=sharding == "fsdp")
+    raise ValueError(f"no data-parallel wrapper for sharding {sharding!r} (none, zero2, fsdp)")

@@ -19,7 +19,8 @@ class TaskLayout:
     `replicas[r]` lists replica r's tp*pp device ids stage-major (stage 0's tp devices, then
     stage 1's, ...); `shares[r]` is its fraction of the batch; `layer_splits[r]` its layers per
     stage. Replicas may sit on different GPU types: shares and splits are how a search balances
-    them to device speed.
+    them to device speed. `sharding` is how a training task shards its state over its replicas
+    (none = DDP, zero1, zero2, fsdp; hetprof.specs.plan.SHARDING).
     """
 
     task: str
@@ -28,6 +29,7 @@ class TaskLayout:
     replicas: tuple[tuple[str, ...], ...]
     shares: tuple[float, ...]
     layer_splits: tuple[tuple[int, ...], ...]
+    sharding: str = "none"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "replicas", tuple(tuple(r) for r in self.replicas))
@@ -45,7 +47,8 @@ class TaskLayout:
         return self.replicas[replica][stage * self.tp:(stage + 1) * self.tp]
 
     def describe(self) -> str:
-        return f"DP{self.dp}×TP{self.tp}×PP{self.pp}"
+        shard = "" if self.sharding == "none" else f" {self.sharding}"
+        return f"DP{self.dp}×TP{self.tp}×PP{self.pp}{shard}"
 
     @classmethod
     def even(cls, task: str, devices: Sequence[str], tp: int, pp: int, layers: int,

@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from hetprof.cli import db_option, db_path
+from hetprof.specs.plan import GENERATION_BACKENDS
 
 SEARCH_HELP = ("hetrl | ilp | arealhex | verl | streamrl | exhaustive | all (every search, side by side) "
                "or a search registered under the entry-point group hetprof.searches")
@@ -71,13 +72,17 @@ def _effort(budget_s: float | None, max_evals: int | None, workers: int | None, 
 @click.option("--what-if", "what_ifs", multiple=True,
               help='re-plan a changed cluster: "add 8xH100@us-east", "remove 4xL4", '
                    '"link us-east:eu-west 10ms 5Gbps" (";" joins edits; repeatable)')
+@click.option("--backend", type=click.Choice(GENERATION_BACKENDS), default=None,
+              help="generation engine to price and record in the plan: vllm (continuous batching, paged KV) or "
+                   "hf (padded loop); default vllm on a cluster with GPUs, hf on a CPU-only cluster")
 @click.option("--out", "-o", "out_path", type=click.Path(dir_okay=False), default=None, help="write the plan (JSON)")
 @click.option("--gantt", "gantt_path", type=click.Path(dir_okay=False), default=None,
               help="write a Gantt chart (PNG) of one iteration")
 @db_option
 def plan(cluster_path: str, workload_path: str, search: str, objective: str, budget: float | None,
-         budget_s: float | None, max_evals: int | None, workers: int | None, seed: int, search_seed: int | None, cost_model: str, max_tp: int, max_pp: int, storage: str | None,
-         no_streaming: bool, runnable: bool, evaluate_path: str | None, what_ifs: tuple[str, ...], out_path: str | None,
+         budget_s: float | None, max_evals: int | None, workers: int | None, seed: int, search_seed: int | None,
+         cost_model: str, max_tp: int, max_pp: int, storage: str | None, no_streaming: bool, runnable: bool,
+         evaluate_path: str | None, what_ifs: tuple[str, ...], backend: str | None, out_path: str | None,
          gantt_path: str | None) -> None:
     """Find the fastest (or cheapest) placement of an RL job on a heterogeneous cluster.
 
@@ -86,7 +91,8 @@ def plan(cluster_path: str, workload_path: str, search: str, objective: str, bud
       hetprof plan -c examples/clusters/hetrl-multi-region.yaml -w examples/workloads/qwen3-8b-ppo-sync.yaml
       hetprof plan -c C.yaml -w W.yaml --search all --budget-s 30
       hetprof plan -c C.yaml -w W.yaml --objective cost --out plan.json --gantt plan.png
-      hetprof plan -c C.yaml -w W.yaml --max-evals 5000 --storage sqlite:///study.db --seed 1
+      hetprof plan -c C.yaml -w W.yaml --max-evals 5000 --storage sqlite:///study.db --search-seed 1
+      hetprof plan -c C.yaml -w W.yaml --backend hf --out plan.json
       hetprof plan -c C.yaml -w W.yaml --what-if "add 8xH100@us-east"
       hetprof plan -c C.yaml -w W.yaml --evaluate plan.json --cost-model fitted
     """
@@ -106,7 +112,7 @@ def plan(cluster_path: str, workload_path: str, search: str, objective: str, bud
     options = session.PlanOptions(objective=objective, budget=budget, budget_s=budget_s, max_evals=max_evals,
                                   seed=seed, cost_model=cost_model, max_tp=max_tp, max_pp=max_pp, storage=storage,
                                   workers=workers, search_seed=search_seed,
-                                  streaming=not no_streaming, executable=runnable)
+                                  streaming=not no_streaming, executable=runnable, backend=backend)
     with session.open_db(db_path()) as db:
         if evaluate_path:
             outcome, sim = session.evaluate_plan_file(cluster, workload, evaluate_path, options, db)

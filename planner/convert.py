@@ -14,7 +14,7 @@ from typing import Any
 from hetprof.errors import InfeasibleError, SpecError
 from hetprof.planner.candidate import Candidate, TaskLayout
 from hetprof.planner.simulator import Score, Simulator
-from hetprof.specs import Group, Layout, Plan, Prediction, Tasklet, TaskPlacement
+from hetprof.specs import FOLLOWS, Group, Layout, Plan, Prediction, Tasklet, TaskPlacement
 
 
 def group_name(index: int) -> str:
@@ -29,11 +29,13 @@ def to_plan(sim: Simulator, candidate: Candidate, score: Score | None = None, *,
     if not score.feasible:
         reasons = "; ".join(score.violations[:5]) or "no finite iteration time"
         raise InfeasibleError(f"the {search or 'given'} plan is infeasible: {reasons}")
-    groups = [Group(group_name(i), list(tasks), list(devs))
-              for i, (tasks, devs) in enumerate(zip(candidate.groups, candidate.group_devices, strict=True))]
     placements = []
-    for t in sim.tasks:
-        lay = candidate.layout(t)
+    layouts, grouped = sim.with_followers(candidate)
+    group_of = {t: i for i, g in enumerate(grouped) for t in g}
+    groups = [Group(group_name(i), list(tasks), list(devs))
+              for i, (tasks, devs) in enumerate(zip(grouped, candidate.group_devices, strict=True))]
+    for t in sim.graph.tasks:
+        lay = layouts[t]
         tasklets = []
         for r in range(lay.dp):
             start = 0
@@ -42,15 +44,16 @@ def to_plan(sim: Simulator, candidate: Candidate, score: Score | None = None, *,
                                         layer_start=start, layer_end=start + layers, batch_share=lay.shares[r]))
                 start += layers
         peak = max(sim.task_eval(lay).memory[d].total for d in lay.devices())
-        placements.append(TaskPlacement(task=t, group=group_name(candidate.group_of(t)),
-                                        layout=Layout(dp=lay.dp, tp=lay.tp, pp=lay.pp), tasklets=tasklets,
+        placements.append(TaskPlacement(task=t, group=group_name(group_of[t]),
+                                        layout=Layout(dp=lay.dp, tp=lay.tp, pp=lay.pp, sharding=lay.sharding),
+                                        tasklets=tasklets,
                                         predicted_s=_finite(score.task_seconds.get(t)), memory_bytes=float(peak)))
     headroom = {d: float(sim.capacity[d] - score.memory_peak.get(d, 0.0)) for d in candidate.devices()}
     prediction = Prediction(iteration_s=score.iteration_s, breakdown=dict(score.breakdown),
                             bottleneck=score.bottleneck, memory_headroom=headroom,
                             cost_per_iteration=score.cost_per_iteration, throughput=score.throughput)
     plan = Plan(cluster=sim.cluster.to_dict(), workload=sim.workload.to_dict(), groups=groups, tasks=placements,
-                predicted=prediction, cost_model=getattr(sim.cost_model, "name", "") or type(sim.cost_model).__name__,
+                predicted=prediction, backend=sim.backend, cost_model=getattr(sim.cost_model, "name", "") or type(sim.cost_model).__name__,
                 profile_snapshot=profile_snapshot, search=search, seed=seed, objective=objective,
                 search_trace=[dict(x) for x in trace], search_evaluations=evaluations)
     plan.validate()
@@ -58,11 +61,16 @@ def to_plan(sim: Simulator, candidate: Candidate, score: Score | None = None, *,
 
 
 def from_plan(plan: Plan) -> Candidate:
-    """The candidate a plan file describes (to re-score it, e.g. with another cost model or cluster)."""
+    """The candidate a plan file describes (to re-score it, e.g. with another cost model or cluster).
+
+    Followers (the log-prob pass) are left out: the simulator places them beside their leaders.
+    """
     plan.validate()
     index = {g.name: i for i, g in enumerate(plan.groups)}
     layouts: dict[str, TaskLayout] = {}
     for ti, tp in enumerate(plan.tasks):
+        if tp.task in FOLLOWS:
+            continue
         if tp.task in layouts:
             raise SpecError(None, f"tasks[{ti}].task", "each task placed once", tp.task)
         replicas, shares, splits = [], [], []
@@ -72,8 +80,9 @@ def from_plan(plan: Plan) -> Candidate:
             shares.append(stages[0].batch_share)
             splits.append(tuple(k.layer_end - k.layer_start for k in stages))
         layouts[tp.task] = TaskLayout(tp.task, tp.layout.tp, tp.layout.pp, tuple(replicas), tuple(shares),
-                                      tuple(splits))
-    groups = [tuple(t.task for t in plan.tasks if index[t.group] == i) for i in range(len(plan.groups))]
+                                      tuple(splits), tp.layout.sharding)
+    groups = [tuple(t.task for t in plan.tasks if index[t.group] == i and t.task not in FOLLOWS)
+              for i in range(len(plan.groups))]
     return Candidate(groups, [tuple(g.devices) for g in plan.groups], layouts)
 
 

@@ -4,6 +4,11 @@ The simulator walks this graph; the edges are where cross-group transfers are pa
 edges carry per-token data of the step's rollouts (token ids, behaviour log-probs, reference
 log-probs, values) or per-sequence scalars (rewards); back edges carry model weights to the
 next iteration (actor training -> generation; critic training -> critic inference).
+
+Which passes exist is the workload's (hetprof.specs.workload_tasks): the old-log-prob recompute
+(actor_logprob) unless the rollout's own log-probs are trained on, the reference pass only with a
+KL term, the reward model only for model rewards, the critic only for PPO. The log-prob pass
+runs on the trainer's workers with its weights (FOLLOWS), so it has no weight edge of its own.
 """
 
 from __future__ import annotations
@@ -84,10 +89,11 @@ def build_graph(workload: WorkloadSpec) -> RLGraph:
             edges.append(Edge(src, dst, kind, **kw))
 
     # Rollouts from generation to everything that scores or learns from them.
-    for dst in ("ref_infer", "reward_infer", "critic_infer", "actor_train", "critic_train"):
+    for dst in ("actor_logprob", "ref_infer", "reward_infer", "critic_infer", "actor_train", "critic_train"):
         add("actor_gen", dst, "rollouts", bytes_per_token=ROLLOUT_BYTES_PER_TOKEN)
     # Scores computed on the rollouts, consumed by training.
-    add("ref_infer", "actor_train", "scores", bytes_per_token=SCORE_BYTES_PER_TOKEN)
+    for src in ("actor_logprob", "ref_infer"):
+        add(src, "actor_train", "scores", bytes_per_token=SCORE_BYTES_PER_TOKEN)
     for dst in ("actor_train", "critic_train"):
         add("reward_infer", dst, "rewards", bytes_per_sequence=REWARD_BYTES_PER_SEQUENCE)
         add("critic_infer", dst, "scores", bytes_per_token=SCORE_BYTES_PER_TOKEN)

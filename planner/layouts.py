@@ -11,7 +11,6 @@ sequences — the two balancing levers HetRL's tasklet level adds over homogeneo
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import math
 from collections.abc import Iterable, Sequence
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING
 from hetprof import catalog
 from hetprof.errors import InfeasibleError
 from hetprof.models import ModelShape
+from hetprof.planner.balance import Curve, balance_shares, largest_batch_within  # noqa: F401 (re-exported)
 from hetprof.planner.candidate import TaskLayout
 from hetprof.specs import executable
 from hetprof.specs.plan import TASKS
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from hetprof.planner.simulator import Simulator
 
 MAX_LAYER_MOVES = 8
+Sharded = tuple[int, str]  # (dp, sharding) of a training layout's state
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -143,12 +144,14 @@ def replica_time(sim: Simulator, task: str, devices: tuple[str, ...], tp: int, p
     return float(t) if t is not None and t == t else math.inf
 
 
-def replica_overflow(sim: Simulator, task: str, replica: tuple[str, ...], tp: int, split: Sequence[int], batch: int) -> float:
-    """Bytes by which the replica's stages exceed their GPUs' memory at this batch (0 if it fits)."""
+def replica_overflow(sim: Simulator, task: str, replica: tuple[str, ...], tp: int, split: Sequence[int], batch: int,
+                     shards: Sharded = (1, "none")) -> float:
+    """Bytes by which the replica's stages exceed their GPUs' memory at this batch (0 if it fits);
+    `shards` is (dp, sharding): how a training replica's state is sharded over its peers."""
     over = 0.0
     for s, layers in enumerate(split):
         dev = sim.devices[replica[s * tp]]
-        need = sim.costs.memory(task, dev.type, tp, layers, max(1, batch)).total
+        need = sim.costs.memory(task, dev.type, tp, layers, max(1, batch), *shards).total
         over += max(0.0, need - catalog.lookup(dev.type).memory_bytes)
     return over
 
@@ -176,7 +179,7 @@ def _proportional(total: int, weights: Sequence[float], minimum: int = 1) -> lis
 
 
 def balance_layers(sim: Simulator, task: str, replica: tuple[str, ...], tp: int, pp: int,
-                   batch: int) -> tuple[int, ...]:
+                   batch: int, shards: Sharded = (1, "none")) -> tuple[int, ...]:
     """Layers per stage for one replica: seeded by device speed, then improved one layer at a time."""
     layers = task_model(sim, task).layers
     if pp == 1:
@@ -186,7 +189,7 @@ def balance_layers(sim: Simulator, task: str, replica: tuple[str, ...], tp: int,
     split = _proportional(layers, [_type_speed(t, kind) for t in stage_types])
 
     def judge(candidate: Sequence[int]) -> tuple[float, float]:
-        return (replica_overflow(sim, task, replica, tp, candidate, batch),
+        return (replica_overflow(sim, task, replica, tp, candidate, batch, shards),
                 replica_time(sim, task, replica, tp, pp, batch, tuple(candidate)))
 
     best = judge(split)
@@ -221,31 +224,20 @@ def _replica_key(sim: Simulator, replica: tuple[str, ...], tp: int, pp: int) -> 
     return types, tuple(hops), hosts
 
 
-def largest_batch_within(seconds_at, limit: float, total: int) -> int:
-    """Most sequences (0..total) a replica finishes within `limit` (its time grows with batch)."""
-    lo, hi = 0, total
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        t = seconds_at(mid)
-        if t <= limit and math.isfinite(t):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
 class _Timer:
     """One replica kind's seconds at a batch, and whether that batch fits its GPUs' memory."""
 
     def __init__(self, sim: Simulator, task: str, replica: tuple[str, ...], tp: int, pp: int,
-                 split: tuple[int, ...]) -> None:
+                 split: tuple[int, ...], shards: Sharded = (1, "none")) -> None:
         self.sim, self.task, self.replica, self.tp, self.pp, self.split = sim, task, replica, tp, pp, split
+        self.shards = shards
         self._fits: dict[int, bool] = {}
 
     def fits(self, b: int) -> bool:
         hit = self._fits.get(b)
         if hit is None:
-            hit = self._fits[b] = replica_overflow(self.sim, self.task, self.replica, self.tp, self.split, b) <= 0
+            hit = self._fits[b] = replica_overflow(self.sim, self.task, self.replica, self.tp, self.split, b,
+                                                   self.shards) <= 0
         return hit
 
     def __call__(self, b: int) -> float:
@@ -254,105 +246,6 @@ class _Timer:
         if not self.fits(b):
             return math.inf
         return replica_time(self.sim, self.task, self.replica, self.tp, self.pp, b, self.split)
-
-
-def _most_fitting(fits, total: int) -> int:
-    """Largest batch in 0..total that fits (memory grows with the batch)."""
-    lo, hi = 0, total
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
-class _Curve:
-    """A replica kind's time against its batch, from a geometric sample of batches.
-
-    The cost model is exact but not free, and balancing asks for many batch sizes; sampling
-    1, 2, 4, … up to the most that fits in memory and interpolating (kept monotone) costs a
-    dozen calls per kind instead of hundreds. The simulator judges the final shares exactly.
-    """
-
-    def __init__(self, seconds_at, total: int) -> None:
-        fits = getattr(seconds_at, "fits", None)
-        self.most = _most_fitting(fits, total) if fits else largest_batch_within(seconds_at, math.inf, total)
-        points = sorted({min(self.most, 1 << i) for i in range(total.bit_length() + 1)} | {self.most}) \
-            if self.most else []
-        self.b = [0] + points
-        self.t = [0.0]
-        for b in points:
-            self.t.append(max(self.t[-1], seconds_at(b)))
-
-    def at(self, b: float) -> float:
-        if b <= 0:
-            return 0.0
-        if b > self.most:
-            return math.inf
-        i = bisect.bisect_left(self.b, b)
-        if self.b[i] == b:
-            return self.t[i]
-        b0, b1, t0, t1 = self.b[i - 1], self.b[i], self.t[i - 1], self.t[i]
-        return t0 + (t1 - t0) * (b - b0) / (b1 - b0)
-
-    def capacity(self, limit: float) -> int:
-        """Most sequences finished within `limit` on the interpolated curve."""
-        if not self.most or limit < self.t[1] - 1e-15:
-            return 0
-        i = bisect.bisect_right(self.t, limit) - 1
-        if i >= len(self.b) - 1:
-            return self.most
-        b0, b1, t0, t1 = self.b[i], self.b[i + 1], self.t[i], self.t[i + 1]
-        return int(b0 + (b1 - b0) * (limit - t0) / (t1 - t0)) if t1 > t0 else b1
-
-
-def balance_shares(seconds_at: Sequence, total: int, iterations: int = 60) -> list[int] | None:
-    """Sequences per replica minimising the slowest replica's time (min-max, integer).
-
-    `seconds_at[i](b)` is replica i's time for b sequences; replicas passing the same function
-    are one kind and are balanced together. Generation time is far from linear in the batch
-    (decode is bandwidth-bound and the longest response sets the pace), so shares are not
-    proportional to speed: the finishing time T is bisected and each replica takes as many
-    sequences as it can finish by T. A replica too slow for even one sequence by the optimal T
-    gets none (the caller drops it rather than let it straggle). Times are infinite where a
-    batch does not fit in memory; None if the replicas cannot hold the batch at all.
-    """
-    n = len(seconds_at)
-    if n == 0:
-        return []
-    kinds: dict[int, _Curve] = {}
-    for f in seconds_at:
-        if id(f) not in kinds:
-            kinds[id(f)] = f if isinstance(f, _Curve) else _Curve(f, total)
-    curves = [kinds[id(f)] for f in seconds_at]
-    copies: dict[int, int] = {}
-    for f in seconds_at:
-        copies[id(f)] = copies.get(id(f), 0) + 1
-    distinct = [(kinds[k], m) for k, m in copies.items()]
-    if sum(c.most * m for c, m in distinct) < total:
-        return None
-    lo, hi = 0.0, max(c.at(c.most) for c, _ in distinct if c.most)
-    for _ in range(iterations):
-        mid = (lo + hi) / 2
-        if sum(c.capacity(mid) * m for c, m in distinct) >= total:
-            hi = mid
-        else:
-            lo = mid
-        if hi - lo <= 1e-9 * hi:
-            break
-    counts = [c.capacity(hi) for c in curves]
-    while sum(counts) < total:          # rounding on the interpolated curve: top up the fastest finisher
-        i = min(range(n), key=lambda j: (curves[j].at(counts[j] + 1), j))
-        counts[i] += 1
-    surplus = sum(counts) - total
-    while surplus > 0:
-        # take the surplus from whoever is slowest at its current load
-        i = max((j for j in range(n) if counts[j] > 0), key=lambda j: (curves[j].at(counts[j]), -j))
-        counts[i] -= 1
-        surplus -= 1
-    return counts
 
 
 def build_layout(sim: Simulator, task: str, order: Sequence[str], tp: int, pp: int,
@@ -368,24 +261,58 @@ def build_layout(sim: Simulator, task: str, order: Sequence[str], tp: int, pp: i
 
 def balanced_layout(sim: Simulator, task: str, replicas: Sequence[tuple[str, ...]], tp: int, pp: int,
                     balanced: bool = True, memo: dict | None = None) -> TaskLayout | None:
-    """A layout over given replicas with balanced (or, balanced=False, equal) layer splits and shares."""
+    """A layout over given replicas with balanced (or, balanced=False, equal) layer splits and shares.
+
+    A training task with several replicas also gets its sharding (`sharding_levels`): the fastest
+    level whose layout fits, and of equally fast ones the one sharding least — ZeRO-1/2 move the
+    same bytes as DDP, so they are chosen when DDP's state does not fit; FSDP when its overlapped
+    traffic beats DDP's exposed all-reduce or nothing less fits.
+    """
     memo = {} if memo is None else memo
     replicas = list(replicas)
     if not replicas:
         return None
-    model = task_model(sim, task)
-    if pp > model.layers:
+    if pp > task_model(sim, task).layers:
         return None
+    replicas = replicas[:task_batch(sim)]
+    levels = sharding_levels(sim, task, len(replicas), tp, pp)
+    best, best_t = None, math.inf
+    for level in levels:
+        layout = _layout_at(sim, task, replicas, tp, pp, balanced, memo, level)
+        if layout is None:
+            continue
+        if layout.dp == 1 and level != "none":
+            layout = dataclasses.replace(layout, sharding="none")
+        t = layout_cost(sim, layout) if len(levels) > 1 else 0.0
+        if best is None or t < best_t * (1 - 1e-9):
+            best, best_t = layout, t
+    return best
+
+
+def sharding_levels(sim: Simulator, task: str, dp: int, tp: int, pp: int) -> tuple[str, ...]:
+    """The shardings a layout is tried with, least sharded first: none for all but multi-replica
+    training; zero1 never, as zero2 moves the same bytes and holds less; none alone where `hetprof
+    run` shards nothing (TP/PP replicas, hetprof/specs/executable.py)."""
+    if TASKS[task][0] != "training" or dp < 2:
+        return ("none",)
+    if sim.executable and (tp > 1 or pp > 1):
+        return ("none",)
+    return ("none", "zero2", "fsdp")
+
+
+def _layout_at(sim: Simulator, task: str, replicas: list[tuple[str, ...]], tp: int, pp: int, balanced: bool,
+               memo: dict, sharding: str) -> TaskLayout | None:
+    """balanced_layout at one sharding level."""
+    model = task_model(sim, task)
     total = task_batch(sim)
-    if total < len(replicas):
-        replicas = replicas[:total]
     dp = len(replicas)
     if not balanced:
         split = tuple(_proportional(model.layers, [1.0] * pp))
         counts = _proportional(total, [1.0] * dp)
-        return TaskLayout(task=task, tp=tp, pp=pp, replicas=tuple(replicas),
-                          shares=tuple(c / total for c in counts), layer_splits=tuple(split for _ in replicas))
+        return TaskLayout(task=task, tp=tp, pp=pp, replicas=tuple(replicas), shares=tuple(c / total for c in counts),
+                          layer_splits=tuple(split for _ in replicas), sharding=sharding)
     nominal = max(1, total // dp)
+    shards = (dp, sharding)
     splits = []
     timers = []
     # Planning for `hetprof run`: training replicas average gradients stage by stage, so they share
@@ -393,21 +320,22 @@ def balanced_layout(sim: Simulator, task: str, replicas: Sequence[tuple[str, ...
     shared = sim.executable and pp > 1 and TASKS[task][0] == "training"
     for r in replicas:
         kind = _replica_key(sim, replicas[0] if shared else r, tp, pp)
-        skey = ("split", task, kind, tp, pp, nominal)
+        skey = ("split", task, kind, tp, pp, nominal, shards)
         if skey not in memo:
-            memo[skey] = balance_layers(sim, task, replicas[0] if shared else r, tp, pp, nominal)
+            memo[skey] = balance_layers(sim, task, replicas[0] if shared else r, tp, pp, nominal, shards)
         split = memo[skey]
         splits.append(split)
-        tkey = ("curve", task, kind, tp, pp, split, total)
+        tkey = ("curve", task, kind, tp, pp, split, total, shards)
         if tkey not in memo:
-            memo[tkey] = _Curve(_Timer(sim, task, r, tp, pp, split), total)
+            memo[tkey] = Curve(_Timer(sim, task, r, tp, pp, split, shards), total)
         timers.append(memo[tkey])
     counts = balance_shares(timers, total)
     if counts is None:
         return None
     keep = [i for i, c in enumerate(counts) if c > 0]
     return TaskLayout(task=task, tp=tp, pp=pp, replicas=tuple(replicas[i] for i in keep),
-                      shares=tuple(counts[i] / total for i in keep), layer_splits=tuple(splits[i] for i in keep))
+                      shares=tuple(counts[i] / total for i in keep), layer_splits=tuple(splits[i] for i in keep),
+                      sharding=sharding)
 
 
 def layout_seconds(sim: Simulator, layout: TaskLayout) -> float:

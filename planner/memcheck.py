@@ -5,13 +5,15 @@ It reads only the plan (its cluster, workload and tasklets) and the cost models'
 hide itself. The rule it applies is the one a colocated RL worker lives by: tasks sharing a device
 may all stay resident if their states plus the largest working set fit; otherwise they offload
 between phases and each must fit alone. Generation must have room for at least one sequence's KV.
+A training task's state is sharded as its layout says; the log-prob pass (a follower) reads its
+trainer's weights, so beside it on a device it adds only its working set.
 """
 
 from __future__ import annotations
 
 from hetprof.catalog import lookup
 from hetprof.costmodels import memory as mem
-from hetprof.specs import TASKS, Plan
+from hetprof.specs import FOLLOWS, TASKS, Plan
 
 GB = 1e9
 
@@ -42,7 +44,8 @@ def device_demands(plan: Plan) -> tuple[dict[str, list[tuple[str, float, float]]
                         problems.append(f"{d} ({types[d]}): {placement.task} has no room for even one "
                                         f"sequence's KV cache next to {layers} layers of {model.name} at TP{tp}")
                     concurrent = min(batch, max(room, 1))
-                est = mem.task_memory(kind, model, layers, tp, batch, seq_len, dtype, recompute, concurrent)
+                est = mem.task_memory(kind, model, layers, tp, batch, seq_len, dtype, recompute, concurrent,
+                                      placement.layout.dp, placement.layout.sharding)
                 demands.setdefault(d, []).append((placement.task, est.total, est.weights + est.grads + est.optimizer))
     return demands, problems
 
@@ -72,5 +75,7 @@ def check_plan(plan: Plan) -> list[str]:
 def _peak(items: list[tuple[str, float, float]], capacity: float) -> float:
     if len(items) == 1:
         return items[0][1]
-    resident = sum(off for _, _, off in items) + max(total - off for _, total, off in items)
+    here = {t for t, _, _ in items}
+    resident = (sum(off for t, _, off in items if FOLLOWS.get(t) not in here)
+                + max(total - off for _, total, off in items))
     return resident if resident <= capacity else max(total for _, total, _ in items)

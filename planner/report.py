@@ -64,7 +64,8 @@ def print_plan(console: Console, sim: Simulator, cand: Candidate, score: Score, 
     wl = sim.workload
     head = (f"[bold]{title}[/bold]: {wl.name} ({wl.algorithm}, {wl.mode}"
             + (f", staleness {wl.staleness}" if wl.mode == "async" else "") + f") on {sim.cluster.name} — "
-            f"cost model {getattr(sim.cost_model, 'name', type(sim.cost_model).__name__)}")
+            f"cost model {getattr(sim.cost_model, 'name', type(sim.cost_model).__name__)}, "
+            f"generation backend {sim.backend}")
     console.print(head)
     if not score.feasible:
         console.print("[red]infeasible:[/red]")
@@ -74,18 +75,20 @@ def print_plan(console: Console, sim: Simulator, cand: Candidate, score: Score, 
     groups = Table(title="groups (tasks in a group time-share its GPUs)")
     for col in ("group", "tasks", "GPUs", "regions"):
         groups.add_column(col)
-    for i, (tasks, devs) in enumerate(zip(cand.groups, cand.group_devices, strict=True)):
+    layouts, grouped = sim.with_followers(cand)  # the log-prob pass shown beside its trainer
+    for i, (tasks, devs) in enumerate(zip(grouped, cand.group_devices, strict=True)):
         groups.add_row(str(i), ", ".join(tasks), _types(sim, devs), _regions(sim, devs))
     console.print(groups)
     tasks = Table(title="tasks")
     for col, just in (("task", "left"), ("group", "right"), ("layout", "left"), ("GPUs", "left"),
                       ("batch shares", "left"), ("seconds", "right"), ("offload", "right")):
         tasks.add_column(col, justify=just)
-    for t in sim.tasks:
-        lay = cand.layout(t)
+    group_of = {t: i for i, g in enumerate(grouped) for t in g}
+    for t in sim.graph.tasks:
+        lay = layouts[t]
         shares = _shares(lay.shares)
         off = score.offload_s.get(t, 0.0)
-        tasks.add_row(t, str(cand.group_of(t)), lay.describe(), _types(sim, lay.devices()), shares,
+        tasks.add_row(t, str(group_of[t]), lay.describe(), _types(sim, lay.devices()), shares,
                       _secs(score.task_seconds.get(t, math.inf)), _secs(off) if off else "")
     console.print(tasks)
     crit = Table(title="critical path of one steady-state iteration")

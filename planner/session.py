@@ -38,6 +38,7 @@ class PlanOptions:
     workers: int = 1           # processes evaluating placements at once (hetrl)
     streaming: bool = True
     executable: bool = True  # only layouts `hetprof run` carries out (hetprof/specs/executable.py)
+    backend: str | None = None  # generation engine priced; None: simulator.default_backend of the cluster
 
 
 @contextlib.contextmanager
@@ -58,7 +59,7 @@ def make_simulator(cluster: ClusterSpec, workload: WorkloadSpec, options: PlanOp
 
     cm = get_cost_model(options.cost_model, db=db)
     sim = Simulator(cluster, workload, cm, seed=options.seed, db=db, streaming=options.streaming,
-                    executable=options.executable)
+                    executable=options.executable, backend=options.backend)
     sim.check_fits(options.max_tp, options.max_pp)
     return sim
 
@@ -130,6 +131,8 @@ def evaluate_plan_file(cluster: ClusterSpec, workload: WorkloadSpec, path: str |
     """Score an existing plan on this cluster and workload (devices must still exist)."""
     plan = Plan.load(path)
     candidate = from_plan(plan)
+    if options.backend is None:  # re-score with the engine the plan was made for
+        options = dataclasses.replace(options, backend=plan.backend)
     sim = make_simulator(cluster, workload, options, db)
     return Outcome(plan.search or "plan file", candidate, sim.evaluate(candidate)), sim
 

@@ -24,11 +24,12 @@ from hetprof.catalog import lookup
 from hetprof.costmodels import LinkSpec
 from hetprof.errors import InfeasibleError
 from hetprof.planner.candidate import Candidate, TaskLayout
+from hetprof.planner.engines import default_backend
 from hetprof.planner.graph import Edge, build_graph
 from hetprof.planner.links import LinkTable
 from hetprof.planner.schedule import Event, ScheduleInput, simulate, timeline
 from hetprof.planner.taskcosts import TaskCosts, TaskEval
-from hetprof.specs import ClusterSpec, WorkloadSpec, executable
+from hetprof.specs import FOLLOWS, GENERATION_BACKENDS, SHARDING, ClusterSpec, WorkloadSpec, executable
 
 OBJECTIVES = ("throughput", "cost", "throughput-under-budget")
 GB = 1e9
@@ -82,8 +83,12 @@ class Simulator:
     """Predicts iteration time, memory and cost of candidates for one cluster, workload and cost model."""
 
     def __init__(self, cluster: ClusterSpec, workload: WorkloadSpec, cost_model, seed: int = 0, db=None,
-                 streaming: bool = True, chunks: int = CHUNKS, executable: bool = False) -> None:
+                 streaming: bool = True, chunks: int = CHUNKS, executable: bool = False,
+                 backend: str | None = None) -> None:
         self.cluster = cluster
+        self.backend = backend or default_backend(cluster)
+        if self.backend not in GENERATION_BACKENDS:
+            raise InfeasibleError(f"generation backend {self.backend!r} is not one of {', '.join(GENERATION_BACKENDS)}")
         # Plan only layouts `hetprof run` carries out (hetprof/specs/executable.py); off, any layout
         # the model allows (what-if studies of other runtimes, the published systems' search spaces).
         self.executable = executable
@@ -92,13 +97,14 @@ class Simulator:
         self.seed = seed
         self.streaming = streaming
         self.graph = build_graph(workload)
-        self.tasks: list[str] = list(self.graph.tasks)
+        # The tasks a search places; a follower (FOLLOWS) runs on its leader's workers with its layout.
+        self.tasks: list[str] = [t for t in self.graph.tasks if t not in FOLLOWS]
         self.devices = {d.id: d for d in cluster.devices()}
         self.links = LinkTable(cluster, db, local_link=measured_device_link(cost_model))
         lengths = workload.response_len.sample(workload.sequences_per_step, np.random.default_rng(seed))
         # planning for `hetprof run`: price the padded widths it runs (TaskCosts says how)
         self.costs = TaskCosts(cost_model, self.graph, workload, self.devices, self.links, lengths, chunks,
-                               padded=executable)
+                               padded=executable, backend=self.backend)
         # (ClusterSpec.price_per_hour looks a host up by expanding the spec; once per host is enough.)
         host_price = {h.name: h.price_per_hour if h.price_per_hour is not None else lookup(h.gpus.type).price_per_hour
                       for h in cluster.expanded_hosts()}
@@ -161,19 +167,31 @@ class Simulator:
         price = sum(self.price.get(d, 0.0) for d in set(candidate.devices()))
         return Score(math.inf, False, tuple(problems), price_per_hour=price, **kw)
 
-    def _score(self, cand: Candidate) -> Score:
+    def with_followers(self, cand: Candidate) -> tuple[dict[str, TaskLayout], tuple[tuple[str, ...], ...]]:
+        """Every task's layout and the groups, followers added beside their leaders (in workflow order)."""
         layouts = cand.layout_map()
-        evals = {t: self.costs.evaluate(layouts[t]) for t in self.tasks}
-        group_of = {t: i for i, g in enumerate(cand.groups) for t in g}
-        problems = [p for t in self.tasks for p in evals[t].violations]
+        groups = [list(g) for g in cand.groups]
+        for follower, leader in FOLLOWS.items():
+            if follower in self.graph.tasks and leader in layouts:
+                layouts[follower] = dataclasses.replace(layouts[leader], task=follower, sharding="none")
+                groups[cand.group_of(leader)].append(follower)
+        order = self.graph.tasks
+        return layouts, tuple(tuple(sorted(g, key=order.index)) for g in groups)
+
+    def _score(self, cand: Candidate) -> Score:
+        layouts, cand_groups = self.with_followers(cand)
+        tasks_all = list(self.graph.tasks)
+        evals = {t: self.costs.evaluate(layouts[t]) for t in tasks_all}
+        group_of = {t: i for i, g in enumerate(cand_groups) for t in g}
+        problems = [p for t in tasks_all for p in evals[t].violations]
         peaks: dict[str, float] = {}
         swap: dict[str, tuple[float, float]] = {}
-        for tasks in cand.groups:
+        for tasks in cand_groups:
             g_peak, g_swap, g_problems = self._group_residency(tuple(layouts[t] for t in tasks))
             peaks.update(g_peak)
             swap.update(g_swap)
             problems.extend(g_problems)
-        task_seconds = {t: evals[t].seconds for t in self.tasks}
+        task_seconds = {t: evals[t].seconds for t in tasks_all}
         for d in cand.devices():
             peaks.setdefault(d, 0.0)
         headroom: dict[str, float] = {}
@@ -200,11 +218,11 @@ class Simulator:
             transfer_s[edge.name] = seconds
             weights.append((edge, seconds))
         schedule = ScheduleInput(
-            tasks=tuple(self.tasks), group_of=group_of, curve={t: evals[t].curve for t in self.tasks},
+            tasks=tuple(tasks_all), group_of=group_of, curve={t: evals[t].curve for t in tasks_all},
             swap=swap, forward=tuple(forward), weights=tuple(weights), staleness=self.staleness,
             streaming=self.streaming, iterations=self.staleness + 4,
             group_devices=dict(enumerate(cand.group_devices)),
-            task_devices={t: layouts[t].devices() for t in self.tasks})
+            task_devices={t: layouts[t].devices() for t in tasks_all})
         result = simulate(schedule)
         it = result.iteration_s
         price = sum(self.price[d] for d in set(cand.devices()))
@@ -290,11 +308,14 @@ class Simulator:
                 if len(split) != lay.pp or any(x < 1 for x in split) or sum(split) != layers:
                     out.append(f"{t}: replica {r}'s layer split {list(split)} is not {lay.pp} positive stages "
                                f"summing to {layers} layers")
+        if lay.sharding not in SHARDING:
+            out.append(f"{t}: unknown sharding {lay.sharding!r} (one of {', '.join(SHARDING)})")
+        elif lay.sharding != "none" and self.graph.kind_of(t) != "training":
+            out.append(f"{t}: {lay.sharding} sharding on a {self.graph.kind_of(t)} task (only training shards its state)")
         if self.executable:
             out.extend(f"{p} (`hetprof run` would refuse it; plan with --any-layout to allow it)"
                        for p in executable.layout_problems(t, self.graph.kind_of(t), self.graph.model_of(t), lay.tp,
-                                                           lay.pp, lay.layer_splits,
-                                                           f"DP{lay.dp}×TP{lay.tp}×PP{lay.pp}"))
+                                                           lay.pp, lay.layer_splits, lay.describe(), lay.sharding))
         return out
 
     # ---- memory of colocated tasks --------------------------------------------------------------
@@ -304,6 +325,7 @@ class Simulator:
         Tasks that share a device keep their weights/optimizer state resident when everything fits
         (only one task's activations or KV cache live at a time); otherwise each task reloads its
         state before it runs and offloads it after, over the host link, as verl's colocated workers do.
+        A follower (the log-prob pass) reads its leader's weights: it adds only its working set.
         """
         hit = self._residency.get(layouts)
         if hit is not None:
@@ -319,13 +341,15 @@ class Simulator:
         problems: list[str] = []
         for d, items in per_device.items():
             cap = self.capacity[d]
-            resident = sum(e.offloadable for _, e in items) + max(e.total - e.offloadable for _, e in items)
+            here = {t for t, _ in items}
+            own = [(t, e) for t, e in items if FOLLOWS.get(t) not in here]
+            resident = sum(e.offloadable for _, e in own) + max(e.total - e.offloadable for _, e in items)
             if len(items) == 1 or resident <= cap:
                 peaks[d] = resident if len(items) > 1 else items[0][1].total
                 continue
             peaks[d] = max(e.total for _, e in items)
             dtype_ = self.devices[d].type
-            for task, e in items:
+            for task, e in items:  # offloading: the follower, too, loads the weights it runs with
                 cost = self.cost_model.host_transfer_time(e.offloadable, dtype_)
                 swap[task] = max(swap.get(task, 0.0), cost)
         out = (peaks, {t: (s, s) for t, s in swap.items()}, problems)

@@ -3,10 +3,11 @@
 This is where a layout meets the cost model. Replicas may sit on different GPU types and their
 pipeline stages on different hosts, so a replica's time is composed here from per-stage cost-model
 answers over the real links between its devices. Generation feels the response-length
-distribution: the step's sampled lengths are sorted into waves of as many sequences as the KV
-cache holds, and each wave pays its bulk at the wave's mean length plus a drain to its longest
-sequence — so a long tail costs more than fixed lengths of the same mean, and finished samples
-leave in order, which is what lets the next stage start early (streaming).
+distribution through the plan's engine (`planner.engines`): vllm's continuous batching lets short
+responses leave and the queue refill, the hf loop decodes every wave to its longest response — so
+a long tail costs more than fixed lengths of the same mean, and finished samples leave in order,
+which is what lets the next stage start early (streaming). A training layout's data-parallel
+sharding (none, zero1, zero2, fsdp) divides its state in memory and sets its collectives in time.
 
 Everything is memoised on hashable keys (a replica's stage signature, a TaskLayout): a search
 scores thousands of candidates that share most of their layouts.
@@ -24,6 +25,7 @@ from hetprof.catalog import lookup
 from hetprof.costmodels import MemoryEstimate, Placement, Work
 from hetprof.models import DTYPE_BYTES, ModelShape
 from hetprof.planner.candidate import TaskLayout, even_split
+from hetprof.planner.engines import ENGINES, EngineLimits, GenerationRequest, arrival_order
 from hetprof.planner.graph import RLGraph
 from hetprof.planner.links import LinkTable
 from hetprof.specs import Device, WorkloadSpec
@@ -59,7 +61,8 @@ class TaskCosts:
     """Per-task costs for one (cluster, workload, cost model); every answer memoised."""
 
     def __init__(self, cost_model, graph: RLGraph, workload: WorkloadSpec, devices: dict[str, Device],
-                 links: LinkTable, lengths: np.ndarray, chunks: int, padded: bool = False) -> None:
+                 links: LinkTable, lengths: np.ndarray, chunks: int, padded: bool = False,
+                 backend: str = "vllm") -> None:
         self.cm = cost_model
         self.graph = graph
         self.workload = workload
@@ -78,7 +81,10 @@ class TaskCosts:
         # batch as wide as its longest prompt plus its longest response. Mean lengths price an engine
         # that packs sequences instead; memory keeps the declared means either way.
         self.padded = padded
+        self.engine = ENGINES.get(backend)
+        self.backend = backend
         self._longest: dict[int, float] = {}
+        self._longest_response: dict[int, float] = {}
         self.sequence_prompt = self.longest_prompt(workload.prompts_per_step)
         self.sequence_response = (workload.response_len.expected_longest(self.sequences) if padded
                                   else self.response)
@@ -110,8 +116,20 @@ class TaskCosts:
         return hit
 
     def generation_prompt(self, sequences: int) -> float:
-        """The prompt width of a generator replica handling `sequences` sequences (its distinct prompts)."""
-        return self.longest_prompt(math.ceil(sequences / max(1, self.workload.responses_per_prompt)))
+        """The width an hf batch of `sequences` sequences pads its prompts to (their distinct prompts' longest)."""
+        k = max(1, math.ceil(sequences / max(1, self.workload.responses_per_prompt)))
+        hit = self._longest.get(-k)  # negative keys: always padded, whatever `self.padded` says
+        if hit is None:
+            hit = self._longest[-k] = self.workload.prompt_len.expected_longest(k)
+        return hit
+
+    def padded_response(self, sequences: int) -> float:
+        """The expected longest response of `sequences` sequences: what an hf batch decodes to."""
+        k = max(1, int(sequences))
+        hit = self._longest_response.get(k)
+        if hit is None:
+            hit = self._longest_response[k] = self.workload.response_len.expected_longest(k)
+        return hit
 
     def replica_lengths(self, batch: int) -> np.ndarray:
         """`batch` response lengths that follow the step's sampled distribution (evenly spaced quantiles)."""
@@ -165,30 +183,24 @@ class TaskCosts:
             per_step = self._composed(task, sig, tp, max(1, math.ceil(batch / steps)), split,
                                       self.sequence_response, self.sequence_prompt)
             return ReplicaCost(per_step * steps * self.workload.ppo_epochs)
+        return self._generation(task, sig, tp, batch, split)
+
+    def _generation(self, task: str, sig: tuple, tp: int, batch: int, split: tuple[int, ...]) -> ReplicaCost:
+        """A generator replica's batch as the plan's engine runs it, within its KV room (planner.engines)."""
         stages, _ = sig
-        conc = min(self.cm.max_concurrent_sequences(self.work(task, batch, split[s]), Placement(t, tp))
+        room = min(self.cm.max_concurrent_sequences(self.work(task, 1, split[s], 0.0, 1.0), Placement(t, tp))
                    for s, (types, _link) in enumerate(stages) for t in types)
-        if conc < 1:
+        if room < 1:
             model = self.graph.model_of(task)
             types = "/".join(sorted({t for types, _ in stages for t in types}))
             return ReplicaCost(math.inf, note=f"not even one sequence's KV cache fits next to {model.name}'s "
                                              f"weights on {types} (TP{tp}, {max(split)} layers per stage)")
-        lens = self.replica_lengths(batch)
-        finish: list[np.ndarray] = []
-        clock = 0.0
-        prompt = self.generation_prompt(batch)
-        for start in range(0, batch, conc):
-            wave = lens[start:start + conc]
-            mean, longest = max(1, round(float(wave.mean()))), max(1, int(wave.max()))
-            bulk = self._composed(task, sig, tp, len(wave), split, mean, prompt)
-            drain = 0.0
-            if longest > mean:  # the tail decodes with a nearly empty batch: about one sequence's steps
-                drain = max(0.0, self._composed(task, sig, tp, 1, split, longest, prompt)
-                            - self._composed(task, sig, tp, 1, split, mean, prompt))
-            seconds = bulk + drain
-            finish.append(clock + seconds * wave / longest)
-            clock += seconds
-        return ReplicaCost(clock, tuple(np.sort(np.concatenate(finish)).tolist()))
+        gen = self.workload.generation
+        request = GenerationRequest(tuple(arrival_order(self.replica_lengths(batch)).tolist()), self.prompt,
+                                    self.generation_prompt, self.padded_response,
+                                    EngineLimits(room, gen.max_num_seqs, gen.block_tokens))
+        run = self.engine(request, lambda b, prompt, steps: self._composed(task, sig, tp, b, split, steps, prompt))
+        return ReplicaCost(run.seconds, run.finish, run.note)
 
     def _composed(self, task: str, sig: tuple, tp: int, batch: int, split: tuple[int, ...], response: float,
                   prompt: float | None = None) -> float:
@@ -230,11 +242,16 @@ class TaskCosts:
         return hit
 
     # ---- memory ---------------------------------------------------------------------------------
-    def memory(self, task: str, device_type: str, tp: int, layers: int, batch: int) -> MemoryEstimate:
-        key = (task, device_type, tp, layers, batch)
+    def memory(self, task: str, device_type: str, tp: int, layers: int, batch: int, dp: int = 1,
+               sharding: str = "none") -> MemoryEstimate:
+        """Peak bytes of one device of a replica; a training replica shards its state over `dp` as `sharding` says."""
+        if sharding == "none" or dp == 1:
+            dp, sharding = 1, "none"
+        key = (task, device_type, tp, layers, batch, dp, sharding)
         hit = self._mem.get(key)
         if hit is None:
-            hit = self._mem[key] = self.cm.memory(self.work(task, batch, layers), Placement(device_type, tp))
+            hit = self._mem[key] = self.cm.memory(self.work(task, batch, layers),
+                                                  Placement(device_type, tp, dp=dp, sharding=sharding))
         return hit
 
     # ---- a whole task layout --------------------------------------------------------------------
@@ -272,7 +289,7 @@ class TaskCosts:
                 replica_s.append(0.0)
             for i, d in enumerate(devices):
                 dev = self.devices[d]
-                est = self.memory(task, dev.type, tp, split[i // tp], max(1, batch))
+                est = self.memory(task, dev.type, tp, split[i // tp], max(1, batch), layout.dp, layout.sharding)
                 memory[d] = est
                 cap = self._capacity[dev.type]
                 if est.total > cap:
@@ -289,7 +306,7 @@ class TaskCosts:
         seconds = max(replica_s) if replica_s else math.inf
         grad = 0.0
         if kind == "training" and layout.dp > 1:
-            grad = self._grad_sync(layout)
+            grad = self._grad_sync(layout, seconds)
             seconds += grad
         curve = self._curve(kind, seconds, finish)
         vector = np.zeros(len(self.links.hosts))
@@ -297,15 +314,18 @@ class TaskCosts:
             vector[self.links.index[host]] = fraction
         return TaskEval(seconds, tuple(replica_s), curve, memory, host_fraction, tuple(problems), grad, vector)
 
-    def _grad_sync(self, layout: TaskLayout) -> float:
-        """Data-parallel gradient all-reduce per optimizer step, over the slowest link among the replicas."""
+    def _grad_sync(self, layout: TaskLayout, seconds: float) -> float:
+        """Data-parallel traffic per optimizer step (gradients; parameters too when sharded), over the
+        slowest link among the replicas; FSDP's overlaps the step's compute (`seconds` over all steps)."""
         hosts = {self.devices[d].host for d in layout.devices()}
         link = self.links.slowest(hosts) or self.links.between(*(2 * sorted(hosts)[:1]))
         first = self.devices[layout.replicas[0][0]].type
-        batch = max(1, round(max(layout.shares) * self.sequences))
-        per_step = self.cm.dp_grad_sync_time(self.work(layout.task, batch), Placement(first, layout.tp, layout.pp),
-                                             layout.dp, link)
-        return per_step * self.workload.ppo_epochs * self.workload.mini_batches
+        steps = self.workload.ppo_epochs * self.workload.mini_batches
+        batch = max(1, round(max(layout.shares) * self.sequences / self.workload.mini_batches))
+        work = self.work(layout.task, batch, None, self.sequence_response, self.sequence_prompt)
+        per_step = self.cm.dp_grad_sync_time(work, Placement(first, layout.tp, layout.pp), layout.dp, link,
+                                             layout.sharding, seconds / steps if math.isfinite(seconds) else 0.0)
+        return per_step * steps
 
     def _curve(self, kind: str, seconds: float, finish: list[tuple[float, ...]]) -> tuple[float, ...]:
         k = self.chunks

@@ -20,12 +20,14 @@ import torch.multiprocessing as mp
 
 from hetprof.errors import ExecutionError
 from hetprof.executor.algorithms import AlgorithmConfig, RLBatch, get_algorithm
-from hetprof.executor.groups import Topology, check_supported
+from hetprof.executor.handwritten_plan import handwritten_plan
 from hetprof.executor.launch import free_port
+from hetprof.executor.launch_checks import check_supported
 from hetprof.executor.learner import Learner
-from hetprof.executor.manual import manual_plan
 from hetprof.executor.modeling import build_causal_lm, build_reward_model, build_value_model
 from hetprof.executor.parallel import ShardedModel
+from hetprof.executor.process_groups import ProcessGroups
+from hetprof.executor.topology import Topology
 from hetprof.executor.weightsync import WeightSync, copy_into, state_digest
 from hetprof.specs import ClusterSpec, Plan, WorkloadSpec
 
@@ -49,10 +51,12 @@ def make_plan(train: dict, algorithm: str = "grpo", ref: dict | None = None) -> 
         wl["models"] = {"actor": "tiny", "critic": "tiny"}
     placement = {"actor_gen": ["localhost:0"], "ref_infer": ["localhost:0"], "actor_train": ["localhost:0"],
                  "critic_infer": ["localhost:0"], "critic_train": ["localhost:0"]}
-    d = manual_plan(cluster, wl, {k: v for k, v in placement.items()
+    d = handwritten_plan(cluster, wl, {k: v for k, v in placement.items()
                                   if k in ("actor_gen", "ref_infer", "actor_train")
                                   or algorithm == "ppo"}).to_dict()
     layouts = dict(train, **(ref or {}))
+    if "actor_train" in layouts:  # the log-prob pass follows its trainer's layout
+        layouts["actor_logprob"] = layouts["actor_train"]
     for t in d["tasks"]:
         if t["task"] not in layouts:
             continue
@@ -114,13 +118,13 @@ def reference_update(task: str) -> dict[str, torch.Tensor]:
 
 def sharded_update(plan: Plan, task: str, rank: int, ckpt: Path):
     topo = Topology(plan, {d: i for i, d in enumerate(DEVS)})
-    topo.build_groups()
+    groups = ProcessGroups.build(topo)
     tr = topo.tasks[task]
     if rank not in tr.all_ranks:
-        return topo, None, None
+        return topo, groups, None, None
     alg = algorithm("grpo" if task == "actor_train" else "ppo")
     model = build_causal_lm("tiny", seed=0) if task == "actor_train" else build_value_model("tiny", seed=1)
-    sharded = ShardedModel(model, topo, task, rank, torch.device("cpu"), "lm" if task == "actor_train" else "value")
+    sharded = ShardedModel(model, topo, groups, task, rank, torch.device("cpu"), "lm" if task == "actor_train" else "value")
     opt = torch.optim.AdamW(sharded.parameters(), lr=1e-2, weight_decay=0.0)
     learner = Learner(sharded.module, opt, alg, ppo_epochs=2, role="actor" if task == "actor_train" else "critic",
                       recompute_proximal=False, parallel=sharded)
@@ -130,7 +134,7 @@ def sharded_update(plan: Plan, task: str, rank: int, ckpt: Path):
     lo = sum(counts[:tr.replica_of(rank)])
     stats = learner.update(batch.select(torch.arange(lo, lo + counts[tr.replica_of(rank)])))
     assert stats["grad_norm"] > 0
-    return topo, sharded, opt
+    return topo, groups, sharded, opt
 
 
 def _worker(rank: int, port: int, out: str) -> None:
@@ -141,7 +145,7 @@ def _worker(rank: int, port: int, out: str) -> None:
     try:
         for name, (task, layouts) in CASES.items():
             plan = make_plan(layouts, algorithm="grpo" if task == "actor_train" else "ppo")
-            topo, sharded, opt = sharded_update(plan, task, rank, out)
+            topo, groups, sharded, opt = sharded_update(plan, task, rank, out)
             full = sharded.full_state() if sharded is not None else None
             lead = topo.tasks[task].lead
             if rank == lead:
@@ -163,12 +167,12 @@ def _worker(rank: int, port: int, out: str) -> None:
             if sharded is not None:
                 if sharded.pos.replica == 0:
                     torch.save(sharded.local_state(opt), out / f"{name}-{sharded.pos.unit}.pt")
-                dist.barrier(group=topo.groups.get(topo.replica_group(task, sharded.pos.replica)))
+                dist.barrier(group=groups.replica(task, sharded.pos.replica))
             dist.barrier()
             if sharded is not None:
                 fresh_topo = topo
                 model = (build_causal_lm if task == "actor_train" else build_value_model)("tiny", seed=5)
-                again = ShardedModel(model, fresh_topo, task, rank, torch.device("cpu"),
+                again = ShardedModel(model, fresh_topo, groups, task, rank, torch.device("cpu"),
                                      "lm" if task == "actor_train" else "value")
                 opt2 = torch.optim.AdamW(again.parameters(), lr=1e-2, weight_decay=0.0)
                 state = torch.load(out / f"{name}-{again.pos.unit}.pt", weights_only=True)
@@ -183,7 +187,7 @@ def _worker(rank: int, port: int, out: str) -> None:
             dist.barrier()
             if name == "critic_pp2xdp2":  # a pipelined forward of a scalar-head (reward) model
                 model = build_reward_model("tiny", seed=2)
-                pipe = ShardedModel(model, topo, task, rank, torch.device("cpu"), "value").pipeline
+                pipe = ShardedModel(model, topo, groups, task, rank, torch.device("cpu"), "value").pipeline
                 batch = rl_batch()
                 values = pipe.forward(batch.input_ids, batch.attention_mask)
                 torch.save(values, out / f"reward-values-r{rank}.pt")

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from hetprof.executor.handwritten_plan import handwritten_plan
 from hetprof.executor.launch import free_port
-from hetprof.executor.manual import manual_plan
 from hetprof.executor.records import read_log
 from hetprof.specs import WorkloadSpec
 
@@ -73,7 +73,7 @@ def test_two_hosts_meet_by_rendezvous_and_complete_an_iteration(tmp_path, two_ho
                                         {"name": "hostb", "gpus": {"type": "cpu", "count": 1}, "address": addrs[1]}]}
     workload = WorkloadSpec.load(ROOT / "examples" / "workloads" / "grpo-tiny.yaml").to_dict()
     workload.update({"prompts_per_step": 4, "responses_per_prompt": 4})
-    plan = manual_plan(cluster, workload, {"actor_gen": ["hosta:0"], "ref_infer": ["hostb:0"],
+    plan = handwritten_plan(cluster, workload, {"actor_gen": ["hosta:0"], "ref_infer": ["hostb:0"],
                                            "actor_train": ["hostb:0"]})
     plan.save(tmp_path / "plan.json")
     port = free_port()

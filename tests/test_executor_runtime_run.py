@@ -18,7 +18,7 @@ import pytest
 
 from hetprof.costmodels.runrows import run_task_rows
 from hetprof.errors import ExecutionError
-from hetprof.executor.manual import manual_plan
+from hetprof.executor.handwritten_plan import handwritten_plan
 from hetprof.executor.records import read_log
 from hetprof.profiles import ProfileDB
 from hetprof.specs import ClusterSpec, WorkloadSpec
@@ -33,7 +33,7 @@ def write_plan(path: Path, slots: int, placement: dict, shares: dict | None = No
     base = WorkloadSpec.load(ROOT / "examples" / "workloads" / "grpo-tiny.yaml").to_dict()
     # one optimizer step per update: the records' KL is then that of the step taken at the old weights
     base.update({"prompts_per_step": 4, "responses_per_prompt": 4, "ppo_epochs": 1, "mini_batches": 1, **workload})
-    manual_plan(cluster, base, placement, shares).save(path)
+    handwritten_plan(cluster, base, placement, shares).save(path)
     return path
 
 
@@ -157,7 +157,7 @@ def test_resume_refuses_a_different_plan_before_starting_workers(tmp_path):
 
 
 def test_layouts_the_runtime_cannot_carry_out_are_refused_up_front(tmp_path):
-    from hetprof.executor.groups import check_supported
+    from hetprof.executor.launch_checks import check_supported
     from hetprof.specs import Plan
 
     plan_path = write_plan(tmp_path / "plan.json", 2,
@@ -166,9 +166,9 @@ def test_layouts_the_runtime_cannot_carry_out_are_refused_up_front(tmp_path):
     for g in base["groups"]:
         g["devices"] = ["localhost:0", "localhost:1"]
     tp, pp = json.loads(json.dumps(base)), json.loads(json.dumps(base))
-    train = next(t for t in tp["tasks"] if t["task"] == "actor_train")
-    train["layout"]["tp"] = 2
-    train["tasklets"][0]["devices"] = ["localhost:0", "localhost:1"]
+    for train in (t for t in tp["tasks"] if t["task"] in ("actor_train", "actor_logprob")):  # the pass follows
+        train["layout"]["tp"] = 2
+        train["tasklets"][0]["devices"] = ["localhost:0", "localhost:1"]
     assert check_supported(Plan.from_dict(tp)) == "gloo"  # TP (and PP) training is carried out
     gen = next(t for t in pp["tasks"] if t["task"] == "actor_gen")  # pipelined generation is not
     gen["layout"]["pp"] = 2

@@ -114,7 +114,7 @@ def test_state_digest_sees_a_single_changed_bit():
 
 
 def _p2p(rank: int, out: str) -> None:
-    from hetprof.executor.groups import Outbox, recv_tensors
+    from hetprof.executor.messages import Outbox, recv_tensors
 
     if rank == 0:
         box = Outbox()

@@ -13,14 +13,16 @@ from hypothesis import strategies as st
 
 from hetprof.errors import ExecutionError, SpecError
 from hetprof.executor import checkpoint
-from hetprof.executor.groups import Topology, check_supported, host_devices, planned_hosts
-from hetprof.executor.launch import RunOptions, describe_failures, node_host
-from hetprof.executor.manual import manual_plan
+from hetprof.executor.batch_split import row_slices, split_counts
+from hetprof.executor.handwritten_plan import handwritten_plan
+from hetprof.executor.launch import describe_failures, node_host
+from hetprof.executor.launch_checks import check_supported, host_devices, planned_hosts
+from hetprof.executor.messages import concat_padded
+from hetprof.executor.options import RunOptions
+from hetprof.executor.predicted_vs_measured import summary
 from hetprof.executor.records import db_rows, plan_hash, read_db, read_log, write_db
-from hetprof.executor.runtime import pad_cat
-from hetprof.executor.shares import offsets, split_counts
 from hetprof.executor.staleness import VersionCounter, generation_version, schedule
-from hetprof.executor.validation import summary
+from hetprof.executor.topology import Topology
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOAD = ROOT / "examples" / "workloads" / "grpo-tiny.yaml"
@@ -51,7 +53,7 @@ def test_split_counts_refuses_impossible_batches():
         split_counts(3, [0.5, 0.5], minimum=2)
     with pytest.raises(ExecutionError):
         split_counts(3, [0.0, 0.0])
-    assert [s.stop - s.start for s in offsets([3, 1, 2])] == [3, 1, 2]
+    assert [s.stop - s.start for s in row_slices([3, 1, 2])] == [3, 1, 2]
 
 
 # ---- async schedule -------------------------------------------------------------------------
@@ -83,25 +85,26 @@ def test_version_counter_raises_on_a_sample_older_than_the_bound():
 
 # ---- plans → ranks --------------------------------------------------------------------------
 def test_manual_plan_groups_tasks_that_share_devices_and_normalises_shares():
-    plan = manual_plan(cluster({"h": 4}), workload(), {"actor_gen": ["h:0", "h:1"], "ref_infer": ["h:2"],
+    plan = handwritten_plan(cluster({"h": 4}), workload(), {"actor_gen": ["h:0", "h:1"], "ref_infer": ["h:2"],
                                                        "actor_train": ["h:2", "h:3"]},
                        shares={"actor_gen": [3, 1]})
     groups = {tuple(g.tasks): g.devices for g in plan.groups}
-    assert groups == {("actor_gen",): ["h:0", "h:1"], ("ref_infer", "actor_train"): ["h:2", "h:3"]}
+    # the log-prob pass goes where actor_train goes
+    assert groups == {("actor_gen",): ["h:0", "h:1"], ("actor_logprob", "ref_infer", "actor_train"): ["h:2", "h:3"]}
     assert [k.batch_share for k in plan.task("actor_gen").tasklets] == [0.75, 0.25]
     with pytest.raises(SpecError, match="placement.ref_infer"):
-        manual_plan(cluster({"h": 2}), workload(), {"actor_gen": ["h:0"], "actor_train": ["h:1"]})
+        handwritten_plan(cluster({"h": 2}), workload(), {"actor_gen": ["h:0"], "actor_train": ["h:1"]})
 
 
 def test_topology_leads_training_and_builds_sync_edges():
-    plan = manual_plan(cluster({"a": 2, "b": 2}), workload(), {"actor_gen": ["a:0", "b:1"], "ref_infer": ["a:1"],
+    plan = handwritten_plan(cluster({"a": 2, "b": 2}), workload(), {"actor_gen": ["a:0", "b:1"], "ref_infer": ["a:1"],
                                                                 "actor_train": ["b:0", "a:1"]})
     assert planned_hosts(plan) == ["a", "b"] and host_devices(plan, "b") == ["b:0", "b:1"]
     topo = Topology(plan, {"a:0": 0, "a:1": 1, "b:0": 2, "b:1": 3})
     assert topo.leader == 2  # actor_train replica 0
     assert topo.sync_members("weight_sync") == [0, 2, 3]
     assert topo.sync_members("critic_sync") == []
-    assert "rank 1 (device a:1; tasks ref_infer, actor_train)" == topo.describe(1)
+    assert "rank 1 (device a:1; tasks actor_logprob, ref_infer, actor_train)" == topo.describe(1)
     with pytest.raises(ExecutionError, match="no worker runs"):
         Topology(plan, {"a:0": 0, "a:1": 1, "b:0": 2})
 
@@ -110,25 +113,25 @@ def test_check_supported_refuses_gpus_without_cuda_and_layouts_it_cannot_run_nam
     from hetprof.specs import Plan
 
     gpu = {"name": "g", "hosts": [{"name": "n", "gpus": {"type": "A100-40GB", "count": 2}}]}
-    plan = manual_plan(gpu, workload(), {"actor_gen": [["n:0", "n:1"]], "ref_infer": ["n:1"], "actor_train": ["n:1"]})
+    plan = handwritten_plan(gpu, workload(), {"actor_gen": [["n:0", "n:1"]], "ref_infer": ["n:1"], "actor_train": ["n:1"]})
     with pytest.raises(ExecutionError, match="no CUDA device"):
         check_supported(plan, cuda_available=False)
     assert check_supported(plan, cuda_available=True) == "nccl"  # TP2 generation is carried out
     data = plan.to_dict()
-    train = next(t for t in data["tasks"] if t["task"] == "actor_train")
-    train["layout"]["tp"] = 2
-    train["tasklets"][0]["devices"] = ["n:0", "n:1"]
+    for train in (t for t in data["tasks"] if t["task"] in ("actor_train", "actor_logprob")):  # the pass follows
+        train["layout"]["tp"] = 2
+        train["tasklets"][0]["devices"] = ["n:0", "n:1"]
     for g in data["groups"]:
         g["devices"] = ["n:0", "n:1"]
     assert check_supported(Plan.from_dict(data), cuda_available=True) == "nccl"  # TP2 training is carried out too
-    tp4 = manual_plan(cluster({"h": 4}), workload(), {"actor_gen": [["h:0", "h:1", "h:2", "h:3"]],
+    tp4 = handwritten_plan(cluster({"h": 4}), workload(), {"actor_gen": [["h:0", "h:1", "h:2", "h:3"]],
                                                       "ref_infer": ["h:1"], "actor_train": ["h:1"]})
     with pytest.raises(ExecutionError, match=r"actor_gen.*TP4 must divide.*KV heads \(2\)"):
         check_supported(tp4)
 
 
 def test_tensor_parallel_topology_counts_every_rank_of_a_replica():
-    plan = manual_plan(cluster({"h": 3}), workload(), {"actor_gen": [["h:0", "h:1"]], "ref_infer": [["h:1", "h:2"]],
+    plan = handwritten_plan(cluster({"h": 3}), workload(), {"actor_gen": [["h:0", "h:1"]], "ref_infer": [["h:1", "h:2"]],
                                                        "actor_train": ["h:2"]})
     topo = Topology(plan, {"h:0": 0, "h:1": 1, "h:2": 2})
     gen = topo.tasks["actor_gen"]
@@ -138,7 +141,7 @@ def test_tensor_parallel_topology_counts_every_rank_of_a_replica():
 
 
 def test_node_host_refuses_a_node_count_the_plan_does_not_have():
-    plan = manual_plan(cluster({"a": 1, "b": 1}), workload(), {"actor_gen": ["a:0"], "ref_infer": ["b:0"],
+    plan = handwritten_plan(cluster({"a": 1, "b": 1}), workload(), {"actor_gen": ["a:0"], "ref_infer": ["b:0"],
                                                                 "actor_train": ["b:0"]})
     assert node_host(plan, 2, 1) == "b"
     with pytest.raises(ExecutionError, match="--nnodes 2"):
@@ -148,9 +151,9 @@ def test_node_host_refuses_a_node_count_the_plan_does_not_have():
 
 
 def test_resume_without_a_checkpoint_is_refused_up_front(tmp_path):
-    from hetprof.executor.launch import check_resumable
+    from hetprof.executor.launch_checks import check_resumable
 
-    plan = manual_plan(cluster({"h": 2}), workload(), {"actor_gen": ["h:0"], "ref_infer": ["h:1"],
+    plan = handwritten_plan(cluster({"h": 2}), workload(), {"actor_gen": ["h:0"], "ref_infer": ["h:1"],
                                                        "actor_train": ["h:1"]})
     with pytest.raises(ExecutionError, match="no complete checkpoint"):
         check_resumable(tmp_path, plan)
@@ -166,7 +169,7 @@ def test_run_options_refuse_bad_values():
 
 
 def test_failures_are_named_by_device_and_task_killed_one_first():
-    plan = manual_plan(cluster({"h": 2}), workload(), {"actor_gen": ["h:0"], "ref_infer": ["h:1"],
+    plan = handwritten_plan(cluster({"h": 2}), workload(), {"actor_gen": ["h:0"], "ref_infer": ["h:1"],
                                                        "actor_train": ["h:1"]})
     fail = lambda rank, code, msg, ts: SimpleNamespace(  # noqa: E731
         exitcode=code, pid=100 + rank, message=msg, timestamp=ts,
@@ -184,7 +187,7 @@ def test_pad_cat_right_pads_rows_of_different_widths():
          "version": torch.tensor([1, 1])}
     b = {"input_ids": torch.full((1, 5), 7), "response_mask": torch.ones(1, 5, dtype=torch.long),
          "version": torch.tensor([2])}
-    out = pad_cat([a, b], pad_id=9)
+    out = concat_padded([a, b], pad_id=9)
     assert out["input_ids"].shape == (3, 5) and out["input_ids"][0, 3:].tolist() == [9, 9]
     assert out["response_mask"][:2, 3:].sum() == 0 and out["version"].tolist() == [1, 1, 2]
 
@@ -235,7 +238,7 @@ def test_checkpoints_are_atomic_tensor_only_and_committed_separately(tmp_path):
 
 
 def test_plan_hash_changes_with_the_plan():
-    a = manual_plan(cluster({"h": 2}), workload(), {"actor_gen": ["h:0"], "ref_infer": ["h:1"], "actor_train": ["h:1"]})
-    b = manual_plan(cluster({"h": 2}), workload(), {"actor_gen": ["h:1"], "ref_infer": ["h:0"], "actor_train": ["h:0"]})
-    assert plan_hash(a) != plan_hash(b) and plan_hash(a) == plan_hash(manual_plan(
+    a = handwritten_plan(cluster({"h": 2}), workload(), {"actor_gen": ["h:0"], "ref_infer": ["h:1"], "actor_train": ["h:1"]})
+    b = handwritten_plan(cluster({"h": 2}), workload(), {"actor_gen": ["h:1"], "ref_infer": ["h:0"], "actor_train": ["h:0"]})
+    assert plan_hash(a) != plan_hash(b) and plan_hash(a) == plan_hash(handwritten_plan(
         cluster({"h": 2}), workload(), {"actor_gen": ["h:0"], "ref_infer": ["h:1"], "actor_train": ["h:1"]}))

@@ -72,9 +72,11 @@ def sim_for(cm, wl=None, cl=None, **kw) -> Simulator:
 
 def test_graph_follows_the_algorithm():
     grpo = build_graph(workload())
-    assert grpo.tasks == ("actor_gen", "ref_infer", "actor_train")  # rule-based reward: no reward_infer
+    # rule-based reward: no reward_infer; the old-log-prob recompute on by default
+    assert grpo.tasks == ("actor_gen", "actor_logprob", "ref_infer", "actor_train")
     ppo = build_graph(workload(algorithm="ppo", reward=True))
-    assert ppo.tasks == ("actor_gen", "ref_infer", "reward_infer", "critic_infer", "actor_train", "critic_train")
+    assert ppo.tasks == ("actor_gen", "actor_logprob", "ref_infer", "reward_infer", "critic_infer", "actor_train",
+                         "critic_train")
     names = {e.name for e in ppo.edges}
     assert "rollouts:actor_gen->critic_infer" in names and "scores:critic_infer->critic_train" in names
     assert {e.name for e in ppo.backward_edges()} == {"weights:actor_train->actor_gen",
@@ -89,7 +91,7 @@ def test_colocated_tasks_run_one_after_another(cm):
     assert s.feasible, s.violations
     assert s.iteration_s >= sum(s.task_seconds.values()) * (1 - 1e-9)
     bars = sorted((e.start, e.end) for e in s.timeline if e.kind == "compute")
-    assert len(bars) == len(sim.tasks)
+    assert len(bars) == len(sim.graph.tasks)  # the log-prob pass, placed beside actor_train, included
     assert all(a_end <= b_start + 1e-9 for (_, a_end), (b_start, _) in zip(bars, bars[1:], strict=False))
 
 
@@ -110,9 +112,9 @@ def test_streaming_lets_the_next_stage_start_on_finished_samples(cm):
     on, off = sim_for(cm, streaming=True), sim_for(cm, streaming=False)
     s_on, s_off = on.evaluate(split(on)), off.evaluate(split(off))
     assert s_on.iteration_s < s_off.iteration_s
-    ref = next(e for e in s_on.timeline if e.name == "ref_infer")
+    first = next(e for e in s_on.timeline if e.name == "actor_logprob")  # the group's first consumer
     gen = next(e for e in s_on.timeline if e.name == "actor_gen")
-    assert ref.start < gen.end
+    assert first.start < gen.end
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])

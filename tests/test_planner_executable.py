@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from hetprof.cli import cli
 from hetprof.costmodels import Placement, get_cost_model
 from hetprof.errors import InfeasibleError
-from hetprof.executor.groups import check_supported
+from hetprof.executor.launch_checks import check_supported
 from hetprof.models import PRESETS
 from hetprof.planner import layouts
 from hetprof.planner.candidate import Candidate, TaskLayout

@@ -1,11 +1,26 @@
 """The files users write and share: cluster spec, workload spec, plan (DESIGN §2)."""
 
 from hetprof.specs.cluster import ClusterSpec, Device, GpuSlot, Host, LinkOverride, LinkParams, NetworkSpec
-from hetprof.specs.plan import TASKS, Group, Layout, Plan, Prediction, Tasklet, TaskPlacement, workload_tasks
-from hetprof.specs.workload import LengthDist, ModelRoles, TrainingParams, WorkloadSpec
+from hetprof.specs.plan import (
+    FOLLOWS,
+    GENERATION_BACKENDS,
+    SHARDING,
+    TASKS,
+    Group,
+    Layout,
+    Plan,
+    Prediction,
+    Tasklet,
+    TaskPlacement,
+    workload_tasks,
+)
+from hetprof.specs.vocabulary import Role, SyncEdge, Task, TaskKind
+from hetprof.specs.workload import GenerationParams, LengthDist, ModelRoles, TrainingParams, WorkloadSpec
 
 __all__ = [
     "ClusterSpec", "Device", "GpuSlot", "Host", "LinkOverride", "LinkParams", "NetworkSpec",
-    "TASKS", "Group", "Layout", "Plan", "Prediction", "TaskPlacement", "Tasklet", "workload_tasks",
-    "LengthDist", "ModelRoles", "TrainingParams", "WorkloadSpec",
+    "FOLLOWS", "GENERATION_BACKENDS", "SHARDING", "TASKS", "Group", "Layout", "Plan", "Prediction", "TaskPlacement",
+    "Tasklet", "workload_tasks",
+    "GenerationParams", "LengthDist", "ModelRoles", "TrainingParams", "WorkloadSpec",
+    "Role", "SyncEdge", "Task", "TaskKind",
 ]

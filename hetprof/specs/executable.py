@@ -32,14 +32,24 @@ def tp_divides(model: ModelShape, tp: int) -> bool:
 
 
 def layout_problems(task: str, kind: str, model: ModelShape, tp: int, pp: int,
-                    layer_splits: Sequence[Sequence[int]] = (), layout: str = "") -> list[str]:
+                    layer_splits: Sequence[Sequence[int]] = (), layout: str = "", sharding: str = "none") -> list[str]:
     """Sentences saying why the executor would refuse this layout of `task` (empty: it runs it).
 
     `kind` is the task's kind (generation, inference, training); `layer_splits` each replica's
     layers per pipeline stage; `layout` how to name the layout in the sentences (e.g. DP2×TP1×PP2).
+    Sharded data parallelism runs on whole-model replicas — FSDP2 `fully_shard` for zero2 (kept
+    gathered between forward and backward) and fsdp, on GPUs and on the CPU (gloo) alike; zero1 has
+    no runner (the planner never picks it: zero2 moves the same bytes and holds less); TP/PP
+    replicas average gradients explicitly and shard nothing.
     """
     name = layout or f"TP{tp}×PP{pp}"
     out = []
+    if sharding == "zero1":
+        out.append(f"task {task} has layout {name} with zero1 sharding: this executor shards with FSDP2 "
+                   f"(zero2, fsdp) and has no ZeRO-1 optimizer; zero2 moves the same bytes and holds less")
+    elif sharding != "none" and (tp > 1 or pp > 1):
+        out.append(f"task {task} has layout {name} with {sharding} sharding: this executor shards the state of "
+                   f"whole-model replicas only (TP/PP replicas average their gradients explicitly)")
     if pp > 1 and not may_pipeline(task):
         out.append(f"task {task} has layout {name}: this executor runs no pipeline stages for {task} "
                    f"({UNPIPELINED[task]})")

@@ -16,24 +16,43 @@ from typing import Any, Literal
 from hetprof.errors import SpecError
 from hetprof.specs.cluster import ClusterSpec
 from hetprof.specs.loader import field, from_data, positive, read_file, to_data
+from hetprof.specs.vocabulary import Task
 from hetprof.specs.workload import WorkloadSpec
 
 PLAN_VERSION = 1
 
 # The RL tasks: name -> (kind, model role). Weight sync (actor_train -> actor_gen) is an edge.
-TASKS: dict[str, tuple[str, str]] = {
-    "actor_gen": ("generation", "actor"),
-    "ref_infer": ("inference", "reference"),
-    "reward_infer": ("inference", "reward"),
-    "critic_infer": ("inference", "critic"),
-    "actor_train": ("training", "actor"),
-    "critic_train": ("training", "critic"),
+TASKS: dict[str, tuple[str, str]] = {str(t): (str(t.kind), str(t.role)) for t in Task}
+
+# Tasks that run on another task's workers with its layout and its very weights: the old-log-prob
+# pass is a forward of the trainer's own module before its update (verl's compute_log_prob runs on
+# the actor workers), so it is never placed on its own and never needs a weight sync.
+FOLLOWS: dict[str, str] = {Task.ACTOR_LOGPROB: Task.ACTOR_TRAIN}
+
+# Data-parallel sharding of a training task's state over its replicas: what each level shards.
+SHARDING: dict[str, tuple[str, ...]] = {
+    "none": (),                                   # DDP: every replica holds everything
+    "zero1": ("optimizer",),
+    "zero2": ("optimizer", "grads"),
+    "fsdp": ("optimizer", "grads", "params"),     # ZeRO-3 / FSDP full shard
 }
+
+# Generation engines a plan can be made for (`hetprof plan --backend`, `hetprof run --backend`).
+GENERATION_BACKENDS = ("hf", "vllm")
 
 
 def workload_tasks(workload: WorkloadSpec) -> list[str]:
-    """The tasks a workload has: GRPO drops the critic; a rule-based reward drops reward_infer."""
-    tasks = ["actor_gen", "ref_infer"]
+    """The tasks a workload has, in workflow order.
+
+    The old-log-prob recompute runs unless the workload trains on the rollout's own log-probs; the
+    reference pass only with a KL term (kl_coef > 0); a reward model only for model rewards; the
+    critic (values and training) only for PPO.
+    """
+    tasks = ["actor_gen"]
+    if not workload.training.use_rollout_logprobs:
+        tasks.append("actor_logprob")
+    if workload.training.kl_coef > 0:
+        tasks.append("ref_infer")
     if workload.models.reward:
         tasks.append("reward_infer")
     if workload.algorithm == "ppo":
@@ -49,13 +68,16 @@ class Layout:
     dp: int = field(1, help="data-parallel replicas", check=positive, expect="a positive integer")
     tp: int = field(1, help="tensor-parallel degree", check=positive, expect="a positive integer")
     pp: int = field(1, help="pipeline stages", check=positive, expect="a positive integer")
+    sharding: str = field("none", help="data-parallel sharding of training state: none (DDP), zero1, zero2, "
+                          "fsdp (ZeRO-3)", check=lambda s: s in SHARDING, expect="one of " + ", ".join(SHARDING))
 
     @property
     def world(self) -> int:
         return self.dp * self.tp * self.pp
 
     def __str__(self) -> str:
-        return f"DP{self.dp}×TP{self.tp}×PP{self.pp}"
+        shard = "" if self.sharding == "none" else f" {self.sharding}"
+        return f"DP{self.dp}×TP{self.tp}×PP{self.pp}{shard}"
 
 
 @dataclasses.dataclass
@@ -120,6 +142,8 @@ class Plan:
     version: int = field(PLAN_VERSION, help="plan format version",
                          check=lambda v: v == PLAN_VERSION, expect=f"plan format version {PLAN_VERSION}")
     cost_model: str = field("analytical", help="cost model the prediction used")
+    backend: str = field("hf", help="generation backend the plan was priced for (hetprof run --backend must match)",
+                         check=lambda b: b in GENERATION_BACKENDS, expect="one of " + ", ".join(GENERATION_BACKENDS))
     profile_snapshot: str = field("", help="content hash of the profile data the cost model saw")
     search: str = field("", help="search that produced the plan")
     seed: int = field(0, help="search seed")
@@ -156,10 +180,14 @@ class Plan:
             raise SpecError(None, "tasks", f"a placement for every task of the workload ({', '.join(expected)})",
                             f"missing {missing}")
         roles = workload.roles()
+        self._check_followers(groups)
         for ti, t in enumerate(self.tasks):
             where = f"tasks[{ti}]"
             if t.group not in groups:
                 raise SpecError(None, f"{where}.group", "a group name of this plan", t.group)
+            if t.layout.sharding != "none" and t.kind != "training":
+                raise SpecError(None, f"{where}.layout.sharding", "none (only training tasks shard their state)",
+                                t.layout.sharding)
             if len(t.tasklets) != t.layout.dp * t.layout.pp:
                 raise SpecError(None, f"{where}.tasklets", f"dp × pp = {t.layout.dp * t.layout.pp} tasklets",
                                 len(t.tasklets))
@@ -185,6 +213,21 @@ class Plan:
             if not math.isclose(sum(shares.values()), 1.0, abs_tol=1e-6):
                 raise SpecError(None, f"{where}.tasklets", "batch shares over replicas summing to 1",
                                 round(sum(shares.values()), 6))
+
+    def _check_followers(self, groups: dict[str, Group]) -> None:
+        """A follower task (FOLLOWS) sits in its leader's group with its leader's devices and degrees."""
+        placed = {t.task: (i, t) for i, t in enumerate(self.tasks)}
+        for follower, leader in FOLLOWS.items():
+            if follower not in placed or leader not in placed:
+                continue
+            i, f = placed[follower]
+            lead = placed[leader][1]
+            same = (f.group == lead.group and (f.layout.dp, f.layout.tp, f.layout.pp) ==
+                    (lead.layout.dp, lead.layout.tp, lead.layout.pp) and f.devices() == lead.devices())
+            if not same:
+                raise SpecError(None, f"tasks[{i}]", f"{follower} on {leader}'s group, devices and layout "
+                                f"(it runs on {leader}'s workers with its weights)",
+                                f"group {f.group}, {f.layout} on {f.devices()}")
 
     # ---- files ------------------------------------------------------------------------------
     @classmethod

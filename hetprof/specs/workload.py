@@ -77,6 +77,18 @@ class TrainingParams:
     temperature: float = field(1.0, help="sampling temperature", check=positive, expect="a positive number")
     top_p: float = field(1.0, help="nucleus sampling", check=lambda x: 0 < x <= 1, expect="in (0, 1]")
     recompute: bool = field(False, help="activation recomputation in training")
+    use_rollout_logprobs: bool = field(False, help="train on the generator's own log-probs as the old log-probs "
+                                       "(skip the actor's log-prob recompute pass)")
+
+
+@dataclasses.dataclass
+class GenerationParams:
+    """How a vLLM-style engine schedules generation (the hf loop decodes whole padded batches)."""
+
+    max_num_seqs: int = field(256, help="most sequences a vllm engine decodes at once (vLLM's max_num_seqs)",
+                              check=positive, expect="a positive integer")
+    block_tokens: int = field(16, help="tokens per paged KV-cache block (vLLM's block_size)", check=positive,
+                              expect="a positive integer")
 
 
 @dataclasses.dataclass
@@ -95,6 +107,7 @@ class WorkloadSpec:
     mini_batches: int = field(1, help="optimizer steps per epoch", check=positive, expect="a positive integer")
     precision: Literal["bf16", "fp16", "fp32"] = field("bf16", help="compute dtype (mixed-precision Adam)")
     training: TrainingParams = field(default_factory=TrainingParams, help="algorithm hyper-parameters")
+    generation: GenerationParams = field(default_factory=GenerationParams, help="generation engine limits")
     name: str = field("workload", help="a name for reports")
     base_dir: str | None = field(None, help="(set on load) directory model paths are relative to")
 

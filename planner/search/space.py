@@ -3,7 +3,9 @@
 HetRL's five levels map onto three choices here: a *grouping* (level 1: which tasks time-share
 GPUs), per group an *ordered device list* (levels 2-3 and 5: how many GPUs of each kind, which
 ones, and — through the order — which tasklet sits where), and per task a *shape* TP×PP (level 4).
-Layer splits and batch shares are not searched: `planner.layouts` balances them to device speed.
+Layer splits, batch shares and a training layout's data-parallel sharding are not searched:
+`planner.layouts` balances the first two to device speed and picks the sharding per shape.
+The old-log-prob pass is never placed: it follows actor_train (hetprof.specs.plan.FOLLOWS).
 Keeping the assembly here guarantees `exhaustive`, `hetrl` and the ILP explore the same space, so
 the tests can compare their optima honestly.
 """
@@ -145,7 +147,8 @@ def encode_candidate(candidate: Candidate) -> str:
     data = {"groups": [list(g) for g in candidate.groups],
             "group_devices": [list(g) for g in candidate.group_devices],
             "layouts": {t: {"tp": lay.tp, "pp": lay.pp, "replicas": [list(r) for r in lay.replicas],
-                            "shares": list(lay.shares), "layer_splits": [list(s) for s in lay.layer_splits]}
+                            "shares": list(lay.shares), "layer_splits": [list(s) for s in lay.layer_splits],
+                            "sharding": lay.sharding}
                         for t, lay in candidate.layouts}}
     return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
@@ -153,7 +156,8 @@ def encode_candidate(candidate: Candidate) -> str:
 def decode_candidate(text: str) -> Candidate:
     data = json.loads(text)
     lays = {t: TaskLayout(task=t, tp=int(v["tp"]), pp=int(v["pp"]), replicas=v["replicas"], shares=v["shares"],
-                          layer_splits=v["layer_splits"]) for t, v in data["layouts"].items()}
+                          layer_splits=v["layer_splits"], sharding=v.get("sharding", "none"))
+            for t, v in data["layouts"].items()}
     return Candidate(data["groups"], data["group_devices"], lays)
 
 

@@ -33,10 +33,15 @@ def split_counts(total: int, shares: Sequence[float], minimum: int = 0) -> list[
     return [c + minimum for c in counts]
 
 
-def offsets(counts: Sequence[int]) -> list[slice]:
+def row_slices(counts: Sequence[int]) -> list[slice]:
     """Consecutive slices of a batch, one per replica."""
     out, start = [], 0
     for c in counts:
         out.append(slice(start, start + c))
         start += c
     return out
+
+
+def share_slices(total: int, shares: Sequence[float], minimum: int = 1) -> list[slice]:
+    """Each replica's rows of a batch of `total`: consecutive slices sized by `split_counts`."""
+    return row_slices(split_counts(total, shares, minimum=minimum))

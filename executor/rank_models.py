@@ -17,8 +17,6 @@ from rich.console import Console
 from hetprof.dataparallel import wrap_replica
 from hetprof.errors import ExecutionError
 from hetprof.executor.data import Prompt, PromptSource, load_jsonl
-from hetprof.executor.groups import Topology
-from hetprof.executor.launch import RunOptions
 from hetprof.executor.modeling import (
     build_causal_lm,
     build_reward_model,
@@ -26,12 +24,15 @@ from hetprof.executor.modeling import (
     torch_dtype,
     unwrap,
 )
+from hetprof.executor.options import RunOptions
 from hetprof.executor.parallel import ShardedModel
+from hetprof.executor.process_groups import ProcessGroups
 from hetprof.executor.tensorpar import is_sharded, load_full
 from hetprof.executor.tokenizer import load_tokenizer
+from hetprof.executor.topology import Topology
 from hetprof.executor.weightsync import flatten_params
 from hetprof.models import PRESETS
-from hetprof.specs import WorkloadSpec
+from hetprof.specs import Task, WorkloadSpec
 
 # The RLBatch fields that travel to training replicas (None fields are left out).
 BATCH_FIELDS = ("input_ids", "attention_mask", "mask", "rewards", "behaviour_logprobs", "ref_logprobs",
@@ -49,11 +50,11 @@ def model_ref(workload: WorkloadSpec, role: str) -> str:
     return str(path)
 
 
-class RoleSet:
+class RankModels:
     """Models, optimizers and library objects for the tasks on one rank."""
 
     def __init__(self, workload: WorkloadSpec, tasks: list[str], device: torch.device, options: RunOptions,
-                 topo: Topology, rank: int):
+                 topo: Topology, groups: ProcessGroups, rank: int):
         from hetprof.executor.algorithms import AlgorithmConfig, get_algorithm
         from hetprof.executor.backends import get_backend
 
@@ -62,6 +63,7 @@ class RoleSet:
         self.device = device
         self.opts = options
         self.topo = topo
+        self.groups = groups
         self.rank = rank
         self.console = Console()
         self.training = workload.training
@@ -117,7 +119,7 @@ class RoleSet:
         (one device) lay its weights out flat so weight syncs land in place."""
         tr = self.topo.tasks[task]
         if tr.tp > 1 or tr.pp > 1:
-            self.sharded[task] = ShardedModel(model, self.topo, task, self.rank, self.device, head)
+            self.sharded[task] = ShardedModel(model, self.topo, self.groups, task, self.rank, self.device, head)
             return self.sharded[task].module
         if flatten:
             flatten_params(model, self.opts.bucket_mb)
@@ -133,30 +135,35 @@ class RoleSet:
     def _add_learner(self, task: str, model: torch.nn.Module, lr: float) -> None:
         from hetprof.executor.learner import Learner
 
-        group = self.topo.groups.get(task)
+        group = self.groups.replicas(task)
         tr = self.topo.tasks[task]
         ranks = tr.ranks
         sharded = None
         if tr.tp > 1 or tr.pp > 1:
             # TP/PP: torch's tensor-parallel API and pipeline stages, data parallelism by an explicit
             # gradient average over the replicas (parallel.py says why not DDP/FSDP here).
-            sharded = self.sharded[task] = ShardedModel(model, self.topo, task, self.rank, self.device,
+            sharded = self.sharded[task] = ShardedModel(model, self.topo, self.groups, task, self.rank, self.device,
                                                         head="lm" if task == "actor_train" else "value")
             wrapped = model = sharded.module
         else:
-            if self.device.type == "cpu" or len(ranks) == 1:
+            # the plan's sharding (DDP or FSDP2, dataparallel.py); a sharded model's weights are DTensors
+            sharding = tr.sharding if len(ranks) > 1 else "none"
+            if sharding == "none" and (self.device.type == "cpu" or len(ranks) == 1):
                 flatten_params(model, self.opts.bucket_mb)  # syncs broadcast straight from the weights
             wrapped = model
             if len(ranks) > 1:
-                wrapped = wrap_replica(model, group, self.device)  # what the profiler's `dptrain` suite times
+                wrapped = wrap_replica(model, group, self.device, sharding)
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
         self.models[task] = wrapped
-        # Sync runs generate with the very weights being trained (π_prox = π_behav): skip the recompute.
+        # The plan's log-prob pass (actor_logprob, on these ranks beside actor_train) recomputes the old
+        # log-probs under the weights before the update; without it the rollout's own are used.
         self.learners[task] = Learner(wrapped, optimizer, self.algorithm, ppo_epochs=self.workload.ppo_epochs,
                                       mini_batches=self.workload.mini_batches,
                                       role="actor" if task == "actor_train" else "critic",
-                                      temperature=self.training.temperature, recompute_proximal=self.async_k > 0,
-                                      seed=self.opts.seed, parallel=sharded)
+                                      temperature=self.training.temperature,
+                                      recompute_proximal=Task.ACTOR_LOGPROB in self.tasks,
+                                      seed=self.opts.seed, parallel=sharded,
+                                      process_group=group if sharded is None and len(ranks) > 1 else None)
 
     # ---- data --------------------------------------------------------------------------------
     def prompts(self, batch: int) -> list[Prompt]:
@@ -245,7 +252,10 @@ class RoleSet:
             return None
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+        # the parameters the sync manifest names: a tied LM head appears in the state dict twice
+        names = {n for n, _ in unwrap(model).named_parameters()}
+        return {n: t for n, t in state.items() if n in names}
 
     def holds_receiver(self, role: str) -> bool:
         """Whether this rank holds a copy a sync must overwrite (a separate module from the trainer's)."""
@@ -285,7 +295,7 @@ class RoleSet:
         return apply
 
     # ---- checkpoints ---------------------------------------------------------------------------
-    def trained_tasks(self, lead_only: bool) -> list[str]:
+    def trained_units(self, lead_only: bool) -> list[str]:
         """Checkpoint units on this rank: a training task, or for a TP/PP task one unit per (stage,
         TP position) such as "actor_train/stage1-tp0" (its own directory). Replica 0 writes each
         unit (`lead_only`); every replica loads the unit of its position."""
@@ -301,20 +311,39 @@ class RoleSet:
                 units.append(t)
         return units
 
+    def gathers_state(self, unit: str) -> bool:
+        """Whether taking a unit's state is a collective of its replicas (an FSDP-sharded trainer)."""
+        task = unit.split("/")[0]
+        return task not in self.sharded and _is_sharded(self.models[task])
+
     def state(self, unit: str) -> dict[str, Any]:
+        """A unit's model and optimizer state; an FSDP-sharded trainer gathers the full state, so
+        every replica must call this (a collective), though only the lead writes it."""
         task = unit.split("/")[0]
         if task in self.sharded:
             return self.sharded[task].local_state(self.learners[task].optimizer)
-        return {"model": unwrap(self.models[task]).state_dict(),
-                "optimizer": self.learners[task].optimizer.state_dict()}
+        model, optimizer = self.models[task], self.learners[task].optimizer
+        if _is_sharded(model):
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+            weights, moments = get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))
+            return {"model": weights, "optimizer": moments}
+        return {"model": unwrap(model).state_dict(), "optimizer": optimizer.state_dict()}
 
     def load_state(self, unit: str, state: dict[str, Any]) -> None:
         task = unit.split("/")[0]
         if task in self.sharded:
             self.sharded[task].load_local_state(self.learners[task].optimizer, state)
             return
-        unwrap(self.models[task]).load_state_dict(state["model"])
-        self.learners[task].optimizer.load_state_dict(state["optimizer"])
+        model, optimizer = self.models[task], self.learners[task].optimizer
+        if _is_sharded(model):  # every replica reads the full state and keeps its shard
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+            set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
+                           options=StateDictOptions(full_state_dict=True))
+            return
+        unwrap(model).load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
 
 
 def _is_sharded(model: torch.nn.Module) -> bool:

@@ -13,21 +13,36 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hetprof.errors import SpecError
-from hetprof.specs import ClusterSpec, Group, Layout, Plan, Prediction, Tasklet, TaskPlacement, WorkloadSpec
+from hetprof.specs import (
+    FOLLOWS,
+    TASKS,
+    ClusterSpec,
+    Group,
+    Layout,
+    Plan,
+    Prediction,
+    Tasklet,
+    TaskPlacement,
+    WorkloadSpec,
+)
 from hetprof.specs import workload_tasks as tasks_of
 
 
-def manual_plan(cluster: ClusterSpec | Mapping[str, Any], workload: WorkloadSpec | Mapping[str, Any],
+def handwritten_plan(cluster: ClusterSpec | Mapping[str, Any], workload: WorkloadSpec | Mapping[str, Any],
                 placement: Mapping[str, Sequence[str]], shares: Mapping[str, Sequence[float]] | None = None,
-                predicted: Prediction | None = None, task_seconds: Mapping[str, float] | None = None) -> Plan:
+                predicted: Prediction | None = None, task_seconds: Mapping[str, float] | None = None,
+                sharding: Mapping[str, str] | None = None, backend: str = "hf") -> Plan:
     """A plan from placements: `placement[task]` lists each replica's device, or its list of devices
     for tensor parallelism (all replicas of a task with the same TP degree); `shares[task]` their
-    batch shares."""
+    batch shares; `sharding[task]` a training task's data-parallel sharding (none, zero2, fsdp).
+    A follower (the log-prob pass) goes where its leader goes unless placed."""
     cluster_d = cluster.to_dict() if isinstance(cluster, ClusterSpec) else dict(cluster)
     workload_d = workload.to_dict() if isinstance(workload, WorkloadSpec) else dict(workload)
     wl = WorkloadSpec.from_dict(workload_d)
     layers = wl.roles()
     placements = []
+    placement = {**{f: placement[lead] for f, lead in FOLLOWS.items() if lead in placement}, **placement}
+    shares = {**{f: shares[lead] for f, lead in FOLLOWS.items() if lead in (shares or {})}, **(shares or {})}
     for task in tasks_of(wl):
         if task not in placement:
             raise SpecError(None, f"placement.{task}", "a list of device ids for every task of the workload", None)
@@ -43,11 +58,9 @@ def manual_plan(cluster: ClusterSpec | Mapping[str, Any], workload: WorkloadSpec
             raise SpecError(None, f"shares.{task}", f"{len(devices)} shares (one per replica)", share)
         total = sum(share)
         share = [s / total for s in share]
-        role = {"actor_gen": "actor", "actor_train": "actor", "ref_infer": "reference",
-                "reward_infer": "reward", "critic_infer": "critic", "critic_train": "critic"}[task]
-        n_layers = layers[role].layers
+        n_layers = layers[TASKS[task][1]].layers
         placements.append(TaskPlacement(
-            task=task, group="", layout=Layout(dp=len(devices), tp=tp),
+            task=task, group="", layout=Layout(dp=len(devices), tp=tp, sharding=(sharding or {}).get(task, "none")),
             tasklets=[Tasklet(replica=i, stage=0, devices=d, layer_start=0, layer_end=n_layers, batch_share=s)
                       for i, (d, s) in enumerate(zip(devices, share, strict=True))],
             predicted_s=(task_seconds or {}).get(task)))
@@ -66,6 +79,6 @@ def manual_plan(cluster: ClusterSpec | Mapping[str, Any], workload: WorkloadSpec
     for p in placements:
         p.group = next(g.name for g in groups if p.task in g.tasks)
     plan = Plan(cluster=cluster_d, workload=workload_d, groups=groups,
-                tasks=placements, predicted=predicted or Prediction(iteration_s=0.0), search="manual")
+                tasks=placements, predicted=predicted or Prediction(iteration_s=0.0), search="manual", backend=backend)
     plan.validate()
     return Plan.from_dict(plan.to_dict())

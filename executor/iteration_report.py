@@ -1,0 +1,113 @@
+"""What one rank measured in one iteration: a typed report, sent to the leader as JSON.
+
+Each rank fills one `IterationReport` as its loop step runs and hands it to the leader, whose
+record thread turns every rank's report into the iteration's run record (run_record.py). The
+timings of single pieces of work (`work_timings`) are shaped like the profiler's task rows
+(kind, batch, tokens, seconds), so `hetprof fit` can learn from real runs (costmodels/runrows.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from typing import Any
+
+
+@dataclasses.dataclass
+class RankInfo:
+    """Where a rank's timings were taken: fixed for the run."""
+
+    device_type: str | None
+    threads: int
+    dtypes: dict[str, str]  # per task on this rank: the compute dtype ("fp32", "bf16")
+
+
+@dataclasses.dataclass
+class BatchStats:
+    """The leader's view of the batch it assembled and scored."""
+
+    tokens: int
+    prompt_tokens_mean: float
+    response_tokens_mean: float
+    staleness_max: int
+    staleness_mean: float
+    reward_mean: float = 0.0
+
+
+@dataclasses.dataclass
+class SyncStats:
+    bytes: int
+    seconds: float
+
+
+@dataclasses.dataclass
+class IterationReport:
+    """One rank's iteration. `task_seconds` holds each task's compute time on this rank, plus the
+    leader's reward / advantage / wait_rollouts and each sync edge's transfer; `laps` the wall time
+    of each step of the loop, waits included (where the iteration went beyond the tasks' compute)."""
+
+    rank: int
+    device: str
+    pid: int
+    rank_info: RankInfo
+    task_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+    laps: dict[str, float] = dataclasses.field(default_factory=dict)
+    work_timings: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
+    train_stats: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+    sync: dict[str, SyncStats] = dataclasses.field(default_factory=dict)
+    digests: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    gen_tokens: int = 0
+    gen_version: int | None = None
+    checkpoint_saved: bool = False
+    batch: BatchStats | None = None
+
+    def to_json(self) -> bytes:
+        return json.dumps(dataclasses.asdict(self), default=_plain).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> IterationReport:
+        raw = json.loads(data)
+        raw["rank_info"] = RankInfo(**raw["rank_info"])
+        raw["sync"] = {edge: SyncStats(**s) for edge, s in raw["sync"].items()}
+        raw["batch"] = BatchStats(**raw["batch"]) if raw["batch"] is not None else None
+        return cls(**raw)
+
+
+class Laps:
+    """Wall time between successive calls, by name, added to a report's `laps`."""
+
+    def __init__(self, into: dict[str, float]) -> None:
+        self.seconds = into
+        self._mark = time.perf_counter()
+
+    def __call__(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = self.seconds.get(name, 0.0) + now - self._mark
+        self._mark = now
+
+
+def prefill_timing(rows: int, width: int, seconds: float) -> dict[str, Any]:
+    """An inference task's forward over its slice, as the profiler's prefill row (with the head)."""
+    return {"kind": "prefill", "batch": int(rows), "tokens": int(width), "seconds": seconds, "with_head": True}
+
+
+def train_timing(rows: int, width: int, seconds: float, ppo_epochs: int, mini_batches: int) -> dict[str, Any]:
+    """A training task's time as the profiler's `task.train` row: one optimizer step of a mini-batch.
+
+    The learner takes ppo_epochs × mini_batches steps over this replica's slice, so the per-step
+    time is the task's time over that count (a recompute of proximal log-probs in async runs is
+    folded in: it is part of what each step costs there).
+    """
+    steps = max(1, ppo_epochs * mini_batches)
+    return {"kind": "train", "batch": -(-int(rows) // max(1, mini_batches)), "tokens": int(width),
+            "seconds": seconds / steps, "with_head": True, "steps": steps}
+
+
+def _plain(value: Any) -> Any:
+    """JSON for the numbers a report may carry as tensors or numpy scalars."""
+    if hasattr(value, "item"):
+        return value.item()
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"a run report cannot carry {type(value).__name__}")

@@ -1,0 +1,67 @@
+"""The first code a spawned worker runs: pick its device, join the process group, run, tear down.
+
+Torch's elastic agent starts one process per planned device of the host and sets RANK, WORLD_SIZE,
+LOCAL_RANK, MASTER_ADDR and MASTER_PORT; local rank i runs the host's i-th planned device.
+"""
+
+from __future__ import annotations
+
+import datetime
+import faulthandler
+import os
+import signal
+import sys
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from hetprof.errors import ExecutionError
+from hetprof.executor.launch_checks import check_supported, device_kind, host_devices, load_plan
+from hetprof.executor.options import RunOptions
+from hetprof.executor.process_groups import ProcessGroups
+from hetprof.executor.runtime import Worker
+from hetprof.executor.topology import Topology
+from hetprof.hostmemory import keep_freed_memory
+
+
+def worker_main(options: RunOptions, host: str) -> None:
+    """Entry point of one spawned worker.
+
+    A failed worker leaves at once: its error is already in the agent's error file, and the
+    interpreter's normal teardown would run gloo's destructors, which can wait forever on a hung peer.
+    """
+    try:
+        _worker(options, host)
+    except BaseException:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+
+
+@record
+def _worker(options: RunOptions, host: str) -> None:
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID` shows where a worker waits
+    keep_freed_memory()  # the allocator the profiler measured under (hostmemory.py says why)
+    plan = load_plan(options.plan_path)
+    backend = check_supported(plan)
+    device_id = host_devices(plan, host)[int(os.environ["LOCAL_RANK"])]
+    if device_kind(plan.cluster_spec(), device_id) == "cpu":
+        torch.set_num_threads(1)  # a `cpu` slot is one core, as the profiler measured it
+        device = torch.device("cpu")
+    else:
+        device = torch.device("cuda", int(device_id.rsplit(":", 1)[1]))
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=options.timeout_s))
+    ids: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(ids, device_id)
+    if len(set(ids)) != len(ids):
+        raise ExecutionError(f"two workers claim the same device: {sorted(ids)}")
+    topo = Topology(plan, {d: r for r, d in enumerate(ids)})
+    groups = ProcessGroups.build(topo)
+    Worker(options, topo, groups, dist.get_rank(), device).run()
+    dist.barrier()
+    # Torn down only on success: after a failure a peer may be dead or hung, and tearing down
+    # could wait on it; the process exits and the agent stops the rest.
+    dist.destroy_process_group()
