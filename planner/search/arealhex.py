@@ -74,14 +74,16 @@ class ArealHexSearch(Search):
 
     def run(self) -> SearchResult:
         sim = self.ctx.sim
-        ledger = Ledger(self.ctx, max_evals=None)
+        ledger = Ledger(self.ctx)           # an evaluation budget binds it like every search
         ranked = self._training_first_hosts()
         train_tasks = tuple(t for t in sim.tasks if t not in ("actor_gen", "reward_infer"))
         roll_tasks = tuple(t for t in sim.tasks if t in ("actor_gen", "reward_infer"))
         visited = []
-        # The compute-first ranking is AReaL-Hex's; its reverse covers clusters where the
-        # compute-dense GPUs are too small to hold training state.
+        # The compute-first ranking is AReaL-Hex's; its reverse is tried only where that ranking
+        # holds no plan (compute-dense GPUs too small for the training state).
         for hosts in (ranked, ranked[::-1]):
+            if ledger.best is not None and ledger.best_value < float("inf"):
+                break
             flops = {h: sum(catalog.lookup(sim.devices[d].type).peak_flops("bf16") for d in ds) for h, ds in hosts}
             whole = sum(flops.values())
             lo, hi = 0.0, 1.0
