@@ -33,3 +33,9 @@ def test_a_search_refuses_another_searchs_config():
     with pytest.raises(SpecError, match="HetRLConfig"):
         get_search("hetrl")(ctx)
     assert isinstance(get_search("hetrl")(SearchContext(sim=small_sim())).config, HetRLConfig)
+
+
+@pytest.mark.parametrize("url", ["notaurl", "nosuchdriver://x/y", "sqlite:////nonexistent-dir/sub/study.db"])
+def test_a_storage_url_that_cannot_be_opened_is_refused_by_name(url):
+    with pytest.raises(SpecError, match="'storage'"):
+        get_search("hetrl")(SearchContext(sim=small_sim(), max_evals=10, storage=url)).run()

@@ -21,6 +21,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from hetprof.errors import SpecError
 from hetprof.planner.search.arms import Arm
 from hetprof.planner.search.space import Grouping, decode_candidate, encode_candidate, grouping_label
 
@@ -170,14 +171,24 @@ def _storage(url: str) -> Any:
     import sqlalchemy.exc
 
     kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
-    for attempt in range(STORAGE_TRIES):
+    for attempt in range(STORAGE_TRIES - 1):
         try:
             return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
         except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError):
-            if attempt == STORAGE_TRIES - 1:
-                raise
             time.sleep(0.2 * (attempt + 1))
-    raise AssertionError("unreachable")
+    return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+
+
+def _open_stored(name: str, url: str) -> Any:
+    """The study `name` on the storage at `url`; a URL that names no usable storage is a SpecError."""
+    import optuna
+    import sqlalchemy.exc
+
+    try:
+        return optuna.create_study(study_name=name, storage=_storage(url), direction="minimize", load_if_exists=True)
+    except (ValueError, ImportError, sqlalchemy.exc.ArgumentError, sqlalchemy.exc.OperationalError) as exc:
+        raise SpecError(None, "storage", "an Optuna RDB URL that can be opened, e.g. sqlite:///study.db "
+                        f"({type(exc).__name__}: {str(exc).splitlines()[0][:120]})", url) from exc
 
 
 class ArmStudy:
@@ -195,8 +206,7 @@ class ArmStudy:
         self.shared = 0                 # trials read from other processes while this one ran
         self.seen: set[int] = set()     # stored trial numbers already in this study
         if storage:
-            self.stored = optuna.create_study(study_name=name, storage=_storage(storage), direction="minimize",
-                                              load_if_exists=True)
+            self.stored = _open_stored(name, storage)
             finished = [t for t in self.stored.get_trials(deepcopy=False) if t.state.is_finished()]
             self.study.add_trials(finished)
             self.seen = {t.number for t in finished}
