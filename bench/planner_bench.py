@@ -66,6 +66,20 @@ def search(sim: Simulator, name: str, budget_s: float, seed: int, workers: int, 
     return res, time.perf_counter() - t0, ""
 
 
+def describe(sim: Simulator, cand) -> str:
+    """A plan in one line: per group its tasks, GPUs by type and regions, and each task's layout."""
+    parts = []
+    for tasks, devs in zip(cand.groups, cand.group_devices, strict=True):
+        kinds: dict[str, int] = {}
+        for d in devs:
+            kinds[sim.devices[d].type] = kinds.get(sim.devices[d].type, 0) + 1
+        gpus = "+".join(f"{n}×{t}" for t, n in sorted(kinds.items()))
+        where = ",".join(sorted({sim.devices[d].region for d in devs}))
+        lays = " ".join(cand.layout(t).describe() for t in tasks)
+        parts.append(f"{'+'.join(tasks)} on {gpus} @{where} [{lays}]")
+    return " | ".join(parts)
+
+
 def ratio(other, mine) -> float:
     """Throughput of hetrl over another search's: their iteration time over ours."""
     if other is None or mine is None:
@@ -94,6 +108,7 @@ def run_row(scenario, model, algorithm, mode, args, cm) -> dict:
         row[name] = ratio(res, het)
         row[f"{name}_s"] = secs
         row[f"{name}_evals"] = res.evaluations if res else 0
+        row[f"{name}_chosen"] = (res.extra.get("chosen") or describe(sim, res.candidate)) if res else err
         row[f"{name}_error"] = err
         if res is not None and (best is None or res.score.iteration_s < best.score.iteration_s):
             best = res
@@ -178,6 +193,11 @@ def summarise(rows: list[dict], args: argparse.Namespace, console: Console) -> N
                       "yes" if r.get("ilp_optimal") else "no", f"${r['hetrl_cost']:.3f}",
                       f"${r['best_baseline_cost']:.3f}", evals, f"{r['hetrl_s']:.1f}", f"{r['hetrl_best_at_s']:.1f}")
     console.print(table)
+    for r in rows:
+        for name in ("verl", "streamrl", "arealhex"):
+            if f"{name}_chosen" in r:
+                console.print(f"{r['scenario']} {r['model']} {r['algorithm']} {r['mode']} · {name}: "
+                              f"{r[f'{name}_evals']} evaluations · {r[f'{name}_chosen']}")
 
     verl = [r["verl"] for r in rows if r.get("verl") == r.get("verl")]
     best_base = []
