@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from hetprof.planner.simulator import Simulator
 
 ETA = 3     # successive halving keeps the best 1/ETA of arms per rung
+PART_SHARES = (0.5, 0.75)   # parts of a sub-pool that colocated arms also try (cheaper, often as fast)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,10 +158,11 @@ def _interleave(lists: Sequence[Sequence[Arm]]) -> list[Arm]:
 
 def structured_arms(groupings: Sequence[Grouping], types: Sequence[str], totals: Sequence[int],
                     cuts: Sequence[Sequence[int]] | None = None,
-                    pools: Sequence[tuple[tuple[int, ...], str | None]] = ()) -> list[Arm]:
+                    pools: Sequence[tuple[tuple[int, ...], str | None]] = (), parts: bool = False) -> list[Arm]:
     """Arms a person would try first: whole GPU kinds per group, even splits of every kind, (two
     groups) one kind split in quarters or at a region boundary (`cuts`, from `region_cuts`), and
-    every task on one sub-pool (`pools`, from `sub_pools`) or generation apart from the rest on it.
+    every task on one sub-pool (`pools`, from `sub_pools`) or generation apart from the rest on it,
+    and (`parts`, for objectives that price GPUs) every task on half or three quarters of one.
 
     A region-aligned split is the disaggregated plan a geo-distributed cluster invites, e.g.
     generation on one region's L40S and every other kind, training on another region's L40S
@@ -192,6 +194,9 @@ def structured_arms(groupings: Sequence[Grouping], types: Sequence[str], totals:
             for pool, region in pools:
                 for counts in (*_whole_kinds(grouping, pool), _even(grouping, pool)):
                     _add(pooled, grouping, counts, types, region)
+                if parts and len(grouping) == 1:    # every task on part of the pool: cheaper, often as fast
+                    for share in PART_SHARES:
+                        _add(pooled, grouping, (tuple(int(n * share) for n in pool),), types, region)
     return _interleave([list(d.values()) for d in (whole, regional, pooled, even, quarters)])
 
 

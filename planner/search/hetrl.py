@@ -100,7 +100,9 @@ class HetRLSearch(Search):
         exact = arm_count(groupings, totals) <= self.config.enumerate_limit
         cuts, pools = region_cuts(sim, by_type, types), sub_pools(sim, types)
         if not exact:
-            structured = structured_arms(groupings, types, totals, cuts, pools)
+            # parts of sub-pools only where GPUs are priced: they crowd a throughput search's arms
+            parts = self.ctx.objective != "throughput"
+            structured = structured_arms(groupings, types, totals, cuts, pools, parts)
             return _Problem(types, by_type, totals, groupings, exact), structured, structured
         # enumeration names every count split, but not where a sub-pool's GPUs come from: those
         # arms join the rest, sampled like them, after the structured arms a budget takes first
