@@ -7,7 +7,6 @@ load inside the command so `hetprof --help` stays fast.
 from __future__ import annotations
 
 import math
-import os
 import sys
 from pathlib import Path
 
@@ -21,14 +20,15 @@ SEARCH_HELP = ("hetrl | ilp | arealhex | verl | streamrl | exhaustive | all (eve
 OBJECTIVES = ("throughput", "cost", "throughput-under-budget")
 
 
-def _effort(budget_s: float | None, max_evals: int | None, workers: int | None, max_tp: int,
+def _effort(budget_s: float | None, max_evals: int | None, workers: int, max_tp: int,
             max_pp: int) -> tuple[float, int]:
     """The time budget and worker count after defaults; a non-positive knob is refused by name."""
     from hetprof.errors import SpecError
 
     if budget_s is None:
         budget_s = 3600.0 if max_evals is not None else 60.0   # an evaluation budget paces itself
-    workers = workers if workers is not None else len(os.sched_getaffinity(0))
+    # one process by default: forked workers start with cold layout caches and each rung ships
+    # whole arm states, which costs more than a second process gains on a search's short rungs
     for name, value in (("--budget-s", budget_s), ("--max-tp", max_tp), ("--max-pp", max_pp),
                         ("--max-evals", 1 if max_evals is None else max_evals), ("--workers", workers)):
         if value <= 0:
@@ -49,8 +49,8 @@ def _effort(budget_s: float | None, max_evals: int | None, workers: int | None, 
               help="wall-clock seconds each search may take [default: 60; with --max-evals 3600, a safety cap]")
 @click.option("--max-evals", type=int, default=None,
               help="evaluation budget per search: the same plan on any machine and under any load")
-@click.option("--workers", type=int, default=None,
-              help="processes evaluating placements at once (hetrl) [default: the CPU cores this process may use]")
+@click.option("--workers", type=int, default=1, show_default=True,
+              help="processes evaluating placements at once (hetrl; the same plan with any number)")
 @click.option("--seed", type=int, default=0, show_default=True, help="search and length-sampling seed")
 @click.option("--search-seed", type=int, default=None,
               help="seed of the search's own choices only [default: --seed]; processes sharing a --storage "
@@ -80,7 +80,7 @@ def _effort(budget_s: float | None, max_evals: int | None, workers: int | None, 
               help="write a Gantt chart (PNG) of one iteration")
 @db_option
 def plan(cluster_path: str, workload_path: str, search: str, objective: str, budget: float | None,
-         budget_s: float | None, max_evals: int | None, workers: int | None, seed: int, search_seed: int | None,
+         budget_s: float | None, max_evals: int | None, workers: int, seed: int, search_seed: int | None,
          cost_model: str, max_tp: int, max_pp: int, storage: str | None, no_streaming: bool, runnable: bool,
          evaluate_path: str | None, what_ifs: tuple[str, ...], backend: str | None, out_path: str | None,
          gantt_path: str | None) -> None:
