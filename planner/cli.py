@@ -30,6 +30,22 @@ def _cost_models() -> list[str]:
     return available_cost_models()
 
 
+def _effort(budget_s: float | None, max_evals: int | None, workers: int, max_tp: int,
+            max_pp: int) -> tuple[float, int]:
+    """The time budget and worker count after defaults; a non-positive knob is refused by name."""
+    from hetprof.errors import SpecError
+
+    if budget_s is None:
+        budget_s = 3600.0 if max_evals is not None else 60.0   # an evaluation budget paces itself
+    # one process by default: forked workers start with cold layout caches and each rung ships
+    # whole arm states, which costs more than a second process gains on a search's short rungs
+    for name, value in (("--budget-s", budget_s), ("--max-tp", max_tp), ("--max-pp", max_pp),
+                        ("--max-evals", 1 if max_evals is None else max_evals), ("--workers", workers)):
+        if value <= 0:
+            raise SpecError(name, "", "a positive number", value)
+    return budget_s, workers
+
+
 @click.command("plan")
 @click.option("--cluster", "-c", "cluster_path", required=True, type=click.Path(dir_okay=False),
               help="cluster spec (YAML/JSON)")
@@ -40,16 +56,23 @@ def _cost_models() -> list[str]:
 @click.option("--objective", type=click.Choice(OBJECTIVES), default="throughput", show_default=True,
               help="minimise seconds per iteration, $ per iteration, or seconds under a $/hour budget")
 @click.option("--budget", type=float, default=None, help="$/hour cap for --objective throughput-under-budget")
-@click.option("--budget-s", "budget_s", type=float, default=60.0, show_default=True,
-              help="wall-clock seconds each search may take")
+@click.option("--budget-s", "budget_s", type=float, default=None,
+              help="wall-clock seconds each search may take [default: 60; with --max-evals 3600, a safety cap]")
 @click.option("--max-evals", type=int, default=None,
-              help="evaluation budget per search (makes a search independent of machine load)")
+              help="evaluation budget per search: the same plan on any machine and under any load")
+@click.option("--workers", type=int, default=1, show_default=True,
+              help="processes evaluating placements at once (hetrl; the same plan with any number)")
 @click.option("--seed", type=int, default=0, show_default=True, help="search and length-sampling seed")
+@click.option("--search-seed", type=int, default=None,
+              help="seed of the search's own choices only [default: --seed]; processes sharing a --storage "
+                   "each take their own")
 @click.option("--cost-model", "cost_model", default="analytical", show_default=True, cls=RegistryOption,
               names=lambda: _cost_models(), help="cost model by name")
 @click.option("--max-tp", type=int, default=8, show_default=True, help="largest tensor-parallel degree")
 @click.option("--max-pp", type=int, default=4, show_default=True, help="largest number of pipeline stages")
-@click.option("--storage", default=None, help="Optuna storage URL (e.g. sqlite:///study.db): resumable, inspectable")
+@click.option("--storage", default=None,
+              help="Optuna storage URL (sqlite:///study.db; postgresql://… or mysql://… for many machines): "
+                   "resumable, inspectable, and shared by every process given the same URL")
 @click.option("--no-streaming", is_flag=True, help="consumers wait for all of generation (no StreamRL pipelining)")
 @click.option("--runnable/--any-layout", "runnable", default=True, show_default=True,
               help="plan only layouts `hetprof run` carries out (no pipeline stages for generation or critic "
@@ -68,10 +91,11 @@ def _cost_models() -> list[str]:
               help="write a Gantt chart (PNG) of one iteration")
 @catalog_option
 @db_option
-def plan(cluster_path: str, workload_path: str, search: str, objective: str, budget: float | None, budget_s: float,
-         max_evals: int | None, seed: int, cost_model: str, max_tp: int, max_pp: int, storage: str | None,
-         no_streaming: bool, runnable: bool, evaluate_path: str | None, what_ifs: tuple[str, ...], backend: str | None,
-         out_path: str | None, gantt_path: str | None, catalog_path: str | None) -> None:
+def plan(cluster_path: str, workload_path: str, search: str, objective: str, budget: float | None,
+         budget_s: float | None, max_evals: int | None, workers: int, seed: int, search_seed: int | None,
+         cost_model: str, max_tp: int, max_pp: int, storage: str | None, no_streaming: bool, runnable: bool,
+         evaluate_path: str | None, what_ifs: tuple[str, ...], backend: str | None, out_path: str | None,
+         gantt_path: str | None, catalog_path: str | None) -> None:
     """Find the fastest (or cheapest) placement of an RL job on a heterogeneous cluster.
 
     \b
@@ -79,6 +103,7 @@ def plan(cluster_path: str, workload_path: str, search: str, objective: str, bud
       hetprof plan -c examples/clusters/hetrl-multi-region.yaml -w examples/workloads/qwen3-8b-ppo-sync.yaml
       hetprof plan -c C.yaml -w W.yaml --search all --budget-s 30
       hetprof plan -c C.yaml -w W.yaml --objective cost --out plan.json --gantt plan.png
+      hetprof plan -c C.yaml -w W.yaml --max-evals 5000 --storage sqlite:///study.db --search-seed 1
       hetprof plan -c C.yaml -w W.yaml --backend hf --out plan.json
       hetprof plan -c C.yaml -w W.yaml --what-if "add 8xH100@us-east"
       hetprof plan -c C.yaml -w W.yaml --evaluate plan.json --cost-model fitted
@@ -86,6 +111,7 @@ def plan(cluster_path: str, workload_path: str, search: str, objective: str, bud
     """
     from rich.console import Console
 
+    from hetprof.catalog import load_catalog
     from hetprof.errors import InfeasibleError, SpecError
     from hetprof.planner import session
     from hetprof.planner.report import print_comparison, print_plan
@@ -94,15 +120,12 @@ def plan(cluster_path: str, workload_path: str, search: str, objective: str, bud
     console = Console() if sys.stdout.isatty() else Console(width=120)  # logs and pipes get full tables
     if objective == "throughput-under-budget" and (budget is None or budget <= 0):
         raise SpecError("--budget", "", "a positive $/hour budget with --objective throughput-under-budget", budget)
-    for name, value in (("--budget-s", budget_s), ("--max-tp", max_tp), ("--max-pp", max_pp)):
-        if value is None or value <= 0:
-            raise SpecError(name, "", "a positive number", value)
-    from hetprof.catalog import load_catalog
-
+    budget_s, workers = _effort(budget_s, max_evals, workers, max_tp, max_pp)
     cluster = ClusterSpec.load(cluster_path, catalog=load_catalog(catalog_path) if catalog_path else None)
     workload = WorkloadSpec.load(workload_path)
     options = session.PlanOptions(objective=objective, budget=budget, budget_s=budget_s, max_evals=max_evals,
                                   seed=seed, cost_model=cost_model, max_tp=max_tp, max_pp=max_pp, storage=storage,
+                                  workers=workers, search_seed=search_seed,
                                   streaming=not no_streaming, executable=runnable, backend=backend)
     with session.open_db(db_path()) as db:
         if evaluate_path:
@@ -118,6 +141,8 @@ def plan(cluster_path: str, workload_path: str, search: str, objective: str, bud
             reasons = "; ".join(session.why_not(o, options) for o in outcomes)
             raise InfeasibleError(f"no feasible plan for {workload.name} on {cluster.name}: {reasons}")
         print_plan(console, sim, best.candidate, best.score, title=f"{best.search} plan")
+        stopped = f", stopped by {best.extra['stopped_by']}" if best.extra.get("stopped_by") else ""
+        console.print(f"{best.search} scored {best.extra.get('evaluations', 0):,} plans in {best.seconds:.1f} s{stopped}")
         problems = session.independent_memory_check(sim, best, options, snapshot)
         for problem in problems:
             console.print(f"[yellow]independent memory check disagrees:[/yellow] {problem}")

@@ -23,7 +23,7 @@ def group_name(index: int) -> str:
 
 def to_plan(sim: Simulator, candidate: Candidate, score: Score | None = None, *, search: str = "",
             seed: int = 0, objective: str = "throughput", trace: Iterable[Mapping[str, Any]] = (),
-            profile_snapshot: str = "") -> Plan:
+            profile_snapshot: str = "", evaluations: int | None = None) -> Plan:
     """The plan file for a feasible candidate; an infeasible one raises InfeasibleError with its reasons."""
     score = score if score is not None else sim.evaluate(candidate)
     if not score.feasible:
@@ -55,7 +55,7 @@ def to_plan(sim: Simulator, candidate: Candidate, score: Score | None = None, *,
     plan = Plan(cluster=sim.cluster.to_dict(), workload=sim.workload.to_dict(), groups=groups, tasks=placements,
                 predicted=prediction, backend=sim.backend, cost_model=getattr(sim.cost_model, "name", "") or type(sim.cost_model).__name__,
                 profile_snapshot=profile_snapshot, search=search, seed=seed, objective=objective,
-                search_trace=[dict(x) for x in trace])
+                search_trace=[dict(x) for x in trace], search_evaluations=evaluations)
     plan.validate()
     return plan
 

@@ -134,12 +134,16 @@ def print_comparison(console: Console, outcomes: Sequence[Outcome], reference: s
                       (f"throughput ×{ref.search}" if ref else "throughput ratio", "right"),
                       ("$ / iteration", "right"), ("search time", "right"), ("note", "left")):
         table.add_column(col, justify=just)
+    searched = any(o.extra.get("evaluations") is not None for o in outcomes)
+    if searched:        # each search's effort: how many plans it scored
+        table.add_column("evaluations", justify="right")
     for o in outcomes:
+        evals = [f"{o.extra['evaluations']:,}" if o.extra.get("evaluations") is not None else "—"] if searched else []
         if o.score is None or not o.score.feasible:
             why = o.error or ("; ".join(o.score.violations[:1]) if o.score else "no plan")
-            table.add_row(o.search, "—", "—", "—", "—", f"{o.seconds:.1f} s", f"[red]{why}[/red]")
+            table.add_row(o.search, "—", "—", "—", "—", f"{o.seconds:.1f} s", f"[red]{why}[/red]", *evals)
             continue
         ratio = ref.score.iteration_s / o.score.iteration_s if ref else 1.0
         table.add_row(o.search, _secs(o.score.iteration_s), f"{o.score.throughput:.1f}", f"{ratio:.2f}",
-                      _dollars(o.score.cost_per_iteration), f"{o.seconds:.1f} s", o.score.bottleneck)
+                      _dollars(o.score.cost_per_iteration), f"{o.seconds:.1f} s", o.score.bottleneck, *evals)
     console.print(table)

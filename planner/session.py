@@ -10,8 +10,9 @@ import contextlib
 import dataclasses
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from hetprof.errors import HetprofError
 from hetprof.planner.convert import from_plan, to_plan
@@ -29,10 +30,12 @@ class PlanOptions:
     budget_s: float = 60.0
     max_evals: int | None = None
     seed: int = 0
+    search_seed: int | None = None  # the search's own random choices (None: `seed`)
     cost_model: str = "analytical"
     max_tp: int = 8
     max_pp: int = 4
     storage: str | None = None
+    workers: int = 1           # processes evaluating placements at once (hetrl)
     streaming: bool = True
     executable: bool = True  # only layouts `hetprof run` carries out (hetprof/specs/executable.py)
     backend: str | None = None  # generation engine priced; None: simulator.default_backend of the cluster
@@ -72,14 +75,19 @@ def search_list(name: str, gpus: int = 0) -> list[str]:
     return [n for n in available_searches() if n != "exhaustive" or gpus <= EXHAUSTIVE_MAX_GPUS]
 
 
-def run_search(sim: Simulator, name: str, options: PlanOptions) -> Outcome:
+def run_search(sim: Simulator, name: str, options: PlanOptions,
+               progress: Callable[[Any], None] | None = None) -> Outcome:
+    """One search on `sim`; `progress` (a callable taking search.Progress) hears how it goes."""
     from hetprof.planner.search import SearchContext, get_search
 
     cls = get_search(name)
-    study = f"{name}:{sim.cluster.name}:{sim.workload.name}:{options.objective}:seed{options.seed}"
-    ctx = SearchContext(sim=sim, objective=options.objective, budget=options.budget, seed=options.seed,
+    # the study is named by the problem (hetrl's default), not the search's seed: runs with other
+    # search seeds on one --storage join the same search
+    seed = options.seed if options.search_seed is None else options.search_seed
+    ctx = SearchContext(sim=sim, objective=options.objective, budget=options.budget, seed=seed,
                         time_budget_s=options.budget_s, max_tp=options.max_tp, max_pp=options.max_pp,
-                        max_evals=options.max_evals, storage=options.storage, study_name=study)
+                        max_evals=options.max_evals, storage=options.storage, workers=options.workers,
+                        progress=progress)
     res = cls(ctx).run()
     return Outcome(name, res.candidate, res.score, res.seconds, trace=tuple(res.trace),
                    extra={"evaluations": res.evaluations, **res.extra})
@@ -93,15 +101,29 @@ def run_searches(cluster: ClusterSpec, workload: WorkloadSpec, search: str, opti
     outcomes = []
     for name in names:
         started = time.perf_counter()
-        status = console.status(f"searching with {name} …") if console is not None else contextlib.nullcontext()
+        status = console.status(f"searching with {name} …") if console is not None else None
         try:
-            with status:
-                outcomes.append(run_search(sim, name, options))
+            with status if status is not None else contextlib.nullcontext():
+                outcomes.append(run_search(sim, name, options, progress_line(status, name, options)))
         except HetprofError as exc:
             if len(names) == 1:
                 raise
             outcomes.append(Outcome(name, None, None, time.perf_counter() - started, error=str(exc)))
     return outcomes, sim
+
+
+def progress_line(status: Any, name: str, options: PlanOptions) -> Callable[[Any], None] | None:
+    """A callback that keeps a rich status line at best-so-far, evaluations and elapsed time."""
+    if status is None:
+        return None
+    unit = "$/iteration" if options.objective == "cost" else "s/iteration"
+
+    def show(p) -> None:
+        best = f"{p.best:.4g} {unit}" if math.isfinite(p.best) else "no feasible plan yet"
+        evals = f"{p.evaluations:,}" + (f"/{p.max_evals:,}" if p.max_evals else "")
+        status.update(f"{name}: best {best} · {evals} evaluations · {p.elapsed_s:.1f} s of "
+                      f"{p.time_budget_s:.0f} s")
+    return show
 
 
 def evaluate_plan_file(cluster: ClusterSpec, workload: WorkloadSpec, path: str | Path, options: PlanOptions,
@@ -125,7 +147,8 @@ def best(outcomes: Sequence[Outcome], sim: Simulator, options: PlanOptions) -> O
 
 def plan_of(sim: Simulator, outcome: Outcome, options: PlanOptions, snapshot: str = "") -> Plan:
     return to_plan(sim, outcome.candidate, outcome.score, search=outcome.search, seed=options.seed,
-                   objective=options.objective, trace=outcome.trace, profile_snapshot=snapshot)
+                   objective=options.objective, trace=outcome.trace, profile_snapshot=snapshot,
+                   evaluations=outcome.extra.get("evaluations"))
 
 
 def write_plan(sim: Simulator, outcome: Outcome, options: PlanOptions, snapshot: str, path: Path) -> Plan:

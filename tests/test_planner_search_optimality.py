@@ -6,6 +6,8 @@ import pytest
 
 from hetprof.costmodels import get_cost_model
 from hetprof.planner.search import SearchContext, get_search
+from hetprof.planner.search.exhaustive import ExhaustiveConfig
+from hetprof.planner.search.ilp import ILPConfig
 from hetprof.planner.simulator import Simulator
 from hetprof.specs import ClusterSpec, WorkloadSpec
 
@@ -73,8 +75,9 @@ def test_hetrl_finds_the_exhaustive_optimum_for_ppo():
 @pytest.mark.parametrize(("cluster", "mode"), INSTANCES[:3])
 def test_ilp_matches_exhaustive_on_its_restricted_space(cluster, mode):
     sim = make_sim(cluster, mode)
-    ilp = run(sim, "ilp", options={"time_limit_s": 20})
-    truth = run(sim, "exhaustive", options={"restricted": True, "grouping": ilp.extra["grouping"]})
+    ilp = run(sim, "ilp", config=ILPConfig(time_limit_s=20))
+    grouping = tuple(tuple(g) for g in ilp.extra["grouping"])
+    truth = run(sim, "exhaustive", config=ExhaustiveConfig(restricted=True, grouping=grouping))
     assert ilp.extra["status"] == "Optimal" and ilp.extra["gap"] is not None and ilp.extra["gap"] <= 1e-6
     assert ilp.objective_value <= truth.objective_value * 1.005
     assert ilp.objective_value >= truth.objective_value * (1 - 1e-9)

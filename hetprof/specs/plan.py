@@ -157,6 +157,7 @@ class Plan:
     seed: int = field(0, help="search seed")
     objective: Literal["throughput", "cost", "throughput-under-budget"] = field("throughput", help="objective")
     search_trace: list[dict[str, Any]] = field(default_factory=list, help="best score over search time")
+    search_evaluations: int | None = field(None, help="plans the search scored with the simulator (its effort)")
 
     # ---- derived views ----------------------------------------------------------------------
     def cluster_spec(self) -> ClusterSpec:

@@ -18,8 +18,8 @@ ENTRY_POINT_GROUP = "hetprof.searches"
 SEARCHES: Registry[type[Search]] = Registry(
     "search", ENTRY_POINT_GROUP,
     builtins={"hetrl": "hetprof.planner.search.hetrl", "ilp": "hetprof.planner.search.ilp",
-              "arealhex": "hetprof.planner.search.arealhex", "verl": "hetprof.planner.search.baselines",
-              "streamrl": "hetprof.planner.search.baselines", "exhaustive": "hetprof.planner.search.exhaustive"},
+              "arealhex": "hetprof.planner.search.arealhex", "verl": "hetprof.planner.search.verl",
+              "streamrl": "hetprof.planner.search.streamrl", "exhaustive": "hetprof.planner.search.exhaustive"},
     check=subclass_of(Search), expected="a Search subclass", name_attr="name")
 
 

@@ -3,8 +3,9 @@
 Asynchronous RL disaggregates rollout from training; with staleness bound k the step time is
 min over plans of max(C_train, C_rollout + C_reward + C_sync). Phase 2 partitions the device
 graph: a fraction γ of the cluster's compute goes to training, taken host by host from the
-GPUs with the most FLOPs per byte of HBM bandwidth (training is compute-bound), the rest serves
-rollout; γ is found by binary search on which side is slower. Phase 1, for each rollout pool,
+GPUs with the most FLOPs per byte of HBM bandwidth (training is compute-bound), with each region
+in turn offered first (the partition follows the interconnects too), the rest serves rollout; γ
+is found by binary search on which side is slower. Phase 1, for each rollout pool,
 is a MILP over rollout replica configurations per GPU type (how many TP-t replicas of each type,
 maximising generated sequences per second) — solved here with PuLP + CBC. Every visited plan is
 scored by the simulator and the best is returned.
@@ -73,41 +74,56 @@ class ArealHexSearch(Search):
 
     def run(self) -> SearchResult:
         sim = self.ctx.sim
-        ledger = Ledger(self.ctx, max_evals=None)
-        ranked = self._training_first_hosts()
+        ledger = Ledger(self.ctx)           # an evaluation budget binds it like every search
         train_tasks = tuple(t for t in sim.tasks if t not in ("actor_gen", "reward_infer"))
         roll_tasks = tuple(t for t in sim.tasks if t in ("actor_gen", "reward_infer"))
-        visited = []
-        # The compute-first ranking is AReaL-Hex's; its reverse covers clusters where the
-        # compute-dense GPUs are too small to hold training state.
-        for hosts in (ranked, ranked[::-1]):
-            flops = {h: sum(sim.catalog.lookup(sim.devices[d].type).peak_flops("bf16") for d in ds) for h, ds in hosts}
-            whole = sum(flops.values())
-            lo, hi = 0.0, 1.0
-            for _ in range(GAMMA_STEPS):
-                gamma = (lo + hi) / 2
-                cand, failed = self._partition(hosts, flops, whole, gamma, train_tasks, roll_tasks)
-                if cand is None:
-                    # a side could not hold its models: give that side more of the cluster
-                    lo, hi = (gamma, hi) if failed == "train" else (lo, gamma)
-                    continue
-                value, score = ledger.evaluate(cand)
-                sec = score.task_seconds
-                c_train = sum(sec.get(t, 0.0) for t in train_tasks)
-                c_roll = sum(sec.get(t, 0.0) for t in roll_tasks) + sum(
-                    v for k, v in score.transfer_s.items() if k.startswith("weights:actor_train"))
-                visited.append({"gamma": round(gamma, 4), "c_train": c_train, "c_rollout_reward_sync": c_roll,
-                                "value": value})
-                if c_train > c_roll:
-                    lo = gamma
-                else:
-                    hi = gamma
+        visited: list[dict] = []
+        # The compute-first ranking is AReaL-Hex's; phase 2 partitions interconnects too, so each
+        # region in turn lends the training side its hosts first (a partition that keeps training's
+        # all-reduce inside one region). The reverse ranking is tried only where none holds a plan
+        # (compute-dense GPUs too small for the training state).
+        regions = sorted({d.region for d in sim.devices.values()})
+        firsts: list[str | None] = [None, *regions] if len(regions) > 1 else [None]
+        for reverse in (False, True):
+            if reverse and ledger.best is not None and ledger.best_value < float("inf"):
+                break
+            for first in firsts:
+                hosts = self._training_first_hosts(first)
+                self._gamma_search(hosts[::-1] if reverse else hosts, ledger, train_tasks, roll_tasks, visited)
         if ledger.best is None:
             raise InfeasibleError("arealhex: no train/rollout partition of this cluster holds both sides' models")
         return ledger.result("arealhex", gamma_trace=visited)
 
-    def _training_first_hosts(self) -> list[tuple[str, list[str]]]:
-        """Hosts ranked for training: most FLOPs per byte of HBM bandwidth first, then locality."""
+    def _gamma_search(self, hosts, ledger: Ledger, train_tasks, roll_tasks, visited: list[dict]) -> None:
+        """Binary search on γ, the training side's share of the cluster's FLOPs: grow the slower side."""
+        sim = self.ctx.sim
+        flops = {h: sum(sim.catalog.lookup(sim.devices[d].type).peak_flops("bf16") for d in ds) for h, ds in hosts}
+        whole = sum(flops.values())
+        lo, hi = 0.0, 1.0
+        for _ in range(GAMMA_STEPS):
+            if ledger.exhausted:
+                return
+            gamma = (lo + hi) / 2
+            cand, failed = self._partition(hosts, flops, whole, gamma, train_tasks, roll_tasks)
+            if cand is None:
+                # a side could not hold its models: give that side more of the cluster
+                lo, hi = (gamma, hi) if failed == "train" else (lo, gamma)
+                continue
+            value, score = ledger.evaluate(cand)
+            sec = score.task_seconds
+            c_train = sum(sec.get(t, 0.0) for t in train_tasks)
+            c_roll = sum(sec.get(t, 0.0) for t in roll_tasks) + sum(
+                v for k, v in score.transfer_s.items() if k.startswith("weights:actor_train"))
+            visited.append({"gamma": round(gamma, 4), "c_train": c_train, "c_rollout_reward_sync": c_roll,
+                            "value": value})
+            if c_train > c_roll:
+                lo = gamma
+            else:
+                hi = gamma
+
+    def _training_first_hosts(self, first_region: str | None = None) -> list[tuple[str, list[str]]]:
+        """Hosts ranked for training: most FLOPs per byte of HBM bandwidth first, then (given)
+        `first_region`'s hosts, then locality."""
         sim = self.ctx.sim
         by_host: dict[str, list[str]] = {}
         for d in layouts.canonical_order(sim, sim.devices):
@@ -117,7 +133,10 @@ class ArealHexSearch(Search):
             g = sim.catalog.lookup(sim.devices[by_host[h][0]].type)
             return g.peak_flops("bf16") / g.hbm_Bps
 
-        order = sorted(by_host, key=lambda h: (-ratio(h), list(by_host).index(h)))
+        def elsewhere(h: str) -> bool:
+            return first_region is not None and sim.devices[by_host[h][0]].region != first_region
+
+        order = sorted(by_host, key=lambda h: (-ratio(h), elsewhere(h), list(by_host).index(h)))
         return [(h, by_host[h]) for h in order]
 
     def _partition(self, hosts, flops, whole, gamma, train_tasks, roll_tasks):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from hetprof.errors import InfeasibleError, SpecError
@@ -24,6 +25,52 @@ if TYPE_CHECKING:
 TIE = 1e-9
 RESERVE_S = 3.0         # most of the time budget kept back from a clock-paced search's steps ...
 RESERVE_SHARE = 0.05    # ... and at most this share of it
+PROGRESS_EVERY_S = 0.25  # a progress callback hears of evaluations at most this often (improvements at once)
+
+
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    """Where a running search stands, for a progress line: plain data, reported by the ledger."""
+
+    evaluations: int
+    best: float                 # objective value of the best plan so far (inf: none feasible yet)
+    elapsed_s: float
+    max_evals: int | None
+    time_budget_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchConfig:
+    """Base of each search's own knobs: a frozen dataclass whose fields carry `help` metadata.
+
+    Typed fields replace free-form option dicts so a misspelt or mistyped knob fails at once,
+    naming itself, instead of being ignored. `from_dict` builds one from plain data (YAML, JSON).
+    """
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            low = f.metadata.get("min")
+            value = getattr(self, f.name)
+            if low is not None and value is not None and value < low:
+                raise SpecError(None, f.name, f"a value ≥ {low} ({f.metadata.get('help', '')})", value)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SearchConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        for key in data:
+            if key not in known:
+                raise SpecError(None, key, f"one of {', '.join(sorted(known)) or '(none)'}", data[key])
+        return cls(**data)
+
+    @classmethod
+    def describe(cls) -> dict[str, str]:
+        """Each knob's help text, for documentation and `--help`-style listings."""
+        return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(cls)}
+
+
+def knob(default: Any, help: str, minimum: float | None = None) -> Any:  # noqa: A002 - the field's help text
+    """A SearchConfig field with its help text and, optionally, the least value it accepts."""
+    return dataclasses.field(default=default, metadata={"help": help, "min": minimum})
 
 
 @dataclasses.dataclass
@@ -33,7 +80,8 @@ class SearchContext:
     The first fields are the contract every search honours. The later ones are optional knobs:
     `max_evals` makes a search deterministic (a wall-clock budget depends on machine load, an
     evaluation budget does not), `storage`/`study_name` make an Optuna-driven search resumable,
-    `warm_start` hands a search a known good candidate (the ILP starts from the heuristic's).
+    `warm_start` hands a search a known good candidate (the ILP starts from the heuristic's), and
+    `config` holds the search's own knobs (its `Search.config_type`; None: that type's defaults).
     """
 
     sim: Simulator
@@ -48,7 +96,8 @@ class SearchContext:
     storage: str | None = None
     study_name: str | None = None
     warm_start: Candidate | None = None
-    options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    config: SearchConfig | None = None
+    progress: Callable[[Progress], None] | None = None
 
     def __post_init__(self) -> None:
         if self.objective not in ("throughput", "cost", "throughput-under-budget"):
@@ -99,6 +148,7 @@ class Ledger:
         self.best_score: Score | None = None
         self.best_value = math.inf
         self.trace: list[dict[str, float]] = []
+        self._told = -math.inf
 
     def value(self, score: Score) -> float:
         if not score.feasible:
@@ -110,7 +160,19 @@ class Ledger:
         self.evaluations += 1
         value = self.value(score)
         self.offer(candidate, score, value)
+        self.tell()
         return value, score
+
+    def tell(self, now: bool = False) -> None:
+        """Report progress to the context's callback: at once if `now`, else at most every
+        PROGRESS_EVERY_S (the callback only displays; the search never depends on it)."""
+        if self.ctx.progress is None:
+            return
+        t = time.perf_counter()
+        if now or t - self._told >= PROGRESS_EVERY_S:
+            self._told = t
+            self.ctx.progress(Progress(self.evaluations, self.best_value, t - self.started, self.max_evals,
+                                       self.ctx.time_budget_s))
 
     def offer(self, candidate: Candidate, score: Score, value: float) -> bool:
         """Record a scored candidate; True if it is the new best (equal objective: the cheaper wins)."""
@@ -122,6 +184,7 @@ class Ledger:
             self.best, self.best_score, self.best_value = candidate, score, value
             if improved:
                 self.trace.append({"t": round(self.elapsed, 4), "best": value, "evals": self.evaluations})
+                self.tell(now=True)
         return better
 
     @property
@@ -149,9 +212,14 @@ class Search:
     """Base of all searches: construct with a context, `run()` returns a SearchResult."""
 
     name: str = ""
+    config_type: type[SearchConfig] = SearchConfig
 
     def __init__(self, ctx: SearchContext) -> None:
         self.ctx = ctx
+        if ctx.config is not None and not isinstance(ctx.config, self.config_type):
+            raise SpecError(None, "config", f"a {self.config_type.__name__} for search {self.name!r}",
+                            type(ctx.config).__name__)
+        self.config = ctx.config if ctx.config is not None else self.config_type()
 
     def run(self) -> SearchResult:  # pragma: no cover - interface
         raise NotImplementedError

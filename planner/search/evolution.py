@@ -21,32 +21,17 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from hetprof.planner.search.space import Assembler, Grouping, ShapeChoice
+from hetprof.planner.search.arms import Arm
+from hetprof.planner.search.space import Assembler, ShapeChoice
 
 if TYPE_CHECKING:
     from hetprof.planner.candidate import Candidate
+    from hetprof.planner.search.base import Ledger
 
 POPULATION = 6
 TOURNAMENT = 2
 SEED_VARIANTS = 4   # locality-ordered starting placements per arm before evolution takes over
 MAX_MISSES = 60     # consecutive already-seen children after which an arm counts as exhausted
-
-
-@dataclasses.dataclass(frozen=True)
-class Arm:
-    """Levels 1-2: a grouping and, per group, the GPU count of each type (types in `types` order)."""
-
-    grouping: Grouping
-    counts: tuple[tuple[int, ...], ...]
-    types: tuple[str, ...]
-
-    @property
-    def label(self) -> str:
-        groups = []
-        for tasks, c in zip(self.grouping, self.counts, strict=True):
-            gpus = ",".join(f"{n}x{t}" for n, t in zip(c, self.types, strict=True) if n)
-            groups.append(f"{'+'.join(tasks)}[{gpus}]")
-        return " | ".join(groups)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,12 +45,13 @@ class Genome:
         return dict(self.shapes)
 
 
-def initial_orders(arm: Arm, by_type: dict[str, tuple[str, ...]], variant: int,
-                   rng: np.random.Generator) -> tuple[tuple[str, ...], ...]:
+def initial_orders(arm: Arm, by_type: dict[str, tuple[str, ...]], variant: int, rng: np.random.Generator,
+                   region_of: Callable[[str], str] | None = None) -> tuple[tuple[str, ...], ...]:
     """Hand each group its count of every type as contiguous, locality-ordered blocks.
 
     Variant 0 fills groups in order (idle GPUs last), variant 1 in reverse, later variants in a
     random group order: contiguous blocks keep a group on as few hosts and regions as possible.
+    An arm with a `region` takes that region's GPUs (`region_of`) first.
     """
     k = len(arm.grouping)
     slots = list(range(k + 1))
@@ -76,6 +62,8 @@ def initial_orders(arm: Arm, by_type: dict[str, tuple[str, ...]], variant: int,
     orders: list[list[str]] = [[] for _ in range(k + 1)]
     for ti, t in enumerate(arm.types):
         pool = list(by_type.get(t, ()))
+        if arm.region is not None and region_of is not None:
+            pool.sort(key=lambda d: region_of(d) != arm.region)
         want = [arm.counts[g][ti] for g in range(k)]
         want.append(len(pool) - sum(want))
         pos = 0
@@ -122,7 +110,8 @@ class ArmEvolution:
         return Genome(orders, tuple(sorted(new.items())))
 
     def seed_genome(self) -> Genome | None:
-        orders = initial_orders(self.arm, self.by_type, self.variant, self.rng)
+        devices = self.assembler.sim.devices
+        orders = initial_orders(self.arm, self.by_type, self.variant, self.rng, lambda d: devices[d].region)
         self.variant += 1
         return self._repair(orders, None, set(range(len(orders))), True)
 
@@ -243,6 +232,44 @@ class ArmEvolution:
     @property
     def value(self) -> float:
         return self.best_value
+
+    def adopt(self, genome: Genome, ledger: Ledger) -> None:
+        """Score a genome once and add it to the population (a new best if it is one)."""
+        if genome in self.seen:
+            return
+        self.seen.add(genome)
+        built = self.candidate(genome)
+        value = math.inf if built is None else ledger.evaluate(built)[0]
+        if built is not None and value < self.best_value:
+            self.best_value, self.best_candidate = value, built
+        self._insert(value, genome)
+
+    def seed_from(self, cands: Sequence[Candidate], ledger: Ledger, all_devices: Sequence[str]) -> None:
+        """Start the population from known candidates (the MILP's solutions for this arm).
+
+        The candidate itself is scored as given (its type-pure replicas may differ from what the
+        genome rebuilds), and its genome joins the population for evolution to improve on.
+        """
+        for cand in cands:
+            value = ledger.evaluate(cand)[0]
+            if value < self.best_value:
+                self.best_value, self.best_candidate = value, cand
+            self.adopt(genome_from_candidate(cand, all_devices), ledger)
+
+
+def genome_from_candidate(candidate: Candidate, all_devices: Sequence[str]) -> Genome:
+    """A known candidate as a genome: each group's order follows its first task's tasklets."""
+    orders = []
+    used: set[str] = set()
+    for tasks, devs in zip(candidate.groups, candidate.group_devices, strict=True):
+        lay = candidate.layout(tasks[0])
+        first = [d for r in lay.replicas for d in r]
+        order = tuple(first + [d for d in devs if d not in first])
+        orders.append(order)
+        used.update(order)
+    orders.append(tuple(d for d in all_devices if d not in used))
+    shapes = tuple(sorted((t, (lay.tp, lay.pp)) for t, lay in candidate.layouts))
+    return Genome(tuple(orders), shapes)
 
 
 def rank_arms(states: Sequence[ArmEvolution], keep: int) -> list[ArmEvolution]:

@@ -3,24 +3,33 @@
 It walks the same space as `hetrl` (see `space`): every grouping, every split of every host's GPUs
 over the groups and the idle pool, every TP×PP per task, and — when some task pipelines — every
 distinct order of hosts inside a group (GPUs of one host are interchangeable, so only the host
-sequence matters). With `options={"restricted": True}` it walks the ILP's restricted space
+sequence matters). With `ExhaustiveConfig(restricted=True)` it walks the ILP's restricted space
 instead (fixed grouping, host-block counts, type-pure replicas). Either way it refuses, with a
 clear error, a space too large to finish.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Iterator, Sequence
 
 from hetprof.errors import InfeasibleError
 from hetprof.planner.search import register_search
-from hetprof.planner.search.base import Ledger, Search, SearchResult
-from hetprof.planner.search.hetrl import compositions
+from hetprof.planner.search.arms import compositions
+from hetprof.planner.search.base import Ledger, Search, SearchConfig, SearchResult, knob
 from hetprof.planner.search.restricted import RestrictedSpace
 from hetprof.planner.search.space import Assembler, Grouping, all_groupings
 
 MAX_CANDIDATES = 200_000
+
+
+@dataclasses.dataclass(frozen=True)
+class ExhaustiveConfig(SearchConfig):
+    restricted: bool = knob(False, "walk the ILP's restricted space (needs `grouping`) instead of the full one")
+    grouping: Grouping | None = knob(None, "the task grouping of the restricted space")
+    max_candidates: int = knob(MAX_CANDIDATES, "refuse a space with more candidates than this", 1)
+    no_deadline: bool = knob(True, "ignore the time budget (ground truth must finish)")
 
 
 def _host_orders(sim, devices: Sequence[str]) -> Iterator[tuple[str, ...]]:
@@ -46,15 +55,18 @@ def _host_orders(sim, devices: Sequence[str]) -> Iterator[tuple[str, ...]]:
 class ExhaustiveSearch(Search):
     """Every candidate of the space, each scored by the simulator; the best is the optimum."""
 
+    config_type = ExhaustiveConfig
+    config: ExhaustiveConfig
+
     def run(self) -> SearchResult:
         ledger = Ledger(self.ctx, max_evals=None)
-        ledger.deadline = float("inf") if self.ctx.options.get("no_deadline", True) else ledger.deadline
-        limit = int(self.ctx.options.get("max_candidates", MAX_CANDIDATES))
-        if self.ctx.options.get("restricted"):
+        ledger.deadline = float("inf") if self.config.no_deadline else ledger.deadline
+        limit = self.config.max_candidates
+        if self.config.restricted:
             n = self._restricted(ledger, limit)
         else:
             n = self._full(ledger, limit)
-        return ledger.result("exhaustive", candidates=n, restricted=bool(self.ctx.options.get("restricted")))
+        return ledger.result("exhaustive", candidates=n, restricted=self.config.restricted)
 
     def _check(self, n: int, limit: int) -> None:
         if n > limit:
@@ -109,9 +121,9 @@ class ExhaustiveSearch(Search):
         return count
 
     def _restricted(self, ledger: Ledger, limit: int) -> int:
-        grouping = self.ctx.options.get("grouping")
+        grouping = self.config.grouping
         if grouping is None:
-            raise InfeasibleError("exhaustive over the restricted space needs options['grouping']")
+            raise InfeasibleError("exhaustive over the restricted space needs ExhaustiveConfig.grouping")
         space = RestrictedSpace(self.ctx.sim, tuple(tuple(g) for g in grouping), self.ctx.max_tp, self.ctx.max_pp)
         tasks = [t for g in space.grouping for t in g]
         count = 0

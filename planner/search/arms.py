@@ -1,0 +1,217 @@
+"""HetRL's levels 1-2 as *arms*: a task grouping and, per group, how many GPUs of each kind.
+
+Arms are cheap to name and expensive to judge (an arm is only as good as the best placement
+inside it), so the search names them here and leaves judging them to successive halving. Small
+problems enumerate every arm; larger ones start from the arms a person would try first
+(`structured_arms`), and an evaluation budget too small for all of them keeps a seeded sample.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from hetprof.planner.search.space import Grouping
+
+if TYPE_CHECKING:
+    from hetprof.planner.simulator import Simulator
+
+ETA = 3     # successive halving keeps the best 1/ETA of arms per rung
+PART_SHARES = (0.5, 0.75)   # parts of a sub-pool that colocated arms also try (cheaper, often as fast)
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    """Levels 1-2: a grouping and, per group, the GPU count of each type (types in `types` order).
+
+    `region`, when set, is where the arm's starting placements take GPUs first: a sub-pool arm
+    (one region's GPUs) names its region so its counts are filled from there, not from wherever
+    the locality order starts.
+    """
+
+    grouping: Grouping
+    counts: tuple[tuple[int, ...], ...]
+    types: tuple[str, ...]
+    region: str | None = None
+
+    @property
+    def label(self) -> str:
+        groups = []
+        for tasks, c in zip(self.grouping, self.counts, strict=True):
+            gpus = ",".join(f"{n}x{t}" for n, t in zip(c, self.types, strict=True) if n)
+            groups.append(f"{'+'.join(tasks)}[{gpus}]")
+        return " | ".join(groups) + (f" @{self.region}" if self.region else "")
+
+
+def compositions(n: int, parts: int) -> list[tuple[int, ...]]:
+    """Every way to write n as an ordered sum of `parts` non-negative integers."""
+    out = []
+    for bars in itertools.combinations(range(n + parts - 1), parts - 1):
+        prev, parts_ = -1, []
+        for b in (*bars, n + parts - 1):
+            parts_.append(b - prev - 1)
+            prev = b
+        out.append(tuple(parts_))
+    return out
+
+
+def arm_count(groupings: Sequence[Grouping], totals: Sequence[int]) -> int:
+    return sum(math.prod(math.comb(n + len(g), len(g)) for n in totals) for g in groupings)
+
+
+def enumerate_arms(groupings: Sequence[Grouping], types: Sequence[str], totals: Sequence[int]) -> list[Arm]:
+    """All arms: per grouping, every split of every GPU kind over its groups and the idle pool."""
+    arms = []
+    for grouping in groupings:
+        k = len(grouping)
+        per_type = [compositions(n, k + 1) for n in totals]
+        for combo in itertools.product(*per_type):
+            counts = tuple(tuple(combo[t][g] for t in range(len(types))) for g in range(k))
+            if all(sum(c) > 0 for c in counts):
+                arms.append(Arm(grouping, counts, tuple(types)))
+    return arms
+
+
+def region_cuts(sim: Simulator, by_type: dict[str, tuple[str, ...]], types: Sequence[str]) -> list[tuple[int, ...]]:
+    """Per GPU kind, the counts that hand one side a whole-region block of its locality-ordered
+    GPUs: every place the region changes, seen from either end (c and total - c)."""
+    out = []
+    for t in types:
+        pool = by_type.get(t, ())
+        cuts = {i for i in range(1, len(pool)) if sim.devices[pool[i]].region != sim.devices[pool[i - 1]].region}
+        out.append(tuple(sorted(cuts | {len(pool) - c for c in cuts})))
+    return out
+
+
+def _add(arms: dict[tuple, Arm], grouping: Grouping, counts: tuple[tuple[int, ...], ...],
+         types: Sequence[str], region: str | None = None) -> None:
+    if all(sum(c) > 0 for c in counts):
+        arms.setdefault((grouping, counts, region), Arm(grouping, counts, tuple(types), region))
+
+
+def _whole_kinds(grouping: Grouping, totals: Sequence[int]) -> list[tuple[tuple[int, ...], ...]]:
+    """Every GPU kind given whole to one group."""
+    k, n = len(grouping), len(totals)
+    if k > n:
+        return []
+    return [tuple(tuple(totals[t] if owner[t] == g else 0 for t in range(n)) for g in range(k))
+            for owner in itertools.product(range(k), repeat=n)]
+
+
+def _even(grouping: Grouping, totals: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+    k = len(grouping)
+    return tuple(tuple(totals[t] // k + (1 if g < totals[t] % k else 0) for t in range(len(totals)))
+                 for g in range(k))
+
+
+def _split_one_kind(grouping: Grouping, types: Sequence[str], totals: Sequence[int], t_major: int,
+                    first: int) -> list[tuple[tuple[int, ...], ...]]:
+    """Two groups: kind `t_major` split `first` / rest, every other kind whole to either side."""
+    out = []
+    for owner in itertools.product(range(2), repeat=len(types)):
+        out.append(tuple(tuple(
+            (first if g == 0 else totals[t] - first) if t == t_major
+            else (totals[t] if owner[t] == g else 0) for t in range(len(types))) for g in range(2)))
+    return out
+
+
+def sub_pools(sim: Simulator, types: Sequence[str]) -> list[tuple[tuple[int, ...], str | None]]:
+    """The sub-pools a user would try by hand: each region, each GPU type, each type within a
+    region — as GPU counts per type, with the region the GPUs must come from (None: any)."""
+    count: dict[tuple[str, str], int] = {}
+    for d in sim.devices.values():
+        count[d.type, d.region] = count.get((d.type, d.region), 0) + 1
+    regions = sorted({r for _, r in count})
+    pools: list[tuple[tuple[int, ...], str | None]] = []
+    if len(regions) > 1:
+        pools += [(tuple(count.get((t, r), 0) for t in types), r) for r in regions]
+    if len(types) > 1:
+        pools += [(tuple(sum(count.get((u, r), 0) for r in regions) if u == t else 0 for u in types), None)
+                  for t in types]
+    if len(regions) > 1 and len(types) > 1:
+        pools += [(tuple(count.get((u, r), 0) if u == t else 0 for u in types), r)
+                  for r in regions for t in types
+                  if count.get((t, r)) and sum(1 for (_, rr) in count if rr == r) > 1]
+    # a region matters only where the pool's types also have GPUs elsewhere; one pool, one arm
+    total = {t: sum(n for (u, _), n in count.items() if u == t) for t in types}
+    out: dict[tuple, None] = {}
+    for counts, region in pools:
+        whole = all(n in (0, total[t]) for t, n in zip(types, counts, strict=True))
+        out.setdefault((counts, None if whole else region), None)
+    return list(out)
+
+
+def _interleave(lists: Sequence[Sequence[Arm]]) -> list[Arm]:
+    """Round-robin over the lists, first occurrences only: every prefix mixes every kind of arm."""
+    out: dict[Arm, None] = {}
+    for i in range(max((len(x) for x in lists), default=0)):
+        for x in lists:
+            if i < len(x):
+                out.setdefault(x[i], None)
+    return list(out)
+
+
+def structured_arms(groupings: Sequence[Grouping], types: Sequence[str], totals: Sequence[int],
+                    cuts: Sequence[Sequence[int]] | None = None,
+                    pools: Sequence[tuple[tuple[int, ...], str | None]] = (), parts: bool = False) -> list[Arm]:
+    """Arms a person would try first: whole GPU kinds per group, even splits of every kind, (two
+    groups) one kind split in quarters or at a region boundary (`cuts`, from `region_cuts`), and
+    every task on one sub-pool (`pools`, from `sub_pools`) or generation apart from the rest on it,
+    and (`parts`, for objectives that price GPUs) every task on half or three quarters of one.
+
+    A region-aligned split is the disaggregated plan a geo-distributed cluster invites, e.g.
+    generation on one region's L40S and every other kind, training on another region's L40S
+    (StreamRL's structure); quarters of a kind cut through hosts and regions and miss it. A
+    sub-pool leaves the rest of the cluster idle: the cheap plan a cost objective looks for, and
+    the fast one when the links between regions are slow. The kinds are interleaved, so any
+    prefix of the list (what a small budget affords) holds some of each.
+    """
+    whole: dict[tuple, Arm] = {}
+    even: dict[tuple, Arm] = {}
+    quarters: dict[tuple, Arm] = {}
+    regional: dict[tuple, Arm] = {}
+    pooled: dict[tuple, Arm] = {}
+    for grouping in groupings:
+        for counts in _whole_kinds(grouping, totals):
+            _add(whole, grouping, counts, types)
+        _add(even, grouping, _even(grouping, totals), types)
+        if len(grouping) == 2:
+            for t_major in range(len(types)):
+                for q in (1, 3):            # one kind split in quarters, the others whole to either side
+                    for counts in _split_one_kind(grouping, types, totals, t_major, totals[t_major] * q // 4):
+                        _add(quarters, grouping, counts, types)
+                # the first group takes `cut` of this kind (its locality-ordered first GPUs in the
+                # seed placement; the second group's seed variant takes the rest's first), others whole
+                for cut in (cuts[t_major] if cuts else ()):
+                    for counts in _split_one_kind(grouping, types, totals, t_major, cut):
+                        _add(regional, grouping, counts, types)
+        if len(grouping) <= 2:
+            for pool, region in pools:
+                for counts in (*_whole_kinds(grouping, pool), _even(grouping, pool)):
+                    _add(pooled, grouping, counts, types, region)
+                if parts and len(grouping) == 1:    # every task on part of the pool: cheaper, often as fast
+                    for share in PART_SHARES:
+                        _add(pooled, grouping, (tuple(int(n * share) for n in pool),), types, region)
+    return _interleave([list(d.values()) for d in (whole, regional, pooled, even, quarters)])
+
+
+def affordable_arms(arms: list[Arm], first: list[Arm], evals: int, seed: int) -> list[Arm]:
+    """As many arms as halving can afford with `evals` (two looks each per rung, every rung
+    costing about the same): the arms of `first` (structured) first, then a seeded sample of the rest."""
+    room = len(arms)
+    while room > 1 and 2 * room * (math.ceil(math.log(room, ETA)) + 1) > evals:
+        room -= 1
+    if len(arms) <= room:
+        return arms
+    known = set(arms)
+    chosen = [a for a in first if a in known][:room]
+    taken = set(chosen)
+    rest = [a for a in arms if a not in taken]
+    rng = np.random.default_rng([seed, 1])
+    picks = rng.choice(len(rest), size=room - len(chosen), replace=False) if room > len(chosen) else []
+    return chosen + [rest[int(i)] for i in sorted(picks)]

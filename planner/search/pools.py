@@ -1,0 +1,76 @@
+"""Device pools a user of a published system would hand it: whole hosts of the cluster, all of
+them, one region's, one GPU type's, or one type's within one region.
+
+The baselines choose among these the way their careful users do (trying each and keeping the
+best), so a baseline is never held to the whole cluster when part of it would serve it better.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+from hetprof.planner import layouts
+
+if TYPE_CHECKING:
+    from hetprof.planner.simulator import Simulator
+
+
+@dataclasses.dataclass(frozen=True)
+class Pool:
+    """A named set of whole hosts' devices, in locality order."""
+
+    name: str
+    devices: tuple[str, ...]
+
+    def regions(self, sim: Simulator) -> set[str]:
+        return {sim.devices[d].region for d in self.devices}
+
+
+def hosts(sim: Simulator) -> dict[str, tuple[str, ...]]:
+    """Each host's devices, hosts in locality order (region, host)."""
+    out: dict[str, list[str]] = {}
+    for d in layouts.canonical_order(sim, sim.devices):
+        out.setdefault(sim.devices[d].host, []).append(d)
+    return {h: tuple(ds) for h, ds in out.items()}
+
+
+def _pool(sim: Simulator, name: str, members: list[tuple[str, ...]]) -> Pool:
+    return Pool(name, layouts.canonical_order(sim, [d for ds in members for d in ds]))
+
+
+def host_pools(sim: Simulator) -> list[Pool]:
+    """All GPUs, each region, each GPU type, each type within a region (one pool per device set)."""
+    by_host = hosts(sim)
+    first = {h: sim.devices[ds[0]] for h, ds in by_host.items()}
+    regions = sorted({d.region for d in first.values()})
+    types = sorted({d.type for d in first.values()})
+    named = [("all GPUs", list(by_host.values()))]
+    named += [(f"region {r}", [ds for h, ds in by_host.items() if first[h].region == r]) for r in regions]
+    named += [(f"type {t}", [ds for h, ds in by_host.items() if first[h].type == t]) for t in types]
+    named += [(f"{t} in {r}", [ds for h, ds in by_host.items() if first[h].type == t and first[h].region == r])
+              for r in regions for t in types]
+    out: dict[tuple[str, ...], Pool] = {}
+    for name, members in named:
+        if members:
+            pool = _pool(sim, name, members)
+            out.setdefault(pool.devices, pool)
+    return list(out.values())
+
+
+def region_pools(sim: Simulator, rank: dict[str, float]) -> list[Pool]:
+    """Pools inside one region: the region, each type in it, and its hosts ranked by `rank` (host ->
+    key, lower first) cut at every host count, from either end."""
+    by_host = hosts(sim)
+    out: dict[tuple[str, ...], Pool] = {}
+    for pool in host_pools(sim):
+        if len(pool.regions(sim)) == 1 and pool.name != "all GPUs":
+            out.setdefault(pool.devices, pool)
+    for region in sorted({sim.devices[ds[0]].region for ds in by_host.values()}):
+        mine = sorted((h for h, ds in by_host.items() if sim.devices[ds[0]].region == region),
+                      key=lambda h: (rank.get(h, 0.0), list(by_host).index(h)))
+        for k in range(1, len(mine)):
+            for name, part in ((f"first {k} of {region}", mine[:k]), (f"last {len(mine) - k} of {region}", mine[k:])):
+                pool = _pool(sim, name, [by_host[h] for h in part])
+                out.setdefault(pool.devices, pool)
+    return list(out.values())
