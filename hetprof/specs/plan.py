@@ -37,8 +37,10 @@ SHARDING: dict[str, tuple[str, ...]] = {
     "fsdp": ("optimizer", "grads", "params"),     # ZeRO-3 / FSDP full shard
 }
 
-# Generation engines a plan can be made for (`hetprof plan --backend`, `hetprof run --backend`).
-GENERATION_BACKENDS = ("hf", "vllm")
+# Generation engines a plan can be made for (`hetprof plan --backend`); `hetprof run` carries out
+# only those it has an executor backend for (static batching is priced, to plan for TensorRT-LLM).
+GENERATION_BACKENDS = ("hf", "vllm", "static")
+RUNNABLE_BACKENDS = ("hf", "vllm")
 
 
 def workload_tasks(workload: WorkloadSpec) -> list[str]:
