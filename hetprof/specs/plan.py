@@ -121,6 +121,8 @@ class Group:
     name: str = field(help="group name")
     tasks: list[str] = field(help="tasks that time-share these devices")
     devices: list[str] = field(help="device ids 'host:index'")
+    offload: bool = field(False, help="tasks offload their state to host memory between phases even when "
+                                      "everything fits (a hybrid engine's sleep/wake); otherwise only when it does not")
 
 
 @dataclasses.dataclass
