@@ -351,9 +351,10 @@ class Simulator:
                 continue
             peaks[d] = max(e.total for _, e in items)
             dtype_ = self.devices[d].type
-            for task, e in items:  # offloading: the follower, too, loads the weights it runs with
-                cost = self.cost_model.host_transfer_time(e.offloadable, dtype_)
-                swap[task] = max(swap.get(task, 0.0), cost)
+            held = dict(items)
+            for task, e in items:  # a follower reloads the weights its leader holds (shards, if sharded)
+                moved = held[FOLLOWS[task]].weights if FOLLOWS.get(task) in held else e.offloadable
+                swap[task] = max(swap.get(task, 0.0), self.cost_model.host_transfer_time(moved, dtype_))
         out = (peaks, {t: (s, s) for t, s in swap.items()}, problems)
         self._residency[key] = out
         return out

@@ -95,6 +95,9 @@ def test_an_offload_group_swaps_every_task_state_over_the_host_link_even_when_it
         host = comm.host_link_Bps(h100, state)  # 64 GB/s PCIe 5.0 x16 at its big-copy efficiency
         assert host == pytest.approx(64e9 * 0.78)
         assert scored.offload_s[task] == pytest.approx(2 * state / host)  # reload before, offload after
+    # the log-prob pass reloads only the trainer's weights as the trainer holds them (no optimizer)
+    train = next(iter(s.costs.evaluate(hybrid.layout("actor_train")).memory.values()))
+    assert scored.offload_s["actor_logprob"] == pytest.approx(2 * train.weights / comm.host_link_Bps(h100, train.weights))
     assert scored.iteration_s > resident.iteration_s
 
 
