@@ -18,7 +18,7 @@ from pathlib import Path
 from hetprof.errors import InfeasibleError, SpecError
 from hetprof.planner.pinned import PinnedLayout, pinned_candidate
 from hetprof.planner.simulator import Simulator
-from hetprof.specs import ClusterSpec, WorkloadSpec
+from hetprof.specs import GENERATION_BACKENDS, ClusterSpec, WorkloadSpec
 from hetprof.specs.loader import field, from_data, positive, read_file
 
 CASES_DIR = Path(__file__).resolve().parent / "published"
@@ -62,6 +62,8 @@ class CaseSpec:
     published: Published = field(help="the published figure")
     layout: PinnedLayout = field(help="the layout the source ran, pinned (hetprof.planner.pinned)")
     assumptions: list[str] = field(default_factory=list, help="what the source leaves out and the case assumes")
+    backend: str = field("vllm", help="generation engine the source ran, as priced (planner.engines)",
+                         check=lambda b: b in GENERATION_BACKENDS, expect="one of " + ", ".join(GENERATION_BACKENDS))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +76,10 @@ class Case:
     cluster: ClusterSpec
     workload: WorkloadSpec
     layout: PinnedLayout
+
+    @property
+    def backend(self) -> str:
+        return self.spec.backend
 
     @property
     def source(self) -> Source:
@@ -128,7 +134,8 @@ def load_cases(root: str | Path = CASES_DIR) -> list[Case]:
 def simulator(case: Case, cost_model) -> Simulator:
     """The simulator for a case: any layout the models allow (a published run need not be one
     `hetprof run` carries out), whole-batch hand-offs."""
-    return Simulator(case.cluster, case.workload, cost_model, seed=0, streaming=False, executable=False)
+    return Simulator(case.cluster, case.workload, cost_model, seed=0, streaming=False, executable=False,
+                     backend=case.backend)
 
 
 def price(case: Case, cost_model) -> Priced:

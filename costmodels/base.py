@@ -120,7 +120,7 @@ class CostModel(abc.ABC):
 
     def host_transfer_time(self, size_bytes: float, device_type: str) -> float:
         """Offload or reload of `size_bytes` between device and host memory (colocated tasks)."""
-        return size_bytes / comm.host_link_Bps(self.catalog.lookup(device_type))
+        return size_bytes / comm.host_link_Bps(self.catalog.lookup(device_type), size_bytes) if size_bytes > 0 else 0.0
 
     # ---- composition ---------------------------------------------------------------------------
     @staticmethod

@@ -28,9 +28,6 @@ COLLECTIVES = tuple(_RING)
 # Host <-> device copy bandwidth (one direction, achievable, bytes/s) by the card's host bus.
 # PCIe 5 x16 ≈ 64 GB/s raw, ~50 achievable; PCIe 4 ≈ 25; PCIe 3 ≈ 12. The cpu pseudo-device
 # "offloads" within host memory, so its memory bandwidth applies.
-_HOST_BUS_Bps = {"pcie5": 50e9, "pcie4": 25e9, "pcie3": 12e9}
-_PCIE5_CARDS = ("H100", "H200", "H800", "H20", "B200", "MI300X")
-_PCIE3_CARDS = ("T4", "V100")
 
 
 def busbw_factor(op: str, n: int) -> float:
@@ -62,16 +59,13 @@ def collective_time(op: str, size_bytes: float, n: int, alpha_s: float, beta_Bps
     return alpha_steps(op, n) * alpha_s + busbw_factor(op, n) * size_bytes / beta_Bps
 
 
-def host_link_Bps(gpu: GpuType) -> float:
-    """Achievable one-way host <-> device copy bandwidth of a GPU type (datasheet bus class)."""
+def host_link_Bps(gpu: GpuType, size_bytes: float = 1e9) -> float:
+    """Achievable one-way host <-> device copy bandwidth of a GPU type for a copy of `size_bytes`:
+    the catalog's nominal bus rate times its `host_link` efficiency curve (a pinned copy never
+    reaches the bus's nominal rate: packet headers and flow control take their share)."""
     if gpu.vendor == "generic":
         return gpu.hbm_Bps
-    name = gpu.name.upper()
-    if name.startswith(_PCIE5_CARDS):
-        return _HOST_BUS_Bps["pcie5"]
-    if name.startswith(_PCIE3_CARDS):
-        return _HOST_BUS_Bps["pcie3"]
-    return _HOST_BUS_Bps["pcie4"]
+    return gpu.host_link_GBps * 1e9 * gpu.efficiency.host_link(size_bytes)
 
 
 def fit_alpha_beta(sizes: list[float], seconds: list[float], op: str, n: int) -> tuple[float, float, float]:

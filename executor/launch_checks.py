@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from hetprof.errors import ExecutionError, HetprofError
-from hetprof.specs import ClusterSpec, Plan
+from hetprof.specs import RUNNABLE_BACKENDS, ClusterSpec, Plan
 from hetprof.specs.executable import layout_problems
 
 
@@ -99,6 +99,10 @@ def check_backend(plan: Plan, backend: str | None, path: str | Path = "the plan"
     A plan's generation times were priced for one engine (continuous batching or the padded loop),
     so running it with another would measure something the plan did not predict: refused (exit 2).
     """
+    if plan.backend not in RUNNABLE_BACKENDS:
+        raise HetprofError(f"{path} was planned for the {plan.backend} generation backend, which `hetprof run` "
+                           f"cannot run (it runs {', '.join(RUNNABLE_BACKENDS)}): replan with `hetprof plan --backend "
+                           f"{RUNNABLE_BACKENDS[0]}` or `--backend {RUNNABLE_BACKENDS[1]}`")
     if backend is None or backend == plan.backend:
         return plan.backend
     raise HetprofError(f"{path} was planned for the {plan.backend} generation backend, not {backend} (--backend): "

@@ -70,6 +70,7 @@ class Curves:
     memory: EfficiencyCurve
     decode_memory: EfficiencyCurve
     collective: EfficiencyCurve
+    host_link: EfficiencyCurve
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +89,7 @@ class GpuType:
     price_source: str = EDITABLE_DEFAULT
     aliases: tuple[str, ...] = ()
     efficiency: Curves | None = dataclasses.field(default=None, compare=False)
+    host_link_GBps: float = 32.0  # nominal one-way host <-> device bus, GB/s
 
     def peak_flops(self, dtype: str) -> float:
         """Peak dense FLOP/s for a dtype; bf16 falls back to fp16 on cards without bf16 units."""
@@ -147,7 +149,8 @@ class Catalog:
         """One type as `gpus:` entry data with every curve spelled out: what a cluster spec copies to stand alone."""
         g = self.lookup(name)
         data = {k: getattr(g, k) for k in ("vendor", "memory_GB", "hbm_GBps", "bf16_tflops", "fp16_tflops",
-                                          "fp32_tflops", "intra_node_GBps", "interconnect", "price_per_hour")}
+                                          "fp32_tflops", "intra_node_GBps", "interconnect", "host_link_GBps",
+                                          "price_per_hour")}
         data = {k: v for k, v in data.items() if v is not None}
         data["source"], data["price_source"] = self._citation(g.source), self._citation(g.price_source)
         data["aliases"] = list(g.aliases)
@@ -183,6 +186,7 @@ def _curve_data(curve: EfficiencyCurve, cite) -> dict[str, Any]:
     return data
 
 
+HOST_LINK_GBps = 32.0  # a type that names no host bus: PCIe 4.0 x16, the most common card bus
 REQUIRED = ("memory_GB", "hbm_GBps", "fp16_tflops", "intra_node_GBps")
 
 
@@ -238,7 +242,8 @@ def _gpu_type(name: str, e: GpuTypeSpec, defaults: Curves, file: str | None, whe
                    intra_node_GBps=e.intra_node_GBps, interconnect=e.interconnect or "PCIe",
                    price_per_hour=e.price_per_hour if e.price_per_hour is not None else 0.0,
                    source=e.source or DATASHEET, price_source=e.price_source or EDITABLE_DEFAULT,
-                   aliases=tuple(e.aliases), efficiency=curves)
+                   aliases=tuple(e.aliases), efficiency=curves,
+                   host_link_GBps=e.host_link_GBps if e.host_link_GBps is not None else HOST_LINK_GBps)
 
 
 @functools.cache

@@ -80,19 +80,24 @@ class Candidate:
     """Task groups (which tasks time-share GPUs), each group's devices and each task's layout.
 
     `layouts` may be given as a mapping; it is stored as a sorted tuple of (task, layout) items so
-    the candidate hashes and compares by value.
+    the candidate hashes and compares by value. `offload` holds the indices of groups whose tasks
+    offload their state to host memory between phases by configuration (a hybrid engine's
+    sleep/wake), even when everything would fit; other groups offload only when it does not.
     """
 
     groups: tuple[tuple[str, ...], ...]
     group_devices: tuple[tuple[str, ...], ...]
     layouts: tuple[tuple[str, TaskLayout], ...]
+    offload: frozenset[int]
 
     def __init__(self, groups: Iterable[Iterable[str]], group_devices: Iterable[Iterable[str]],
-                 layouts: Mapping[str, TaskLayout] | Iterable[tuple[str, TaskLayout]]) -> None:
+                 layouts: Mapping[str, TaskLayout] | Iterable[tuple[str, TaskLayout]],
+                 offload: Iterable[int] = ()) -> None:
         items = layouts.items() if isinstance(layouts, Mapping) else layouts
         object.__setattr__(self, "groups", tuple(tuple(g) for g in groups))
         object.__setattr__(self, "group_devices", tuple(tuple(d) for d in group_devices))
         object.__setattr__(self, "layouts", tuple(sorted(items, key=lambda kv: kv[0])))
+        object.__setattr__(self, "offload", frozenset(offload))
 
     def layout(self, task: str) -> TaskLayout:
         for name, lay in self.layouts:
@@ -116,4 +121,4 @@ class Candidate:
         return tuple(t for g in self.groups for t in g)
 
     def replace_layout(self, layout: TaskLayout) -> Candidate:
-        return Candidate(self.groups, self.group_devices, {**self.layout_map(), layout.task: layout})
+        return Candidate(self.groups, self.group_devices, {**self.layout_map(), layout.task: layout}, self.offload)

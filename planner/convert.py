@@ -32,7 +32,7 @@ def to_plan(sim: Simulator, candidate: Candidate, score: Score | None = None, *,
     placements = []
     layouts, grouped = sim.with_followers(candidate)
     group_of = {t: i for i, g in enumerate(grouped) for t in g}
-    groups = [Group(group_name(i), list(tasks), list(devs))
+    groups = [Group(group_name(i), list(tasks), list(devs), offload=i in candidate.offload)
               for i, (tasks, devs) in enumerate(zip(grouped, candidate.group_devices, strict=True))]
     for t in sim.graph.tasks:
         lay = layouts[t]
@@ -83,7 +83,8 @@ def from_plan(plan: Plan) -> Candidate:
                                       tuple(splits), tp.layout.sharding)
     groups = [tuple(t.task for t in plan.tasks if index[t.group] == i and t.task not in FOLLOWS)
               for i in range(len(plan.groups))]
-    return Candidate(groups, [tuple(g.devices) for g in plan.groups], layouts)
+    return Candidate(groups, [tuple(g.devices) for g in plan.groups], layouts,
+                     [i for i, g in enumerate(plan.groups) if g.offload])
 
 
 def _finite(x: float | None) -> float | None:

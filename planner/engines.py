@@ -10,6 +10,10 @@ engine runs it:
 - `hf`: the padded loop `hetprof run` runs with its `hf` backend: waves of as many sequences as
   the KV cache holds, prompts left-padded to the wave's longest, the whole wave decoding every step
   until its longest response ends; a wave's sequences all finish when it does.
+- `static`: static batching with the device's own kernels (TensorRT-LLM as NeMo-Aligner runs it):
+  requests are taken in arrival order in fixed micro-batches of `max_num_seqs` (fewer when their
+  KV cache would not fit); each micro-batch prefills its real prompts and decodes, whole, until
+  its own longest response ends; finished sequences keep their seats, none is refilled.
 
 Both read one function `call(batch, prompt, steps)` — the cost model's seconds for a call that
 prefills `batch` prompts of `prompt` tokens and decodes `steps` steps with the whole batch — so
@@ -195,11 +199,38 @@ def hf_generation(request: GenerationRequest, call: Call) -> EngineRun:
     return EngineRun(clock, tuple(finish))
 
 
+def static_generation(request: GenerationRequest, call: Call) -> EngineRun:
+    """Fixed micro-batches in arrival order, each decoding to its own longest response.
+
+    A static batch pays every decode step at its full size until its last sequence ends — the
+    padding that continuous batching reclaims — but no padded prompt: the engine's kernels skip
+    padding in the prefill, so it is priced at the mean prompt. A micro-batch holds at most
+    `max_num_seqs` sequences, and only as many as whose whole KV cache (prompt + the micro-batch's
+    longest response, reserved up front) fits.
+    """
+    lens, limits, prompt = [max(1, int(x)) for x in request.lengths], request.limits, request.prompt
+    if not lens:
+        return EngineRun(0.0, ())
+    clock, finish, start = 0.0, [], 0
+    while start < len(lens):
+        size = min(limits.max_num_seqs, len(lens) - start)
+        while size > 0 and size * (prompt + max(lens[start:start + size])) > limits.kv_tokens:
+            size -= 1
+        if size < 1:
+            return EngineRun(math.inf, (), f"not even one {prompt + lens[start]:.0f}-token sequence's KV cache "
+                                           f"fits ({limits.kv_tokens} tokens of room)")
+        clock += call(size, prompt, max(lens[start:start + size]))
+        finish.extend([clock] * size)
+        start += size
+    return EngineRun(clock, tuple(finish))
+
+
 Engine = Callable[[GenerationRequest, Call], EngineRun]
 ENGINES: Registry[Engine] = Registry("generation engine", "hetprof.generation_engines", check=callable,
                                      expected="a function (GenerationRequest, call) -> EngineRun")
 ENGINES.register("vllm", vllm_generation)
 ENGINES.register("hf", hf_generation)
+ENGINES.register("static", static_generation)
 
 
 def default_backend(cluster: ClusterSpec) -> str:

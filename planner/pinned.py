@@ -5,7 +5,8 @@ layout a team already uses) the layout is given instead. A pinned layout names g
 each the next `gpus` devices of the cluster in its listed order — and, per task kind
 (`generation`, `inference`, `training`) or per task name, the group a task runs on and its
 TP × PP; data parallelism fills the group. Tasks named in one group time-share its GPUs, as the
-planner's groups do. Naming kinds rather than tasks keeps a layout valid when the workload's task
+planner's groups do; a group listed under `offload` swaps each task's state to host memory and back
+around it every step, as a hybrid engine does by configuration. Naming kinds rather than tasks keeps a layout valid when the workload's task
 graph gains or drops a pass (a log-prob recompute, a reference only with KL).
 """
 
@@ -38,6 +39,9 @@ class PinnedLayout:
 
     groups: dict[str, int] = field(help="group name -> number of GPUs, taken in the cluster's device order")
     tasks: dict[str, PinnedTask] = field(help="task kind (generation, inference, training) or task name -> placement")
+    offload: list[str] = field(default_factory=list,
+                               help="groups whose tasks offload their state to host memory between phases by "
+                                    "configuration (a hybrid engine: verl's param/optimizer offload, vLLM sleep/wake)")
 
     def validate(self) -> None:
         for name, count in self.groups.items():
@@ -47,6 +51,9 @@ class PinnedLayout:
             if task.group not in self.groups:
                 raise SpecError(None, f"tasks.{key}.group", "one of the groups (" + ", ".join(self.groups) + ")",
                                 task.group)
+        for i, name in enumerate(self.offload):
+            if name not in self.groups:
+                raise SpecError(None, f"offload[{i}]", "one of the groups (" + ", ".join(self.groups) + ")", name)
 
     @classmethod
     def from_dict(cls, data: object, file: str | None = None) -> PinnedLayout:
@@ -85,7 +92,8 @@ def pinned_candidate(sim, layout: PinnedLayout, file: str | None = None, path: s
             raise SpecError(file, _join(path, f"tasks.{key}"), "TP × PP dividing its group's GPUs", str(exc)) from None
         layouts[task] = dataclasses.replace(even, sharding=pin.sharding)
     used = [name for name in layout.groups if members[name]]
-    return Candidate([members[n] for n in used], [group_devices[n] for n in used], layouts)
+    return Candidate([members[n] for n in used], [group_devices[n] for n in used], layouts,
+                     [i for i, n in enumerate(used) if n in layout.offload])
 
 
 def _join(path: str, name: str) -> str:

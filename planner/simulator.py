@@ -186,8 +186,8 @@ class Simulator:
         problems = [p for t in tasks_all for p in evals[t].violations]
         peaks: dict[str, float] = {}
         swap: dict[str, tuple[float, float]] = {}
-        for tasks in cand_groups:
-            g_peak, g_swap, g_problems = self._group_residency(tuple(layouts[t] for t in tasks))
+        for i, tasks in enumerate(cand_groups):
+            g_peak, g_swap, g_problems = self._group_residency(tuple(layouts[t] for t in tasks), i in cand.offload)
             peaks.update(g_peak)
             swap.update(g_swap)
             problems.extend(g_problems)
@@ -319,15 +319,17 @@ class Simulator:
         return out
 
     # ---- memory of colocated tasks --------------------------------------------------------------
-    def _group_residency(self, layouts: tuple[TaskLayout, ...]) -> tuple:
+    def _group_residency(self, layouts: tuple[TaskLayout, ...], offload: bool = False) -> tuple:
         """Per device: peak bytes, and whether the group's tasks must offload between phases.
 
         Tasks that share a device keep their weights/optimizer state resident when everything fits
-        (only one task's activations or KV cache live at a time); otherwise each task reloads its
-        state before it runs and offloads it after, over the host link, as verl's colocated workers do.
+        (only one task's activations or KV cache live at a time); otherwise — or when the group
+        offloads by configuration, as verl's hybrid engine does every step whatever fits — each task
+        reloads its state before it runs and offloads it after, over the host link.
         A follower (the log-prob pass) reads its leader's weights: it adds only its working set.
         """
-        hit = self._residency.get(layouts)
+        key = (layouts, offload)
+        hit = self._residency.get(key)
         if hit is not None:
             return hit
         if len(self._residency) >= MEMO_LIMIT:
@@ -344,16 +346,17 @@ class Simulator:
             here = {t for t, _ in items}
             own = [(t, e) for t, e in items if FOLLOWS.get(t) not in here]
             resident = sum(e.offloadable for _, e in own) + max(e.total - e.offloadable for _, e in items)
-            if len(items) == 1 or resident <= cap:
+            if len(items) == 1 or (resident <= cap and not offload):
                 peaks[d] = resident if len(items) > 1 else items[0][1].total
                 continue
             peaks[d] = max(e.total for _, e in items)
             dtype_ = self.devices[d].type
-            for task, e in items:  # offloading: the follower, too, loads the weights it runs with
-                cost = self.cost_model.host_transfer_time(e.offloadable, dtype_)
-                swap[task] = max(swap.get(task, 0.0), cost)
+            held = dict(items)
+            for task, e in items:  # a follower reloads the weights its leader holds (shards, if sharded)
+                moved = held[FOLLOWS[task]].weights if FOLLOWS.get(task) in held else e.offloadable
+                swap[task] = max(swap.get(task, 0.0), self.cost_model.host_transfer_time(moved, dtype_))
         out = (peaks, {t: (s, s) for t, s in swap.items()}, problems)
-        self._residency[layouts] = out
+        self._residency[key] = out
         return out
 
     # ---- transfers ------------------------------------------------------------------------------

@@ -119,8 +119,27 @@ def test_transfers_by_hand():
     assert cm.weight_sync_time(Q8, wan, receivers=2) == pytest.approx(2 * 0.01 + Q8.params * 2 / (5e9 / 8))
     # 64 sequences of 1024 tokens of rollouts: 17 bytes per token
     assert cm.rollout_transfer_time(64, 1024, wan) == pytest.approx(0.01 + 64 * 1024 * 17 / (5e9 / 8))
-    assert cm.host_transfer_time(25e9, "A100-40GB") == pytest.approx(1.0)
-    assert cm.host_transfer_time(50e9, "H100-SXM") == pytest.approx(1.0)
+    # offload over the host bus: PCIe 4.0 / 5.0 x16 nominal (32 / 64 GB/s) at 78% for big copies
+    assert cm.host_transfer_time(25e9, "A100-40GB") == pytest.approx(25e9 / (32e9 * 0.78))
+    assert cm.host_transfer_time(50e9, "H100-SXM") == pytest.approx(50e9 / (64e9 * 0.78))
+    # a 1 MiB copy sits at the curve's small end (half the big-copy rate): launch latency dominates
+    assert cm.host_transfer_time(2 ** 20, "H100-SXM") == pytest.approx(2 ** 20 / (64e9 * 0.5))
+    assert cm.host_transfer_time(0, "H100-SXM") == 0.0
+
+
+def test_a_catalog_sets_a_type_host_bus_and_its_curve(tmp_path):
+    from hetprof.catalog import load_catalog
+    from hetprof.errors import SpecError
+
+    path = tmp_path / "catalog.yaml"
+    path.write_text("gpus:\n  H100-SXM:\n    host_link_GBps: 128\n"
+                    "    efficiency: {host_link: {points: [[1, 0.9]], source: measured here}}\n")
+    cm = get_cost_model("analytical", catalog=load_catalog(path))
+    assert cm.host_transfer_time(50e9, "H100-SXM") == pytest.approx(50e9 / (128e9 * 0.9))
+    path.write_text("gpus:\n  H100-SXM:\n    host_link_GBps: -1\n")
+    with pytest.raises(SpecError, match=r"gpus\.H100-SXM\.host_link_GBps") as err:
+        load_catalog(path)
+    assert str(path) in str(err.value)
 
 
 def test_roofline_bound_and_tp_comm():

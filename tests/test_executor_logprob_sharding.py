@@ -175,3 +175,13 @@ def test_a_plan_runs_only_with_the_backend_it_was_made_for(tmp_path):
     assert done.returncode == 2
     message = done.stderr.strip().splitlines()
     assert len(message) == 1 and "vllm" in message[0] and "hf" in message[0]
+
+
+def test_a_plan_for_an_engine_run_has_no_backend_for_is_refused(tmp_path):
+    from hetprof.specs import Plan
+
+    loaded = Plan.load(cpu_plan(tmp_path, backend="static"))
+    for asked in (None, "static"):
+        with pytest.raises(HetprofError, match=r"static generation backend, which `hetprof run` cannot run "
+                                               r"\(it runs hf, vllm\)"):
+            check_backend(loaded, asked)

@@ -250,7 +250,9 @@ def test_measured_links_override_the_spec(cm, db_path):
                     beta_Bps=1e6, residual=0.0)
         measured = sim_for(cm, db=db)
     spec = sim_for(cm)
-    assert measured.link("a:0", "b:3").beta_Bps == 1e6 and spec.link("a:0", "b:3").beta_Bps == 5e9 / 8
+    nominal = 5e9 / 8  # a spec link is priced at the catalog's inter-host goodput of its nominal rate
+    assert measured.link("a:0", "b:3").beta_Bps == 1e6
+    assert spec.link("a:0", "b:3").beta_Bps == pytest.approx(nominal * spec.catalog.inter_host(nominal))
     assert measured.evaluate(split(measured)).iteration_s > spec.evaluate(split(spec)).iteration_s
     with pytest.raises(InfeasibleError, match="not part of cluster"):
         spec.link("a:0", "zz:0")

@@ -105,3 +105,24 @@ def test_the_simulator_prices_the_engine_it_is_given():
     times = {b: Simulator(_cluster("A100-80GB"), wl, cm, backend=b).replica_seconds("actor_gen", ["h:0"], 1, 1, 64)
              for b in ("hf", "vllm")}
     assert times["vllm"] < times["hf"]  # the padded loop decodes every sequence to the longest
+
+
+def test_static_decodes_each_micro_batch_to_its_longest_response():
+    # arrival order [3, 1, 4, 1, 5] in micro-batches of 2: [3, 1] to 3 steps, [4, 1] to 4, [5] to 5
+    run = ENGINES.get("static")(request([3, 1, 4, 1, 5], seats=2), linear)
+    a = ALPHA * 2 * 16 + 3 * step(2)
+    b = a + ALPHA * 2 * 16 + 4 * step(2)
+    c = b + ALPHA * 16 + 5 * step(1)
+    assert run.finish == pytest.approx((a, a, b, b, c))
+    assert run.seconds == pytest.approx(c)
+    # continuous batching refills the finished seats, so it is never slower on the same costs
+    assert ENGINES.get("vllm")(request([3, 1, 4, 1, 5], seats=2), linear).seconds < run.seconds
+
+
+def test_static_micro_batch_shrinks_to_what_the_kv_cache_holds():
+    # 16-token prompts, 16-token responses: room for 64 tokens holds two sequences of four seats
+    run = ENGINES.get("static")(request([16, 16, 16], kv_tokens=64, seats=4), linear)
+    two = ALPHA * 2 * 16 + 16 * step(2)
+    assert run.finish == pytest.approx((two, two, two + ALPHA * 16 + 16 * step(1)))
+    too_long = ENGINES.get("static")(request([100], kv_tokens=64), linear)
+    assert math.isinf(too_long.seconds) and "KV cache" in too_long.note

@@ -76,3 +76,46 @@ def test_groups_beyond_the_cluster_or_indivisible_are_refused():
     with pytest.raises(SpecError, match=r"TP × PP"):
         pinned_candidate(sim(), layout({"generation": {"group": "rollout", "tp": 3}, "inference": {"group": "train"},
                                         "training": {"group": "train"}}))
+
+
+def test_an_offload_group_swaps_every_task_state_over_the_host_link_even_when_it_fits():
+    from hetprof.costmodels import comm
+
+    s = sim()
+    pins = {"generation": {"group": "all"}, "inference": {"group": "all"}, "training": {"group": "all"}}
+    resident = s.evaluate(pinned_candidate(s, layout(pins, {"all": 8})))
+    assert resident.feasible and not resident.offload_s  # a 1.7B model's states all fit side by side
+    hybrid = pinned_candidate(s, PinnedLayout.from_dict({"groups": {"all": 8}, "tasks": pins, "offload": ["all"]}))
+    assert hybrid.offload == frozenset({0})
+    scored = s.evaluate(hybrid)
+    h100 = s.catalog.lookup("H100-SXM")
+    for task in ("actor_gen", "actor_train", "critic_train"):
+        lay = hybrid.layout(task)
+        state = next(iter(s.costs.evaluate(lay).memory.values())).offloadable
+        host = comm.host_link_Bps(h100, state)  # 64 GB/s PCIe 5.0 x16 at its big-copy efficiency
+        assert host == pytest.approx(64e9 * 0.78)
+        assert scored.offload_s[task] == pytest.approx(2 * state / host)  # reload before, offload after
+    # the log-prob pass reloads only the trainer's weights as the trainer holds them (no optimizer)
+    train = next(iter(s.costs.evaluate(hybrid.layout("actor_train")).memory.values()))
+    assert scored.offload_s["actor_logprob"] == pytest.approx(2 * train.weights / comm.host_link_Bps(h100, train.weights))
+    assert scored.iteration_s > resident.iteration_s
+
+
+def test_offload_names_a_group():
+    with pytest.raises(SpecError, match=r"offload\[0\]"):
+        PinnedLayout.from_dict({"groups": {"all": 8}, "tasks": {}, "offload": ["nope"]})
+
+
+def test_the_offload_policy_travels_in_the_plan_file_and_search_traces(tmp_path):
+    from hetprof.planner.convert import from_plan, to_plan
+    from hetprof.planner.search.space import decode_candidate, encode_candidate
+    from hetprof.specs import Plan
+
+    s = sim()
+    pins = {"generation": {"group": "all"}, "inference": {"group": "all"}, "training": {"group": "all"}}
+    cand = pinned_candidate(s, PinnedLayout.from_dict({"groups": {"all": 8}, "tasks": pins, "offload": ["all"]}))
+    to_plan(s, cand).save(tmp_path / "plan.json")
+    loaded = Plan.load(tmp_path / "plan.json")
+    assert [g.offload for g in loaded.groups] == [True]
+    assert from_plan(loaded).offload == frozenset({0})
+    assert decode_candidate(encode_candidate(cand)) == cand

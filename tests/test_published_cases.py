@@ -91,6 +91,27 @@ def test_a_case_without_a_published_time_is_refused(tmp_path):
         cases_mod.load_case(folder)
 
 
+@pytest.mark.parametrize(("key", "value", "field"), [("backend", "trtllm", "backend"),
+                                                     ("offload", ["nowhere"], "layout.offload[0]")])
+def test_an_unknown_engine_or_offload_group_is_refused_with_its_field(tmp_path, key, value, field):
+    folder = _copy_case(tmp_path)
+    data = yaml.safe_load((folder / "case.yaml").read_text())
+    (data["layout"] if key == "offload" else data)[key] = value
+    (folder / "case.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(SpecError) as err:
+        cases_mod.load_case(folder)
+    assert field in str(err.value) and "case.yaml" in str(err.value)
+
+
+def test_engine_and_offload_are_what_the_sources_ran():
+    by_source = {}
+    for case in CASES:
+        by_source.setdefault(case.source.id, set()).add((case.backend, tuple(case.layout.offload)))
+    assert by_source["nemo-aligner"] == {("static", ())}  # TensorRT-LLM static micro-batches
+    assert ("vllm", ("all",)) in by_source["verl-docs"]    # the colocated hybrid engine
+    assert by_source["nemo-rl"] == by_source["areal"] == {("vllm", ())}
+
+
 def test_groups_larger_than_the_cluster_are_refused(tmp_path):
     folder = _copy_case(tmp_path)
     data = yaml.safe_load((folder / "case.yaml").read_text())

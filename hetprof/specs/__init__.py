@@ -4,6 +4,7 @@ from hetprof.specs.cluster import ClusterSpec, Device, GpuSlot, Host, LinkOverri
 from hetprof.specs.plan import (
     FOLLOWS,
     GENERATION_BACKENDS,
+    RUNNABLE_BACKENDS,
     SHARDING,
     TASKS,
     Group,
@@ -19,7 +20,7 @@ from hetprof.specs.workload import GenerationParams, LengthDist, ModelRoles, Tra
 
 __all__ = [
     "ClusterSpec", "Device", "GpuSlot", "Host", "LinkOverride", "LinkParams", "NetworkSpec",
-    "FOLLOWS", "GENERATION_BACKENDS", "SHARDING", "TASKS", "Group", "Layout", "Plan", "Prediction", "TaskPlacement",
+    "FOLLOWS", "GENERATION_BACKENDS", "RUNNABLE_BACKENDS", "SHARDING", "TASKS", "Group", "Layout", "Plan", "Prediction", "TaskPlacement",
     "Tasklet", "workload_tasks",
     "GenerationParams", "LengthDist", "ModelRoles", "TrainingParams", "WorkloadSpec",
     "Role", "SyncEdge", "Task", "TaskKind",

@@ -14,7 +14,7 @@ from typing import Any
 from hetprof.errors import SpecError
 from hetprof.specs.loader import field, from_data, non_negative, positive
 
-CURVES = ("matmul", "attention", "memory", "decode_memory", "collective")
+CURVES = ("matmul", "attention", "memory", "decode_memory", "collective", "host_link")
 # Above 1: NVLink SHARP all-reduces beat the one-way link rate in nccl-tests' busbw terms.
 MAX_EFFICIENCY = 1.5
 
@@ -55,6 +55,7 @@ class EfficiencySpec:
     memory: CurveSpec | None = field(None, help="HBM bandwidth fraction by bytes a phase moves")
     decode_memory: CurveSpec | None = field(None, help="HBM bandwidth fraction while decoding, by decode batch")
     collective: CurveSpec | None = field(None, help="intra-node collective bus bandwidth fraction by message bytes")
+    host_link: CurveSpec | None = field(None, help="host <-> device copy bandwidth fraction (pinned memory) by bytes")
 
 
 @dataclasses.dataclass
@@ -82,6 +83,9 @@ class GpuTypeSpec:
     intra_node_GBps: float | None = field(None, help="aggregate bidirectional GPU-to-GPU bandwidth, GB/s",
                                           check=positive, expect="a positive number")
     interconnect: str | None = field(None, help="NVLink4, PCIe5, ... (latency class of the intra-node link)")
+    host_link_GBps: float | None = field(None, help="nominal one-way host <-> device bus bandwidth, GB/s (PCIe 5.0 "
+                                                    "x16: 64; absent: 32, PCIe 4.0 x16)",
+                                         check=positive, expect="a positive number")
     price_per_hour: float | None = field(None, help="$/GPU-hour default", check=non_negative,
                                          expect="a non-negative number")
     source: str | None = field(None, help="source of the datasheet figures (a key of `sources:` or a citation)")

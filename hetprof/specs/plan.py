@@ -37,8 +37,10 @@ SHARDING: dict[str, tuple[str, ...]] = {
     "fsdp": ("optimizer", "grads", "params"),     # ZeRO-3 / FSDP full shard
 }
 
-# Generation engines a plan can be made for (`hetprof plan --backend`, `hetprof run --backend`).
-GENERATION_BACKENDS = ("hf", "vllm")
+# Generation engines a plan can be made for (`hetprof plan --backend`); `hetprof run` carries out
+# only those it has an executor backend for (static batching is priced, to plan for TensorRT-LLM).
+GENERATION_BACKENDS = ("hf", "vllm", "static")
+RUNNABLE_BACKENDS = ("hf", "vllm")
 
 
 def workload_tasks(workload: WorkloadSpec) -> list[str]:
@@ -127,6 +129,8 @@ class Group:
     name: str = field(help="group name")
     tasks: list[str] = field(help="tasks that time-share these devices")
     devices: list[str] = field(help="device ids 'host:index'")
+    offload: bool = field(False, help="tasks offload their state to host memory between phases even when "
+                                      "everything fits (a hybrid engine's sleep/wake); otherwise only when it does not")
 
 
 @dataclasses.dataclass

@@ -149,7 +149,8 @@ def encode_candidate(candidate: Candidate) -> str:
             "layouts": {t: {"tp": lay.tp, "pp": lay.pp, "replicas": [list(r) for r in lay.replicas],
                             "shares": list(lay.shares), "layer_splits": [list(s) for s in lay.layer_splits],
                             "sharding": lay.sharding}
-                        for t, lay in candidate.layouts}}
+                        for t, lay in candidate.layouts},
+            "offload": sorted(candidate.offload)}
     return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
 
@@ -158,7 +159,7 @@ def decode_candidate(text: str) -> Candidate:
     lays = {t: TaskLayout(task=t, tp=int(v["tp"]), pp=int(v["pp"]), replicas=v["replicas"], shares=v["shares"],
                           layer_splits=v["layer_splits"], sharding=v.get("sharding", "none"))
             for t, v in data["layouts"].items()}
-    return Candidate(data["groups"], data["group_devices"], lays)
+    return Candidate(data["groups"], data["group_devices"], lays, data.get("offload", ()))
 
 
 def problem_key(sim: Simulator, objective: str, budget: float | None) -> str:
