@@ -134,9 +134,13 @@ def resolve_model(ref: str, base_dir: Path | None = None) -> ModelShape:
     path = Path(ref)
     if base_dir is not None and not path.is_absolute():
         path = base_dir / path
-    if path.is_dir():
-        path = path / "config.json"
-    if path.is_file():
+    try:
+        if path.is_dir():
+            path = path / "config.json"
+        found = path.is_file()
+    except OSError:  # a name no file system holds (too long, say) names no local config either
+        found = False
+    if found:
         return from_hf_config(path)
     raise KeyError(ref)
 

@@ -84,3 +84,12 @@ def test_sizes_and_durations():
     assert parse_duration("10ms") == pytest.approx(0.01) and parse_duration(2) == 2.0
     with pytest.raises(ValueError, match="unit"):
         parse_duration("10 parsecs")
+
+
+def test_a_model_name_no_file_system_holds_is_an_unknown_model():
+    """A name too long for a path (found by the spec fuzz campaign) is refused like any unknown
+    model, not with the file system's OSError."""
+    from hetprof.models import resolve_model
+
+    with pytest.raises(KeyError):
+        resolve_model("x" * 5000)
