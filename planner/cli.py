@@ -46,6 +46,12 @@ def _effort(budget_s: float | None, max_evals: int | None, workers: int, max_tp:
     return budget_s, workers
 
 
+def _print_effort(console, best) -> None:
+    """How many plans the winning search scored, in how long, and what stopped it."""
+    stopped = f", stopped by {best.extra['stopped_by']}" if best.extra.get("stopped_by") else ""
+    console.print(f"{best.search} scored {best.extra.get('evaluations', 0):,} plans in {best.seconds:.1f} s{stopped}")
+
+
 @click.command("plan")
 @click.option("--cluster", "-c", "cluster_path", required=True, type=click.Path(dir_okay=False),
               help="cluster spec (YAML/JSON)")
@@ -141,8 +147,8 @@ def plan(cluster_path: str, workload_path: str, search: str, objective: str, bud
             reasons = "; ".join(session.why_not(o, options) for o in outcomes)
             raise InfeasibleError(f"no feasible plan for {workload.name} on {cluster.name}: {reasons}")
         print_plan(console, sim, best.candidate, best.score, title=f"{best.search} plan")
-        stopped = f", stopped by {best.extra['stopped_by']}" if best.extra.get("stopped_by") else ""
-        console.print(f"{best.search} scored {best.extra.get('evaluations', 0):,} plans in {best.seconds:.1f} s{stopped}")
+        if not evaluate_path:  # a search's effort; an evaluated plan file had none
+            _print_effort(console, best)
         problems = session.independent_memory_check(sim, best, options, snapshot)
         for problem in problems:
             console.print(f"[yellow]independent memory check disagrees:[/yellow] {problem}")
