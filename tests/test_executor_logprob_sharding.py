@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import socket
 import subprocess
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from hetprof.dataparallel import wrap_replica
+from hetprof.distributed import file_init_method, leave_process_group
 from hetprof.errors import HetprofError
 from hetprof.executor.algorithms import RLBatch, get_algorithm
 from hetprof.executor.backends import get_backend
@@ -83,29 +83,24 @@ def test_the_log_prob_pass_feeds_the_loss_its_old_log_probs():
     assert max(float((a - b).abs().max()) for a, b in zip(with_pass, without, strict=True)) > 1e-4
 
 
-def _sharded_worker(rank: int, world: int, port: int, path: str, rows: list[list[int]], sharding: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        torch.set_num_threads(1)
-        full = RLBatch(**torch.load(path + ".batch", weights_only=True), group_size=2)
-        model = build_causal_lm("tiny", seed=0)
-        wrapped = wrap_replica(model, dist.group.WORLD, torch.device("cpu"), sharding)
-        learner = Learner(wrapped, torch.optim.SGD(model.parameters(), lr=LR), get_algorithm("grpo")(kl_coef=0.0),
-                          max_grad_norm=None, recompute_proximal=True, process_group=dist.group.WORLD)
-        learner.update(full.select(torch.tensor(rows[rank])))
-        params = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in model.parameters()]
-        if rank == 0:
-            kinds = sorted({type(p).__name__ for p in model.parameters()})
-            torch.save({"params": [p.detach() for p in params], "kinds": kinds}, path + ".out")
-    finally:
-        dist.destroy_process_group()
+def _sharded_worker(rank: int, world: int, init: str, path: str, rows: list[list[int]], sharding: str) -> None:
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    _sharded_update(rank, path, rows, sharding)
+    leave_process_group()  # after the model and its groups' users are out of scope
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _sharded_update(rank: int, path: str, rows: list[list[int]], sharding: str) -> None:
+    torch.set_num_threads(1)
+    full = RLBatch(**torch.load(path + ".batch", weights_only=True), group_size=2)
+    model = build_causal_lm("tiny", seed=0)
+    wrapped = wrap_replica(model, dist.group.WORLD, torch.device("cpu"), sharding)
+    learner = Learner(wrapped, torch.optim.SGD(model.parameters(), lr=LR), get_algorithm("grpo")(kl_coef=0.0),
+                      max_grad_norm=None, recompute_proximal=True, process_group=dist.group.WORLD)
+    learner.update(full.select(torch.tensor(rows[rank])))
+    params = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in model.parameters()]
+    if rank == 0:
+        kinds = sorted({type(p).__name__ for p in model.parameters()})
+        torch.save({"params": [p.detach() for p in params], "kinds": kinds}, path + ".out")
 
 
 @pytest.mark.slow
@@ -114,8 +109,8 @@ def test_fsdp2_on_gloo_with_uneven_shares_equals_the_single_process_update(tmp_p
     batch = stale_batch()
     path = str(tmp_path / "shard")
     torch.save({k: v for k, v in vars(batch).items() if isinstance(v, torch.Tensor)}, path + ".batch")
-    mp.spawn(_sharded_worker, args=(2, _free_port(), path, [[0, 1, 2, 3, 4, 5], [6, 7]], sharding), nprocs=2,
-             join=True)
+    mp.spawn(_sharded_worker, args=(2, file_init_method(tmp_path), path, [[0, 1, 2, 3, 4, 5], [6, 7]], sharding),
+             nprocs=2, join=True)
     out = torch.load(path + ".out", weights_only=False)
     assert out["kinds"] == ["DTensor"]  # really sharded
     for a, b in zip(learner_update(batch, recompute=True), out["params"], strict=True):
