@@ -29,7 +29,6 @@ from hetprof.planner.links import LinkTable
 from hetprof.planner.schedule import Event, ScheduleInput, simulate, timeline
 from hetprof.planner.taskcosts import TaskCosts, TaskEval
 from hetprof.specs import FOLLOWS, GENERATION_BACKENDS, SHARDING, ClusterSpec, WorkloadSpec, executable
-from hetprof.specs.vocabulary import TaskKind
 
 OBJECTIVES = ("throughput", "cost", "throughput-under-budget")
 GB = 1e9
@@ -311,7 +310,7 @@ class Simulator:
                                f"summing to {layers} layers")
         if lay.sharding not in SHARDING:
             out.append(f"{t}: unknown sharding {lay.sharding!r} (one of {', '.join(SHARDING)})")
-        elif lay.sharding != "none" and self.graph.kind_of(t) != TaskKind.TRAINING:
+        elif lay.sharding != "none" and self.graph.kind_of(t) != "training":
             out.append(f"{t}: {lay.sharding} sharding on a {self.graph.kind_of(t)} task (only training shards its state)")
         if self.executable:
             out.extend(f"{p} (`hetprof run` would refuse it; plan with --any-layout to allow it)"
@@ -431,7 +430,7 @@ class Simulator:
                             break
                         layers = -(-model.layers // pp)
                         est = self.costs.memory(task, t, tp, layers, 1)
-                        need = est.total if self.graph.kind_of(task) != TaskKind.GENERATION else est.weights + est.activations
+                        need = est.total if self.graph.kind_of(task) != "generation" else est.weights + est.activations
                         if need <= self.catalog.lookup(t).memory_bytes:
                             fits = True
                             break
