@@ -26,9 +26,9 @@ from hetprof.costmodels.base import generation_phases
 from hetprof.costmodels.data import Phase
 from hetprof.costmodels.families import get_family
 from hetprof.costmodels.features import FEATURES, TASK_PHASE, RowError, phase_features, phase_from_row
+from hetprof.costmodels.heldout import HeldOut, choose_family, mape, nested_heldout
 from hetprof.costmodels.runcalibration import MIN_PROFILE_SHAPES, RunCalibration, calibrate, compute_targets
 from hetprof.costmodels.runrows import SOURCE, run_task_rows
-from hetprof.costmodels.validation import HeldOut, choose_family, mape, nested_heldout
 from hetprof.errors import ProfileDBError
 
 FORMAT = 1

@@ -25,7 +25,7 @@ import math
 import numpy as np
 
 from hetprof.costmodels.data import Phase, Placement, Work
-from hetprof.costmodels.validation import mape
+from hetprof.costmodels.heldout import mape
 
 # A factor outside this range means the run and the profile measured different things (another
 # machine, another model build), not conditions: it is refused rather than applied.

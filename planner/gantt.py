@@ -10,10 +10,11 @@ from pathlib import Path
 
 from hetprof.planner.candidate import Candidate
 from hetprof.planner.simulator import Score
+from hetprof.specs.vocabulary import Task
 
 TASK_COLOURS = {
-    "actor_gen": "#4C72B0", "ref_infer": "#55A868", "reward_infer": "#C44E52", "critic_infer": "#8172B2",
-    "actor_train": "#CCB974", "critic_train": "#64B5CD",
+    Task.ACTOR_GEN: "#4C72B0", Task.REF_INFER: "#55A868", Task.REWARD_INFER: "#C44E52", Task.CRITIC_INFER: "#8172B2",
+    Task.ACTOR_TRAIN: "#CCB974", Task.CRITIC_TRAIN: "#64B5CD",
 }
 
 

@@ -17,6 +17,7 @@ import dataclasses
 
 from hetprof.models import ModelShape
 from hetprof.specs import TASKS, WorkloadSpec, workload_tasks
+from hetprof.specs.vocabulary import Role, Task
 
 # Bytes per token of what each kind of forward edge carries.
 ROLLOUT_BYTES_PER_TOKEN = 4 + 4 + 1   # token id (int32), behaviour log-prob (fp32), mask
@@ -89,15 +90,15 @@ def build_graph(workload: WorkloadSpec) -> RLGraph:
             edges.append(Edge(src, dst, kind, **kw))
 
     # Rollouts from generation to everything that scores or learns from them.
-    for dst in ("actor_logprob", "ref_infer", "reward_infer", "critic_infer", "actor_train", "critic_train"):
-        add("actor_gen", dst, "rollouts", bytes_per_token=ROLLOUT_BYTES_PER_TOKEN)
+    for dst in (Task.ACTOR_LOGPROB, Task.REF_INFER, Task.REWARD_INFER, Task.CRITIC_INFER, Task.ACTOR_TRAIN, Task.CRITIC_TRAIN):
+        add(Task.ACTOR_GEN, dst, "rollouts", bytes_per_token=ROLLOUT_BYTES_PER_TOKEN)
     # Scores computed on the rollouts, consumed by training.
-    for src in ("actor_logprob", "ref_infer"):
-        add(src, "actor_train", "scores", bytes_per_token=SCORE_BYTES_PER_TOKEN)
-    for dst in ("actor_train", "critic_train"):
-        add("reward_infer", dst, "rewards", bytes_per_sequence=REWARD_BYTES_PER_SEQUENCE)
-        add("critic_infer", dst, "scores", bytes_per_token=SCORE_BYTES_PER_TOKEN)
+    for src in (Task.ACTOR_LOGPROB, Task.REF_INFER):
+        add(src, Task.ACTOR_TRAIN, "scores", bytes_per_token=SCORE_BYTES_PER_TOKEN)
+    for dst in (Task.ACTOR_TRAIN, Task.CRITIC_TRAIN):
+        add(Task.REWARD_INFER, dst, "rewards", bytes_per_sequence=REWARD_BYTES_PER_SEQUENCE)
+        add(Task.CRITIC_INFER, dst, "scores", bytes_per_token=SCORE_BYTES_PER_TOKEN)
     # Weights back to the next iteration.
-    add("actor_train", "actor_gen", "weights", model="actor")
-    add("critic_train", "critic_infer", "weights", model="critic")
+    add(Task.ACTOR_TRAIN, Task.ACTOR_GEN, "weights", model=Role.ACTOR)
+    add(Task.CRITIC_TRAIN, Task.CRITIC_INFER, "weights", model=Role.CRITIC)
     return RLGraph(workload.algorithm, tuple(tasks), tuple(edges), workload.roles())

@@ -23,6 +23,7 @@ from hetprof.planner.balance import Curve, balance_shares, largest_batch_within 
 from hetprof.planner.candidate import TaskLayout
 from hetprof.specs import executable
 from hetprof.specs.plan import TASKS
+from hetprof.specs.vocabulary import TaskKind
 
 if TYPE_CHECKING:
     from hetprof.planner.simulator import Simulator
@@ -158,7 +159,7 @@ def replica_overflow(sim: Simulator, task: str, replica: tuple[str, ...], tp: in
 
 def _type_speed(gpu: catalog.GpuType, kind: str) -> float:
     """A datasheet speed proxy that only seeds the balancing (decode is bandwidth-bound)."""
-    return gpu.hbm_Bps if kind == "generation" else gpu.peak_flops("bf16")
+    return gpu.hbm_Bps if kind == TaskKind.GENERATION else gpu.peak_flops("bf16")
 
 
 def _proportional(total: int, weights: Sequence[float], minimum: int = 1) -> list[int]:
@@ -188,7 +189,7 @@ def balance_layers(sim: Simulator, task: str, replica: tuple[str, ...], tp: int,
     split = _proportional(layers, [_type_speed(sim.catalog.lookup(t), kind) for t in stage_types])
 
     def judge(candidate: Sequence[int]) -> tuple[float, float]:
-        if kind == "generation":  # stage balance from one pipelined call, not a whole engine run per trial
+        if kind == TaskKind.GENERATION:  # stage balance from one pipelined call, not a whole engine run per trial
             seconds = sim.costs.pipeline_seconds(task, replica, tp, pp, min(batch, sim.workload.generation.max_num_seqs),
                                                  candidate)
         else:
@@ -298,7 +299,7 @@ def sharding_levels(sim: Simulator, task: str, dp: int, tp: int, pp: int) -> tup
     """The shardings a layout is tried with, least sharded first: none for all but multi-replica
     training; zero1 never, as zero2 moves the same bytes and holds less; none alone where `hetprof
     run` shards nothing (TP/PP replicas, hetprof/specs/executable.py)."""
-    if TASKS[task][0] != "training" or dp < 2:
+    if TASKS[task][0] != TaskKind.TRAINING or dp < 2:
         return ("none",)
     if sim.executable and (tp > 1 or pp > 1):
         return ("none",)
@@ -322,7 +323,7 @@ def _layout_at(sim: Simulator, task: str, replicas: list[tuple[str, ...]], tp: i
     timers = []
     # Planning for `hetprof run`: training replicas average gradients stage by stage, so they share
     # one split — the one balanced for the first (by the locality-first order, the most common) kind.
-    shared = sim.executable and pp > 1 and TASKS[task][0] == "training"
+    shared = sim.executable and pp > 1 and TASKS[task][0] == TaskKind.TRAINING
     for r in replicas:
         kind = _replica_key(sim, replicas[0] if shared else r, tp, pp)
         skey = ("split", task, kind, tp, pp, nominal, shards)

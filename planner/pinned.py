@@ -18,8 +18,9 @@ from hetprof.errors import SpecError
 from hetprof.planner.candidate import Candidate, TaskLayout
 from hetprof.specs import SHARDING
 from hetprof.specs.loader import field, from_data, positive
+from hetprof.specs.vocabulary import TaskKind
 
-KINDS = ("generation", "inference", "training")
+KINDS = (TaskKind.GENERATION, TaskKind.INFERENCE, TaskKind.TRAINING)
 
 
 @dataclasses.dataclass
@@ -82,7 +83,7 @@ def pinned_candidate(sim, layout: PinnedLayout, file: str | None = None, path: s
         if key not in layout.tasks:
             raise SpecError(file, _join(path, f"tasks.{key}"), f"a placement for task {task} (by name or kind)", None)
         pin = layout.tasks[key]
-        if pin.sharding != "none" and sim.graph.kind_of(task) != "training":
+        if pin.sharding != "none" and sim.graph.kind_of(task) != TaskKind.TRAINING:
             raise SpecError(file, _join(path, f"tasks.{key}.sharding"), f"none for {task} (only training shards)",
                             pin.sharding)
         members[pin.group].append(task)

@@ -23,8 +23,8 @@ from hetprof import __version__
 from hetprof.errors import ProfileDBError
 from hetprof.paths import default_db_path
 from hetprof.profiles.content import canonical_json, content_id, flat_json, sample_id
+from hetprof.profiles.rowchecks import Invalid, check_flat, check_values
 from hetprof.profiles.schema import SCHEMA_VERSION, TABLES, migrate, read_version
-from hetprof.profiles.validate import Invalid, check_flat, check_values
 
 T = TypeVar("T")
 BUSY_TIMEOUT_MS = 5_000

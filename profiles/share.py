@@ -27,13 +27,13 @@ from typing import BinaryIO
 
 from hetprof import __version__
 from hetprof.errors import ImportRefused, ProfileDBError
-from hetprof.profiles import source, stage
+from hetprof.profiles import source, staging
 from hetprof.profiles.bounds import Limits, Watch, open_regular, regular_file
 from hetprof.profiles.db import ProfileDB
+from hetprof.profiles.rowchecks import check_row
 from hetprof.profiles.samplekeys import check_sample_places
 from hetprof.profiles.schema import SCHEMA_VERSION, TABLES
-from hetprof.profiles.stage import read_only_uri
-from hetprof.profiles.validate import check_row
+from hetprof.profiles.staging import read_only_uri
 
 FORMAT = "hetprof-profile-export"
 FORMAT_VERSION = 1
@@ -311,7 +311,7 @@ def merge(db: ProfileDB, other: str | Path, limits: Limits | None = None) -> dic
     """Add every row of another database that this one lacks; idempotent; validated like an import.
 
     The source is read from a private snapshot (see `source`); large samples tables are checked by
-    two processes into staging files (see `stage`); the rest, and small databases, are checked here
+    two processes into staging files (see `staging`); the rest, and small databases, are checked here
     and held in memory until the one transaction.
     """
     limits = limits or Limits()
@@ -320,7 +320,7 @@ def merge(db: ProfileDB, other: str | Path, limits: Limits | None = None) -> dic
     if other.resolve() == db.path.resolve():
         raise ImportRefused(f"{other}: cannot merge a database into itself")
     watch = Watch(limits, str(other))  # one deadline for the snapshot, the checks and the helpers
-    with stage.scratch_folder(db.path) as folder:
+    with staging.scratch_folder(db.path) as folder:
         snapshot = source.take_snapshot(other, folder, watch)
         rows, staged, staged_runs = source.read_other(db.path, snapshot, folder, watch)
         _check_references(db, rows, str(other), staged_runs)

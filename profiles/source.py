@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 
 from hetprof.errors import ImportRefused
-from hetprof.profiles import stage
+from hetprof.profiles import staging
 from hetprof.profiles.bounds import Watch, regular_file
+from hetprof.profiles.rowchecks import check_row
 from hetprof.profiles.schema import SCHEMA_VERSION, TABLES, read_version
-from hetprof.profiles.validate import check_row
 
 
 def take_snapshot(other: Path, folder: Path, watch: Watch) -> Path:
@@ -38,7 +38,7 @@ def take_snapshot(other: Path, folder: Path, watch: Watch) -> Path:
     snapshot = folder / "source.db"
     wal = other.with_name(other.name + "-wal")
     with watch.guard():
-        src = watch.attach(sqlite3.connect(stage.read_only_uri(other), uri=True, isolation_level=None))
+        src = watch.attach(sqlite3.connect(staging.read_only_uri(other), uri=True, isolation_level=None))
         try:
             src.execute("BEGIN")
             src.execute("SELECT COUNT(*) FROM main.sqlite_master").fetchone()  # the read transaction starts
@@ -105,18 +105,18 @@ def read_other(db_path: Path, snapshot: Path, folder: Path,
     Staging helpers get what is left of `watch`'s deadline."""
     origin = watch.origin
     with watch.guard():
-        src = stage.open_snapshot(snapshot, db_path, watch)
+        src = staging.open_snapshot(snapshot, db_path, watch)
         try:
             check_tables(src, origin)
             count_rows(src, watch)
             check_sample_places(src, origin)
-            ranges = stage.plan(src)
+            ranges = staging.plan(src)
             rows: dict[str, list[tuple]] = {}
             for name, table in TABLES.items():
                 if name == "samples":
                     rows[name] = [] if ranges else _samples_here(src, origin)
                     continue
-                rows[name] = src.execute(stage.missing_rows_sql(table)).fetchall()
+                rows[name] = src.execute(staging.missing_rows_sql(table)).fetchall()
                 for row in rows[name]:
                     check_row(table, row, f"{origin}: {name} row {str(row[0])[:16]!r}")
         finally:
@@ -124,12 +124,12 @@ def read_other(db_path: Path, snapshot: Path, folder: Path,
     if not ranges:
         return rows, [], set()
     left = dataclasses.replace(watch.limits, deadline_s=max(1e-3, watch.deadline - time.monotonic()))
-    staged, runs = stage.stage_all(snapshot, db_path, ranges, folder, origin, left)
+    staged, runs = staging.stage_all(snapshot, db_path, ranges, folder, origin, left)
     return rows, staged, runs
 
 
 def _samples_here(src: sqlite3.Connection, origin: str) -> list[tuple]:
     """The new samples of a small source, checked in this process."""
     width = len(TABLES["samples"].column_names)
-    sizes = stage.run_sizes(src)
-    return [stage.checked_sample(row, width, sizes, origin) for row in src.execute(stage.new_samples_sql())]
+    sizes = staging.run_sizes(src)
+    return [staging.checked_sample(row, width, sizes, origin) for row in src.execute(staging.new_samples_sql())]

@@ -14,7 +14,7 @@ from hetprof.costmodels.families import FAMILIES, export_trees
 from hetprof.costmodels.features import FEATURES, phase_features
 from hetprof.costmodels.fitted import FittedCostModel, LoadedModel
 from hetprof.costmodels.fitting import fit_database, monotone_envelope, store
-from hetprof.costmodels.validation import range_folds
+from hetprof.costmodels.heldout import range_folds
 from hetprof.models import PRESETS
 from hetprof.profiles import ProfileDB
 

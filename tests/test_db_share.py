@@ -255,7 +255,7 @@ def _many_runs(path: Path, host: str, runs: int = 12) -> None:
 
 
 def test_a_large_merge_is_checked_in_two_processes_and_equals_the_in_process_merge(tmp_path, monkeypatch):
-    from hetprof.profiles import stage
+    from hetprof.profiles import staging
 
     a, serial, parallel = tmp_path / "a.db", tmp_path / "serial.db", tmp_path / "parallel.db"
     _many_runs(a, "node-a")
@@ -263,10 +263,10 @@ def test_a_large_merge_is_checked_in_two_processes_and_equals_the_in_process_mer
     shutil.copy(serial, parallel)
     with ProfileDB(serial) as db:
         merge(db, a)
-    monkeypatch.setattr(stage, "MIN_ROWS", 1)
+    monkeypatch.setattr(staging, "MIN_ROWS", 1)
     with ProfileDB(parallel) as db:
         src = sqlite3.connect(a)
-        assert len(stage.plan(src)) == 2  # the staging path is the one under test
+        assert len(staging.plan(src)) == 2  # the staging path is the one under test
         src.close()
         assert merge(db, a)["samples"] == 600
         assert sum(merge(db, a).values()) == 0
@@ -275,7 +275,7 @@ def test_a_large_merge_is_checked_in_two_processes_and_equals_the_in_process_mer
 
 @pytest.mark.parametrize("which", ["first", "last"])  # the range this process checks, and the worker's
 def test_a_hostile_sample_is_refused_in_either_staged_range(tmp_path, monkeypatch, which):
-    from hetprof.profiles import stage
+    from hetprof.profiles import staging
 
     a, target = tmp_path / "a.db", tmp_path / "t.db"
     _many_runs(a, "node-a")
@@ -286,7 +286,7 @@ def test_a_hostile_sample_is_refused_in_either_staged_range(tmp_path, monkeypatc
     conn.execute("UPDATE samples SET metrics = '{\"seconds\":7.0}' WHERE run_id = ? AND seq = 3", (run,))
     conn.commit()
     conn.close()
-    monkeypatch.setattr(stage, "MIN_ROWS", 1)
+    monkeypatch.setattr(staging, "MIN_ROWS", 1)
     with ProfileDB(target) as db, pytest.raises(ImportRefused, match="does not match its content") as info:
         merge(db, a)
     assert str(a) in str(info.value)

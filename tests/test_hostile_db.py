@@ -207,9 +207,9 @@ def test_point05_escape_sequences_in_a_file_name_are_made_visible(tmp_path, db_p
 # ---- 6. a database still being written -------------------------------------------------------------
 
 def test_point06_a_database_still_being_written_merges(tmp_path, monkeypatch):
-    from hetprof.profiles import stage
+    from hetprof.profiles import staging
 
-    monkeypatch.setattr(stage, "MIN_ROWS", 1)  # the two-process path, where snapshots used to differ
+    monkeypatch.setattr(staging, "MIN_ROWS", 1)  # the two-process path, where snapshots used to differ
     src, target = tmp_path / "src.db", tmp_path / "t.db"
     fill(src, n=50)
     stop = threading.Event()
@@ -303,14 +303,14 @@ def test_point10_a_lone_surrogate_on_import_is_one_line(tmp_path, db_path):
 
 _SLOW_MERGE = """
 import sys, time, pathlib
-from hetprof.profiles import stage
-stage.MIN_ROWS = 1
-real, ready = stage.stage, pathlib.Path(sys.argv[3])
+from hetprof.profiles import staging
+staging.MIN_ROWS = 1
+real, ready = staging.stage, pathlib.Path(sys.argv[3])
 def slow(*args, **kwargs):
     ready.write_text("staging")
     time.sleep(120)
     return real(*args, **kwargs)
-stage.stage = slow
+staging.stage = slow
 sys.argv = ["hetprof", "db", "merge", "--db", sys.argv[1], sys.argv[2]]
 from hetprof.cli import main
 main()
@@ -366,7 +366,7 @@ def test_point07_a_killed_merges_folder_is_removed_by_the_next_merge(tmp_path):
 
 
 def test_point07_an_orphaned_staging_helper_stops_by_itself(tmp_path):
-    from hetprof.profiles import source, stage
+    from hetprof.profiles import source, staging
 
     src, target = tmp_path / "theirs.db", tmp_path / "mine.db"
     fill(src, n=5000)
@@ -374,9 +374,9 @@ def test_point07_an_orphaned_staging_helper_stops_by_itself(tmp_path):
     snapshot = source.take_snapshot(src, tmp_path, Watch(Limits(), str(src)))
     job = {"other": str(snapshot), "mine": str(target), "lo": None, "hi": None, "out": str(tmp_path / "part.db"),
            "origin": str(src), "limits": None, "parent_pid": os.getpid() + 10**6}  # a parent already gone
-    worker = stage._start(job)
+    worker = staging._start(job)
     with pytest.raises(ImportRefused, match="the merge that started this helper is gone"):
-        stage._result(worker)
+        staging._result(worker)
 
 
 def test_point13_a_fifo_beside_the_source_database_is_refused_not_waited_on(tmp_path, db_path):

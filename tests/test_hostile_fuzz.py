@@ -33,8 +33,8 @@ from hetprof.executor.launch_checks import load_plan
 from hetprof.executor.sizebounds import check_run_sizes
 from hetprof.profiles import ProfileDB, export
 from hetprof.profiles.content import content_id
+from hetprof.profiles.rowchecks import check_row
 from hetprof.profiles.schema import TABLES
-from hetprof.profiles.validate import check_row
 from hetprof.specs import ClusterSpec, WorkloadSpec
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -41,7 +41,7 @@ def test_point01_merge_staging_worker_ignores_a_json_py_beside_the_database(tmp_
     src, target = tmp_path / "theirs.db", tmp_path / "mine.db"
     fill(src, n=30)
     marker = _plant(tmp_path, "json")
-    script = ("import sys; from hetprof.profiles import stage, ProfileDB, merge; stage.MIN_ROWS = 1\n"
+    script = ("import sys; from hetprof.profiles import staging, ProfileDB, merge; staging.MIN_ROWS = 1\n"
               "with ProfileDB(sys.argv[1]) as db: print(merge(db, sys.argv[2])['samples'])")
     # -P for this parent too: it stands for the `hetprof` console script, which never has the folder on its path
     done = subprocess.run([sys.executable, "-P", "-c", script, str(target), str(src)], cwd=tmp_path,

@@ -83,7 +83,7 @@ def test_block_model_matches_the_preset_shapes():
 
 
 def test_generate_rows_time_whole_calls(task_rows):
-    from hetprof.profiler.suites.tasks import GENERATE_NEW_TOKENS, PHASES
+    from hetprof.profiler.suites.tasks import GENERATE_NEW_TOKENS, TIMERS
 
     df, _, _ = task_rows
     calls = df[df.benchmark == "task.generate"]
@@ -94,4 +94,4 @@ def test_generate_rows_time_whole_calls(task_rows):
     assert {(32, 128), (1, 16)} <= set(calls.groupby(["batch", "seq_len"]).size().index)
     assert (calls["seconds"] > 0).all()
     # blocks profiled without the LM head have no logits to sample from: no calls timed
-    assert not PHASES["generate"].applies(taskmodels.plan_model(PRESETS["qwen3-8b"], "bf16", None))
+    assert not TIMERS["generate"].applies(taskmodels.plan_model(PRESETS["qwen3-8b"], "bf16", None))

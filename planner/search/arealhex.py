@@ -21,6 +21,7 @@ from hetprof.planner.candidate import Candidate
 from hetprof.planner.search import register_search
 from hetprof.planner.search.base import Ledger, Search, SearchResult
 from hetprof.planner.search.cbc import cbc
+from hetprof.specs.vocabulary import Task
 
 GAMMA_STEPS = 10
 
@@ -31,14 +32,14 @@ def rollout_milp(sim, devices: list[str], max_tp: int) -> tuple[int, dict[str, i
 
     types = sorted({sim.devices[d].type for d in devices})
     total = layouts.task_batch(sim)
-    model = layouts.task_model(sim, "actor_gen")
+    model = layouts.task_model(sim, Task.ACTOR_GEN)
     per_host: dict[str, dict[str, int]] = {}
     for d in devices:
         dev = sim.devices[d]
         per_host.setdefault(dev.type, {}).setdefault(dev.host, 0)
         per_host[dev.type][dev.host] += 1
     options = {}
-    for tp in layouts.degree_limits(sim, "actor_gen", max_tp)[0]:
+    for tp in layouts.degree_limits(sim, Task.ACTOR_GEN, max_tp)[0]:
         for t in types:
             groups = sum(n // tp for n in per_host[t].values())
             if not groups:
@@ -46,8 +47,8 @@ def rollout_milp(sim, devices: list[str], max_tp: int) -> tuple[int, dict[str, i
             mine = [d for d in layouts.canonical_order(sim, devices) if sim.devices[d].type == t]
             rep = layouts.arrange(sim, mine, tp, 1)[0]
             batch = max(1, math.ceil(total / max(1, groups)))
-            s = layouts.replica_time(sim, "actor_gen", rep, tp, 1, batch, None)
-            if layouts.replica_overflow(sim, "actor_gen", rep, tp, (model.layers,), batch) > 0 or not math.isfinite(s):
+            s = layouts.replica_time(sim, Task.ACTOR_GEN, rep, tp, 1, batch, None)
+            if layouts.replica_overflow(sim, Task.ACTOR_GEN, rep, tp, (model.layers,), batch) > 0 or not math.isfinite(s):
                 continue
             options[tp, t] = (batch / s, groups)
     if not options:
@@ -75,8 +76,8 @@ class ArealHexSearch(Search):
     def run(self) -> SearchResult:
         sim = self.ctx.sim
         ledger = Ledger(self.ctx)           # an evaluation budget binds it like every search
-        train_tasks = tuple(t for t in sim.tasks if t not in ("actor_gen", "reward_infer"))
-        roll_tasks = tuple(t for t in sim.tasks if t in ("actor_gen", "reward_infer"))
+        train_tasks = tuple(t for t in sim.tasks if t not in (Task.ACTOR_GEN, Task.REWARD_INFER))
+        roll_tasks = tuple(t for t in sim.tasks if t in (Task.ACTOR_GEN, Task.REWARD_INFER))
         visited: list[dict] = []
         # The compute-first ranking is AReaL-Hex's; phase 2 partitions interconnects too, so each
         # region in turn lends the training side its hosts first (a partition that keeps training's
@@ -113,7 +114,7 @@ class ArealHexSearch(Search):
             sec = score.task_seconds
             c_train = sum(sec.get(t, 0.0) for t in train_tasks)
             c_roll = sum(sec.get(t, 0.0) for t in roll_tasks) + sum(
-                v for k, v in score.transfer_s.items() if k.startswith("weights:actor_train"))
+                v for k, v in score.transfer_s.items() if k.startswith(f"weights:{Task.ACTOR_TRAIN}"))
             visited.append({"gamma": round(gamma, 4), "c_train": c_train, "c_rollout_reward_sync": c_roll,
                             "value": value})
             if c_train > c_roll:
@@ -164,12 +165,12 @@ class ArealHexSearch(Search):
         if phase1 is None:
             return None, "rollout"
         tp, _replicas = phase1
-        gen = layouts.build_layout(sim, "actor_gen", layouts.canonical_order(sim, roll), tp, 1)
+        gen = layouts.build_layout(sim, Task.ACTOR_GEN, layouts.canonical_order(sim, roll), tp, 1)
         if gen is None:
             return None, "rollout"
-        lays["actor_gen"] = gen
+        lays[Task.ACTOR_GEN] = gen
         for task in roll_tasks:
-            if task != "actor_gen":
+            if task != Task.ACTOR_GEN:
                 lay = layouts.best_layout(sim, task, roll, ctx.max_tp, ctx.max_pp)
                 if lay is None:
                     return None, "rollout"

@@ -21,9 +21,10 @@ from hetprof.errors import InfeasibleError
 from hetprof.planner import layouts
 from hetprof.planner.search.restricted import RestrictedSpace
 from hetprof.specs.plan import TASKS
+from hetprof.specs.vocabulary import Task, TaskKind
 
 TANGENTS = 48
-STAGE = {"generation": 0, "inference": 1, "training": 2}
+STAGE = {TaskKind.GENERATION: 0, TaskKind.INFERENCE: 1, TaskKind.TRAINING: 2}
 Shape = tuple[int, int]
 
 
@@ -161,7 +162,7 @@ def _regions(model: RestrictedModel, T: dict[str, Any]) -> Any:
     link = _region_links(space, regions)
     cm = sim.cost_model
     for k in model.tasks:
-        if TASKS[k][0] != "training":
+        if TASKS[k][0] != TaskKind.TRAINING:
             continue
         grads = layouts.task_model(sim, k).weight_bytes(sim.workload.precision)
         for i, r1 in enumerate(regions):
@@ -170,7 +171,7 @@ def _regions(model: RestrictedModel, T: dict[str, Any]) -> Any:
                 cross = cm.collective_time("all_reduce", grads, 2, link[r1, r2])
                 prob += T[k] >= cross * (rho[owner[k], r1] + rho[owner[k], r2] - 1)
     sync = prob.add_variable("S", 0)
-    for src, dst in (("actor_train", "actor_gen"), ("critic_train", "critic_infer")):
+    for src, dst in ((Task.ACTOR_TRAIN, Task.ACTOR_GEN), (Task.CRITIC_TRAIN, Task.CRITIC_INFER)):
         if src in owner and dst in owner and owner[src] != owner[dst]:
             weights = layouts.task_model(sim, src)
             for r1 in regions:
@@ -187,7 +188,7 @@ def _objective(model: RestrictedModel, T: dict[str, Any], sync: Any) -> None:
     if model.space.sim.workload.mode == "async":
         Z = prob.add_variable("Z", 0)
         for g in grouping:
-            prob += Z >= pulp.lpSum(T[k] for k in g) + (sync if "actor_gen" in g else 0)
+            prob += Z >= pulp.lpSum(T[k] for k in g) + (sync if Task.ACTOR_GEN in g else 0)
         prob += Z
         return
     Zs = {s: prob.add_variable(f"Z_{s}", 0) for s in set(STAGE.values())}

@@ -17,6 +17,7 @@ from hetprof.planner.candidate import Candidate, TaskLayout
 from hetprof.planner.search import register_search
 from hetprof.planner.search.base import Ledger, Search, SearchResult
 from hetprof.planner.search.pools import Pool, hosts, region_pools
+from hetprof.specs.vocabulary import Task
 
 
 def bandwidth_rank(sim) -> dict[str, float]:
@@ -49,11 +50,11 @@ class StreamRLBaseline(Search):
         sim = self.ctx.sim
         ledger = Ledger(self.ctx)
         pools = region_pools(sim, bandwidth_rank(sim))
-        rest = [t for t in sim.tasks if t != "actor_gen"]
+        rest = [t for t in sim.tasks if t != Task.ACTOR_GEN]
         cache: dict = {}
         chosen, tried = "", 0
         for gen_pool in pools:
-            gen = self._layouts(gen_pool, ["actor_gen"], cache)
+            gen = self._layouts(gen_pool, [Task.ACTOR_GEN], cache)
             if gen is None:
                 continue
             for train_pool in pools:
@@ -65,7 +66,7 @@ class StreamRLBaseline(Search):
                 if train is None:
                     continue
                 before = ledger.best
-                ledger.evaluate(Candidate((("actor_gen",), tuple(rest)), (gen_pool.devices, train_pool.devices),
+                ledger.evaluate(Candidate(((Task.ACTOR_GEN,), tuple(rest)), (gen_pool.devices, train_pool.devices),
                                           {**gen, **train}))
                 tried += 1
                 if ledger.best is not before:

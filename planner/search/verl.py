@@ -21,6 +21,7 @@ from hetprof.planner.search import register_search
 from hetprof.planner.search.base import Ledger, Search, SearchConfig, SearchResult, knob
 from hetprof.planner.search.pools import Pool, host_pools
 from hetprof.specs.plan import TASKS
+from hetprof.specs.vocabulary import Task
 
 FSDP = "fsdp"
 
@@ -65,15 +66,15 @@ class VerlBaseline(Search):
         sim, ctx = self.ctx.sim, self.ctx
         order = pool.devices
         tasks = list(sim.tasks)
-        others = [t for t in tasks if t != "actor_gen"]
-        gen_tps = sorted({s.tp for s in layouts.feasible_shapes(sim, "actor_gen", order, ctx.max_tp, 1)})
+        others = [t for t in tasks if t != Task.ACTOR_GEN]
+        gen_tps = sorted({s.tp for s in layouts.feasible_shapes(sim, Task.ACTOR_GEN, order, ctx.max_tp, 1)})
         engines = _train_engines(sim, order, others, self.config, ctx.max_tp, ctx.max_pp)
         for gen_tp in gen_tps:
-            gen = layouts.build_layout(sim, "actor_gen", order, gen_tp, 1, balanced=False)
+            gen = layouts.build_layout(sim, Task.ACTOR_GEN, order, gen_tp, 1, balanced=False)
             if gen is None:
                 continue
             for engine, tp, pp in engines:
-                lays = {"actor_gen": gen}
+                lays = {Task.ACTOR_GEN: gen}
                 for task in others:
                     lay = _engine_layout(sim, task, order, engine, tp, pp)
                     if lay is None:

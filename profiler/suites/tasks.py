@@ -1,7 +1,7 @@
 """RL task kernels at small scale: prefill, one decode step, a fwd+bwd+Adam training step, and a
 whole generation call (what a call costs beyond its prefill and decode steps: see hetprof/generation.py).
 
-Each phase times what an RL step really does, not just the model's forward: a decode step also
+Each task timer times what an RL step really does, not just the model's forward: a decode step also
 samples the next token with the executor's own sampling step (`hetprof.sampling`: fp32 log-softmax
 at the last position, multinomial draw, the token's log-prob — every RL generator does this per
 step, over the full vocabulary), and a training step
@@ -62,8 +62,9 @@ def grid(device: str, quick: bool, task: str, max_position: int) -> list[tuple[i
     return [(b, s) for b, s in itertools.product(batches, lengths) if s + 1 <= max_position]
 
 
-class Phase:
-    """One RL task's kernel: how to time one (batch, length) point of it."""
+class TaskTimer:
+    """How to time one kind of profiler task row (`task.<name>`) at one (batch, length) point: a procedure,
+    not a `costmodels.data.Phase` (the unit of work that row prices)."""
 
     task: str = ""
     length_key = "seq_len"
@@ -72,11 +73,11 @@ class Phase:
         return [{}]
 
     def applies(self, tm: Any) -> bool:
-        """Whether this model can be timed for the phase (some need the LM head)."""
+        """Whether this model can be timed by this timer (some need the LM head)."""
         return True
 
     def extra_params(self) -> dict:
-        """Fixed settings of the phase that its rows record."""
+        """Fixed settings of the timer that its rows record."""
         return {}
 
     def points(self, ctx: ProfileContext, max_position: int) -> list[tuple[int, int]]:
@@ -88,7 +89,7 @@ class Phase:
         raise NotImplementedError
 
 
-class Prefill(Phase):
+class Prefill(TaskTimer):
     task = "prefill"
 
     def time_point(self, ctx, model, tm, batch, length, variant, device, flush, gen) -> list[float]:
@@ -100,7 +101,7 @@ class Prefill(Phase):
             return measure(lambda: model(**x, use_cache=True), device, ctx.policy, flush=flush)
 
 
-class Decode(Phase):
+class Decode(TaskTimer):
     task = "decode"
     length_key = "context_len"
 
@@ -139,7 +140,7 @@ def _sampler(tm: Any, batch: int, device: Any, gen: Any):
     return sample
 
 
-class Generate(Phase):
+class Generate(TaskTimer):
     """A whole generation call, as the executor's `hf` backend makes it (`hetprof.generation`): pad
     the prompts, prefill, sample GENERATE_NEW_TOKENS tokens. `hetprof fit` compares it with the
     prefill and decode rows to learn what a call costs beyond its phases; it needs the LM head."""
@@ -176,7 +177,7 @@ def _crop(cache: Any, length: int) -> None:
         cache.crop(-extra)
 
 
-class Train(Phase):
+class Train(TaskTimer):
     task = "train"
 
     def variants(self, ctx: ProfileContext) -> list[dict]:
@@ -236,7 +237,7 @@ def _checkpointing(model: Any, on: bool) -> None:
     fn()
 
 
-PHASES: dict[str, Phase] = {p.task: p for p in (Prefill(), Decode(), Train(), Generate())}
+TIMERS: dict[str, TaskTimer] = {p.task: p for p in (Prefill(), Decode(), Train(), Generate())}
 
 
 @register_suite
@@ -244,13 +245,13 @@ class TasksSuite(Suite):
     name = "tasks"
     help = "prefill, decode-step, train-step and whole generation-call timings of transformer blocks per model preset"
 
-    def phases(self, ctx: ProfileContext) -> list[Phase]:
-        return [PHASES[t] for t in ctx.options.get("tasks") or PHASES]
+    def timers(self, ctx: ProfileContext) -> list[TaskTimer]:
+        return [TIMERS[t] for t in ctx.options.get("tasks") or TIMERS]
 
     def steps(self, ctx: ProfileContext) -> int:
         dtype = ctx.options.get("dtype") or default_dtype(ctx.device)
         return sum(len(p.points(ctx, m.max_position)) * len(p.variants(ctx))
-                   for m in ctx.models for p in self.phases(ctx)
+                   for m in ctx.models for p in self.timers(ctx)
                    if p.applies(taskmodels.plan_model(m, dtype, ctx.options.get("layers_run"))))
 
     def run(self, ctx: ProfileContext) -> None:
@@ -263,36 +264,36 @@ class TasksSuite(Suite):
         for shape in ctx.models:
             tm = taskmodels.plan_model(shape, dtype, ctx.options.get("layers_run"))
             model = taskmodels.build(tm, device)
-            for phase in self.phases(ctx):
-                if not phase.applies(tm):
+            for timer in self.timers(ctx):
+                if not timer.applies(tm):
                     continue
-                for variant in phase.variants(ctx):
-                    self._sweep(ctx, phase, model, tm, variant, device, flush, gen)
+                for variant in timer.variants(ctx):
+                    self._sweep(ctx, timer, model, tm, variant, device, flush, gen)
             del model
             if device.type == "cuda":
                 torch.cuda.empty_cache()
 
-    def _sweep(self, ctx, phase: Phase, model, tm, variant, device, flush, gen) -> None:
+    def _sweep(self, ctx, timer: TaskTimer, model, tm, variant, device, flush, gen) -> None:
         import torch
 
         samples: list[dict] = []
-        points = phase.points(ctx, tm.shape.max_position)
+        points = timer.points(ctx, tm.shape.max_position)
         for batch, length in points:
             try:
-                times = phase.time_point(ctx, model, tm, batch, length, variant, device, flush, gen)
+                times = timer.time_point(ctx, model, tm, batch, length, variant, device, flush, gen)
             except torch.OutOfMemoryError:
-                ctx.note(f"task.{phase.task} {tm.shape.name} batch={batch} {phase.length_key}={length}: "
+                ctx.note(f"task.{timer.task} {tm.shape.name} batch={batch} {timer.length_key}={length}: "
                          "out of memory, skipped")
                 torch.cuda.empty_cache()
                 ctx.advance(1)
                 continue
-            params = {**tm.shape_params(), "batch": batch, phase.length_key: length, "threads": ctx.threads,
-                      **phase.extra_params(), **variant}
+            params = {**tm.shape_params(), "batch": batch, timer.length_key: length, "threads": ctx.threads,
+                      **timer.extra_params(), **variant}
             samples += [{"params": params, "metrics": {"seconds": t}} for t in times]
             ctx.advance(1)
         if samples:
             med = statistics.median(s["metrics"]["seconds"] for s in samples)
             extra = " recompute" if variant.get("recompute") else ""
-            ctx.record(f"task.{phase.task}", {"model": tm.shape.name, "dtype": tm.dtype,
+            ctx.record(f"task.{timer.task}", {"model": tm.shape.name, "dtype": tm.dtype,
                                                "layers_run": tm.layers_run, "threads": ctx.threads, **variant},
                        samples, f"{tm.shape.name}{extra}: {len(points)} points, median {med * 1e3:.2f} ms")

@@ -26,8 +26,8 @@ from pathlib import Path
 from hetprof.errors import ImportRefused, ProfileDBError
 from hetprof.processes import child_env, python_argv, safe_cwd
 from hetprof.profiles.bounds import Limits, Watch
+from hetprof.profiles.rowchecks import Invalid, check_sample
 from hetprof.profiles.schema import TABLES, Table
-from hetprof.profiles.validate import Invalid, check_sample
 
 WORKERS = 2  # processes in all, this one included; more would only queue on a small machine
 MIN_ROWS = 100_000  # below this a worker's start (~0.3 s) costs more than it saves
@@ -193,7 +193,7 @@ def _start(job: dict) -> subprocess.Popen:
     caller's script (a merge called from a script without a __main__ guard would fork forever),
     and the job and its answer travel as JSON. It starts isolated from the current folder, and
     stops by itself if this process dies (its progress check watches its parent)."""
-    return subprocess.Popen(python_argv("-c", "from hetprof.profiles.stage import main; main()", json.dumps(job)),
+    return subprocess.Popen(python_argv("-c", "from hetprof.profiles.staging import main; main()", json.dumps(job)),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
                             cwd=safe_cwd())
 

@@ -8,8 +8,8 @@ import pytest
 
 from hetprof.errors import ImportRefused
 from hetprof.profiles.content import canonical_json, flat_json, sample_id
+from hetprof.profiles.rowchecks import Invalid, check_flat, check_row
 from hetprof.profiles.schema import TABLES
-from hetprof.profiles.validate import Invalid, check_flat, check_row
 
 RUN = "cd" * 32
 GOOD_PARAMS = [{}, {"m": 1, "dtype": "bf16", "flag": True, "none": None, "x": -0.0, "big": 2**62},
