@@ -286,6 +286,14 @@ def plan_data(tmp_path_factory) -> dict:
     return json.loads(json.dumps(plan.to_dict()))
 
 
+def _garbled(text: bytes, garble: tuple[int, bytes] | None) -> bytes:
+    """`text` with a few bytes overwritten at a drawn offset (None: unchanged): file corruption."""
+    if garble is None:
+        return text
+    at = garble[0] % (len(text) + 1)
+    return text[:at] + garble[1] + text[at + len(garble[1]):]
+
+
 @FUZZ
 @given(path=st.lists(st.integers(0, 50), max_size=6), value=_JSON | _BIG, as_text=st.booleans(),
        garble=st.none() | st.tuples(st.integers(0, 10**6), st.binary(max_size=4)))
@@ -293,10 +301,7 @@ def test_fuzz_plan_loader(plan_data, tmp_path_factory, path, value, as_text, gar
     f = tmp_path_factory.mktemp("plan") / "plan.json"
     edited = _mutate(plan_data, path, value)
     text = json.dumps(edited, ensure_ascii=as_text).encode("utf-8", "surrogatepass")
-    if garble is not None:
-        at = garble[0] % (len(text) + 1)
-        text = text[:at] + garble[1] + text[at + len(garble[1]):]
-    f.write_bytes(text)
+    f.write_bytes(_garbled(text, garble))
     _count("plan")
 
     def load() -> None:
@@ -318,10 +323,7 @@ def test_fuzz_spec_loaders(tmp_path_factory, which, path, value, garble):
     f = tmp_path_factory.mktemp("spec") / which.name
     data = _mutate(yaml.safe_load(which.read_text()), path, value)
     text = yaml.safe_dump(data, allow_unicode=True).encode("utf-8", "surrogatepass")
-    if garble is not None:
-        at = garble[0] % (len(text) + 1)
-        text = text[:at] + garble[1] + text[at + len(garble[1]):]
-    f.write_bytes(text)
+    f.write_bytes(_garbled(text, garble))
     _count("cluster/workload spec")
     cls = ClusterSpec if which.parent.name == "clusters" else WorkloadSpec
     _one_line_refusal(lambda: cls.load(f))
