@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import click
 
-from hetprof.cli import RegistryOption, db_option, db_path
+from hetprof.cli import RegistryOption, db_option, db_path, existing_db_path
 
 
 def _backends() -> list[str]:
@@ -78,8 +79,24 @@ def run(plan: str, iterations: int, backend: str | None, checkpoint_dir: str | N
 def validate(source: str, skip: int) -> None:
     """Print predicted (from the plan) against measured, per task and per iteration.
 
-    SOURCE is a run's JSONL log, or a run id whose records are in the profile database.
+    SOURCE is a run's JSONL log, or a run in the profile database by any name `hetprof db list`,
+    `hetprof db show` or this command prints (its run name, or a unique prefix of it).
     """
     from hetprof.executor.predicted_vs_measured import load_records, render
 
-    render(load_records(source, db_path()), skip=skip)
+    render(load_records(_recorded_run(source), db_path()), skip=skip)
+
+
+def _recorded_run(source: str) -> str:
+    """SOURCE itself if it is a log file, else the full name of the one stored run it names (exit 2 if none)."""
+    from hetprof.errors import HetprofError
+
+    if Path(source).is_file():
+        return source
+    if source.endswith((".jsonl", ".json", ".log")) or os.sep in source:
+        raise HetprofError(f"{source}: no such run log file")
+    from hetprof.profiles import ProfileDB
+    from hetprof.profiles.names import RUN, resolve
+
+    with ProfileDB(existing_db_path(), readonly=True) as db:
+        return resolve(db.conn, source, kinds=(RUN,)).key

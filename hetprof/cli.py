@@ -71,6 +71,23 @@ def db_path(ctx: click.Context | None = None) -> Path:
     return Path(chosen) if chosen else default_db_path()
 
 
+def existing_db_path(ctx: click.Context | None = None) -> Path:
+    """`db_path()` for a command that only reads: a missing file is refused (exit 2), never created empty."""
+    from hetprof.errors import ProfileDBError
+
+    path = db_path(ctx)
+    if not path.is_file():
+        raise ProfileDBError(f"{visible(path)}: no such profile database (commands that only read never create one; "
+                             "`hetprof profile` or `hetprof db import` makes one)")
+    return path
+
+
+def db_named(ctx: click.Context | None = None) -> bool:
+    """Whether `--db` was given on the command line (not defaulted, nor inherited from $HETPROF_DB)."""
+    root = (ctx or click.get_current_context()).find_root()
+    return isinstance(root.obj, dict) and bool(root.obj.get("db_named"))
+
+
 class RegistryOption(click.Option):
     """An option whose help ends with the names a registry offers, read when the help is shown, so
     listing commands imports no stage and a plugin's name appears once it is installed."""
@@ -94,7 +111,7 @@ def db_option(fn):
 
     def remember(ctx: click.Context, _param, value):
         if value:
-            ctx.find_root().ensure_object(dict)["db"] = value
+            ctx.find_root().ensure_object(dict).update(db=value, db_named=True)
         return value
 
     return click.option("--db", "db", type=click.Path(dir_okay=False), expose_value=False, callback=remember,
@@ -122,6 +139,8 @@ def cli(ctx: click.Context, db: str | None) -> None:
     ctx.ensure_object(dict)
     if db:
         ctx.obj["db"] = db
+    if ctx.get_parameter_source("db") == click.core.ParameterSource.COMMANDLINE:
+        ctx.obj["db_named"] = True
 
 
 def main() -> None:

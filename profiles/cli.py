@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import json
-import time
 
 import click
 
-from hetprof.cli import db_option, db_path
-from hetprof.display import shown, visible
+from hetprof.cli import db_option
+from hetprof.display import Col, fitted_table, print_wide, shown, visible, when
 from hetprof.processes import exit_on_signals
-
-
-def _open(readonly: bool = False):
-    from hetprof.profiles import ProfileDB
-
-    return ProfileDB(db_path(), readonly=readonly)
+from hetprof.profiles.cli_common import open_db as _open
+from hetprof.profiles.cli_common import wide_option
+from hetprof.profiles.cli_show import show
 
 
 def _size(_ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
@@ -63,11 +59,12 @@ def db() -> None:
 @db.command()
 @db_option
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def info(as_json: bool) -> None:
+@wide_option
+def info(as_json: bool, wide: bool) -> None:
     """Counts per kind, schema version, and the devices and hosts covered."""
     from rich.table import Table
 
-    with _open() as pdb:
+    with _open(readonly=True) as pdb:
         data = pdb.info()
     if as_json:
         click.echo(json.dumps(data, indent=2, sort_keys=True))
@@ -80,18 +77,16 @@ def info(as_json: bool) -> None:
     counts.add_row(*(str(v) for v in data["counts"].values()))
     console.print(counts)
     if data["devices"]:
-        devs = Table(title="devices")
-        for col in ("id", "name", "kind", "catalog_type", "host", "source"):
-            devs.add_column(col)
-        for d in data["devices"]:
-            devs.add_row(*(shown(d[c] or "") for c in ("id", "name", "kind", "catalog_type", "host", "source")))
-        console.print(devs)
+        cols = [Col("id"), Col("name", drop=1), Col("kind", drop=3), Col("catalog_type"), Col("host", drop=2),
+                Col("source", drop=4)]
+        rows = [[d[c.header] or "" for c in cols] for d in data["devices"]]
+        print_wide(console, fitted_table(console, cols, rows, title="devices", wide=wide), wide)
     console.print(shown(f"hosts: {', '.join(data['hosts']) or '(none)'}"))
     if data["benchmarks"]:
         console.print(shown("samples per benchmark: " + ", ".join(f"{k} {v}" for k, v in data["benchmarks"].items())))
     for o in data["origins"]:
         added = sum(o["added"].values())
-        console.print(shown(f"{o['kind']} {o['origin']} at {time.ctime(o['at'])}: {added} rows added", "dim"))
+        console.print(shown(f"{o['kind']} {o['origin']} at {when(o['at'])}: {added} rows added", "dim"))
 
 
 @db.command("export")
@@ -156,87 +151,49 @@ def merge_cmd(other: str, **limits: object) -> None:
 @db_option
 @click.option("--benchmark", help="a benchmark name, or a family prefix ending in '.' (e.g. task.)")
 @click.option("--limit", default=30, show_default=True)
-def list_cmd(benchmark: str | None, limit: int) -> None:
-    """Benchmark runs (newest first), links, run records and fitted models."""
-    from rich.table import Table
+@wide_option
+def list_cmd(benchmark: str | None, limit: int, wide: bool) -> None:
+    """Benchmark runs (newest first), links, runs of `hetprof run` and fitted models.
+
+    Every name in the first column is what `hetprof db show` (and, for runs, `hetprof validate`) accepts.
+    """
+    from hetprof.profiles.names import recorded_runs
 
     console = _console()
     with _open(readonly=True) as pdb:
         runs = pdb.runs(benchmark).sort_values("created", ascending=False).head(limit)
-        t = Table(title=f"benchmark runs ({len(runs)} shown)")
-        t.add_column("id", no_wrap=True)
-        t.add_column("benchmark", no_wrap=True, min_width=14)
-        for col in ("host", "samples", "params", "when"):
-            t.add_column(col)
-        t.add_column("source", no_wrap=True, min_width=9)  # measured or reference: never cut
-        for _, r in runs.iterrows():
-            t.add_row(shown(r["id"][:10]), shown(r["benchmark"]), shown(r["host"]), str(r["n_samples"]),
-                      shown(json.dumps(r["params"])[:60]),
-                      time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created"])), shown(r["source"]))
-        console.print(t)
+        cols = [Col("id"), Col("benchmark"), Col("host", drop=2), Col("samples", "right", drop=3),
+                Col("params", drop=5), Col("when", drop=4), Col("source", drop=1)]
+        rows = [[r["id"][:10], r["benchmark"], r["host"], r["n_samples"], json.dumps(r["params"]),
+                 when(r["created"], short=True), r["source"]] for _, r in runs.iterrows()]
+        print_wide(console, fitted_table(console, cols, rows, title=f"benchmark runs ({len(runs)} shown)",
+                                         wide=wide), wide)
         links = pdb.links()
         if len(links):
-            lt = Table(title="links")
-            for col in ("id", "src → dst", "α", "β", "residual"):
-                lt.add_column(col)
-            for _, r in links.tail(limit).iterrows():
-                lt.add_row(shown(r["id"][:12]), shown(f"{r['src_host']} → {r['dst_host']}"),
-                           f"{r['alpha_s'] * 1e3:.3f} ms",
-                           f"{r['beta_Bps'] * 8 / 1e6:.1f} Mbit/s", f"{r['residual'] or 0:.3g}")
-            console.print(lt)
+            cols = [Col("id"), Col("src → dst"), Col("α", "right"), Col("β", "right"),
+                    Col("residual", "right", drop=1)]
+            rows = [[r["id"][:12], f"{r['src_host']} → {r['dst_host']}", f"{r['alpha_s'] * 1e3:.3f} ms",
+                     f"{r['beta_Bps'] * 8 / 1e6:.1f} Mbit/s", f"{r['residual'] or 0:.3g}"]
+                    for _, r in links.tail(limit).iterrows()]
+            print_wide(console, fitted_table(console, cols, rows, title="links", wide=wide), wide)
+        recorded = recorded_runs(pdb.conn, limit)
+        if recorded:
+            cols = [Col("run"), Col("iterations", "right"), Col("hosts", drop=2), Col("started", drop=1),
+                    Col("plan", drop=3)]
+            rows = [[r["run"], r["iterations"], r["hosts"] or "", when(r["started"], short=True), r["plan_hash"][:12]]
+                    for r in recorded]
+            print_wide(console, fitted_table(console, cols, rows, title="runs of `hetprof run`", wide=wide), wide)
         models = pdb.cost_models()
         if len(models):
-            mt = Table(title="cost models")
-            for col in ("id", "name", "task", "family", "metrics"):
-                mt.add_column(col)
-            for _, r in models.tail(limit).iterrows():
-                mt.add_row(*(shown(v) for v in (r["id"][:12], r["name"], r["task_type"], r["family"],
-                                                 json.dumps(r["metrics"])[:60])))
-            console.print(mt)
-        records = pdb.run_records()
-        if len(records):
-            console.print(shown(f"run records: {len(records)} rows from runs {', '.join(sorted(set(records['run'])))}"))
+            cols = [Col("id"), Col("name", drop=3), Col("task"), Col("family", drop=2),
+                    Col("held-out MAPE", "right", drop=1), Col("created", drop=4)]
+            rows = [[r["id"][:12], r["name"], r["task_type"], r["family"], _pct(r["metrics"].get("heldout_mape")),
+                     when(r["created"], short=True)] for _, r in models.tail(limit).iterrows()]
+            print_wide(console, fitted_table(console, cols, rows, title="cost models", wide=wide), wide)
 
 
-@db.command()
-@db_option
-@click.argument("id_prefix", metavar="ID")
-@click.option("--limit", default=50, show_default=True, help="samples shown")
-def show(id_prefix: str, limit: int) -> None:
-    """One row by id (a unique prefix): a run with its samples, a device, a link or a model."""
-    from rich.table import Table
-
-    from hetprof.errors import ProfileDBError
-
-    console = _console()
-    with _open(readonly=True) as pdb:
-        hits = []
-        for table in ("runs", "devices", "links", "cost_models", "run_records"):
-            for row in pdb.conn.execute(f"SELECT id FROM {table} WHERE id LIKE ?", (id_prefix + "%",)):
-                hits.append((table, row[0]))
-        if len(hits) != 1:
-            what = "nothing" if not hits else f"{len(hits)} rows"
-            raise ProfileDBError(f"id {visible(id_prefix)!r} matches {what}; give a longer unique prefix")
-        table, rid = hits[0]
-        if table == "cost_models":
-            console.print_json(json.dumps(pdb.get_cost_model(rid)))
-            return
-        cur = pdb.conn.execute(f"SELECT * FROM {table} WHERE id = ?", (rid,))
-        names = [d[0] for d in cur.description]
-        row = dict(zip(names, cur.fetchone(), strict=True))
-        console.print(shown(f"{table[:-1]} {rid}", "bold"))
-        for k, v in row.items():
-            console.print(shown(f"  {k}: {v}"))
-        if table == "runs":
-            df = pdb.samples(row["benchmark"])
-            df = df[df["run_id"] == rid].drop(columns=["sample_id", "run_id", "benchmark", "device_id",
-                                                       "device_name", "catalog_type", "host", "run_source"])
-            df = df.dropna(axis=1, how="all")
-            t = Table(title=f"samples ({min(limit, len(df))} of {len(df)})")
-            for col in df.columns:
-                t.add_column(shown(col), justify="right")
-            for _, r in df.head(limit).iterrows():
-                t.add_row(*(shown(f"{v:.4g}" if isinstance(v, float) else v) for v in r))
-            console.print(t)
+def _pct(value: object) -> str:
+    return f"{value:.1%}" if isinstance(value, (int, float)) and value == value else "—"
 
 
+db.add_command(show)
