@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from hetprof.cli import catalog_option, db_option, db_path
-from hetprof.display import escaped, shown
+from hetprof.display import Col, escaped, fitted_table, print_wide, shown
 
 TASK_TYPES = ("task.prefill", "task.decode", "task.train")
 
@@ -24,8 +24,9 @@ TASK_TYPES = ("task.prefill", "task.decode", "task.train")
               help="also learn from the phases real runs recorded (`hetprof run --db`)")
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the boosted families")
 @click.option("--store/--no-store", default=True, show_default=True, help="write the fitted models to the DB")
+@click.option("--wide", is_flag=True, help="every column, even past the terminal's width")
 @catalog_option
-def fit(task, device, report, stat, envelope, runs, seed, store, catalog_path) -> None:
+def fit(task, device, report, stat, envelope, runs, seed, store, wide, catalog_path) -> None:
     """Fit per-task cost models on the profile database's task rows and store them.
 
     Prints, per task type and device type, the rows used, the held-out MAPE of the fitted model
@@ -43,7 +44,6 @@ def fit(task, device, report, stat, envelope, runs, seed, store, catalog_path) -
       hetprof fit --catalog team-gpus.yaml    # the analytical column with the team's efficiency curves
     """
     from rich.console import Console
-    from rich.table import Table
 
     from hetprof.catalog import load_catalog
     from hetprof.costmodels import fitting
@@ -66,21 +66,7 @@ def fit(task, device, report, stat, envelope, runs, seed, store, catalog_path) -
                                  "run `hetprof profile --suite tasks` first")
         ids = fitting.store(db, fits) if store else []
     target = f"{stat} of repeats" + (", monotone envelope" if envelope else "")
-    table = Table(title=shown(f"hetprof fit ({path.name}, target: {target})"))
-    table.caption = ("MAPE. held-out: fitted on the rest, scored on held-out shape ranges; analytical: roofline "
-                     "on the same rows; noise: how much the target moves between halves of its repeats; run ×: "
-                     "what runs take over the profile-fitted time (error on the run shapes before → after, each "
-                     "run predicted from the others)")
-    for col, just in (("task", "left"), ("device", "left"), ("dtype", "left"), ("shapes", "right"),
-                      ("samples", "right"), ("from runs", "right"), ("run ×", "right"), ("family", "left"), ("held-out", "right"), ("folds", "right"),
-                      ("analytical", "right"), ("train", "right"), ("noise", "right"), ("id", "left")):
-        table.add_column(col, justify=just)
-    for i, f in enumerate(fits):
-        good = f.heldout.mape <= 0.10
-        table.add_row(shown(f.task_type), shown(f.device_type), shown(f.dtype), str(f.n_rows), str(f.n_samples), str(f.n_run_rows), _runs(f), f.family,
-                      f"[{'green' if good else 'yellow'}]{_pct(f.heldout.mape)}[/]", str(f.heldout.n_folds),
-                      _pct(f.analytical_mape), _pct(f.train_mape), _pct(f.noise), ids[i][:8] if ids else "-")
-    console.print(table)
+    print_wide(console, _table(console, fits, ids, shown(f"hetprof fit ({path.name}, target: {target})"), wide), wide)
     for f in fits:
         if f.call is not None:
             console.print(f"generation calls on {escaped(f.device_type)} ({escaped(f.dtype)}): {f.call.default_s * 1e3:+.2f} ms beyond "
@@ -92,6 +78,28 @@ def fit(task, device, report, stat, envelope, runs, seed, store, catalog_path) -
         from hetprof.costmodels.report import plot_fits
 
         console.print(f"wrote {plot_fits(fits, report)}")
+
+
+# Dropped right to left when the terminal is narrow (the highest `drop` first); what a reader acts on —
+# which model, how good, against what, and its id for `hetprof db show` — always stays.
+COLUMNS = (Col("task"), Col("device"), Col("dtype", drop=4), Col("shapes", "right", drop=3),
+           Col("samples", "right", drop=6), Col("from runs", "right", drop=7), Col("run ×", "right", drop=2),
+           Col("family", drop=1), Col("held-out", "right"), Col("folds", "right", drop=8), Col("analytical", "right"),
+           Col("train", "right", drop=9), Col("noise", "right", drop=5), Col("id"))
+CAPTION = ("MAPE. held-out: fitted on the rest, scored on held-out shape ranges; analytical: roofline on the same "
+           "rows; noise: how much the target moves between halves of its repeats; run ×: what runs take over the "
+           "profile-fitted time (error on the run shapes before → after, each run predicted from the others)")
+
+
+def _table(console, fits, ids: list[str], title, wide: bool):
+    rows = []
+    for i, f in enumerate(fits):
+        good = f.heldout.mape <= 0.10
+        rows.append([shown(f.task_type), shown(f.device_type), shown(f.dtype), str(f.n_rows), str(f.n_samples),
+                     str(f.n_run_rows), _runs(f), f.family, shown(_pct(f.heldout.mape), "green" if good else "yellow"),
+                     str(f.heldout.n_folds), _pct(f.analytical_mape), _pct(f.train_mape), _pct(f.noise),
+                     ids[i][:8] if ids else "-"])
+    return fitted_table(console, COLUMNS, rows, title=title, caption=CAPTION, wide=wide)
 
 
 def _runs(f) -> str:
