@@ -12,10 +12,11 @@ from pathlib import Path
 
 import click
 
-from hetprof.cli import RegistryOption, catalog_option, db_option, db_path
+from hetprof.cli import RegistryOption, catalog_option, db_named, db_option, db_path, existing_db_path
 from hetprof.specs.plan import GENERATION_BACKENDS
 
 OBJECTIVES = ("throughput", "cost", "throughput-under-budget")
+READS_FITTED_MODELS = ("fitted",)  # cost models that are nothing without a profile database's fitted rows
 
 
 def _searches() -> list[str]:
@@ -44,6 +45,12 @@ def _effort(budget_s: float | None, max_evals: int | None, workers: int, max_tp:
         if value <= 0:
             raise SpecError(name, "", "a positive number", value)
     return budget_s, workers
+
+
+def _db_to_read(cost_model: str) -> Path:
+    """Planning only reads: a database named on the command line, or one the cost model cannot do
+    without, must exist (exit 2); a defaulted one that is missing means datasheet numbers."""
+    return existing_db_path() if db_named() or cost_model in READS_FITTED_MODELS else db_path()
 
 
 def _print_effort(console, best) -> None:
@@ -133,7 +140,7 @@ def plan(cluster_path: str, workload_path: str, search: str, objective: str, bud
                                   seed=seed, cost_model=cost_model, max_tp=max_tp, max_pp=max_pp, storage=storage,
                                   workers=workers, search_seed=search_seed,
                                   streaming=not no_streaming, executable=runnable, backend=backend)
-    with session.open_db(db_path()) as db:
+    with session.open_db(_db_to_read(cost_model)) as db:
         if evaluate_path:
             outcome, sim = session.evaluate_plan_file(cluster, workload, evaluate_path, options, db)
             outcomes = [outcome]

@@ -46,19 +46,37 @@ def provenance_lines(sim) -> list[str]:
 
 
 def fitted_warnings(sim) -> list[str]:
-    """With a fitted cost model: GPU types (or task types on them) it has no fitted model for."""
+    """With a fitted cost model and GPU types (or task types on them) it has no fitted model for: one line
+    naming them all and the numbers their phases fall back to — one line, since an empty database
+    leaves every type uncovered and a warning per type would bury the report."""
     fitted_tasks = getattr(sim.cost_model, "fitted_tasks", None)
     if fitted_tasks is None:
         return []
-    out = []
+    bare: list[str] = []
+    partial: dict[str, list[str]] = {}
+    basis: dict[str, list[str]] = {}
     for device_type in sorted({d.type for d in sim.devices.values()}):
         have = set(fitted_tasks(device_type))
         missing = [t for t in TASK_PHASE if t not in have]
         if not missing:
             continue
-        inputs = _inputs(sim.cost_model.analytical, device_type)
-        basis = ", ".join(f"{k} {v}" for k, v in inputs.items())
-        what = "no fitted models" if not have else "no fitted " + ", ".join(missing) + " model"
-        out.append(f"--cost-model fitted has {what} for {device_type} (profile it with `hetprof profile --suite "
-                   f"tasks` and run `hetprof fit`): those phases fall back to the analytical model ({basis})")
-    return out
+        if have:
+            partial.setdefault(", ".join(missing), []).append(device_type)
+        else:
+            bare.append(device_type)
+        basis.setdefault(_basis(_inputs(sim.cost_model.analytical, device_type)), []).append(device_type)
+    if not basis:
+        return []
+    gaps = ([f"no fitted models for {', '.join(bare)}"] if bare else []) + [
+        f"no fitted {tasks} model for {', '.join(types)}" for tasks, types in partial.items()]
+    falls = "; ".join(f"{b} for {', '.join(types)}" for b, types in basis.items())
+    return [f"--cost-model fitted has {'; '.join(gaps)}: those phases fall back to the analytical model on "
+            f"{falls} (profile with `hetprof profile --suite tasks`, then `hetprof fit`)"]
+
+
+def _basis(inputs: dict[str, str]) -> str:
+    """`datasheet numbers` when every input is the datasheet's (or all one kind), else each input's kind."""
+    kinds = set(inputs.values())
+    if len(kinds) == 1:
+        return f"{kinds.pop()} numbers"
+    return ", ".join(f"{k} {v}" for k, v in inputs.items())

@@ -110,10 +110,18 @@ def test_plan_report_says_what_each_gpu_types_numbers_rest_on(db_path, specs):
     assert "warning" not in text
 
 
-def test_fitted_cost_model_warns_for_types_without_fitted_models(db_path, specs):
+def test_fitted_cost_model_on_an_empty_database_warns_once_naming_every_type(db_path, specs):
+    ProfileDB(db_path).close()  # an empty database: no fitted model for any type
     res = plan(db_path, specs, "--cost-model", "fitted")
     assert res.exit_code == 0, res.output
-    text = " ".join(res.output.split())
-    for gpu in ("H100-SXM", "L4"):
-        assert (f"warning: --cost-model fitted has no fitted models for {gpu}" in text
-                and "fall back to the analytical model (compute datasheet" in text)
+    warnings = [line for line in res.output.split("warning: ")[1:]]
+    assert len(warnings) == 1, res.output
+    text = " ".join(warnings[0].split())
+    assert "--cost-model fitted has no fitted models for H100-SXM, L4" in text
+    assert "fall back to the analytical model on datasheet numbers for H100-SXM, L4" in text
+
+
+def test_fitted_cost_model_without_a_database_is_refused_and_creates_none(db_path, specs):
+    res = plan(db_path, specs, "--cost-model", "fitted")
+    assert res.exit_code == 2 and f"{db_path}: no such profile database" in res.output
+    assert not db_path.exists()

@@ -149,6 +149,7 @@ class Ledger:
         self.best_value = math.inf
         self.trace: list[dict[str, float]] = []
         self._told = -math.inf
+        self.cheapest_feasible = math.inf  # $/hour of the cheapest feasible plan scored: what a --budget refusal names
 
     def value(self, score: Score) -> float:
         if not score.feasible:
@@ -176,6 +177,8 @@ class Ledger:
 
     def offer(self, candidate: Candidate, score: Score, value: float) -> bool:
         """Record a scored candidate; True if it is the new best (equal objective: the cheaper wins)."""
+        if score.feasible:
+            self.cheapest_feasible = min(self.cheapest_feasible, score.price_per_hour)
         better = self.best is None or value < self.best_value * (1 - TIE) or (
             value <= self.best_value * (1 + TIE) and self.best_score is not None
             and score.cost_per_iteration < self.best_score.cost_per_iteration * (1 - TIE))
@@ -200,6 +203,10 @@ class Ledger:
     def result(self, search: str, **extra: Any) -> SearchResult:
         if self.best is None or self.best_score is None:
             raise InfeasibleError(f"search {search!r} evaluated no candidate (is the cluster empty?)")
+        if not math.isfinite(self.best_value) and self.ctx.budget is not None and math.isfinite(self.cheapest_feasible):
+            raise InfeasibleError(f"search {search!r} found no plan within --budget ${self.ctx.budget:.2f}/h: the "
+                                  f"cheapest feasible plan it scored costs ${self.cheapest_feasible:.2f}/h "
+                                  f"({self.evaluations:,} plans scored)")
         if not math.isfinite(self.best_value):
             problems = "; ".join(self.best_score.violations[:3]) or "no feasible placement"
             raise InfeasibleError(f"search {search!r} found no feasible plan: {problems}")
