@@ -1,0 +1,218 @@
+"""CLI polish: tables fit the terminal, `db show` summarises, one run naming, read-only commands create nothing."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+import yaml
+from click.testing import CliRunner
+from costmodels_synth import add_rows
+from rich.console import Console
+
+from hetprof.cli import cli
+from hetprof.display import Col, fitted_table, natural_width, print_wide, when
+from hetprof.profiles import DeviceInfo, ProfileDB
+
+RUN_A = "run-0a1b2c3d-20261124T101500"
+RUN_B = "run-0a1b2c3d-20261124T113000"  # same plan, later: shares RUN_A's first 20 characters
+NARROW = 64
+
+
+def invoke(*args: str, columns: int = NARROW):
+    return CliRunner().invoke(cli, list(args), env={"COLUMNS": str(columns)}, catch_exceptions=False)
+
+
+def records(run: str, iterations: int = 3) -> list[dict]:
+    return [{"run": run, "plan_hash": "0a1b2c3d4e5f", "iteration": i, "task": task, "seconds": 1.0 + 0.1 * i,
+             "predicted_s": 0.8, "host": "node0"}
+            for i in range(iterations) for task in ("iteration", "actor_gen", "actor_train")]
+
+
+@pytest.fixture
+def filled_db(db_path):
+    """Task rows from the synthetic device, a fitted cost model, two runs of `hetprof run` and a link."""
+    with ProfileDB(db_path) as db:
+        add_rows(db, models=("tiny", "tiny-2x"), batches=(1, 4), lengths=(16, 128), repeats=2)
+        db.add_run_records(records(RUN_A) + records(RUN_B, 2))
+        db.add_link("node0", "node1", 2e-3, 1.25e8, residual=0.01)
+    assert invoke("--db", str(db_path), "fit", "--task", "task.decode").exit_code == 0
+    return db_path
+
+
+def test_a_table_wider_than_the_console_drops_columns_in_order_and_names_them():
+    console = Console(width=40, file=None)
+    cols = [Col("id"), Col("kept"), Col("second", drop=1), Col("first", drop=2)]
+    rows = [["a" * 10, "b" * 8, "c" * 16, "d" * 14]]
+    table = fitted_table(console, cols, rows)
+    assert [c.header for c in table.columns] == ["id", "kept"]
+    assert natural_width(console, table) <= 40
+    assert "not shown at this width: second, first" in table.caption
+    wide = fitted_table(console, cols, rows, wide=True)
+    assert [c.header for c in wide.columns] == ["id", "kept", "second", "first"] and wide.caption is None
+    with console.capture() as out:
+        print_wide(console, wide, wide=True)
+    assert "d" * 14 in out.get() and max(map(len, out.get().splitlines())) > 40
+    assert console.width == 40  # printing wide leaves the console as it was
+
+
+def test_markup_in_a_cell_is_shown_as_text():
+    console = Console(width=80)
+    with console.capture() as out:
+        console.print(fitted_table(console, [Col("name")], [["[bold]x[/] [/]"]]))
+    assert "[bold]x[/] [/]" in out.get()
+
+
+def test_when_gives_a_local_date_and_how_long_ago():
+    now = time.time()
+    assert re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \S+ \(2 h ago\)", when(now - 7200, now=now))
+    assert when(now, short=True) == time.strftime("%Y-%m-%d %H:%M", time.localtime(now))
+    assert when(None) == "—"
+
+
+def _lines_fit(output: str, width: int = NARROW) -> bool:
+    return max(len(line) for line in output.splitlines()) <= width
+
+
+def test_fit_fits_a_narrow_terminal_and_wide_shows_every_column(filled_db):
+    res = invoke("--db", str(filled_db), "fit", "--no-store")
+    assert res.exit_code == 0, res.output
+    assert _lines_fit(res.output), res.output
+    flat = " ".join(res.output.split())
+    assert "not shown at this width:" in flat and "held-out" in flat and "analytical" in flat
+    wide = invoke("--db", str(filled_db), "fit", "--no-store", "--wide")
+    header = next(line for line in wide.output.splitlines() if "task" in line and "noise" in line)
+    assert all(name in header for name in ("dtype", "samples", "from runs", "folds", "train", "noise"))
+
+
+@pytest.mark.parametrize("args", [["db", "list"], ["db", "info"]])
+def test_db_tables_fit_a_narrow_terminal(filled_db, args):
+    res = invoke("--db", str(filled_db), *args)
+    assert res.exit_code == 0, res.output
+    assert _lines_fit(res.output), res.output
+
+
+def _printed_names(output: str) -> list[str]:
+    """The first cell of every table row `db list` printed: the names it offers."""
+    return [m.group(1) for m in re.finditer(r"^│ (\S+)\s+│", output, re.M)]
+
+
+def test_every_name_db_list_prints_is_accepted_by_db_show(filled_db):
+    listed = invoke("--db", str(filled_db), "db", "list", "--limit", "3")
+    names = _printed_names(listed.output)
+    assert RUN_A in names and RUN_B in names and len(names) == 3 + 1 + 2 + 1  # runs, link, runs, model
+    for name in names:
+        res = invoke("--db", str(filled_db), "db", "show", name)
+        assert res.exit_code == 0, (name, res.output)
+
+
+def test_run_names_round_trip_across_validate_and_db_show(filled_db, tmp_path):
+    res = invoke("--db", str(filled_db), "validate", RUN_A)
+    assert res.exit_code == 0 and f"run {RUN_A}" in res.output
+    unique_prefix = RUN_A[:-2]
+    assert f"run {RUN_A}" in invoke("--db", str(filled_db), "validate", unique_prefix).output
+    shown = invoke("--db", str(filled_db), "db", "show", unique_prefix)
+    assert shown.exit_code == 0 and f"run {RUN_A}" in shown.output and "3 recorded" in shown.output
+    log = tmp_path / "run.jsonl"  # a log's run name (what validate prints for it) is a db show name too
+    log.write_text("".join(json.dumps({"run": RUN_B, "iteration": i, "iteration_s": 1.0, "stages": {}}) + "\n"
+                           for i in range(2)))
+    from_log = invoke("--db", str(filled_db), "validate", str(log))
+    printed = re.search(r"run (run-\S+):", from_log.output).group(1)
+    assert printed == RUN_B and invoke("--db", str(filled_db), "db", "show", printed).exit_code == 0
+
+
+def test_an_ambiguous_or_unknown_name_is_refused_with_exit_2(filled_db):
+    both = invoke("--db", str(filled_db), "db", "show", RUN_A[:20], columns=200)
+    assert both.exit_code == 2 and "matches 2 things" in both.output
+    assert invoke("--db", str(filled_db), "validate", RUN_A[:20]).exit_code == 2
+    nothing = invoke("--db", str(filled_db), "db", "show", "no-such-run")
+    assert nothing.exit_code == 2 and "names no" in nothing.output
+
+
+def test_db_show_summarises_a_cost_model_and_json_gives_the_raw_form(filled_db):
+    with ProfileDB(filled_db, readonly=True) as db:
+        model = db.cost_models().iloc[0]
+    res = invoke("--db", str(filled_db), "db", "show", model["id"][:8])
+    assert res.exit_code == 0
+    assert len(res.output.splitlines()) < 40
+    assert re.search(r"created: \d{4}-\d\d-\d\d \d\d:\d\d", res.output)
+    assert str(int(model["created"])) not in res.output  # no raw epoch
+    assert re.search(r"train mape: [\d.]+%", res.output) and "analytical mape:" in res.output
+    raw = json.loads(invoke("--db", str(filled_db), "db", "show", model["id"][:8], "--json").output)
+    assert raw["id"] == model["id"] and isinstance(raw["params"]["points"], list)
+
+
+def test_db_show_of_a_benchmark_run_puts_shared_fields_on_one_line(filled_db):
+    with ProfileDB(filled_db, readonly=True) as db:
+        run = db.runs("task.decode").iloc[0]
+    res = invoke("--db", str(filled_db), "db", "show", run["id"][:10])
+    assert res.exit_code == 0 and _lines_fit(res.output), res.output
+    assert "every sample:" in res.output and "samples (8 of 8)" in res.output
+    raw = json.loads(invoke("--db", str(filled_db), "db", "show", run["id"][:10], "--json").output)
+    assert raw["benchmark"] == "task.decode" and raw["created"] == run["created"]
+
+
+READ_ONLY = [["db", "info"], ["db", "list"], ["db", "show", "abc"], ["db", "export", "out.hetprof"], ["fit"],
+             ["validate", "run-0a1b"]]
+
+
+@pytest.mark.parametrize("args", READ_ONLY, ids=lambda a: " ".join(a))
+def test_read_only_commands_never_create_a_database(tmp_path, args):
+    typo = tmp_path / "typo.db"
+    res = invoke("--db", str(typo), *args)
+    assert res.exit_code == 2, res.output
+    assert str(typo) in " ".join(res.output.split())
+    assert not typo.exists() and not list(tmp_path.glob("typo.db*"))
+
+
+def test_validate_of_a_missing_log_file_exits_2_naming_it(tmp_path):
+    res = invoke("validate", str(tmp_path / "missing.jsonl"))
+    assert res.exit_code == 2 and "missing.jsonl: no such run log file" in res.output
+
+
+CLUSTER = {"name": "duo", "hosts": [
+    {"name": "a", "gpus": {"type": "A100-40GB", "count": 2}, "region": "east"},
+    {"name": "b", "gpus": {"type": "L4", "count": 2}, "region": "west"}],
+    "network": {"inter_region": {"latency": "10ms", "bandwidth": "5Gbps"}}}
+WORKLOAD = {"name": "tiny-grpo", "algorithm": "grpo", "models": {"actor": "qwen3-0.6b"}, "prompts_per_step": 8,
+            "responses_per_prompt": 4, "prompt_len": {"mean": 64, "max": 128},
+            "response_len": {"mean": 128, "max": 512}}
+
+
+@pytest.fixture
+def specs(tmp_path):
+    paths = []
+    for name, data in (("cluster.yaml", CLUSTER), ("workload.yaml", WORKLOAD)):
+        (tmp_path / name).write_text(yaml.safe_dump(data))
+        paths.append(str(tmp_path / name))
+    return paths
+
+
+def test_plan_with_a_named_database_that_is_missing_exits_2(tmp_path, specs):
+    typo = tmp_path / "typo.db"
+    res = invoke("--db", str(typo), "plan", "-c", specs[0], "-w", specs[1], "--max-evals", "5")
+    assert res.exit_code == 2 and f"{typo}: no such profile database" in " ".join(res.output.split())
+    assert not typo.exists()
+
+
+def test_an_infeasible_budget_names_the_budget_and_the_cheapest_feasible_price(specs):
+    res = invoke("plan", "-c", specs[0], "-w", specs[1], "--objective", "throughput-under-budget",
+                 "--budget", "0.05", "--max-evals", "30", columns=300)
+    assert res.exit_code == 3, res.output
+    found = re.search(r"no plan within --budget \$0\.05/h: the cheapest feasible plan it scored costs \$([\d.]+)/h",
+                      res.output)
+    assert found, res.output
+    cheapest = float(found.group(1))
+    assert cheapest > 0.05
+    ok = invoke("plan", "-c", specs[0], "-w", specs[1], "--objective", "throughput-under-budget",
+                "--budget", str(cheapest + 0.01), "--max-evals", "30", columns=300)
+    assert ok.exit_code == 0, ok.output  # the figure named is one a plan really meets
+
+
+def test_a_device_summary_names_its_memory(db_path):
+    with ProfileDB(db_path) as db:
+        dev = db.add_device(DeviceInfo(name="gpu0", kind="cuda", catalog_type="L4", host="h", memory_bytes=24 << 30))
+    res = invoke("--db", str(db_path), "db", "show", dev[:8])
+    assert res.exit_code == 0 and "memory: 24.0 GiB" in res.output
