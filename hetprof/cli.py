@@ -82,11 +82,6 @@ def existing_db_path(ctx: click.Context | None = None) -> Path:
     return path
 
 
-def db_named(ctx: click.Context | None = None) -> bool:
-    """Whether `--db` was given on the command line (not defaulted, nor inherited from $HETPROF_DB)."""
-    root = (ctx or click.get_current_context()).find_root()
-    return isinstance(root.obj, dict) and bool(root.obj.get("db_named"))
-
 
 class RegistryOption(click.Option):
     """An option whose help ends with the names a registry offers, read when the help is shown, so
@@ -111,7 +106,7 @@ def db_option(fn):
 
     def remember(ctx: click.Context, _param, value):
         if value:
-            ctx.find_root().ensure_object(dict).update(db=value, db_named=True)
+            ctx.find_root().ensure_object(dict)["db"] = value
         return value
 
     return click.option("--db", "db", type=click.Path(dir_okay=False), expose_value=False, callback=remember,
@@ -139,8 +134,6 @@ def cli(ctx: click.Context, db: str | None) -> None:
     ctx.ensure_object(dict)
     if db:
         ctx.obj["db"] = db
-    if ctx.get_parameter_source("db") == click.core.ParameterSource.COMMANDLINE:
-        ctx.obj["db_named"] = True
 
 
 def main() -> None:

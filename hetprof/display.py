@@ -77,9 +77,10 @@ class Col:
 
 
 def fitted_table(console: Console, columns: Sequence[Col], rows: Sequence[Sequence[object]], *, title: object = None,
-                 caption: str | None = None, wide: bool = False) -> Table:
+                 caption: str | None = None, wide: bool = False, hint: str = "--wide shows every column") -> Table:
     """A table that fits `console`: the droppable columns go (highest `drop` first) until it does, and the
-    caption names them. With `wide` every column stays; print it with `print_wide` so no cell is cut."""
+    caption names them and how to see them (`hint`). What still does not fit wraps, folding a long word
+    rather than cutting it. With `wide` every column stays; print it with `print_wide` so nothing wraps."""
     keep = list(range(len(columns)))
     order = sorted((i for i, c in enumerate(columns) if c.drop), key=lambda i: (-columns[i].drop, -i))
     table = _table(columns, rows, keep, title, caption)
@@ -88,7 +89,7 @@ def fitted_table(console: Console, columns: Sequence[Col], rows: Sequence[Sequen
         table = _table(columns, rows, keep, title, caption)
     hidden = [columns[i].header for i in range(len(columns)) if i not in keep]
     if hidden:
-        note = f"not shown at this width: {', '.join(hidden)} (--wide shows every column)"
+        note = f"not shown at this width: {', '.join(hidden)} ({hint})"
         table.caption = f"{caption}\n{note}" if caption else note
     return table
 
@@ -99,7 +100,7 @@ def _table(columns: Sequence[Col], rows: Sequence[Sequence[object]], keep: list[
 
     table = Table(title=title, caption=caption)
     for i in keep:
-        table.add_column(columns[i].header, justify=columns[i].justify)  # type: ignore[arg-type]
+        table.add_column(columns[i].header, justify=columns[i].justify, overflow="fold")  # type: ignore[arg-type]
     for row in rows:
         table.add_row(*(_cell(row[i]) for i in keep))
     return table

@@ -7,12 +7,13 @@ load inside the command so `hetprof --help` stays fast.
 from __future__ import annotations
 
 import math
+import os
 import sys
 from pathlib import Path
 
 import click
 
-from hetprof.cli import RegistryOption, catalog_option, db_named, db_option, db_path, existing_db_path
+from hetprof.cli import RegistryOption, catalog_option, db_option, db_path, existing_db_path
 from hetprof.specs.plan import GENERATION_BACKENDS
 
 OBJECTIVES = ("throughput", "cost", "throughput-under-budget")
@@ -48,9 +49,9 @@ def _effort(budget_s: float | None, max_evals: int | None, workers: int, max_tp:
 
 
 def _db_to_read(cost_model: str) -> Path:
-    """Planning only reads: a database named on the command line, or one the cost model cannot do
-    without, must exist (exit 2); a defaulted one that is missing means datasheet numbers."""
-    return existing_db_path() if db_named() or cost_model in READS_FITTED_MODELS else db_path()
+    """Planning only reads: a database the cost model cannot do without must exist (exit 2); for the
+    others a missing one means datasheet numbers."""
+    return existing_db_path() if cost_model in READS_FITTED_MODELS else db_path()
 
 
 def _print_effort(console, best) -> None:
@@ -130,7 +131,7 @@ def plan(cluster_path: str, workload_path: str, search: str, objective: str, bud
     from hetprof.planner.report import print_comparison, print_plan
     from hetprof.specs import ClusterSpec, WorkloadSpec
 
-    console = Console() if sys.stdout.isatty() else Console(width=120)  # logs and pipes get full tables
+    console = Console() if sys.stdout.isatty() or os.environ.get("COLUMNS") else Console(width=120)  # pipes: full
     if objective == "throughput-under-budget" and (budget is None or budget <= 0):
         raise SpecError("--budget", "", "a positive $/hour budget with --objective throughput-under-budget", budget)
     budget_s, workers = _effort(budget_s, max_evals, workers, max_tp, max_pp)

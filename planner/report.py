@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.table import Table
 
-from hetprof.display import escaped
+from hetprof.display import Col, escaped, fitted_table
 from hetprof.planner.candidate import Candidate
 from hetprof.planner.provenance import fitted_warnings, provenance_lines
 from hetprof.planner.simulator import Score, Simulator
@@ -61,6 +61,11 @@ def _shares(shares: Sequence[float]) -> str:
     return f"{min(shares):.3f} … {max(shares):.3f}"
 
 
+# Dropped first when the terminal is narrow: batch shares, then each task's GPUs (the groups table lists them).
+TASK_COLUMNS = (Col("task"), Col("group", "right", drop=2), Col("layout"), Col("GPUs", drop=3),
+                Col("batch shares", drop=4), Col("seconds", "right"), Col("offload", "right", drop=1))
+
+
 def print_plan(console: Console, sim: Simulator, cand: Candidate, score: Score, title: str = "plan") -> None:
     """Groups, GPUs, layouts, per-task times, bottleneck, memory headroom per GPU type."""
     wl = sim.workload
@@ -81,17 +86,14 @@ def print_plan(console: Console, sim: Simulator, cand: Candidate, score: Score, 
     for i, (tasks, devs) in enumerate(zip(grouped, cand.group_devices, strict=True)):
         groups.add_row(str(i), ", ".join(tasks), _types(sim, devs), _regions(sim, devs))
     console.print(groups)
-    tasks = Table(title="tasks")
-    for col, just in (("task", "left"), ("group", "right"), ("layout", "left"), ("GPUs", "left"),
-                      ("batch shares", "left"), ("seconds", "right"), ("offload", "right")):
-        tasks.add_column(col, justify=just)
+    rows = []
     group_of = {t: i for i, g in enumerate(grouped) for t in g}
     for t in sim.graph.tasks:
         lay = layouts[t]
-        shares = _shares(lay.shares)
         off = score.offload_s.get(t, 0.0)
-        tasks.add_row(t, str(group_of[t]), lay.describe(), _types(sim, lay.devices()), shares,
-                      _secs(score.task_seconds.get(t, math.inf)), _secs(off) if off else "")
+        rows.append([t, str(group_of[t]), lay.describe(), _types(sim, lay.devices()), _shares(lay.shares),
+                     _secs(score.task_seconds.get(t, math.inf)), _secs(off) if off else ""])
+    tasks = fitted_table(console, TASK_COLUMNS, rows, title="tasks", hint="a wider terminal shows them")
     console.print(tasks)
     crit = Table(title="critical path of one steady-state iteration")
     crit.add_column("what")

@@ -190,11 +190,13 @@ def specs(tmp_path):
     return paths
 
 
-def test_plan_with_a_named_database_that_is_missing_exits_2(tmp_path, specs):
+def test_plan_with_a_fitted_cost_model_and_no_database_exits_2_and_creates_none(tmp_path, specs):
     typo = tmp_path / "typo.db"
-    res = invoke("--db", str(typo), "plan", "-c", specs[0], "-w", specs[1], "--max-evals", "5")
+    res = invoke("--db", str(typo), "plan", "-c", specs[0], "-w", specs[1], "--cost-model", "fitted")
     assert res.exit_code == 2 and f"{typo}: no such profile database" in " ".join(res.output.split())
     assert not typo.exists()
+    plain = invoke("--db", str(typo), "plan", "-c", specs[0], "-w", specs[1], "--max-evals", "5", columns=200)
+    assert plain.exit_code == 0 and "datasheet" in plain.output and not typo.exists()  # analytical needs none
 
 
 def test_an_infeasible_budget_names_the_budget_and_the_cheapest_feasible_price(specs):
@@ -216,3 +218,11 @@ def test_a_device_summary_names_its_memory(db_path):
         dev = db.add_device(DeviceInfo(name="gpu0", kind="cuda", catalog_type="L4", host="h", memory_bytes=24 << 30))
     res = invoke("--db", str(db_path), "db", "show", dev[:8])
     assert res.exit_code == 0 and "memory: 24.0 GiB" in res.output
+
+
+def test_the_plan_report_fits_a_narrow_terminal_with_task_names_whole(specs):
+    res = invoke("plan", "-c", specs[0], "-w", specs[1], "--max-evals", "20")
+    assert res.exit_code == 0, res.output
+    assert _lines_fit(res.output), res.output
+    assert all(re.search(rf"│ {task}\s", res.output) for task in ("actor_gen", "ref_infer", "actor_train"))
+    assert "not shown at this width:" in " ".join(res.output.split())
