@@ -84,6 +84,8 @@ class Worker:
                 self.models.console.print(f"nothing to do: the checkpoint is at iteration {start} "
                                           f"(--iterations {self.opts.iterations})")
             return
+        if self.is_leader and not self.opts.quiet:  # the name `hetprof validate` and `hetprof db show` take
+            self.models.console.print(f"run {self.run_name}" + (f", resumed at iteration {start}" if start else ""))
         self.recorder.start(RecordContext.from_plan(self.plan, self.topo, self.run_name, self.hash,
                                                     work_description(self.plan), self.opts.verify_sync))
         self.weights.version = start
