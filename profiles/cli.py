@@ -62,8 +62,6 @@ def db() -> None:
 @wide_option
 def info(as_json: bool, wide: bool) -> None:
     """Counts per kind, schema version, and the devices and hosts covered."""
-    from rich.table import Table
-
     with _open(readonly=True) as pdb:
         data = pdb.info()
     if as_json:
@@ -71,11 +69,7 @@ def info(as_json: bool, wide: bool) -> None:
         return
     console = _console()
     console.print(shown(data["path"], "bold") + f"  schema v{data['schema_version']}")
-    counts = Table(title="rows")
-    for name in data["counts"]:
-        counts.add_column(name, justify="right")
-    counts.add_row(*(str(v) for v in data["counts"].values()))
-    console.print(counts)
+    console.print("rows: " + " · ".join(f"{v:,} {k}" for k, v in data["counts"].items()))  # wraps, never cut
     if data["devices"]:
         cols = [Col("id"), Col("name", drop=1), Col("kind", drop=3), Col("catalog_type"), Col("host", drop=2),
                 Col("source", drop=4)]
