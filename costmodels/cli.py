@@ -56,7 +56,7 @@ def fit(task, device, report, stat, envelope, runs, seed, store, wide, catalog_p
     if not path.exists():
         raise ProfileDBError(f"{path}: no profile database; run `hetprof profile --suite tasks` first")
     skipped: list[str] = []
-    with ProfileDB(path) as db:
+    with ProfileDB(path, readonly=not store) as db:  # a dry run writes nothing
         with console.status("fitting…") as status:
             fits = fitting.fit_database(db, task=task, device=device, seed=seed, stat=stat, envelope=envelope,
                                         runs=runs, skipped=skipped, catalog=catalog, progress=lambda m: status.update(f"fitting… {m}"))

@@ -242,3 +242,14 @@ def test_the_name_hetprof_run_prints_is_taken_by_validate_db_show_and_listed(tmp
     shown = invoke("--db", db, "db", "show", name, columns=200)
     assert shown.exit_code == 0 and "2 recorded" in shown.output
     assert name in _printed_names(invoke("--db", db, "db", "list", columns=200).output)
+
+
+def test_the_ids_fit_prints_are_accepted_by_db_show(db_path):
+    with ProfileDB(db_path) as db:
+        add_rows(db, models=("tiny", "tiny-2x"), batches=(1, 4), lengths=(16, 128), repeats=2)
+    res = invoke("--db", str(db_path), "fit")
+    ids = re.findall(r"│ ([0-9a-f]{8}) │$", res.output, re.M)
+    assert len(ids) == 3, res.output  # prefill, decode, train on the one device, id kept at any width
+    for model_id in ids:
+        shown = invoke("--db", str(db_path), "db", "show", model_id)
+        assert shown.exit_code == 0 and f"cost model {model_id}" in shown.output.replace("\n", "")
