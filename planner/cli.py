@@ -54,6 +54,19 @@ def _db_to_read(cost_model: str) -> Path:
     return existing_db_path() if cost_model in READS_FITTED_MODELS else db_path()
 
 
+def _no_plan(outcomes, options, what: str) -> str:
+    """Why no search gave a plan. When every search found plans but none within --budget: the budget and
+    the cheapest feasible $/hour any of them scored, once, rather than each search's own refusal."""
+    from hetprof.planner import session
+
+    prices = {o.search: o.extra["cheapest_per_hour"] for o in outcomes if "cheapest_per_hour" in o.extra}
+    if len(outcomes) > 1 and len(prices) == len(outcomes):
+        search = min(prices, key=prices.__getitem__)
+        return (f"no plan for {what} within --budget ${options.budget:.2f}/h: the cheapest feasible plan scored "
+                f"costs ${prices[search]:.2f}/h ({search}; {len(outcomes)} searches)")
+    return f"no feasible plan for {what}: " + "; ".join(session.why_not(o, options) for o in outcomes)
+
+
 def _print_effort(console, best) -> None:
     """How many plans the winning search scored, in how long, and what stopped it."""
     stopped = f", stopped by {best.extra['stopped_by']}" if best.extra.get("stopped_by") else ""
@@ -152,8 +165,7 @@ def plan(cluster_path: str, workload_path: str, search: str, objective: str, bud
         if len(outcomes) > 1:
             print_comparison(console, outcomes, reference="verl", title=f"{workload.name} on {cluster.name}")
         if best is None:
-            reasons = "; ".join(session.why_not(o, options) for o in outcomes)
-            raise InfeasibleError(f"no feasible plan for {workload.name} on {cluster.name}: {reasons}")
+            raise InfeasibleError(_no_plan(outcomes, options, f"{workload.name} on {cluster.name}"))
         print_plan(console, sim, best.candidate, best.score, title=f"{best.search} plan")
         if not evaluate_path:  # a search's effort; an evaluated plan file had none
             _print_effort(console, best)

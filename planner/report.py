@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.table import Table
 
-from hetprof.display import Col, escaped, fitted_table
+from hetprof.display import Col, escaped, fitted_table, shown
 from hetprof.planner.candidate import Candidate
 from hetprof.planner.provenance import fitted_warnings, provenance_lines
 from hetprof.planner.simulator import Score, Simulator
@@ -126,26 +126,27 @@ def print_provenance(console: Console, sim: Simulator) -> None:
 
 def print_comparison(console: Console, outcomes: Sequence[Outcome], reference: str | None = None,
                      title: str = "searches side by side") -> None:
-    """Throughput and cost of each search, as ratios to `reference` (default: the best)."""
+    """Throughput and cost of each search, as ratios to `reference` (default: the best). A narrow terminal
+    loses the effort columns first; the ratio, the price and why a search failed always stay."""
     feasible = [o for o in outcomes if o.score is not None and o.score.feasible]
     ref = next((o for o in feasible if o.search == reference), None)
     if ref is None and feasible:
         ref = min(feasible, key=lambda o: o.score.iteration_s)
-    table = Table(title=title + (f" (ratios against {ref.search})" if ref else ""))
-    for col, just in (("search", "left"), ("iteration", "right"), ("seq/s", "right"),
-                      (f"throughput ×{ref.search}" if ref else "throughput ratio", "right"),
-                      ("$ / iteration", "right"), ("search time", "right"), ("note", "left")):
-        table.add_column(col, justify=just)
     searched = any(o.extra.get("evaluations") is not None for o in outcomes)
-    if searched:        # each search's effort: how many plans it scored
-        table.add_column("evaluations", justify="right")
+    cols = [Col("search"), Col("iteration", "right"), Col("seq/s", "right", drop=1),
+            Col(f"throughput ×{ref.search}" if ref else "throughput ratio", "right"), Col("$ / iteration", "right"),
+            Col("search time", "right", drop=2), Col("note"), *([Col("evaluations", "right", drop=3)] if searched else [])]
+    rows = []
     for o in outcomes:
         evals = [f"{o.extra['evaluations']:,}" if o.extra.get("evaluations") is not None else "—"] if searched else []
         if o.score is None or not o.score.feasible:
             why = o.error or ("; ".join(o.score.violations[:1]) if o.score else "no plan")
-            table.add_row(o.search, "—", "—", "—", "—", f"{o.seconds:.1f} s", f"[red]{why}[/red]", *evals)
+            if "cheapest_per_hour" in o.extra:  # over the budget: the figure, not the search's whole sentence
+                why = f"none within budget; cheapest feasible ${o.extra['cheapest_per_hour']:.2f}/h"
+            rows.append([o.search, "—", "—", "—", "—", f"{o.seconds:.1f} s", shown(why, "red"), *evals])
             continue
         ratio = ref.score.iteration_s / o.score.iteration_s if ref else 1.0
-        table.add_row(o.search, _secs(o.score.iteration_s), f"{o.score.throughput:.1f}", f"{ratio:.2f}",
-                      _dollars(o.score.cost_per_iteration), f"{o.seconds:.1f} s", o.score.bottleneck, *evals)
-    console.print(table)
+        rows.append([o.search, _secs(o.score.iteration_s), f"{o.score.throughput:.1f}", f"{ratio:.2f}",
+                     _dollars(o.score.cost_per_iteration), f"{o.seconds:.1f} s", o.score.bottleneck, *evals])
+    title = title + (f" (ratios against {ref.search})" if ref else "")
+    console.print(fitted_table(console, cols, rows, title=title, hint="a wider terminal shows them"))

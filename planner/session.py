@@ -108,7 +108,9 @@ def run_searches(cluster: ClusterSpec, workload: WorkloadSpec, search: str, opti
         except HetprofError as exc:
             if len(names) == 1:
                 raise
-            outcomes.append(Outcome(name, None, None, time.perf_counter() - started, error=str(exc)))
+            over = getattr(exc, "cheapest_per_hour", None)  # an OverBudgetError: the figure the summary names
+            outcomes.append(Outcome(name, None, None, time.perf_counter() - started, error=str(exc),
+                                    extra={} if over is None else {"cheapest_per_hour": over}))
     return outcomes, sim
 
 

@@ -31,9 +31,11 @@ def records(run: str, iterations: int = 3) -> list[dict]:
             for i in range(iterations) for task in ("iteration", "actor_gen", "actor_train")]
 
 
-@pytest.fixture
-def filled_db(db_path):
-    """Task rows from the synthetic device, a fitted cost model, two runs of `hetprof run` and a link."""
+@pytest.fixture(scope="module")
+def filled_db(tmp_path_factory):
+    """Task rows from the synthetic device, a fitted cost model, two runs of `hetprof run` and a link;
+    built once, since every test here only reads it."""
+    db_path = tmp_path_factory.mktemp("filled") / "profiles.db"
     with ProfileDB(db_path) as db:
         add_rows(db, models=("tiny", "tiny-2x"), batches=(1, 4), lengths=(16, 128), repeats=2)
         db.add_run_records(records(RUN_A) + records(RUN_B, 2))
@@ -211,6 +213,35 @@ def test_an_infeasible_budget_names_the_budget_and_the_cheapest_feasible_price(s
     ok = invoke("plan", "-c", specs[0], "-w", specs[1], "--objective", "throughput-under-budget",
                 "--budget", str(cheapest + 0.01), "--max-evals", "30", columns=300)
     assert ok.exit_code == 0, ok.output  # the figure named is one a plan really meets
+
+
+def test_several_searches_over_budget_name_the_budget_and_the_cheapest_figure_once():
+    from hetprof.planner.cli import _no_plan
+    from hetprof.planner.report import Outcome
+    from hetprof.planner.session import PlanOptions
+
+    options = PlanOptions(objective="throughput-under-budget", budget=1.0)
+    over = [Outcome(name, None, None, error=f"search {name!r} found no plan within --budget",
+                    extra={"cheapest_per_hour": price}) for name, price in (("verl", 76.0), ("hetrl", 5.6))]
+    assert _no_plan(over, options, "w on c") == ("no plan for w on c within --budget $1.00/h: the cheapest "
+                                                 "feasible plan scored costs $5.60/h (hetrl; 2 searches)")
+    other = [*over, Outcome("streamrl", None, None, error="no two disjoint single-region pools")]
+    assert _no_plan(other, options, "w on c").startswith("no feasible plan for w on c: verl: search 'verl'")
+
+
+def test_the_search_comparison_fits_a_narrow_terminal_and_names_each_cheapest_price():
+    from hetprof.planner.report import Outcome, print_comparison
+
+    console = Console(width=NARROW, file=None)
+    rows = [Outcome(name, None, None, 0.4, error=f"search {name!r} found no plan within --budget $0.05/h: …",
+                    extra={"cheapest_per_hour": price, "evaluations": 30})
+            for name, price in (("arealhex", 4.0), ("exhaustive", 1.3))]
+    with console.capture() as out:
+        print_comparison(console, rows, title="tiny-grpo on duo")
+    assert _lines_fit(out.get()), out.get()
+    flat = " ".join(out.get().split())
+    assert "$1.30/h" in flat and "$4.00/h" in flat and "exhaustive" in flat and "not shown at this width" in flat
+    assert "found no plan" not in flat  # the figure, not each search's whole sentence
 
 
 def test_a_device_summary_names_its_memory(db_path):

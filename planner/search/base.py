@@ -128,6 +128,15 @@ class SearchResult:
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
+class OverBudgetError(InfeasibleError):
+    """Plans fit but none within the $/hour budget; `cheapest_per_hour` is the cheapest feasible one scored,
+    so a caller running several searches can name one figure instead of repeating each search's."""
+
+    def __init__(self, message: str, cheapest_per_hour: float) -> None:
+        super().__init__(message)
+        self.cheapest_per_hour = cheapest_per_hour
+
+
 class Ledger:
     """Scores candidates through the simulator and remembers the best one and when it improved.
 
@@ -204,9 +213,9 @@ class Ledger:
         if self.best is None or self.best_score is None:
             raise InfeasibleError(f"search {search!r} evaluated no candidate (is the cluster empty?)")
         if not math.isfinite(self.best_value) and self.ctx.budget is not None and math.isfinite(self.cheapest_feasible):
-            raise InfeasibleError(f"search {search!r} found no plan within --budget ${self.ctx.budget:.2f}/h: the "
+            raise OverBudgetError(f"search {search!r} found no plan within --budget ${self.ctx.budget:.2f}/h: the "
                                   f"cheapest feasible plan it scored costs ${self.cheapest_feasible:.2f}/h "
-                                  f"({self.evaluations:,} plans scored)")
+                                  f"({self.evaluations:,} plans scored)", self.cheapest_feasible)
         if not math.isfinite(self.best_value):
             problems = "; ".join(self.best_score.violations[:3]) or "no feasible placement"
             raise InfeasibleError(f"search {search!r} found no feasible plan: {problems}")
