@@ -72,7 +72,7 @@ def run(plan: str, iterations: int, backend: str | None, checkpoint_dir: str | N
 
 
 @click.command("validate")
-@click.argument("source")
+@click.argument("source", callback=lambda _ctx, _param, value: _recorded_run(value))
 @click.option("--skip", type=int, default=1, show_default=True,
               help="leading iterations left out of the summary (start-up, warm caches)")
 @db_option
@@ -84,11 +84,12 @@ def validate(source: str, skip: int) -> None:
     """
     from hetprof.executor.predicted_vs_measured import load_records, render
 
-    render(load_records(_recorded_run(source), db_path()), skip=skip)
+    render(load_records(source, db_path()), skip=skip)
 
 
 def _recorded_run(source: str) -> str:
-    """SOURCE itself if it is a log file, else the full name of the one stored run it names (exit 2 if none)."""
+    """SOURCE itself if it is a log file, else the full name of the one stored run it names (exit 2 if none);
+    resolved as the argument is parsed (--db is eager, so it is known by then)."""
     from hetprof.errors import HetprofError
 
     if Path(source).is_file():
