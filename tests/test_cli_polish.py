@@ -96,14 +96,14 @@ def test_db_tables_fit_a_narrow_terminal(filled_db, args):
     assert _lines_fit(res.output), res.output
 
 
-def _printed_names(output: str) -> list[str]:
+def printed_names(output: str) -> list[str]:
     """The first cell of every table row `db list` printed: the names it offers."""
     return [m.group(1) for m in re.finditer(r"^│ (\S+)\s+│", output, re.M)]
 
 
 def test_every_name_db_list_prints_is_accepted_by_db_show(filled_db):
     listed = invoke("--db", str(filled_db), "db", "list", "--limit", "3")
-    names = _printed_names(listed.output)
+    names = printed_names(listed.output)
     assert RUN_A in names and RUN_B in names and len(names) == 3 + 1 + 2 + 1  # runs, link, runs, model
     for name in names:
         res = invoke("--db", str(filled_db), "db", "show", name)
@@ -257,22 +257,6 @@ def test_the_plan_report_fits_a_narrow_terminal_with_task_names_whole(specs):
     assert _lines_fit(res.output), res.output
     assert all(re.search(rf"│ {task}\s", res.output) for task in ("actor_gen", "ref_infer", "actor_train"))
     assert "not shown at this width:" in " ".join(res.output.split())
-
-
-@pytest.mark.slow
-def test_the_name_hetprof_run_prints_is_taken_by_validate_db_show_and_listed(tmp_path):
-    from test_executor_runtime_run import hetprof_run, write_plan
-
-    plan = write_plan(tmp_path / "plan.json", 1, {"actor_gen": ["localhost:0"], "ref_infer": ["localhost:0"],
-                                                  "actor_train": ["localhost:0"]})
-    done = hetprof_run(plan, tmp_path, "--iterations", "2")
-    assert done.returncode == 0, done.stderr[-3000:]
-    name = re.search(r"^run (run-[0-9a-f]{8}-\d{8}T\d{6})$", done.stdout, re.M).group(1)
-    db = str(tmp_path / "db.sqlite")
-    assert f"run {name}:" in invoke("--db", db, "validate", name, columns=200).output
-    shown = invoke("--db", db, "db", "show", name, columns=200)
-    assert shown.exit_code == 0 and "2 recorded" in shown.output
-    assert name in _printed_names(invoke("--db", db, "db", "list", columns=200).output)
 
 
 def test_the_ids_fit_prints_are_accepted_by_db_show(db_path):

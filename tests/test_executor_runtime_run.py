@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -88,6 +89,15 @@ def test_async_k2_keeps_every_trained_sample_within_two_versions_and_syncs_bitwi
     assert gen["work"]["model"]["name"] == "tiny" and {p["device"] for p in gen["phases"]} == {"localhost:0",
                                                                                               "localhost:1"}
     assert set(learnable[learnable["benchmark"] == "task.prefill"]["tp"]) == {1, 2}  # ref_infer ran TP2
+    # one run naming: the name the run prints first is what validate, db show and db list speak
+    from test_cli_polish import invoke, printed_names
+
+    name = re.search(r"^run (run-[0-9a-f]{8}-\d{8}T\d{6})$", done.stdout, re.M).group(1)
+    db = str(tmp_path / "db.sqlite")
+    assert f"run {name}:" in invoke("--db", db, "validate", name[:-2], columns=200).output
+    shown = invoke("--db", db, "db", "show", name, columns=200)
+    assert shown.exit_code == 0 and "5 recorded" in shown.output
+    assert name in printed_names(invoke("--db", db, "db", "list", columns=200).output)
 
 
 def test_killed_worker_stops_the_run_naming_it_and_resume_completes(tmp_path):
