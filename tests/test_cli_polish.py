@@ -75,7 +75,8 @@ def test_when_gives_a_local_date_and_how_long_ago():
 
 
 def _lines_fit(output: str, width: int = NARROW) -> bool:
-    return max(len(line) for line in output.splitlines()) <= width
+    """Every line within the width and no cell cut short (rich squeezes a table to fit by ending cells in …)."""
+    return max(len(line) for line in output.splitlines()) <= width and not re.search(r"…\s*[│┃]", output)
 
 
 def test_fit_fits_a_narrow_terminal_and_wide_shows_every_column(filled_db):
@@ -89,8 +90,8 @@ def test_fit_fits_a_narrow_terminal_and_wide_shows_every_column(filled_db):
     assert all(name in header for name in ("dtype", "samples", "from runs", "folds", "train", "noise"))
 
 
-@pytest.mark.parametrize("args", [["db", "list"], ["db", "info"]])
-def test_db_tables_fit_a_narrow_terminal(filled_db, args):
+@pytest.mark.parametrize("args", [["db", "list"], ["db", "info"], ["db", "show", RUN_A], ["validate", RUN_A]])
+def test_db_and_validate_tables_fit_a_narrow_terminal(filled_db, args):
     res = invoke("--db", str(filled_db), *args)
     assert res.exit_code == 0, res.output
     assert _lines_fit(res.output), res.output
