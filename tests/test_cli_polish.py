@@ -269,3 +269,21 @@ def test_the_ids_fit_prints_are_accepted_by_db_show(db_path):
     for model_id in ids:
         shown = invoke("--db", str(db_path), "db", "show", model_id)
         assert shown.exit_code == 0 and f"cost model {model_id}" in shown.output.replace("\n", "")
+
+
+def test_the_fallback_warning_names_partly_and_wholly_uncovered_types_in_one_line():
+    from types import SimpleNamespace
+
+    from hetprof.costmodels.features import TASK_PHASE
+    from hetprof.planner.provenance import fitted_warnings
+
+    tasks = sorted(TASK_PHASE)
+    fitted = {"A100-40GB": tasks, "L40S": tasks[1:], "L4": []}
+    sources = {"A100-40GB": "measured", "L40S": "reference", "L4": "datasheet"}
+    analytical = SimpleNamespace(inputs=lambda t: dict.fromkeys(("compute", "memory", "link"), sources[t]))
+    sim = SimpleNamespace(devices={i: SimpleNamespace(type=t) for i, t in enumerate(fitted)},
+                          cost_model=SimpleNamespace(fitted_tasks=fitted.__getitem__, analytical=analytical))
+    [line] = fitted_warnings(sim)
+    assert line.startswith(f"--cost-model fitted has no fitted models for L4; no fitted {tasks[0]} model for L40S:")
+    assert "fall back to the analytical model on datasheet numbers for L4; reference numbers for L40S" in line
+    assert "A100-40GB" not in line
