@@ -7,10 +7,10 @@ import re
 import time
 
 import pytest
-import yaml
 from click.testing import CliRunner
 from costmodels_synth import add_rows
 from rich.console import Console
+from test_planner_core_cli import CLUSTER, WORKLOAD, write
 
 from hetprof.cli import cli
 from hetprof.display import Col, fitted_table, natural_width, print_wide, when
@@ -175,22 +175,10 @@ def test_validate_of_a_missing_log_file_exits_2_naming_it(tmp_path):
     assert res.exit_code == 2 and "missing.jsonl: no such run log file" in res.output
 
 
-CLUSTER = {"name": "duo", "hosts": [
-    {"name": "a", "gpus": {"type": "A100-40GB", "count": 2}, "region": "east"},
-    {"name": "b", "gpus": {"type": "L4", "count": 2}, "region": "west"}],
-    "network": {"inter_region": {"latency": "10ms", "bandwidth": "5Gbps"}}}
-WORKLOAD = {"name": "tiny-grpo", "algorithm": "grpo", "models": {"actor": "qwen3-0.6b"}, "prompts_per_step": 8,
-            "responses_per_prompt": 4, "prompt_len": {"mean": 64, "max": 128},
-            "response_len": {"mean": 128, "max": 512}}
-
-
 @pytest.fixture
 def specs(tmp_path):
-    paths = []
-    for name, data in (("cluster.yaml", CLUSTER), ("workload.yaml", WORKLOAD)):
-        (tmp_path / name).write_text(yaml.safe_dump(data))
-        paths.append(str(tmp_path / name))
-    return paths
+    """The planner CLI tests' two-region cluster and tiny GRPO workload, as files."""
+    return [write(tmp_path, "cluster.yaml", CLUSTER), write(tmp_path, "workload.yaml", WORKLOAD)]
 
 
 def test_plan_with_a_fitted_cost_model_and_no_database_exits_2_and_creates_none(tmp_path, specs):
