@@ -51,17 +51,22 @@ def show(name: str, limit: int, as_json: bool, wide: bool) -> None:
 
 
 def raw(pdb: Any, kind: str, key: str) -> dict[str, Any] | list[dict[str, Any]]:
-    """The stored form: a row with its JSON columns parsed, or a run's records, iteration by iteration."""
-    table = "run_records" if kind == RUN else kind
-    column = "run" if kind == RUN else "id"
-    cur = pdb.conn.execute(f"SELECT * FROM {table} WHERE {column} = ? ORDER BY rowid", (key,))
+    """The stored form: a row with its JSON columns parsed (a benchmark run with its samples, in order),
+    or a run's records, iteration by iteration."""
+    if kind == RUN:
+        return sorted(_rows(pdb, "run_records", "run", key), key=lambda r: (r["iteration"], r["task"]))
+    row = _rows(pdb, kind, "id", key)[0]
+    if kind == "runs":
+        row["samples"] = sorted(_rows(pdb, "samples", "run_id", key), key=lambda r: r["seq"])
+    return row
+
+
+def _rows(pdb: Any, table: str, column: str, key: str) -> list[dict[str, Any]]:
+    cur = pdb.conn.execute(f"SELECT * FROM {table} WHERE {column} = ?", (key,))
     names = [d[0] for d in cur.description]
     json_cols = {c.name for c in TABLES[table].columns if c.is_json}
-    rows = [{k: json.loads(v) if k in json_cols and isinstance(v, str) else v
+    return [{k: json.loads(v) if k in json_cols and isinstance(v, str) else v
              for k, v in zip(names, values, strict=True)} for values in cur.fetchall()]
-    if kind == RUN:
-        return sorted(rows, key=lambda r: (r["iteration"], r["task"]))
-    return rows[0]
 
 
 def _compact(value: object) -> str:

@@ -155,6 +155,7 @@ def test_db_show_of_a_benchmark_run_puts_shared_fields_on_one_line(filled_db):
     assert "every sample:" in res.output and "samples (8 of 8)" in res.output
     raw = json.loads(invoke("--db", str(filled_db), "db", "show", run["id"][:10], "--json").output)
     assert raw["benchmark"] == "task.decode" and raw["created"] == run["created"]
+    assert [s["seq"] for s in raw["samples"]] == list(range(8)) and "seconds" in raw["samples"][0]["metrics"]
 
 
 READ_ONLY = [["db", "info"], ["db", "list"], ["db", "show", "abc"], ["db", "export", "out.hetprof"], ["fit"],
