@@ -92,7 +92,9 @@ class ProfileDB:
                 f"({SCHEMA_VERSION}); upgrade hetprof to read it")
         if version < SCHEMA_VERSION:
             if readonly:
-                raise ProfileDBError(f"{self.path}: schema version {version} needs migrating; open it writable")
+                raise ProfileDBError(f"{self.path}: schema version {version} needs migrating to {SCHEMA_VERSION}, which "
+                                     "commands that only read never do; a command that writes to it (`hetprof fit`, "
+                                     "`hetprof db import`) migrates it")
             self.write(lambda c: migrate(c, read_version(c)))
 
     # ---- plumbing --------------------------------------------------------------------------

@@ -276,3 +276,17 @@ def test_the_fallback_warning_names_partly_and_wholly_uncovered_types_in_one_lin
     assert line.startswith(f"--cost-model fitted has no fitted models for L4; no fitted {tasks[0]} model for L40S:")
     assert "fall back to the analytical model on datasheet numbers for L4; reference numbers for L40S" in line
     assert "A100-40GB" not in line
+
+
+def test_read_only_commands_leave_an_old_database_unmigrated_and_say_what_migrates_it(tmp_path):
+    import sqlite3
+
+    from test_db_core import _v3_database
+
+    old = tmp_path / "old.db"
+    _v3_database(old)
+    res = invoke("--db", str(old), "db", "info", columns=200)
+    assert res.exit_code == 2 and "schema version 3 needs migrating" in res.output and "`hetprof fit`" in res.output
+    conn = sqlite3.connect(old)
+    assert conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("3",)
+    conn.close()
