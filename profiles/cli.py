@@ -105,6 +105,7 @@ def import_cmd(file: str, **limits: object) -> None:
     """Validate a shared file, then add all of it (or, if anything is wrong, none of it)."""
     from hetprof.profiles import import_file
 
+    _readable_before_opening(file)
     with _open() as pdb, exit_on_signals():
         added = import_file(pdb, file, limits_from(limits))
     click.echo(f"imported {visible(file)}: added " + ", ".join(f"{v} {k}" for k, v in added.items()))
@@ -118,10 +119,12 @@ def import_reference_cmd(names: tuple[str, ...]) -> None:
 
     Calibration uses them where a GPU type has no measured rows; measured rows always win.
     """
-    from hetprof.profiles.references import import_reference
+    from hetprof.profiles.references import import_reference, reference_file
     from hetprof.profiles.references import names as shipped
 
     wanted = shipped() if names == ("all",) else list(names)
+    for name in wanted:  # an unknown name is refused before the database is opened (or created)
+        reference_file(name)
     with _open() as pdb:
         for name in wanted:
             added = import_reference(pdb, name)
@@ -136,6 +139,7 @@ def merge_cmd(other: str, **limits: object) -> None:
     """Add every row of another team's database that this one lacks (idempotent)."""
     from hetprof.profiles import merge
 
+    _readable_before_opening(other)
     with _open() as pdb, exit_on_signals():
         added = merge(pdb, other, limits_from(limits))
     click.echo(f"merged {visible(other)}: added " + ", ".join(f"{v} {k}" for k, v in added.items()))
@@ -184,6 +188,16 @@ def list_cmd(benchmark: str | None, limit: int, wide: bool) -> None:
             rows = [[r["id"][:12], r["name"], r["task_type"], r["family"], _pct(r["metrics"].get("heldout_mape")),
                      when(r["created"], short=True)] for _, r in models.tail(limit).iterrows()]
             print_wide(console, fitted_table(console, cols, rows, title="cost models", wide=wide), wide)
+
+
+def _readable_before_opening(source: str) -> None:
+    """A missing or unreadable source is refused before the target database is opened, so a typo
+    creates no empty database."""
+    from pathlib import Path
+
+    from hetprof.profiles.bounds import regular_file
+
+    regular_file(Path(source))
 
 
 def _pct(value: object) -> str:

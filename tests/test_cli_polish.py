@@ -171,6 +171,15 @@ def test_read_only_commands_never_create_a_database(tmp_path, args):
     assert not typo.exists() and not list(tmp_path.glob("typo.db*"))
 
 
+@pytest.mark.parametrize("args", [["db", "import", "missing.hetprof.gz"], ["db", "merge", "missing.db"],
+                                  ["db", "import-reference", "no-such-profile"]], ids=lambda a: " ".join(a[:2]))
+def test_a_missing_source_is_refused_before_the_database_is_created(tmp_path, args):
+    target = tmp_path / "new.db"
+    res = invoke("--db", str(target), *args)
+    assert res.exit_code == 2 and args[-1] in res.output
+    assert not target.exists()
+
+
 def test_validate_of_a_missing_log_file_exits_2_naming_it(tmp_path):
     res = invoke("validate", str(tmp_path / "missing.jsonl"))
     assert res.exit_code == 2 and "missing.jsonl: no such run log file" in res.output
