@@ -16,6 +16,22 @@ def _backends() -> list[str]:
     return available_backends()
 
 
+def _recorded_run(source: str) -> str:
+    """SOURCE itself if it is a log file, else the full name of the one stored run it names (exit 2 if none);
+    resolved as the argument is parsed (--db is eager, so it is known by then)."""
+    from hetprof.errors import HetprofError
+
+    if Path(source).is_file():
+        return source
+    if source.endswith((".jsonl", ".json", ".log")) or os.sep in source:
+        raise HetprofError(f"{source}: no such run log file")
+    from hetprof.profiles import ProfileDB
+    from hetprof.profiles.names import RUN, resolve
+
+    with ProfileDB(existing_db_path(), readonly=True) as db:
+        return resolve(db.conn, source, kinds=(RUN,)).key
+
+
 def _rewards() -> list[str]:
     from hetprof.executor.rewards import available_rewards
 
@@ -85,19 +101,3 @@ def validate(source: str, skip: int) -> None:
     from hetprof.executor.predicted_vs_measured import load_records, render
 
     render(load_records(source, db_path()), skip=skip)
-
-
-def _recorded_run(source: str) -> str:
-    """SOURCE itself if it is a log file, else the full name of the one stored run it names (exit 2 if none);
-    resolved as the argument is parsed (--db is eager, so it is known by then)."""
-    from hetprof.errors import HetprofError
-
-    if Path(source).is_file():
-        return source
-    if source.endswith((".jsonl", ".json", ".log")) or os.sep in source:
-        raise HetprofError(f"{source}: no such run log file")
-    from hetprof.profiles import ProfileDB
-    from hetprof.profiles.names import RUN, resolve
-
-    with ProfileDB(existing_db_path(), readonly=True) as db:
-        return resolve(db.conn, source, kinds=(RUN,)).key

@@ -15,7 +15,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from hetprof.display import Col, fitted_table, shown
+from hetprof.display import shown
 from hetprof.errors import ExecutionError, HetprofError
 from hetprof.executor.records import read_db, read_log
 
@@ -80,10 +80,10 @@ def render(records: list[dict[str, Any]], skip: int = 1, console: Console | None
         pred = rec.get("predicted_iteration_s")
         rows.append([rec["iteration"], _fmt(pred), _fmt(rec["iteration_s"]), _fmt(ratio(rec["iteration_s"], pred), ".2f"),
                      _fmt(rec.get("reward_mean")), _fmt(rec.get("kl"), ".4f"), str(rec.get("staleness_max", "—"))])
-    console.print(fitted_table(console, PER_ITERATION, rows, title="per iteration", hint="a wider terminal shows them"))
+    from hetprof.display import Col, fitted_table
 
-
-# A narrow terminal loses staleness, then KL, then reward; the times and their ratio always stay.
-PER_ITERATION = (Col("iteration", "right"), Col("predicted s", "right"), Col("measured s", "right"),
-                 Col("ratio", "right"), Col("reward", "right", drop=1), Col("kl", "right", drop=2),
-                 Col("staleness", "right", drop=3))
+    # a narrow terminal loses staleness, then KL, then reward; the times and their ratio always stay
+    columns = (Col("iteration", "right"), Col("predicted s", "right"), Col("measured s", "right"),
+               Col("ratio", "right"), Col("reward", "right", drop=1), Col("kl", "right", drop=2),
+               Col("staleness", "right", drop=3))
+    console.print(fitted_table(console, columns, rows, title="per iteration", hint="a wider terminal shows them"))
