@@ -95,8 +95,7 @@ def run(plan: str, iterations: int, backend: str | None, checkpoint_dir: str | N
 def validate(source: str, skip: int) -> None:
     """Print predicted (from the plan) against measured, per task and per iteration.
 
-    SOURCE is a run's JSONL log, or a run in the profile database by any name `hetprof db list`,
-    `hetprof db show` or this command prints (its run name, or a unique prefix of it).
+    SOURCE is a run's JSONL log, or a run id whose records are in the profile database.
     """
     from hetprof.executor.predicted_vs_measured import load_records, render
 
