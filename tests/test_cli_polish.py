@@ -202,7 +202,7 @@ def test_plan_with_a_fitted_cost_model_and_no_database_exits_2_and_creates_none(
 
 def test_an_infeasible_budget_names_the_budget_and_the_cheapest_feasible_price(specs):
     res = invoke("plan", "-c", specs[0], "-w", specs[1], "--objective", "throughput-under-budget",
-                 "--budget", "0.05", "--max-evals", "30", columns=300)
+                 "--budget", "0.05", "--max-evals", "10", columns=300)
     assert res.exit_code == 3, res.output
     found = re.search(r"no plan within --budget \$0\.05/h: the cheapest feasible plan it scored costs \$([\d.]+)/h",
                       res.output)
@@ -210,7 +210,7 @@ def test_an_infeasible_budget_names_the_budget_and_the_cheapest_feasible_price(s
     cheapest = float(found.group(1))
     assert cheapest > 0.05
     ok = invoke("plan", "-c", specs[0], "-w", specs[1], "--objective", "throughput-under-budget",
-                "--budget", str(cheapest + 0.01), "--max-evals", "30", columns=300)
+                "--budget", str(cheapest + 0.01), "--max-evals", "10", columns=300)
     assert ok.exit_code == 0, ok.output  # the figure named is one a plan really meets
 
 
