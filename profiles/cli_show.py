@@ -45,7 +45,7 @@ def show(name: str, limit: int, as_json: bool, wide: bool) -> None:
         for label, value in _SUMMARIES[found.kind](row):
             console.print(shown(f"  {label}: ") + shown(value))
         if found.kind == "runs":
-            _show_samples(console, pdb, row, limit, wide)
+            _show_samples(console, row, limit, wide)
         if found.kind == "cost_models":
             console.print(shown("  (`--json` prints every fitted number)", "dim"))
 
@@ -128,18 +128,25 @@ _SUMMARIES = {"runs": _run_summary, "devices": _device_summary, "links": _link_s
 _KIND_TITLES = {"runs": "benchmark run", "devices": "device", "links": "link", "cost_models": "cost model"}
 
 
-def _show_samples(console: Any, pdb: Any, row: dict, limit: int, wide: bool) -> None:
-    """The run's samples: what every sample shares on one line, a column for each field that varies."""
-    df = pdb.samples(row["benchmark"])
-    df = df[df["run_id"] == row["id"]].drop(columns=["sample_id", "run_id", "benchmark", "device_id",
-                                                     "device_name", "catalog_type", "host", "run_source"])
-    df = df.dropna(axis=1, how="all")
+def _show_samples(console: Any, row: dict, limit: int, wide: bool) -> None:
+    """The run's samples: what every sample shares on one line, then a column per field that varies —
+    its number and measurements always, the parameters that vary leaving from the last when narrow."""
+    import pandas as pd
+
+    samples = row["samples"]
+    if not samples:
+        console.print(shown("  no samples"))
+        return
+    metrics = {k for s in samples for k in s["metrics"]}
+    df = pd.DataFrame([{"seq": s["seq"], **s["params"], **s["metrics"]} for s in samples]).dropna(axis=1, how="all")
     same = [c for c in df.columns if c != "seq" and len(df) > 1 and df[c].astype(str).nunique() == 1]
     if same:
         console.print(shown("  every sample: " + ", ".join(f"{c}={_fmt(df[c].iloc[0])}" for c in same)))
-    varying = [c for c in df.columns if c not in same]
-    cols = [Col(c, "right", drop=0 if i < 2 else len(varying) - i) for i, c in enumerate(varying)]
-    rows = [[_fmt(v) for v in r] for r in df[varying].head(limit).itertuples(index=False)]
+    params = [c for c in df.columns if c not in same and c != "seq" and c not in metrics]
+    measured = [c for c in df.columns if c not in same and c in metrics]
+    cols = [Col("seq", "right"), *(Col(c, "right", drop=0 if i == 0 else len(params) - i) for i, c in enumerate(params)),
+            *(Col(c, "right") for c in measured)]
+    rows = [[_fmt(v) for v in r] for r in df[["seq", *params, *measured]].head(limit).itertuples(index=False)]
     table = fitted_table(console, cols, rows, title=f"samples ({min(limit, len(df))} of {len(df)})", wide=wide)
     print_wide(console, table, wide)
 

@@ -299,3 +299,15 @@ def test_read_only_commands_leave_an_old_database_unmigrated_and_say_what_migrat
     conn = sqlite3.connect(old)
     assert conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("3",)
     conn.close()
+
+
+def test_db_show_keeps_a_narrow_runs_measurements_and_drops_its_last_varying_parameters(db_path):
+    shapes = [{"m": 2 ** i, "n": 3 ** i, "k": 5 ** i, "layout": f"tile-{i}" * 3, "dtype": "bf16"} for i in range(4)]
+    with ProfileDB(db_path) as db:
+        run = db.add_benchmark("compute.matmul", None, "h", {}, [
+            {"params": p, "metrics": {"seconds": 1e-3 * (i + 1), "tflops": 12.5 * (i + 1)}} for i, p in enumerate(shapes)])
+    res = invoke("--db", str(db_path), "db", "show", run[:10], columns=48)
+    assert res.exit_code == 0 and _lines_fit(res.output, 48), res.output
+    header = next(line for line in res.output.splitlines() if "seq" in line)
+    assert all(name in header for name in ("seq", "m", "seconds", "tflops")) and "layout" not in header
+    assert "every sample: dtype=bf16" in res.output and "not shown at this width:" in res.output
