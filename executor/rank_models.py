@@ -154,7 +154,11 @@ class RankModels:
             wrapped = model
             if len(ranks) > 1:
                 wrapped = wrap_replica(model, group, self.device, sharding)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+        from hetprof.executor.optimizer import build_optimizer, build_scheduler, optimizer_steps
+
+        settings = self.workload.optimizer
+        optimizer = build_optimizer(model.parameters(), lr, settings)
+        scheduler = build_scheduler(optimizer, settings, optimizer_steps(self.workload, self.opts.iterations))
         self.models[task] = wrapped
         # The plan's log-prob pass (actor_logprob, on these ranks beside actor_train) recomputes the old
         # log-probs under the weights before the update; without it the rollout's own are used.
@@ -163,7 +167,8 @@ class RankModels:
                                       role=Role.ACTOR if task == Task.ACTOR_TRAIN else Role.CRITIC,
                                       temperature=self.training.temperature,
                                       recompute_proximal=Task.ACTOR_LOGPROB in self.tasks,
-                                      seed=self.opts.seed, parallel=sharded,
+                                      seed=self.opts.seed, parallel=sharded, lr_scheduler=scheduler,
+                                      max_grad_norm=settings.max_grad_norm,
                                       process_group=group if sharded is None and len(ranks) > 1 else None)
 
     # ---- data --------------------------------------------------------------------------------
