@@ -16,7 +16,7 @@ from rich.console import Console
 
 from hetprof.dataparallel import wrap_replica
 from hetprof.errors import ExecutionError
-from hetprof.executor.data import Prompt, PromptSource, load_jsonl
+from hetprof.executor.data import Prompt, PromptSource, encode_prompt
 from hetprof.executor.modeling import (
     build_causal_lm,
     build_reward_model,
@@ -127,11 +127,11 @@ class RankModels:
         return model
 
     def _prompt_source(self) -> PromptSource:
-        n = self.workload.prompts_per_step
-        if self.opts.prompts:
-            prompts = load_jsonl(self.opts.prompts)
-            return PromptSource(prompts, n, seed=self.opts.seed)
-        return PromptSource.builtin(n, seed=self.opts.seed)
+        from hetprof.executor.prompt_files import prompt_sets
+
+        sets = prompt_sets(self.workload.data, self.workload.base_dir, self.opts.prompts, self.opts.seed)
+        self.validation_prompts = sets.validation
+        return PromptSource(sets.train, self.workload.prompts_per_step, seed=self.opts.seed)
 
     def _add_learner(self, task: str, model: torch.nn.Module, lr: float) -> None:
         from hetprof.executor.learner import Learner
@@ -178,7 +178,7 @@ class RankModels:
     # ---- generation ----------------------------------------------------------------------------
     def generate(self, prompts: list[Prompt], batch: int, replica: int, version: int) -> dict[str, torch.Tensor]:
         n = self.workload.responses_per_prompt
-        ids = [self.tokenizer.encode(p.text) for p in prompts for _ in range(n)]
+        ids = [encode_prompt(self.tokenizer, p.text, self.workload.data.chat_template) for p in prompts for _ in range(n)]
         gen = torch.Generator(device=self.device)
         gen.manual_seed(hash_seed(self.opts.seed, batch, replica))
         out = self.backend.generate(ids, self.workload.response_len.cap, temperature=self.training.temperature,
