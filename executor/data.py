@@ -73,13 +73,6 @@ def arithmetic_prompts(n: int, seed: int = 0, max_answer: int = 4, ops: Sequence
     return out
 
 
-def load_jsonl(path: str | Path) -> list[Prompt]:
-    """Prompts from a `{"prompt", "answer"}` JSONL file; any bad line is refused with its file and line."""
-    from hetprof.executor.prompt_files import load_prompts
-
-    return load_prompts(path, fmt="jsonl")
-
-
 def encode_prompt(tokenizer: Tokenizer, text: str, chat_template: bool = True) -> list[int]:
     """A prompt's token ids: in the tokenizer's chat template when it has one and `chat_template`
     is on (the template writes its own BOS), else the plain text after a BOS."""
@@ -95,7 +88,7 @@ def encode_prompt(tokenizer: Tokenizer, text: str, chat_template: bool = True) -
 
 
 def write_jsonl(path: str | Path, prompts: Sequence[Prompt]) -> None:
-    """Write prompts in the format `load_jsonl` reads (to export the built-in set, for example)."""
+    """Write prompts in the JSONL format `prompt_files.load_jsonl` reads (to export the built-in set, for example)."""
     with Path(path).open("w", encoding="utf-8") as f:
         for p in prompts:
             f.write(json.dumps({"prompt": p.text, "answer": p.answer}) + "\n")

@@ -55,6 +55,11 @@ def load_prompts(path: str | Path, prompt_field: str = "prompt", answer_field: s
     return prompts
 
 
+def load_jsonl(path: str | Path) -> list[Prompt]:
+    """Prompts from a `{"prompt", "answer"}` JSONL file; any bad line is refused with its file and line."""
+    return load_prompts(path, fmt="jsonl")
+
+
 def _jsonl_rows(path: Path) -> Iterator[tuple[str, Any]]:
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
