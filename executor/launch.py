@@ -18,6 +18,7 @@ import tempfile
 from hetprof.errors import ExecutionError
 from hetprof.executor.launch_checks import (
     check_backend,
+    check_inputs,
     check_resumable,
     check_supported,
     host_devices,
@@ -79,9 +80,12 @@ def launch(options: RunOptions, nnodes: int = 1, node_rank: int = 0, rdzv: str |
     from hetprof.executor.worker_entry import worker_main
 
     options.validate()
-    plan = load_plan(options.plan_path)
+    plan = load_plan(options.plan_path, options.overrides)
     check_run_sizes(plan.workload_spec(), options.iterations)
     options = dataclasses.replace(options, backend=check_backend(plan, options.backend, options.plan_path))
+    check_inputs(plan, options.plan_path, options.backend, options.reward, options.prompts, options.seed,
+                 {"--log": (options.log, "file"), "--checkpoint-dir": (options.checkpoint_dir, "folder"),
+                  "--db": (options.db, "file")})
     check_supported(plan)
     host = node_host(plan, nnodes, node_rank)
     if options.resume and node_rank == 0:

@@ -30,6 +30,7 @@ class RunOptions:
     bucket_mb: float = 32.0
     verify_sync: bool = False
     quiet: bool = False
+    overrides: tuple[str, ...] = ()  # `--set key.path=value` on the plan's workload (launch_checks.load_plan)
 
     def validate(self) -> None:
         if self.iterations < 1:

@@ -86,8 +86,8 @@ def read_table(path: Path, kind: str) -> Any:
         _check_json_syntax(path)
     import datasets
 
-    datasets.disable_progress_bars()
-    datasets.logging.set_verbosity_error()
+    datasets.disable_progress_bars()  # the error below is the one line a user sees, not its log
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)
     try:
         if kind == "saved":
             loaded = datasets.load_from_disk(str(path), keep_in_memory=True)

@@ -108,7 +108,7 @@ def db_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
         "predicted_s": record.get("predicted_iteration_s"),
         "device_ids": sorted({d for ids in record["devices"].values() for d in ids}),
         "extra": {k: record[k] for k in ("tokens_per_s", "reward_mean", "kl", "clip_frac", "staleness_max",
-                                         "mode", "sync_Bps") if k in record},
+                                         "mode", "sync_Bps", "val_reward_mean") if k in record},
     })
     return rows
 
@@ -178,4 +178,6 @@ def console_line(record: dict[str, Any]) -> str:
     stages = " ".join(f"{k}={v:.2f}s" for k, v in record["stages"].items())
     return (f"[bold]iter {record['iteration']}[/bold] {record['iteration_s']:.2f}s "
             f"reward={record['reward_mean']:.3f} kl={record['kl']:.4f} clip={record['clip_frac']:.3f} "
-            f"tok/s={record['tokens_per_s']:.0f} stale≤{record['staleness_max']} [dim]{stages}[/dim]")
+            f"tok/s={record['tokens_per_s']:.0f} stale≤{record['staleness_max']} "
+            + (f"val_reward={record['val_reward_mean']:.3f} " if "val_reward_mean" in record else "")
+            + f"[dim]{stages}[/dim]")
