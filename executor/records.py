@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hetprof.errors import ExecutionError
+from hetprof.errors import HetprofError
 from hetprof.specs import Plan
 
 
@@ -53,7 +53,7 @@ def read_log(path: str | Path) -> list[dict[str, Any]]:
     try:
         lines = path.read_text().splitlines()
     except OSError as exc:
-        raise ExecutionError(f"run log {path}: {exc.strerror}") from None
+        raise HetprofError(f"run log {path}: {exc.strerror}") from None
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -61,7 +61,7 @@ def read_log(path: str | Path) -> list[dict[str, Any]]:
             rec = json.loads(line)
             by_iter[(rec["run"], int(rec["iteration"]))] = rec
         except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-            raise ExecutionError(f"run log {path}: line {n} is not an iteration record") from None
+            raise HetprofError(f"run log {path}: line {n} is not an iteration record") from None
     return [by_iter[k] for k in sorted(by_iter, key=lambda k: k[1])]
 
 
@@ -155,7 +155,7 @@ def read_db(db_file: str | Path, run: str) -> list[dict[str, Any]]:
     with ProfileDB(db_file) as db:
         df = db.run_records()
     if df.empty or "run" not in df.columns or run not in set(df["run"]):
-        raise ExecutionError(f"run {run!r} has no records in the profile database {db_file}")
+        raise HetprofError(f"run {run!r} has no records in the profile database {db_file}")
     out: dict[int, dict[str, Any]] = {}
     for row in df[df["run"] == run].to_dict("records"):
         rec = out.setdefault(int(row["iteration"]), {"run": run, "plan_hash": row.get("plan_hash"),
