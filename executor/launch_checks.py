@@ -146,7 +146,7 @@ def check_resumable(checkpoint_dir: str | Path, plan: Plan) -> int:
 
     meta = committed(checkpoint_dir)
     if meta is None:
-        raise ExecutionError(f"--resume: no complete checkpoint under {checkpoint_dir}")
+        raise HetprofError(f"--resume: no complete checkpoint under {checkpoint_dir}")  # a missing file: bad input
     if meta.get("plan_hash") != plan_hash(plan):
         raise ExecutionError(f"--resume: the checkpoint under {checkpoint_dir} was made for plan "
                              f"{meta.get('plan_hash')}, not this plan ({plan_hash(plan)})")

@@ -156,8 +156,9 @@ def test_resume_without_a_checkpoint_is_refused_up_front(tmp_path):
 
     plan = handwritten_plan(cluster({"h": 2}), workload(), {"actor_gen": ["h:0"], "ref_infer": ["h:1"],
                                                        "actor_train": ["h:1"]})
-    with pytest.raises(ExecutionError, match="no complete checkpoint"):
+    with pytest.raises(HetprofError, match="no complete checkpoint") as err:
         check_resumable(tmp_path, plan)
+    assert err.value.exit_code == 2  # nothing to resume from: a missing file, bad input
     checkpoint.commit(tmp_path, 4, {"plan_hash": plan_hash(plan), "run": "r"})
     assert check_resumable(tmp_path, plan) == 4
 
