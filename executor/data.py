@@ -25,6 +25,7 @@ from hetprof.executor.tokenizer import Tokenizer
 class Prompt:
     text: str
     answer: str | None = None
+    source: str = dataclasses.field(default="", compare=False)  # "file:LINE" / "file row N", for errors
 
 
 _NAMES = ("tom", "ana", "li", "sam", "mia", "raj", "eva", "ben", "zoe", "kai")

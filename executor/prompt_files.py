@@ -134,7 +134,7 @@ def _prompt(where: str, row: Any, prompt_field: str, answer_field: str) -> Promp
     answer = row.get(answer_field)
     if isinstance(answer, bool) or not (answer is None or isinstance(answer, (str, int, float))):
         raise SpecError(where, answer_field, "a string or a number (or absent)", answer)
-    return Prompt(text, None if answer is None or answer == "" else str(answer))
+    return Prompt(text, None if answer is None or answer == "" else str(answer), source=where)
 
 
 @dataclasses.dataclass(frozen=True)

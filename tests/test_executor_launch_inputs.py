@@ -74,10 +74,14 @@ def test_a_malformed_prompts_file_is_refused_before_any_worker(tmp_path, no_work
     (["--checkpoint-dir", "{tmp}/plan.json/ckpt"], "--checkpoint-dir {tmp}/plan.json/ckpt: cannot write there "
                                                    "({tmp}/plan.json is a file, not a folder)"),
     (["--log", "{tmp}/plan.json/run.jsonl"], "is a file, not a folder"),
+    (["--prompts", "{tmp}/long.jsonl"], "long.jsonl:3: the prompt's 511 tokens + response_len.max 3 exceed the "
+                                        "model's 512 positions"),
 ])
 def test_bad_inputs_exit_2_before_any_worker(tmp_path, no_workers, args, phrase):
     (tmp_path / "t.csv").write_text("prompt,answer\n1+1=,2\n")
     (tmp_path / "bad.csv").write_text("prompt,answer\n1+1=,2\n2+2=,4,extra\n")
+    fits, too_long = "x" * 508, "x" * 510  # the tiny preset's 512 positions: BOS + prompt + 3 response tokens
+    (tmp_path / "long.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("1+1=", fits, too_long)))
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     result = _run(tmp_path, *args)
     assert result.exit_code == 2, result.output
