@@ -22,12 +22,12 @@ ROOT = Path(__file__).resolve().parents[1]
 HETPROF = str(Path(sys.executable).with_name("hetprof"))
 
 
-def _plan(path: Path, **workload: object) -> Path:
+def _plan(path: Path, backend: str = "hf", **workload: object) -> Path:
     cluster = ClusterSpec.from_dict({"name": "cpu", "hosts": [{"name": "localhost", "gpus": {"type": "cpu", "count": 2}}]})
     base = WorkloadSpec.load(ROOT / "examples" / "workloads" / "grpo-tiny.yaml").to_dict()
     base.update({"prompts_per_step": 4, "responses_per_prompt": 4, "ppo_epochs": 1, "mini_batches": 1, **workload})
     handwritten_plan(cluster, base, {"actor_gen": ["localhost:0"], "ref_infer": ["localhost:1"],
-                                     "actor_train": ["localhost:1"]}).save(path)
+                                     "actor_train": ["localhost:1"]}, backend=backend).save(path)
     return path
 
 
@@ -96,10 +96,11 @@ def test_output_paths_are_checked_for_kind_and_parent(tmp_path):
 
 
 @pytest.mark.skipif(__import__("importlib").util.find_spec("vllm") is not None, reason="vLLM is installed here")
-def test_the_vllm_backend_without_vllm_is_bad_input():
-    with pytest.raises(HetprofError, match="vllm is not installed") as err:
-        check_generation_backend("vllm", "plan.json")
-    assert err.value.exit_code == 2
+def test_a_vllm_plan_without_vllm_is_bad_input(tmp_path, no_workers):
+    plan = _plan(tmp_path / "vllm-plan.json", backend="vllm")
+    result = CliRunner().invoke(cli, ["--db", str(tmp_path / "db.sqlite"), "run", str(plan), "--backend", "vllm"])
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith(f"error: {plan} runs the vllm generation backend, but vllm is not installed")
     check_generation_backend("hf", "plan.json")
 
 
