@@ -35,7 +35,9 @@ def test_overrides_are_yaml_typed_and_checked_like_the_file():
     ("training.lrr=1", "--set training.lrr=1: field 'training.lrr': expected 'lr' (did you mean it?)"),
     ("optimizer.lr_schedule=cosin", "(did you mean 'cosine'?)"),
     ("optimizer.betas=[0.9, 1.5]", "--set optimizer.betas=[0.9, 1.5]: field 'optimizer.betas': expected two numbers"),
-    ("training.lr.x=1", "field 'training.lr.x': expected a field or list index under 'training.lr'"),
+    ("training.lr.x=1", "field 'training.lr.x': expected a field or list index under 'training.lr', got 0.01"),
+    ("optimizer.betas[1]=0.9", "field 'optimizer.betas[1]': expected a list written at 'optimizer.betas' in the "
+                               "file (or set it whole: optimizer.betas=[...])"),
     ("nokey", "field 'nokey': expected KEY.PATH=VALUE"),
     ("training.lr=[1", "field 'training.lr': expected a YAML value"),
     ("data.eval_every=2", "field 'data.eval_every': expected a validation set too"),
@@ -51,6 +53,9 @@ def test_override_helpers():
     assert parse_override("a.b=1e-6") == ("a.b", 1e-6) and parse_override("a=null") == ("a", None)
     data = {"a": {"b": 1}}
     assert apply_overrides(data, ["a.c.d=x"]) == {"a": {"b": 1, "c": {"d": "x"}}} and data == {"a": {"b": 1}}
+    assert apply_overrides({"a": [1, 2]}, ["a[1]=3"]) == {"a": [1, 3]}
+    with pytest.raises(SpecError, match=r"field 'a\[2\]': expected an index below 2 in 'a', got 2"):
+        apply_overrides({"a": [1, 2]}, ["a[2]=3"])
 
 
 def test_unknown_field_gets_did_you_mean_and_its_line_and_column(tmp_path):

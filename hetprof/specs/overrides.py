@@ -57,14 +57,16 @@ def apply_overrides(data: Any, items: Sequence[str]) -> Any:
             elif isinstance(node, list) and isinstance(part, int) and part < len(node):
                 node = node[part]
             else:
-                raise SpecError("--set", key, f"a mapping or list at '{_spell(parents[:depth + 1])}'",
-                                type(node).__name__)
-        if isinstance(node, dict) and isinstance(last, str):
-            node[last] = value
-        elif isinstance(node, list) and isinstance(last, int) and last < len(node):
+                raise SpecError("--set", key, f"a mapping or list at '{_spell(parents[:depth + 1])}'", node)
+        if isinstance(last, int) and not isinstance(node, list):  # an index into a default: set it whole
+            raise SpecError("--set", key, f"a list written at '{_spell(parents)}' in the file (or set it whole: "
+                            f"{_spell(parents)}=[...])", node or None)
+        if isinstance(last, int) and last >= len(node):
+            raise SpecError("--set", key, f"an index below {len(node)} in '{_spell(parents)}'", last)
+        if isinstance(node, dict) or isinstance(last, int):
             node[last] = value
         else:
-            raise SpecError("--set", key, f"a field or list index under '{_spell(parents)}'", type(node).__name__)
+            raise SpecError("--set", key, f"a field or list index under '{_spell(parents)}'", node)
     return out
 
 
