@@ -23,9 +23,19 @@ from hetprof.executor.tokenizer import Tokenizer
 
 @dataclasses.dataclass(frozen=True)
 class Prompt:
+    """A prompt and its reference answer. A chat prompt keeps its turns as (role, content) pairs,
+    its `text` (what rewards see) their contents one after another."""
+
     text: str
     answer: str | None = None
     source: str = dataclasses.field(default="", compare=False)  # "file:LINE" / "file row N", for errors
+    messages: tuple[tuple[str, str], ...] = ()
+
+    def turns(self) -> list[dict[str, str]]:
+        """The conversation a chat template renders: the turns, or the text as one user turn."""
+        if self.messages:
+            return [{"role": role, "content": content} for role, content in self.messages]
+        return [{"role": "user", "content": self.text}]
 
 
 _NAMES = ("tom", "ana", "li", "sam", "mia", "raj", "eva", "ben", "zoe", "kai")
@@ -74,25 +84,25 @@ def arithmetic_prompts(n: int, seed: int = 0, max_answer: int = 4, ops: Sequence
     return out
 
 
-def encode_prompt(tokenizer: Tokenizer, text: str, chat_template: bool = True) -> list[int]:
-    """A prompt's token ids: in the tokenizer's chat template when it has one and `chat_template`
-    is on (the template writes its own BOS), else the plain text after a BOS."""
+def encode_prompt(tokenizer: Tokenizer, prompt: Prompt, chat_template: bool = True) -> list[int]:
+    """A prompt's token ids: its turns in the tokenizer's chat template when it has one and
+    `chat_template` is on (the template writes its own BOS), else the plain text after a BOS."""
     render = getattr(tokenizer, "render_chat", None)
     if chat_template and render is not None and getattr(tokenizer, "chat_template", None):
         try:
-            rendered = render(text)
+            rendered = render(prompt.turns())
         except Exception as exc:  # a Jinja template can raise anything; name it as the model's problem
-            raise SpecError("chat template", "data.chat_template", "a template that renders a user turn "
-                            "(or data.chat_template: false)", f"{type(exc).__name__}: {exc}") from None
+            raise SpecError(prompt.source or "chat template", "data.chat_template", "a template that renders "
+                            "these turns (or data.chat_template: false)", f"{type(exc).__name__}: {exc}") from None
         return tokenizer.encode(rendered, add_bos=False)
-    return tokenizer.encode(text)
+    return tokenizer.encode(prompt.text)
 
 
 def write_jsonl(path: str | Path, prompts: Sequence[Prompt]) -> None:
     """Write prompts in the JSONL format `prompt_files.load_jsonl` reads (to export the built-in set, for example)."""
     with Path(path).open("w", encoding="utf-8") as f:
         for p in prompts:
-            f.write(json.dumps({"prompt": p.text, "answer": p.answer}) + "\n")
+            f.write(json.dumps({"prompt": p.turns() if p.messages else p.text, "answer": p.answer}) + "\n")
 
 
 class PromptSource:

@@ -33,7 +33,7 @@ class Validator:
         self.last = iterations
         self.max_new_tokens = workload.response_len.cap
         self.rows_per_batch = workload.sequences_per_step  # the generation batch the plan sized memory for
-        self.ids = [encode_prompt(tokenizer, p.text, data.chat_template) for p in self.prompts]
+        self.ids = [encode_prompt(tokenizer, p, data.chat_template) for p in self.prompts]
 
     def due(self, iterations_done: int) -> bool:
         """Every `eval_every` iterations, and after the last one."""

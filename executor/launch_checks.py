@@ -12,17 +12,14 @@ import dataclasses
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
 from hetprof.errors import ExecutionError, HetprofError, SpecError
+from hetprof.executor.data import Prompt
 from hetprof.specs import RUNNABLE_BACKENDS, ClusterSpec, Plan, WorkloadSpec
 from hetprof.specs.executable import layout_problems
 from hetprof.specs.overrides import apply_overrides, from_override
-
-if TYPE_CHECKING:
-    from hetprof.executor.data import Prompt
 
 # What `hetprof run --set` may change: how the run trains and what it reads, never what the plan
 # placed or priced (the tasks, the models, the batch shapes) — those need `hetprof plan --set`.
@@ -225,13 +222,14 @@ def check_prompts(workload: WorkloadSpec, prompts: str | None, seed: int) -> Non
     sets = prompt_sets(workload.data, workload.base_dir, prompts, seed)
     tokenizer = load_tokenizer(model_ref(workload, Role.ACTOR))
     check_prompt_lengths(workload, [*sets.train, *sets.validation],
-                         lambda text: encode_prompt(tokenizer, text, workload.data.chat_template))
+                         lambda prompt: encode_prompt(tokenizer, prompt, workload.data.chat_template))
 
 
 TOKENIZER_SLACK = 8  # tokens a tokenizer may add that cover no byte of the text (a leading "▁", say)
 
 
-def check_prompt_lengths(workload: WorkloadSpec, prompts: Sequence[Prompt], encode: Callable[[str], list[int]]) -> None:
+def check_prompt_lengths(workload: WorkloadSpec, prompts: Sequence[Prompt],
+                         encode: Callable[[Prompt], list[int]]) -> None:
     """Each prompt as sent (chat template included) plus response_len.max fits the positions of the
     models that read it; the generator would refuse it mid-run. A token covers at least one UTF-8
     byte of the text, so only prompts whose bytes come near the limit are encoded (large sets stay fast)."""
@@ -239,11 +237,11 @@ def check_prompt_lengths(workload: WorkloadSpec, prompts: Sequence[Prompt], enco
     limit = min(shapes[role].max_position for role in ("actor", "reference", "critic") if role in shapes)
     cap = workload.response_len.cap
     room = limit - cap
-    overhead = len(encode("")) + TOKENIZER_SLACK  # the template's own tokens and BOS
+    overhead = len(encode(Prompt(""))) + TOKENIZER_SLACK  # a turn's template tokens and BOS
     for prompt in prompts:
-        if len(prompt.text.encode("utf-8")) + overhead <= room:
+        if len(prompt.text.encode("utf-8")) + overhead * max(1, len(prompt.messages)) <= room:
             continue
-        tokens = len(encode(prompt.text))
+        tokens = len(encode(prompt))
         if tokens > room:
             raise HetprofError(f"{prompt.source or 'a prompt'}: the prompt's {tokens} tokens + response_len.max {cap} "
                                f"exceed the model's {limit} positions (max_position_embeddings); shorten or drop "

@@ -127,14 +127,38 @@ def _check_json_syntax(path: Path) -> None:
 def _prompt(where: str, row: Any, prompt_field: str, answer_field: str) -> Prompt:
     if not isinstance(row, dict):
         raise SpecError(where, "", f"a JSON object (a row) with '{prompt_field}' (and '{answer_field}')", row)
-    text = row.get(prompt_field)
+    value = field_value(row, prompt_field)
+    messages = _messages(where, prompt_field, value) if isinstance(value, list) else ()
+    text = "\n\n".join(content for _, content in messages) if messages else value
     if not isinstance(text, str) or not text.strip():
-        hint = "" if prompt_field in row else f" (columns: {', '.join(map(str, row)) or 'none'})"
-        raise SpecError(where, prompt_field, f"a non-empty string{hint}", text)
-    answer = row.get(answer_field)
+        hint = "" if value is not None else f" (columns: {', '.join(map(str, row)) or 'none'})"
+        raise SpecError(where, prompt_field, f"a non-empty string or a list of chat turns{hint}", value)
+    answer = field_value(row, answer_field)
     if isinstance(answer, bool) or not (answer is None or isinstance(answer, (str, int, float))):
         raise SpecError(where, answer_field, "a string or a number (or absent)", answer)
-    return Prompt(text, None if answer is None or answer == "" else str(answer), source=where)
+    return Prompt(text, None if answer is None or answer == "" else str(answer), source=where, messages=messages)
+
+
+def field_value(row: dict, name: str) -> Any:
+    """`row[name]`, else the nested field a dotted name spells (`reward_model.ground_truth`); None if absent."""
+    if name in row:
+        return row[name]
+    value: Any = row
+    for part in name.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def _messages(where: str, name: str, turns: list) -> tuple[tuple[str, str], ...]:
+    """A chat prompt's turns ([{"role", "content"}, ...], as verl and OpenRLHF datasets hold them)."""
+    out = []
+    for i, turn in enumerate(turns):
+        if not (isinstance(turn, dict) and isinstance(turn.get("role"), str) and isinstance(turn.get("content"), str)):
+            raise SpecError(where, f"{name}[{i}]", "a chat turn {\"role\": str, \"content\": str}", turn)
+        out.append((turn["role"], turn["content"]))
+    return tuple(out)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -178,7 +178,7 @@ class RankModels:
     # ---- generation ----------------------------------------------------------------------------
     def generate(self, prompts: list[Prompt], batch: int, replica: int, version: int) -> dict[str, torch.Tensor]:
         n = self.workload.responses_per_prompt
-        ids = [encode_prompt(self.tokenizer, p.text, self.workload.data.chat_template) for p in prompts for _ in range(n)]
+        ids = [encode_prompt(self.tokenizer, p, self.workload.data.chat_template) for p in prompts for _ in range(n)]
         gen = torch.Generator(device=self.device)
         gen.manual_seed(hash_seed(self.opts.seed, batch, replica))
         out = self.backend.generate(ids, self.workload.response_len.cap, temperature=self.training.temperature,

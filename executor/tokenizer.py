@@ -107,10 +107,9 @@ class HFTokenizer:
         """The model's chat template (Jinja), if its tokenizer files have one."""
         return getattr(self._tok, "chat_template", None)
 
-    def render_chat(self, text: str) -> str:
-        """`text` as one user turn in the chat template, ending where the assistant's reply starts."""
-        return self._tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                             add_generation_prompt=True)
+    def render_chat(self, turns: Sequence[dict[str, str]]) -> str:
+        """The turns ({"role", "content"}) in the chat template, ending where the assistant's reply starts."""
+        return self._tok.apply_chat_template(list(turns), tokenize=False, add_generation_prompt=True)
 
     def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
         ids = [int(i) for i in ids]

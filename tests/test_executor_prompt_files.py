@@ -98,7 +98,7 @@ def _chat_tokenizer(folder, template: str | None):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    words = ["<pad>", "<s>", "</s>", "<unk>", "user", "assistant", ":", "two", "plus", "is"]
+    words = ["<pad>", "<s>", "</s>", "<unk>", "user", "assistant", "system", ":", "two", "plus", "is"]
     core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.Whitespace()
     tok = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
@@ -116,12 +116,40 @@ def test_prompts_are_wrapped_in_the_tokenizers_chat_template(tmp_path):
                 "{% if add_generation_prompt %}assistant :{% endif %}")
     ids = _chat_tokenizer(tmp_path / "chat", template)
     tok = load_tokenizer(str(tmp_path / "chat"))
-    assert encode_prompt(tok, "two plus two") == [ids[w] for w in
+    assert encode_prompt(tok, Prompt("two plus two")) == [ids[w] for w in
                                                   ["<s>", "user", ":", "two", "plus", "two", "</s>", "assistant", ":"]]
-    assert encode_prompt(tok, "two plus two", chat_template=False) == [ids[w] for w in ["<s>", "two", "plus", "two"]]
+    assert encode_prompt(tok, Prompt("two plus two"), chat_template=False) == [ids[w] for w in ["<s>", "two", "plus", "two"]]
     _chat_tokenizer(tmp_path / "plain", None)
     plain = load_tokenizer(str(tmp_path / "plain"))  # no template: the text after a BOS
-    assert encode_prompt(plain, "two plus two") == [ids[w] for w in ["<s>", "two", "plus", "two"]]
+    assert encode_prompt(plain, Prompt("two plus two")) == [ids[w] for w in ["<s>", "two", "plus", "two"]]
+
+
+def test_a_chat_prompt_renders_every_turn_and_rewards_see_its_text(tmp_path):
+    from hetprof.executor.tokenizer import load_tokenizer
+
+    template = ("{% for m in messages %}<s> {{ m['role'] }} : {{ m['content'] }} </s> {% endfor %}"
+                "{% if add_generation_prompt %}assistant :{% endif %}")
+    ids = _chat_tokenizer(tmp_path / "chat", template)
+    tok = load_tokenizer(str(tmp_path / "chat"))
+    prompt = Prompt("is two\n\ntwo plus two", messages=(("system", "is two"), ("user", "two plus two")))
+    assert encode_prompt(tok, prompt) == [ids[w] for w in ["<s>", "system", ":", "is", "two", "</s>", "<s>", "user",
+                                                            ":", "two", "plus", "two", "</s>", "assistant", ":"]]
+    assert encode_prompt(tok, prompt, chat_template=False) == [ids[w] for w in ["<s>", "is", "two", "two", "plus",
+                                                                                 "two"]]
+
+
+def test_verl_style_rows_chat_turns_and_a_nested_answer(tmp_path):
+    import datasets
+
+    rows = [{"prompt": [{"role": "system", "content": "answer briefly"}, {"role": "user", "content": "1+1="}],
+             "reward_model": {"style": "rule", "ground_truth": "2"}, "data_source": "gsm8k"}]
+    datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "verl.parquet"))
+    got = load_prompts(tmp_path / "verl.parquet", answer_field="reward_model.ground_truth")
+    assert got == [Prompt("answer briefly\n\n1+1=", "2", messages=(("system", "answer briefly"), ("user", "1+1=")))]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"prompt": [{"role": "user", "content": "hi"}, {"role": "user"}]}) + "\n")
+    with pytest.raises(SpecError, match=r"bad.jsonl:1: field 'prompt\[1\]': expected a chat turn"):
+        load_prompts(bad)
 
 
 def test_a_template_that_cannot_render_is_named(tmp_path):
@@ -129,4 +157,4 @@ def test_a_template_that_cannot_render_is_named(tmp_path):
 
     _chat_tokenizer(tmp_path / "broken", "{{ raise_exception('no user turns here') }}")
     with pytest.raises(SpecError, match="data.chat_template.*no user turns here"):
-        encode_prompt(load_tokenizer(str(tmp_path / "broken")), "two")
+        encode_prompt(load_tokenizer(str(tmp_path / "broken")), Prompt("two"))

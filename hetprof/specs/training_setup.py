@@ -51,10 +51,12 @@ class DataParams:
                                 "(hetprof run --prompts overrides it; none: the built-in arithmetic set)")
     format: Literal["auto", "jsonl", "json", "parquet", "arrow", "csv"] = field(
         "auto", help="file format (auto: from the file's suffix)")
-    prompt_field: str = field("prompt", help="the column holding the prompt text", check=bool,
+    prompt_field: str = field("prompt", help="the column holding the prompt: text, or chat turns "
+                              "[{role, content}, ...]; a.b names a nested field", check=bool,
                               expect="a non-empty column name")
-    answer_field: str = field("answer", help="the column holding the reference answer (may be absent)",
-                              check=bool, expect="a non-empty column name")
+    answer_field: str = field("answer", help="the column holding the reference answer (may be absent); a.b names "
+                              "a nested field (verl's reward_model.ground_truth)", check=bool,
+                              expect="a non-empty column name")
     chat_template: bool = field(True, help="wrap each prompt in the tokenizer's chat template when it has one")
     validation: str | None = field(None, help="validation prompt file (same format and fields), relative to the spec")
     validation_size: int = field(0, help="without a validation file: prompts held out of the training file",
