@@ -71,8 +71,8 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[str, Any]]:
         try:
             yield f"{path}:{lineno}", json.loads(line)
         except json.JSONDecodeError as exc:
-            raise SpecError(f"{path}:{lineno}:{exc.colno}", "", "one JSON object per line",
-                            f"invalid JSON ({exc.msg})") from None
+            raise SpecError(str(path), "", "one JSON object per line", f"invalid JSON ({exc.msg})",
+                            position=(lineno, exc.colno)) from None
 
 
 def _table_rows(path: Path, kind: str) -> Iterator[tuple[str, Any]]:
@@ -119,7 +119,7 @@ def _check_json_syntax(path: Path) -> None:
     try:
         json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
-        raise SpecError(f"{path}:{exc.lineno}:{exc.colno}", "", "valid JSON", exc.msg) from None
+        raise SpecError(str(path), "", "valid JSON", exc.msg, position=(exc.lineno, exc.colno)) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(str(path), "", "a readable UTF-8 JSON file", str(exc)) from None
 

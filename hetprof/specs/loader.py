@@ -55,22 +55,22 @@ def read_file(path: str | Path) -> Any:
         data = json.loads(text, parse_constant=_no_constant) if path.suffix == ".json" else yaml.safe_load(text)
     except (yaml.YAMLError, ValueError) as exc:
         where, problem = syntax_error_position(exc)
-        raise SpecError(f"{path}{where}", "", "valid YAML/JSON", problem) from None
+        raise SpecError(str(path), "", "valid YAML/JSON", problem, position=where) from None
     except RecursionError:
         raise SpecError(str(path), "", f"data nested at most {MAX_DEPTH} deep", "deeper") from None
     check_plain(data, str(path))
     return data
 
 
-def syntax_error_position(exc: Exception) -> tuple[str, str]:
-    """(":LINE:COLUMN" or "", the problem in one line) of a YAML or JSON syntax error (1-based)."""
+def syntax_error_position(exc: Exception) -> tuple[tuple[int, int] | None, str]:
+    """((line, column) 1-based or None, the problem in one line) of a YAML or JSON syntax error."""
     if isinstance(exc, json.JSONDecodeError):
-        return f":{exc.lineno}:{exc.colno}", exc.msg
+        return (exc.lineno, exc.colno), exc.msg
     mark = getattr(exc, "problem_mark", None)
     problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
     if mark is None:
-        return "", problem
-    return f":{mark.line + 1}:{mark.column + 1}", problem
+        return None, problem
+    return (mark.line + 1, mark.column + 1), problem
 
 
 def _no_constant(name: str) -> None:

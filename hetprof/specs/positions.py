@@ -57,7 +57,7 @@ def located(exc: SpecError, path: str | Path) -> SpecError:
     where = field_position(text, exc.field)
     if where is None:
         return exc
-    return SpecError(f"{path}:{where[0]}:{where[1]}", exc.field, exc.expected, exc.got)
+    return SpecError(exc.file, exc.field, exc.expected, exc.got, position=where)
 
 
 def load_spec(cls: type[T], path: str | Path, prepare: Callable[[Any], Any] | None = None,
