@@ -76,7 +76,8 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[str, Any]]:
 
 
 def _table_rows(path: Path, kind: str) -> Iterator[tuple[str, Any]]:
-    for index, row in enumerate(read_table(path, kind), start=1):
+    # the Arrow table converted at once: iterating a Dataset builds each row through its formatter
+    for index, row in enumerate(read_table(path, kind).to_list(), start=1):
         yield f"{path} row {index}", row
 
 
