@@ -100,3 +100,11 @@ def test_plan_set_overrides_the_workload_and_names_a_bad_key(tmp_path):
     plan = Plan.load(out)
     assert plan.workload["training"]["kl_coef"] == 0 and plan.workload["optimizer"]["weight_decay"] == 0.1
     assert "ref_infer" not in {t.task for t in plan.tasks}  # the override changed the job, not only a label
+
+
+def test_a_file_given_by_set_is_relative_to_the_current_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    w = WorkloadSpec.load(TINY, ["data.prompts=train.jsonl", "data.validation=~/val.jsonl"])
+    assert w.data.prompts == str(tmp_path / "train.jsonl")  # not the workload file's folder
+    assert w.data.validation == str(Path("~/val.jsonl").expanduser())
+    assert WorkloadSpec.load(TINY).data.prompts is None

@@ -2,12 +2,14 @@
 
 The value is read as YAML (`3`, `1e-6`, `true`, `[0.9, 0.95]`, `null`, `cosine`), the key as a field
 path (`training.lr`, `optimizer.betas[1]`), so an override is checked exactly like the same value
-written in the file; an error that comes from an override names the override, not the file.
+written in the file; an error that comes from an override names the override, not the file. A file
+field's relative path is taken from the current folder (FILE_FIELDS).
 """
 
 from __future__ import annotations
 
 import copy
+import os
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -15,6 +17,7 @@ from typing import Any
 import yaml
 
 from hetprof.errors import SpecError
+from hetprof.specs.training_setup import FILE_FIELDS
 
 _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 _PART = re.compile(r"\[(\d+)\]|([^.\[\]]+)")
@@ -37,6 +40,8 @@ def parse_override(item: str) -> tuple[str, Any]:
         raise SpecError("--set", key, "a YAML value", f"{text} ({getattr(exc, 'problem', exc)})") from None
     if isinstance(value, str) and _FLOAT.fullmatch(value.strip()):
         value = float(value)  # YAML 1.1 reads 1e-6 (no dot) as text; on a command line it is a number
+    if key in FILE_FIELDS and isinstance(value, str) and value:
+        value = os.path.abspath(os.path.expanduser(value))
     return key, value
 
 

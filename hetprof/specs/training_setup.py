@@ -13,6 +13,9 @@ from hetprof.specs.loader import field, non_negative, positive
 
 LR_SCHEDULES = ("constant", "linear", "cosine")
 DATA_FORMATS = ("auto", "jsonl", "json", "parquet", "arrow", "csv")
+# Workload fields that name a file: in the spec relative to the spec's folder, in a `--set` typed on
+# the command line relative to the current folder, as every other path there.
+FILE_FIELDS = ("data.prompts", "data.validation")
 MAX_WARMUP = 1 << 24  # optimizer steps; far beyond any run, low enough to stay an integer everywhere
 
 
