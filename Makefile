@@ -3,16 +3,19 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# The CPU build of torch: installed first so the package's torch range is already met and pip
-# never reaches for the multi-GB CUDA wheels.
+# torch is installed first so the package's torch range is already met. Which build pip finds
+# depends on where it looks: PyPI's Linux wheels are the CUDA ones (GBs of nvidia-* packages); for
+# the CPU build, `make install TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu` (README).
 TORCH_PIN ?= torch==2.13.0
+TORCH_INDEX_URL ?=
 
 .PHONY: install test test-fast demo lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q $(TORCH_PIN)
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q $(TORCH_PIN) \
+		$(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 

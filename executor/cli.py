@@ -48,8 +48,9 @@ def _rewards() -> list[str]:
 @click.option("--resume", is_flag=True, help="continue from the last complete checkpoint in --checkpoint-dir")
 @click.option("--log", "log", type=click.Path(dir_okay=False), help="JSONL log, one record per iteration (appended)")
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of weights, data and sampling")
-@click.option("--prompts", type=click.Path(exists=True, dir_okay=False),
-              help='JSONL prompt file ({"prompt": ..., "answer": ...} per line); default: built-in arithmetic')
+@click.option("--prompts", type=click.Path(),
+              help="prompt file (.jsonl .json .parquet .arrow .csv, or a saved dataset folder) with the workload's "
+                   "data.prompt_field/answer_field; default: data.prompts, else built-in arithmetic")
 @click.option("--reward", default="arithmetic", show_default=True, cls=RegistryOption, names=lambda: _rewards(),
               help="reward by name, or module:function")
 @click.option("--nnodes", type=int, default=1, show_default=True, help="hosts taking part (one `hetprof run` each)")
@@ -62,10 +63,13 @@ def _rewards() -> list[str]:
 @click.option("--verify-sync", is_flag=True, help="check after every sync that generators hold the trainer's "
               "weights bitwise (hashes; costs one pass over the weights)")
 @click.option("--quiet", is_flag=True, help="no per-iteration console lines")
+@click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
+              help="override the plan's workload: optimizer.*, data.*, training.lr … (repeatable; YAML values)")
 @db_option
 def run(plan: str, iterations: int, backend: str | None, checkpoint_dir: str | None, checkpoint_every: int, resume: bool,
         log: str | None, seed: int, prompts: str | None, reward: str, nnodes: int, node_rank: int, rdzv: str | None,
-        local_addr: str | None, timeout_s: float, bucket_mb: float, verify_sync: bool, quiet: bool) -> None:
+        local_addr: str | None, timeout_s: float, bucket_mb: float, verify_sync: bool, quiet: bool,
+        overrides: tuple[str, ...] = ()) -> None:
     """Run PLAN (a plan JSON from `hetprof plan`) with one worker process per planned device.
 
     \b
@@ -83,7 +87,7 @@ def run(plan: str, iterations: int, backend: str | None, checkpoint_dir: str | N
         checkpoint_dir=os.path.abspath(checkpoint_dir) if checkpoint_dir else None,
         checkpoint_every=checkpoint_every, resume=resume, log=os.path.abspath(log) if log else None,
         db=str(db_path()), seed=seed, prompts=os.path.abspath(prompts) if prompts else None, reward=reward,
-        timeout_s=timeout_s, bucket_mb=bucket_mb, verify_sync=verify_sync, quiet=quiet)
+        timeout_s=timeout_s, bucket_mb=bucket_mb, verify_sync=verify_sync, quiet=quiet, overrides=overrides)
     launch(options, nnodes=nnodes, node_rank=node_rank, rdzv=rdzv, local_addr=local_addr)
 
 

@@ -2,8 +2,8 @@
 
 The built-in set exists so that every machine can check that RL *learns*, not only that it runs:
 GSM8K-shaped word problems whose answers are single digits, which a tiny random-init model can
-learn to answer right part of the time within a few dozen small updates. Real runs use a JSONL
-file of the same shape as GSM8K exports (`{"prompt": ..., "answer": ...}`).
+learn to answer right part of the time within a few dozen small updates. Real runs read a file
+(prompt_files.py: JSONL, JSON, Parquet, Arrow, CSV) with a prompt and an answer column.
 
 A `PromptSource` is a pure function of (prompts, seed, cursor): batch i is the same on every rank
 and after every resume, so a resumed run continues the data stream instead of repeating it.
@@ -18,12 +18,24 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hetprof.errors import SpecError
+from hetprof.executor.tokenizer import Tokenizer
 
 
 @dataclasses.dataclass(frozen=True)
 class Prompt:
+    """A prompt and its reference answer. A chat prompt keeps its turns as (role, content) pairs,
+    its `text` (what rewards see) their contents one after another."""
+
     text: str
     answer: str | None = None
+    source: str = dataclasses.field(default="", compare=False)  # "file:LINE" / "file row N", for errors
+    messages: tuple[tuple[str, str], ...] = ()
+
+    def turns(self) -> list[dict[str, str]]:
+        """The conversation a chat template renders: the turns, or the text as one user turn."""
+        if self.messages:
+            return [{"role": role, "content": content} for role, content in self.messages]
+        return [{"role": "user", "content": self.text}]
 
 
 _NAMES = ("tom", "ana", "li", "sam", "mia", "raj", "eva", "ben", "zoe", "kai")
@@ -72,41 +84,25 @@ def arithmetic_prompts(n: int, seed: int = 0, max_answer: int = 4, ops: Sequence
     return out
 
 
-def load_jsonl(path: str | Path) -> list[Prompt]:
-    """Prompts from a JSONL file; any bad line is refused with its file and line number."""
-    path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(str(path), "", "a readable UTF-8 JSONL file", str(exc)) from None
-    prompts: list[Prompt] = []
-    for lineno, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{lineno}"
+def encode_prompt(tokenizer: Tokenizer, prompt: Prompt, chat_template: bool = True) -> list[int]:
+    """A prompt's token ids: its turns in the tokenizer's chat template when it has one and
+    `chat_template` is on (the template writes its own BOS), else the plain text after a BOS."""
+    render = getattr(tokenizer, "render_chat", None)
+    if chat_template and render is not None and getattr(tokenizer, "chat_template", None):
         try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise SpecError(where, "", "one JSON object per line", f"invalid JSON ({exc.msg})") from None
-        if not isinstance(row, dict):
-            raise SpecError(where, "", "a JSON object with 'prompt' and 'answer'", row)
-        text = row.get("prompt")
-        if not isinstance(text, str) or not text.strip():
-            raise SpecError(where, "prompt", "a non-empty string", text)
-        answer = row.get("answer")
-        if isinstance(answer, bool) or not (answer is None or isinstance(answer, (str, int, float))):
-            raise SpecError(where, "answer", "a string or a number (or absent)", answer)
-        prompts.append(Prompt(text, None if answer is None else str(answer)))
-    if not prompts:
-        raise SpecError(str(path), "", "at least one prompt line", "an empty file")
-    return prompts
+            rendered = render(prompt.turns())
+        except Exception as exc:  # a Jinja template can raise anything; name it as the model's problem
+            raise SpecError(prompt.source or "chat template", "data.chat_template", "a template that renders "
+                            "these turns (or data.chat_template: false)", f"{type(exc).__name__}: {exc}") from None
+        return tokenizer.encode(rendered, add_bos=False)
+    return tokenizer.encode(prompt.text)
 
 
 def write_jsonl(path: str | Path, prompts: Sequence[Prompt]) -> None:
-    """Write prompts in the format `load_jsonl` reads (to export the built-in set, for example)."""
+    """Write prompts in the JSONL format `prompt_files.load_jsonl` reads (to export the built-in set, for example)."""
     with Path(path).open("w", encoding="utf-8") as f:
         for p in prompts:
-            f.write(json.dumps({"prompt": p.text, "answer": p.answer}) + "\n")
+            f.write(json.dumps({"prompt": p.turns() if p.messages else p.text, "answer": p.answer}) + "\n")
 
 
 class PromptSource:

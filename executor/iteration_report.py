@@ -61,6 +61,7 @@ class IterationReport:
     gen_version: int | None = None
     checkpoint_saved: bool = False
     batch: BatchStats | None = None
+    validation: dict[str, float] = dataclasses.field(default_factory=dict)  # the leader's, when evaluated
 
     def to_json(self) -> bytes:
         return json.dumps(dataclasses.asdict(self), default=_plain).encode()

@@ -15,9 +15,10 @@ import logging
 import os
 import tempfile
 
-from hetprof.errors import ExecutionError
+from hetprof.errors import ExecutionError, HetprofError
 from hetprof.executor.launch_checks import (
     check_backend,
+    check_inputs,
     check_resumable,
     check_supported,
     host_devices,
@@ -38,10 +39,10 @@ def node_host(plan: Plan, nnodes: int, node_rank: int) -> str:
     if nnodes != len(hosts):
         hint = "" if len(hosts) == 1 else (f"; start `hetprof run` once per host with --nnodes {len(hosts)} "
                                           f"--node-rank R --rdzv HOST:PORT (R = 0 for {hosts[0]}, …)")
-        raise ExecutionError(f"the plan places tasks on {len(hosts)} host(s) ({', '.join(hosts)}) but "
-                             f"--nnodes is {nnodes}{hint}")
+        raise HetprofError(f"the plan places tasks on {len(hosts)} host(s) ({', '.join(hosts)}) but "
+                           f"--nnodes is {nnodes}{hint}")
     if not 0 <= node_rank < nnodes:
-        raise ExecutionError(f"--node-rank must be in [0, {nnodes}), got {node_rank}")
+        raise HetprofError(f"--node-rank must be in [0, {nnodes}), got {node_rank}")
     return hosts[node_rank]
 
 
@@ -79,16 +80,19 @@ def launch(options: RunOptions, nnodes: int = 1, node_rank: int = 0, rdzv: str |
     from hetprof.executor.worker_entry import worker_main
 
     options.validate()
-    plan = load_plan(options.plan_path)
+    plan = load_plan(options.plan_path, options.overrides)
     check_run_sizes(plan.workload_spec(), options.iterations)
     options = dataclasses.replace(options, backend=check_backend(plan, options.backend, options.plan_path))
+    check_inputs(plan, options.plan_path, options.backend, options.reward, options.prompts, options.seed,
+                 {"--log": (options.log, "file"), "--checkpoint-dir": (options.checkpoint_dir, "folder"),
+                  "--db": (options.db, "file")})
     check_supported(plan)
     host = node_host(plan, nnodes, node_rank)
     if options.resume and node_rank == 0:
         check_resumable(options.checkpoint_dir, plan)
     nproc = len(host_devices(plan, host))
     if nnodes > 1 and not rdzv:
-        raise ExecutionError("a multi-host run needs --rdzv HOST:PORT (node 0's address, reachable from all)")
+        raise HetprofError("a multi-host run needs --rdzv HOST:PORT (node 0's address, reachable from all)")
     # One host: the agent's store binds port 0 itself (no other process needs to find it, and a
     # port picked beforehand could be taken before the store binds it).
     endpoint = rdzv or "127.0.0.1:0"

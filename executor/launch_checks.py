@@ -8,18 +8,42 @@ here, naming the task and its layout, so a run fails in the launcher rather than
 
 from __future__ import annotations
 
+import dataclasses
+import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 
-from hetprof.errors import ExecutionError, HetprofError
-from hetprof.specs import RUNNABLE_BACKENDS, ClusterSpec, Plan
+from hetprof.errors import ExecutionError, HetprofError, SpecError
+from hetprof.executor.data import Prompt
+from hetprof.specs import RUNNABLE_BACKENDS, ClusterSpec, Plan, WorkloadSpec
 from hetprof.specs.executable import layout_problems
+from hetprof.specs.overrides import apply_overrides, from_override
+
+# What `hetprof run --set` may change: how the run trains and what it reads, never what the plan
+# placed or priced (the tasks, the models, the batch shapes) — those need `hetprof plan --set`.
+RUN_OVERRIDABLE = ("optimizer", "data", "training.lr", "training.critic_lr", "training.clip_eps", "training.gamma",
+                   "training.lam", "training.temperature", "training.top_p")
 
 
-def load_plan(path: str | Path) -> Plan:
-    """Read and validate a plan file (what every worker and the launcher start from)."""
+def load_plan(path: str | Path, overrides: Sequence[str] = ()) -> Plan:
+    """Read and validate a plan file (what every worker and the launcher start from), with the
+    `--set` overrides of its workload applied."""
     plan = Plan.load(path)
+    if overrides:
+        for item in overrides:
+            key = item.partition("=")[0].strip()
+            if not any(key == k or key.startswith((k + ".", k + "[")) for k in RUN_OVERRIDABLE):
+                raise SpecError(f"--set {item}", key, "a field `hetprof run` may change (optimizer.*, data.*, "
+                                "training.lr, critic_lr, clip_eps, gamma, lam, temperature, top_p); this one "
+                                "changes what the plan was made for: replan with `hetprof plan --set`")
+        workload = apply_overrides(plan.workload, overrides)
+        try:
+            WorkloadSpec.from_dict(workload, file=str(path))
+        except SpecError as exc:
+            raise from_override(exc, overrides) from None
+        plan = dataclasses.replace(plan, workload=workload)
     plan.validate()
     return plan
 
@@ -123,8 +147,102 @@ def check_resumable(checkpoint_dir: str | Path, plan: Plan) -> int:
 
     meta = committed(checkpoint_dir)
     if meta is None:
-        raise ExecutionError(f"--resume: no complete checkpoint under {checkpoint_dir}")
+        raise HetprofError(f"--resume: no complete checkpoint under {checkpoint_dir}")  # a missing file: bad input
     if meta.get("plan_hash") != plan_hash(plan):
         raise ExecutionError(f"--resume: the checkpoint under {checkpoint_dir} was made for plan "
                              f"{meta.get('plan_hash')}, not this plan ({plan_hash(plan)})")
     return int(meta["iteration"])
+
+
+# ---- what the run reads and writes: refused as bad input (exit 2) before any worker starts ------------
+
+def check_inputs(plan: Plan, plan_path: str | Path, backend: str, reward: str, prompts: str | None, seed: int,
+                 outputs: dict[str, tuple[str | None, str]]) -> None:
+    """The prompts (every row) and the chat template, the reward, the generation backend's package
+    and the output paths — each a one-line error naming the file (and line)."""
+    workload = plan.workload_spec()
+    for option, (path, kind) in outputs.items():
+        check_writable(option, path, kind)
+    check_generation_backend(backend, plan_path)
+    from hetprof.executor.rewards import get_reward
+
+    get_reward(reward)
+    check_prompts(workload, prompts, seed)
+
+
+def check_writable(option: str, path: str | None, kind: str) -> None:
+    """`path` (a "file" or a "folder") can be created or written; the nearest existing folder decides."""
+    if not path:
+        return
+    target = Path(path)
+    problem = None
+    if target.exists():
+        if kind == "file" and target.is_dir():
+            problem = "it is a folder"
+        elif kind == "folder" and not target.is_dir():
+            problem = "it is a file"
+        elif not os.access(target, os.W_OK):
+            problem = "it is not writable"
+    else:
+        parent = target.parent
+        while not parent.exists():
+            parent = parent.parent
+        if not parent.is_dir():
+            problem = f"{parent} is a file, not a folder"
+        elif not os.access(parent, os.W_OK | os.X_OK):
+            problem = f"{parent} is not writable"
+    if problem:
+        raise HetprofError(f"{option} {path}: cannot write there ({problem})")
+
+
+def check_generation_backend(backend: str, plan_path: str | Path) -> None:
+    """The backend is registered and its engine's package importable in this Python."""
+    import importlib.util
+
+    from hetprof.executor.backends import get_backend
+
+    get_backend(backend)
+    package = BACKEND_PACKAGES.get(backend)
+    if package and importlib.util.find_spec(package) is None:
+        raise HetprofError(f"{plan_path} runs the {backend} generation backend, but {package} is not installed in "
+                           f"this Python (pip install 'hetprof[{backend}]'), or replan with `hetprof plan --backend hf`")
+
+
+BACKEND_PACKAGES = {"vllm": "vllm"}  # engines that live in an optional package
+
+
+def check_prompts(workload: WorkloadSpec, prompts: str | None, seed: int) -> None:
+    """Read every prompt (and validation prompt) as the workers will, and render one in the chat template."""
+    from hetprof.executor.data import encode_prompt
+    from hetprof.executor.prompt_files import prompt_sets
+    from hetprof.executor.rank_models import model_ref
+    from hetprof.executor.tokenizer import load_tokenizer
+    from hetprof.specs.vocabulary import Role
+
+    sets = prompt_sets(workload.data, workload.base_dir, prompts, seed)
+    tokenizer = load_tokenizer(model_ref(workload, Role.ACTOR))
+    check_prompt_lengths(workload, [*sets.train, *sets.validation],
+                         lambda prompt: encode_prompt(tokenizer, prompt, workload.data.chat_template))
+
+
+TOKENIZER_SLACK = 8  # tokens a tokenizer may add that cover no byte of the text (a leading "▁", say)
+
+
+def check_prompt_lengths(workload: WorkloadSpec, prompts: Sequence[Prompt],
+                         encode: Callable[[Prompt], list[int]]) -> None:
+    """Each prompt as sent (chat template included) plus response_len.max fits the positions of the
+    models that read it; the generator would refuse it mid-run. A token covers at least one UTF-8
+    byte of the text, so only prompts whose bytes come near the limit are encoded (large sets stay fast)."""
+    shapes = workload.roles()
+    limit = min(shapes[role].max_position for role in ("actor", "reference", "critic") if role in shapes)
+    cap = workload.response_len.cap
+    room = limit - cap
+    overhead = len(encode(Prompt(""))) + TOKENIZER_SLACK  # a turn's template tokens and BOS
+    for prompt in prompts:
+        if len(prompt.text.encode("utf-8")) + overhead * max(1, len(prompt.messages)) <= room:
+            continue
+        tokens = len(encode(prompt))
+        if tokens > room:
+            raise HetprofError(f"{prompt.source or 'a prompt'}: the prompt's {tokens} tokens + response_len.max {cap} "
+                               f"exceed the model's {limit} positions (max_position_embeddings); shorten or drop "
+                               f"that prompt, or lower response_len.max")

@@ -34,6 +34,7 @@ class MessageKind(IntEnum):
     REWARD_INFER_RESULT = 8
     CRITIC_INFER_RESULT = 9
     REPORT = 10
+    VALIDATION = 11  # generation replica 0's validation scores, to the leader (evaluation.py)
 
 
 KINDS_PER_BATCH = 16  # room above the kinds in use, so adding one keeps old tags stable

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from hetprof.errors import ExecutionError
+from hetprof.errors import HetprofError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,16 +30,17 @@ class RunOptions:
     bucket_mb: float = 32.0
     verify_sync: bool = False
     quiet: bool = False
+    overrides: tuple[str, ...] = ()  # `--set key.path=value` on the plan's workload (launch_checks.load_plan)
 
     def validate(self) -> None:
         if self.iterations < 1:
-            raise ExecutionError(f"--iterations must be at least 1, got {self.iterations}")
+            raise HetprofError(f"--iterations must be at least 1, got {self.iterations}")
         if self.checkpoint_every < 1:
-            raise ExecutionError(f"--checkpoint-every must be at least 1, got {self.checkpoint_every}")
+            raise HetprofError(f"--checkpoint-every must be at least 1, got {self.checkpoint_every}")
         if self.resume and not self.checkpoint_dir:
-            raise ExecutionError("--resume needs --checkpoint-dir (where the checkpoints are)")
+            raise HetprofError("--resume needs --checkpoint-dir (where the checkpoints are)")
         if self.timeout_s <= 0:
-            raise ExecutionError(f"--timeout must be positive, got {self.timeout_s}")
+            raise HetprofError(f"--timeout must be positive, got {self.timeout_s}")
 
     def checkpoint_due(self, iterations_done: int) -> bool:
         """Whether a checkpoint is written after `iterations_done` iterations (every N, and the last)."""

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hetprof.display import shown
-from hetprof.errors import ExecutionError, HetprofError
+from hetprof.errors import HetprofError
 from hetprof.executor.records import read_db, read_log
 
 
@@ -27,10 +27,10 @@ def load_records(source: str, db_file: str | Path | None) -> list[dict[str, Any]
     elif db_file is not None and Path(db_file).is_file():
         records = read_db(db_file, source)
     else:
-        raise ExecutionError(f"{source!r} is neither a run log file nor a run id in the profile database "
-                             f"({db_file or 'no database'})")
+        raise HetprofError(f"{source!r} is neither a run log file nor a run id in the profile database "
+                           f"({db_file or 'no database'})")
     if not records:
-        raise ExecutionError(f"{source}: no iteration records")
+        raise HetprofError(f"{source}: no iteration records")
     for rec in records:  # a record needs its iteration's time; a stored run can lack that row
         if not isinstance(rec.get("iteration_s"), (int, float)):
             raise HetprofError(f"{source}: iteration {rec.get('iteration', '?')} has no measured iteration "

@@ -16,7 +16,7 @@ from rich.console import Console
 
 from hetprof.dataparallel import wrap_replica
 from hetprof.errors import ExecutionError
-from hetprof.executor.data import Prompt, PromptSource, load_jsonl
+from hetprof.executor.data import Prompt, PromptSource, encode_prompt
 from hetprof.executor.modeling import (
     build_causal_lm,
     build_reward_model,
@@ -127,11 +127,11 @@ class RankModels:
         return model
 
     def _prompt_source(self) -> PromptSource:
-        n = self.workload.prompts_per_step
-        if self.opts.prompts:
-            prompts = load_jsonl(self.opts.prompts)
-            return PromptSource(prompts, n, seed=self.opts.seed)
-        return PromptSource.builtin(n, seed=self.opts.seed)
+        from hetprof.executor.prompt_files import prompt_sets
+
+        sets = prompt_sets(self.workload.data, self.workload.base_dir, self.opts.prompts, self.opts.seed)
+        self.validation_prompts = sets.validation
+        return PromptSource(sets.train, self.workload.prompts_per_step, seed=self.opts.seed)
 
     def _add_learner(self, task: str, model: torch.nn.Module, lr: float) -> None:
         from hetprof.executor.learner import Learner
@@ -154,7 +154,11 @@ class RankModels:
             wrapped = model
             if len(ranks) > 1:
                 wrapped = wrap_replica(model, group, self.device, sharding)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+        from hetprof.executor.optimizer import build_optimizer, build_scheduler, optimizer_steps
+
+        settings = self.workload.optimizer
+        optimizer = build_optimizer(model.parameters(), lr, settings)
+        scheduler = build_scheduler(optimizer, settings, optimizer_steps(self.workload, self.opts.iterations))
         self.models[task] = wrapped
         # The plan's log-prob pass (actor_logprob, on these ranks beside actor_train) recomputes the old
         # log-probs under the weights before the update; without it the rollout's own are used.
@@ -163,7 +167,8 @@ class RankModels:
                                       role=Role.ACTOR if task == Task.ACTOR_TRAIN else Role.CRITIC,
                                       temperature=self.training.temperature,
                                       recompute_proximal=Task.ACTOR_LOGPROB in self.tasks,
-                                      seed=self.opts.seed, parallel=sharded,
+                                      seed=self.opts.seed, parallel=sharded, lr_scheduler=scheduler,
+                                      max_grad_norm=settings.max_grad_norm,
                                       process_group=group if sharded is None and len(ranks) > 1 else None)
 
     # ---- data --------------------------------------------------------------------------------
@@ -173,7 +178,7 @@ class RankModels:
     # ---- generation ----------------------------------------------------------------------------
     def generate(self, prompts: list[Prompt], batch: int, replica: int, version: int) -> dict[str, torch.Tensor]:
         n = self.workload.responses_per_prompt
-        ids = [self.tokenizer.encode(p.text) for p in prompts for _ in range(n)]
+        ids = [encode_prompt(self.tokenizer, p, self.workload.data.chat_template) for p in prompts for _ in range(n)]
         gen = torch.Generator(device=self.device)
         gen.manual_seed(hash_seed(self.opts.seed, batch, replica))
         out = self.backend.generate(ids, self.workload.response_len.cap, temperature=self.training.temperature,

@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hetprof.errors import ExecutionError
+from hetprof.errors import HetprofError
 from hetprof.specs import Plan
 
 
@@ -53,7 +53,7 @@ def read_log(path: str | Path) -> list[dict[str, Any]]:
     try:
         lines = path.read_text().splitlines()
     except OSError as exc:
-        raise ExecutionError(f"run log {path}: {exc.strerror}") from None
+        raise HetprofError(f"run log {path}: {exc.strerror}") from None
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -61,7 +61,7 @@ def read_log(path: str | Path) -> list[dict[str, Any]]:
             rec = json.loads(line)
             by_iter[(rec["run"], int(rec["iteration"]))] = rec
         except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-            raise ExecutionError(f"run log {path}: line {n} is not an iteration record") from None
+            raise HetprofError(f"run log {path}: line {n} is not an iteration record") from None
     return [by_iter[k] for k in sorted(by_iter, key=lambda k: k[1])]
 
 
@@ -108,7 +108,7 @@ def db_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
         "predicted_s": record.get("predicted_iteration_s"),
         "device_ids": sorted({d for ids in record["devices"].values() for d in ids}),
         "extra": {k: record[k] for k in ("tokens_per_s", "reward_mean", "kl", "clip_frac", "staleness_max",
-                                         "mode", "sync_Bps") if k in record},
+                                         "mode", "sync_Bps", "val_reward_mean") if k in record},
     })
     return rows
 
@@ -155,7 +155,7 @@ def read_db(db_file: str | Path, run: str) -> list[dict[str, Any]]:
     with ProfileDB(db_file) as db:
         df = db.run_records()
     if df.empty or "run" not in df.columns or run not in set(df["run"]):
-        raise ExecutionError(f"run {run!r} has no records in the profile database {db_file}")
+        raise HetprofError(f"run {run!r} has no records in the profile database {db_file}")
     out: dict[int, dict[str, Any]] = {}
     for row in df[df["run"] == run].to_dict("records"):
         rec = out.setdefault(int(row["iteration"]), {"run": run, "plan_hash": row.get("plan_hash"),
@@ -178,4 +178,6 @@ def console_line(record: dict[str, Any]) -> str:
     stages = " ".join(f"{k}={v:.2f}s" for k, v in record["stages"].items())
     return (f"[bold]iter {record['iteration']}[/bold] {record['iteration_s']:.2f}s "
             f"reward={record['reward_mean']:.3f} kl={record['kl']:.4f} clip={record['clip_frac']:.3f} "
-            f"tok/s={record['tokens_per_s']:.0f} stale≤{record['staleness_max']} [dim]{stages}[/dim]")
+            f"tok/s={record['tokens_per_s']:.0f} stale≤{record['staleness_max']} "
+            + (f"val_reward={record['val_reward_mean']:.3f} " if "val_reward_mean" in record else "")
+            + f"[dim]{stages}[/dim]")

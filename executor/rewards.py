@@ -10,8 +10,10 @@ the string is resolved here, so a shared workload file names code but cannot car
 from __future__ import annotations
 
 import importlib
+import logging
 import math
 import re
+import threading
 from collections.abc import Callable, Sequence
 
 import torch
@@ -101,6 +103,39 @@ def format_only(bonus: float = 1.0) -> RewardFn:
 
     def reward(prompts: Sequence[str], responses: Sequence[str], answers: Sequence[str | None]) -> list[float]:
         return [bonus if well_formed(r) else 0.0 for r in responses]
+
+    return reward
+
+
+@register_reward("math")
+def math_answer(correct: float = 1.0, timeout_s: int = 5) -> RewardFn:
+    """Answer equivalence by math-verify, Hugging Face's maintained verifier: the response's final
+    answer (boxed, LaTeX or plain) and the reference are parsed to sympy and compared, so `\\frac{1}{2}`,
+    `0.5` and `1/2` all match. Its time limits use SIGALRM, which only the main thread may set; off
+    the main thread they are left out."""
+    try:
+        from math_verify import parse, verify
+    except ImportError:
+        raise SpecError(None, "reward", "the math-verify package for reward 'math' (pip install math-verify)",
+                        "not installed") from None
+
+    # Off the main thread it warns on every call that the limit is off; said once in the docstring.
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+
+    def reward(prompts: Sequence[str], responses: Sequence[str], answers: Sequence[str | None]) -> list[float]:
+        limit = timeout_s if threading.current_thread() is threading.main_thread() else None
+        golds: dict[str, list] = {}
+        out = []
+        for resp, ans in zip(responses, answers, strict=True):
+            if ans is None:
+                out.append(0.0)
+                continue
+            if ans not in golds:  # a bare LaTeX reference ("2\\sqrt{2}") is read as math once given its $...$
+                latex = "\\" in ans and "$" not in ans
+                golds[ans] = parse(f"${ans}$" if latex else ans, parsing_timeout=limit)
+            match = bool(golds[ans]) and verify(golds[ans], parse(resp, parsing_timeout=limit), timeout_seconds=limit)
+            out.append(correct if match else 0.0)
+        return out
 
     return reward
 

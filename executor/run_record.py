@@ -145,5 +145,5 @@ def build_record(ctx: RecordContext, iteration: int, seconds: float, reports: li
         "sync_bytes": sync_bytes, "sync_Bps": sync_bytes / sync_s if sync_s else 0.0, "sync_verified": verified,
         "layouts": dict(ctx.layouts), "devices": {t: list(d) for t, d in ctx.devices.items()},
         "pids": {r.device: r.pid for r in reports}, "time": now, "leader_phases": dict(leader.laps),
-        "work": ctx.work, "phase_times": work_timings(reports),
+        "work": ctx.work, "phase_times": work_timings(reports), **leader.validation,
     }

@@ -72,6 +72,15 @@ class Worker:
             dtypes={task: dtype_name(self.models.train_dtype if topo.tasks[task].kind == TaskKind.TRAINING
                                      else self.models.infer_dtype) for task in self.tasks})
         self._own_rollout: dict[str, torch.Tensor] | None = None
+        # generation replica 0 evaluates the validation split, the leader records it (evaluation.py)
+        self.validator = None
+        gen = topo.tasks[Task.ACTOR_GEN]
+        if (self.workload.data.eval_every and self.models.validation_prompts
+                and (self.is_leader or rank in gen.replica_ranks[0])):
+            from hetprof.executor.evaluation import Validator
+
+            self.validator = Validator(self.models.validation_prompts, self.models.reward_fn, self.models.tokenizer,
+                                       self.workload, options.iterations)
         self._lengths_checked = False
 
     # ---- the loop ----------------------------------------------------------------------------
@@ -127,6 +136,9 @@ class Worker:
             counter.advance()
         self.weights.sync(b + 1, report)
         lap("sync")
+        if self.validator is not None and self.validator.due(b + 1):
+            self._validate(b, report)
+            lap("validation")
         if self.opts.checkpoint_due(b + 1):
             report.checkpoint_saved = save_units(self.models, self.opts.checkpoint_dir, b + 1, self.hash,
                                                  self.run_name)
@@ -153,6 +165,20 @@ class Worker:
             self._own_rollout = out
         else:
             self.exchange.to_leader(out, MessageKind.ROLLOUT, b)
+
+    def _validate(self, b: int, report: IterationReport) -> None:
+        """Generation replica 0 answers the validation prompts greedily with the weights just synced
+        (its TP ranks together), its first rank sends the scores to the leader, which records them."""
+        gen = self.topo.tasks[Task.ACTOR_GEN]
+        scores = None
+        if self.rank in gen.replica_ranks[0]:
+            scores = self.validator.evaluate(self.models.backend)
+            if self.rank == gen.ranks[0] and not self.is_leader:
+                self.exchange.send({"scores": scores}, self.topo.leader, MessageKind.VALIDATION, b)
+        if self.is_leader:
+            if self.rank != gen.ranks[0]:
+                scores = self.exchange.receive(gen.ranks[0], MessageKind.VALIDATION, b, "validation scores")["scores"]
+            report.validation = self.validator.named(scores)
 
     def _assemble(self, b: int, report: IterationReport) -> dict[str, torch.Tensor]:
         t0 = time.perf_counter()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from hetprof.errors import ExecutionError
+from hetprof.errors import ExecutionError, HetprofError
 from hetprof.specs import WorkloadSpec
 
 BYTES_PER_TOKEN = 64  # token id and mask (int64) and ~12 float32 vectors (logprobs, values, advantages...)
@@ -35,7 +35,7 @@ def step_bytes(workload: WorkloadSpec) -> int:
 def check_run_sizes(workload: WorkloadSpec, iterations: int, memory_bytes: int | None = None) -> None:
     """Refuse a run whose iterations or step buffers are beyond this host, naming the sizes."""
     if iterations > MAX_ITERATIONS:
-        raise ExecutionError(f"--iterations must be at most {MAX_ITERATIONS:,}, got {iterations:,}")
+        raise HetprofError(f"--iterations must be at most {MAX_ITERATIONS:,}, got {iterations:,}")
     memory = host_memory_bytes() if memory_bytes is None else memory_bytes
     in_flight = 1 + (workload.staleness if workload.mode == "async" else 0)
     need = in_flight * step_bytes(workload)

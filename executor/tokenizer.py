@@ -102,6 +102,15 @@ class HFTokenizer:
         ids = self._tok.encode(text, add_special_tokens=False)
         return [self.bos_id, *ids] if add_bos and self._has_bos else list(ids)
 
+    @property
+    def chat_template(self) -> str | None:
+        """The model's chat template (Jinja), if its tokenizer files have one."""
+        return getattr(self._tok, "chat_template", None)
+
+    def render_chat(self, turns: Sequence[dict[str, str]]) -> str:
+        """The turns ({"role", "content"}) in the chat template, ending where the assistant's reply starts."""
+        return self._tok.apply_chat_template(list(turns), tokenize=False, add_generation_prompt=True)
+
     def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
         ids = [int(i) for i in ids]
         if self.eos_id in ids:

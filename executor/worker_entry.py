@@ -48,7 +48,7 @@ def worker_main(options: RunOptions, host: str) -> None:
 def _worker(options: RunOptions, host: str) -> None:
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID` shows where a worker waits
     keep_freed_memory()  # the allocator the profiler measured under (hostmemory.py says why)
-    plan = load_plan(options.plan_path)
+    plan = load_plan(options.plan_path, options.overrides)
     backend = check_supported(plan)
     device_id = host_devices(plan, host)[int(os.environ["LOCAL_RANK"])]
     if device_kind(plan.cluster_spec(), device_id) == "cpu":

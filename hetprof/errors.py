@@ -17,12 +17,14 @@ class HetprofError(Exception):
 class SpecError(HetprofError):
     """A spec file (cluster, workload, plan) is malformed: names the file, the field and what was expected."""
 
-    def __init__(self, file: str | None, field: str, expected: str, got: object = None):
+    def __init__(self, file: str | None, field: str, expected: str, got: object = None,
+                 position: tuple[int, int] | None = None):
         self.file = file
         self.field = field
         self.expected = expected
         self.got = got
-        where = f"{file}: " if file else ""
+        self.position = position  # (line, column), 1-based, where the file has the field (editors jump there)
+        where = f"{file}:{position[0]}:{position[1]}: " if file and position else (f"{file}: " if file else "")
         shown = "" if got is None else f", got {_short(got)}"
         super().__init__(f"{where}field '{field or '<root>'}': expected {expected}{shown}")
 

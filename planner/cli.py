@@ -116,13 +116,15 @@ def _print_effort(console, best) -> None:
 @click.option("--out", "-o", "out_path", type=click.Path(dir_okay=False), default=None, help="write the plan (JSON)")
 @click.option("--gantt", "gantt_path", type=click.Path(dir_okay=False), default=None,
               help="write a Gantt chart (PNG) of one iteration")
+@click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
+              help="override a workload spec field, e.g. --set training.lr=1e-6 (repeatable; YAML values)")
 @catalog_option
 @db_option
 def plan(cluster_path: str, workload_path: str, search: str, objective: str, budget: float | None,
          budget_s: float | None, max_evals: int | None, workers: int, seed: int, search_seed: int | None,
          cost_model: str, max_tp: int, max_pp: int, storage: str | None, no_streaming: bool, runnable: bool,
          evaluate_path: str | None, what_ifs: tuple[str, ...], backend: str | None, out_path: str | None,
-         gantt_path: str | None, catalog_path: str | None) -> None:
+         gantt_path: str | None, catalog_path: str | None, overrides: tuple[str, ...] = ()) -> None:
     """Find the fastest (or cheapest) placement of an RL job on a heterogeneous cluster.
 
     \b
@@ -149,7 +151,7 @@ def plan(cluster_path: str, workload_path: str, search: str, objective: str, bud
         raise SpecError("--budget", "", "a positive $/hour budget with --objective throughput-under-budget", budget)
     budget_s, workers = _effort(budget_s, max_evals, workers, max_tp, max_pp)
     cluster = ClusterSpec.load(cluster_path, catalog=load_catalog(catalog_path) if catalog_path else None)
-    workload = WorkloadSpec.load(workload_path)
+    workload = WorkloadSpec.load(workload_path, overrides)
     options = session.PlanOptions(objective=objective, budget=budget, budget_s=budget_s, max_evals=max_evals,
                                   seed=seed, cost_model=cost_model, max_tp=max_tp, max_pp=max_pp, storage=storage,
                                   workers=workers, search_seed=search_seed,

@@ -13,9 +13,9 @@ from hetprof.executor.data import (
     Prompt,
     PromptSource,
     arithmetic_prompts,
-    load_jsonl,
     write_jsonl,
 )
+from hetprof.executor.prompt_files import load_jsonl
 from hetprof.executor.tokenizer import VOCAB_SIZE, CharTokenizer, encode_batch, load_tokenizer
 from hetprof.generation import pad_left
 from hetprof.models import PRESETS

@@ -2,7 +2,7 @@
 
 Starting workers (each imports torch and transformers) dominates, so each run checks several
 things: the async staleness bound, bitwise weight sync, records in the log and the profile
-database, and — with a worker killed mid-run — the bounded stop and the resume.
+database, a Parquet prompt file with a validation split (`run --set`), and — with a worker killed mid-run — the bounded stop and the resume.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import datasets
 import pytest
 
 from hetprof.costmodels.runrows import run_task_rows
@@ -63,9 +64,21 @@ def test_async_k2_keeps_every_trained_sample_within_two_versions_and_syncs_bitwi
                       {"actor_gen": ["localhost:0", "localhost:1"], "ref_infer": [["localhost:0", "localhost:1"]],
                        "actor_train": ["localhost:1"]},
                       shares={"actor_gen": [0.75, 0.25]}, mode="async", staleness=2)
-    done = hetprof_run(plan, tmp_path, "--iterations", "5", "--verify-sync")
+    # prompts from a Parquet file with other field names, a held-out validation split and an LR schedule,
+    # all through `run --set`: the workers read what the launcher checked
+    rows = [{"question": f"{a}+{b}= #### ", "solution": str(a + b)} for a in range(3) for b in range(3)]
+    datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "train.parquet"))
+    done = hetprof_run(plan, tmp_path, "--iterations", "5", "--verify-sync", "--prompts", "train.parquet",
+                       "--set", "data.prompt_field=question", "--set", "data.answer_field=solution",
+                       "--set", "data.validation_size=3", "--set", "data.eval_every=2",
+                       "--set", "optimizer.lr_schedule=cosine", "--set", "optimizer.warmup_steps=1")
     assert done.returncode == 0, done.stderr[-3000:]
     records = read_log(tmp_path / "run.jsonl")
+    # validation by generation replica 0 (localhost:0), recorded by the leader (localhost:1): after
+    # every 2nd iteration and after the last (records count from 0)
+    assert [r["iteration"] for r in records if "val_reward_mean" in r] == [1, 3, 4]
+    assert all(r["val_prompts"] == 3 and 0.0 <= r["val_reward_mean"] <= 1.2 and "validation" in r["leader_phases"]
+               for r in records if "val_reward_mean" in r)
     assert [r["iteration"] for r in records] == [0, 1, 2, 3, 4]
     assert all(r["staleness_max"] <= 2 for r in records)
     assert max(r["staleness_max"] for r in records) == 2  # it really ran two versions ahead

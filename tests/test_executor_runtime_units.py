@@ -11,7 +11,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hetprof.errors import ExecutionError, SpecError
+from hetprof.errors import ExecutionError, HetprofError, SpecError
 from hetprof.executor import checkpoint
 from hetprof.executor.batch_split import row_slices, split_counts
 from hetprof.executor.handwritten_plan import handwritten_plan
@@ -144,9 +144,10 @@ def test_node_host_refuses_a_node_count_the_plan_does_not_have():
     plan = handwritten_plan(cluster({"a": 1, "b": 1}), workload(), {"actor_gen": ["a:0"], "ref_infer": ["b:0"],
                                                                 "actor_train": ["b:0"]})
     assert node_host(plan, 2, 1) == "b"
-    with pytest.raises(ExecutionError, match="--nnodes 2"):
+    with pytest.raises(HetprofError, match="--nnodes 2") as err:
         node_host(plan, 1, 0)
-    with pytest.raises(ExecutionError, match="node-rank"):
+    assert err.value.exit_code == 2  # a bad option, not a failed run
+    with pytest.raises(HetprofError, match="node-rank"):
         node_host(plan, 2, 2)
 
 
@@ -155,8 +156,9 @@ def test_resume_without_a_checkpoint_is_refused_up_front(tmp_path):
 
     plan = handwritten_plan(cluster({"h": 2}), workload(), {"actor_gen": ["h:0"], "ref_infer": ["h:1"],
                                                        "actor_train": ["h:1"]})
-    with pytest.raises(ExecutionError, match="no complete checkpoint"):
+    with pytest.raises(HetprofError, match="no complete checkpoint") as err:
         check_resumable(tmp_path, plan)
+    assert err.value.exit_code == 2  # nothing to resume from: a missing file, bad input
     checkpoint.commit(tmp_path, 4, {"plan_hash": plan_hash(plan), "run": "r"})
     assert check_resumable(tmp_path, plan) == 4
 
@@ -164,8 +166,9 @@ def test_resume_without_a_checkpoint_is_refused_up_front(tmp_path):
 def test_run_options_refuse_bad_values():
     for bad, match in [({"iterations": 0}, "--iterations"), ({"checkpoint_every": 0}, "--checkpoint-every"),
                        ({"resume": True}, "--resume needs"), ({"timeout_s": 0}, "--timeout")]:
-        with pytest.raises(ExecutionError, match=match):
+        with pytest.raises(HetprofError, match=match) as err:  # bad options: exit 2, as the README's table says
             RunOptions(plan_path="p.json", **bad).validate()
+        assert err.value.exit_code == 2
 
 
 def test_failures_are_named_by_device_and_task_killed_one_first():
@@ -215,10 +218,12 @@ def test_log_and_db_round_trip_and_validation_summary(tmp_path):
     assert s["iteration"]["measured"] == pytest.approx(0.9) and s["iteration"]["ratio"] == pytest.approx(0.9)
     assert s["actor_gen"]["ratio"] == pytest.approx(0.9)
     log.write_text("not json\n")
-    with pytest.raises(ExecutionError, match="line 1"):
+    with pytest.raises(HetprofError, match="line 1") as err:  # `hetprof validate` of a bad log or run: exit 2
         read_log(log)
-    with pytest.raises(ExecutionError, match="no records"):
+    assert err.value.exit_code == 2
+    with pytest.raises(HetprofError, match="no records") as err:
         read_db(tmp_path / "db.sqlite", "nope")
+    assert err.value.exit_code == 2
 
 
 def test_checkpoints_are_atomic_tensor_only_and_committed_separately(tmp_path):

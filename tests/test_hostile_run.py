@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from hostile_files import fill
 
 from hetprof.cli import cli
-from hetprof.errors import ExecutionError
+from hetprof.errors import ExecutionError, HetprofError
 from hetprof.executor.peerloss import LINGER_S, linger_if_peer_lost, peer_lost
 from hetprof.executor.sizebounds import check_run_sizes
 from hetprof.processes import isolated_children
@@ -153,8 +153,9 @@ def test_point09_step_buffers_are_checked_against_host_memory_before_workers_sta
                                   "mode": "async", "staleness": 8})
     with pytest.raises(ExecutionError, match="staleness.*prompts_per_step 65536.*responses_per_prompt 16"):
         check_run_sizes(big, 20, memory_bytes=64 * 2**30)
-    with pytest.raises(ExecutionError, match="--iterations"):
+    with pytest.raises(HetprofError, match="--iterations") as err:
         check_run_sizes(workload, 10**12)
+    assert err.value.exit_code == 2  # a bad option, not a run that cannot be carried out
 
 
 # ---- 10. one-line errors for broken plan files and a missing iteration row -------------------------------

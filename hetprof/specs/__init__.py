@@ -15,6 +15,7 @@ from hetprof.specs.plan import (
     TaskPlacement,
     workload_tasks,
 )
+from hetprof.specs.training_setup import DataParams, OptimizerParams
 from hetprof.specs.vocabulary import Role, SyncEdge, Task, TaskKind
 from hetprof.specs.workload import GenerationParams, LengthDist, ModelRoles, TrainingParams, WorkloadSpec
 
@@ -22,6 +23,6 @@ __all__ = [
     "ClusterSpec", "Device", "GpuSlot", "Host", "LinkOverride", "LinkParams", "NetworkSpec",
     "FOLLOWS", "GENERATION_BACKENDS", "RUNNABLE_BACKENDS", "SHARDING", "TASKS", "Group", "Layout", "Plan", "Prediction", "TaskPlacement",
     "Tasklet", "workload_tasks",
-    "GenerationParams", "LengthDist", "ModelRoles", "TrainingParams", "WorkloadSpec",
+    "DataParams", "OptimizerParams", "GenerationParams", "LengthDist", "ModelRoles", "TrainingParams", "WorkloadSpec",
     "Role", "SyncEdge", "Task", "TaskKind",
 ]

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 from hetprof import catalog as gpu_catalog
 from hetprof.errors import SpecError
 from hetprof.specs.gpus import GpuTypeSpec
-from hetprof.specs.loader import field, from_data, read_file, to_data
+from hetprof.specs.loader import field, from_data, to_data
+from hetprof.specs.positions import load_spec
 from hetprof.units import parse_duration, parse_rate
 
 
@@ -225,10 +227,10 @@ class ClusterSpec:
     def load(cls, path: str | Path, catalog: gpu_catalog.Catalog | None = None) -> ClusterSpec:
         """Read a cluster spec; with `catalog` (from --catalog), the types it defines that the spec uses
         are copied into the spec's gpu_types, so the spec and plans made from it stand alone."""
-        data = read_file(path)
-        if catalog is not None and isinstance(data, dict):
-            data = with_catalog_types(data, catalog)
-        return from_data(cls, data, file=str(path)).using(catalog)
+        def with_types(data: Any) -> Any:
+            return with_catalog_types(data, catalog) if catalog is not None and isinstance(data, dict) else data
+
+        return load_spec(cls, path, with_types).using(catalog)
 
     @classmethod
     def from_dict(cls, data: dict, file: str | None = None) -> ClusterSpec:

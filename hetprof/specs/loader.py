@@ -9,6 +9,7 @@ documents it; `metadata["check"]` is an extra predicate with its expectation tex
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 import types
@@ -53,11 +54,23 @@ def read_file(path: str | Path) -> Any:
     try:
         data = json.loads(text, parse_constant=_no_constant) if path.suffix == ".json" else yaml.safe_load(text)
     except (yaml.YAMLError, ValueError) as exc:
-        raise SpecError(str(path), "", "valid YAML/JSON", str(exc).splitlines()[0]) from None
+        where, problem = syntax_error_position(exc)
+        raise SpecError(str(path), "", "valid YAML/JSON", problem, position=where) from None
     except RecursionError:
         raise SpecError(str(path), "", f"data nested at most {MAX_DEPTH} deep", "deeper") from None
     check_plain(data, str(path))
     return data
+
+
+def syntax_error_position(exc: Exception) -> tuple[tuple[int, int] | None, str]:
+    """((line, column) 1-based or None, the problem in one line) of a YAML or JSON syntax error."""
+    if isinstance(exc, json.JSONDecodeError):
+        return (exc.lineno, exc.colno), exc.msg
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    if mark is None:
+        return None, problem
+    return (mark.line + 1, mark.column + 1), problem
 
 
 def _no_constant(name: str) -> None:
@@ -157,7 +170,9 @@ def _convert(tp: Any, data: Any, file: str | None, path: str) -> Any:
     if origin is Literal:
         options = get_args(tp)
         if data not in options:
-            raise SpecError(file, path, "one of " + ", ".join(repr(o) for o in options), data)
+            close = difflib.get_close_matches(str(data), [str(o) for o in options], n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise SpecError(file, path, "one of " + ", ".join(repr(o) for o in options) + hint, data)
         return data
     if origin in (list, tuple):
         if not isinstance(data, list):
@@ -199,10 +214,12 @@ def _convert_dataclass(cls: Any, data: Any, file: str | None, path: str) -> Any:
         raise SpecError(file, path, f"a mapping ({cls.__name__})", data)
     hints = get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    unknown = sorted(set(data) - set(fields))
+    unknown = sorted(set(data) - set(fields), key=str)
     if unknown:
+        close = difflib.get_close_matches(str(unknown[0]), list(fields), n=1)
+        hint = f"'{close[0]}' (did you mean it?) or another of " if close else "one of "
         raise SpecError(file, _join(path, str(unknown[0])),
-                        "one of the known fields " + ", ".join(sorted(fields)), "an unknown field")
+                        hint + "the known fields " + ", ".join(sorted(fields)), "an unknown field")
     kwargs = {}
     for name, f in fields.items():
         sub = _join(path, name)

@@ -15,7 +15,8 @@ from typing import Any, Literal
 
 from hetprof.errors import SpecError
 from hetprof.specs.cluster import ClusterSpec
-from hetprof.specs.loader import field, from_data, read_file, to_data
+from hetprof.specs.loader import field, from_data, to_data
+from hetprof.specs.positions import load_spec
 from hetprof.specs.vocabulary import Task
 from hetprof.specs.workload import WorkloadSpec
 
@@ -244,7 +245,7 @@ class Plan:
     # ---- files ------------------------------------------------------------------------------
     @classmethod
     def load(cls, path: str | Path) -> Plan:
-        return from_data(cls, read_file(path), file=str(path))
+        return load_spec(cls, path)
 
     @classmethod
     def from_dict(cls, data: dict, file: str | None = None) -> Plan:

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
 from hetprof.errors import SpecError
 from hetprof.models import ModelShape, resolve_model
-from hetprof.specs.loader import field, from_data, non_negative, positive, read_file, to_data
+from hetprof.specs.loader import field, from_data, non_negative, positive, to_data
+from hetprof.specs.positions import load_spec
+from hetprof.specs.training_setup import DataParams, OptimizerParams
 
 LONGEST_DRAWS = 1 << 18  # lengths drawn to estimate the expected longest of a batch
 # Size bounds, checked when a spec loads (before any search or worker starts): far above any real
@@ -123,6 +126,8 @@ class WorkloadSpec:
     precision: Literal["bf16", "fp16", "fp32"] = field("bf16", help="compute dtype (mixed-precision Adam)")
     training: TrainingParams = field(default_factory=TrainingParams, help="algorithm hyper-parameters")
     generation: GenerationParams = field(default_factory=GenerationParams, help="generation engine limits")
+    optimizer: OptimizerParams = field(default_factory=OptimizerParams, help="AdamW, LR schedule, grad clip")
+    data: DataParams = field(default_factory=DataParams, help="prompt files, fields, chat template, validation")
     name: str = field("workload", help="a name for reports")
     base_dir: str | None = field(None, help="(set on load) directory model paths are relative to")
 
@@ -165,11 +170,14 @@ class WorkloadSpec:
         return out
 
     @classmethod
-    def load(cls, path: str | Path) -> WorkloadSpec:
-        data = read_file(path)
-        if isinstance(data, dict) and "base_dir" not in data:
-            data = {**data, "base_dir": str(Path(path).resolve().parent)}
-        return from_data(cls, data, file=str(path))
+    def load(cls, path: str | Path, overrides: Sequence[str] = ()) -> WorkloadSpec:
+        """Read a workload spec, with `--set key.path=value` overrides applied before the checks."""
+        def with_base_dir(data: Any) -> Any:
+            if isinstance(data, dict) and "base_dir" not in data:
+                return {**data, "base_dir": str(Path(path).resolve().parent)}
+            return data
+
+        return load_spec(cls, path, with_base_dir, overrides)
 
     @classmethod
     def from_dict(cls, data: dict, file: str | None = None) -> WorkloadSpec:
