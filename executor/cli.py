@@ -44,11 +44,19 @@ def _rewards() -> list[str]:
 @click.option("--bucket-mb", type=float, default=32.0, show_default=True, help="weight-sync bucket size")
 @click.option("--verify-sync", is_flag=True, help="check after every sync that generators hold the trainer's "
               "weights bitwise (hashes; costs one pass over the weights)")
-@click.option("--quiet", is_flag=True, help="no per-iteration console lines")
+@click.option("--quiet", is_flag=True, help="no per-iteration console lines and no progress bar")
+@click.option("--tensorboard-dir", type=click.Path(file_okay=False),
+              help="TensorBoard event files go to DIR/<run name>; default: tensorboard/ beside --log, else ./tensorboard")
+@click.option("--no-tensorboard", is_flag=True, help="write no TensorBoard event file")
+@click.option("--trace", "trace_dir", type=click.Path(file_okay=False),
+              help="write a torch.profiler (Chrome/Perfetto) trace per rank to this folder")
+@click.option("--trace-iterations", type=int, default=2, show_default=True,
+              help="iterations the --trace covers (after the first, which warms up)")
 @db_option
 def run(plan: str, iterations: int, backend: str | None, checkpoint_dir: str | None, checkpoint_every: int, resume: bool,
         log: str | None, seed: int, prompts: str | None, reward: str, nnodes: int, node_rank: int, rdzv: str | None,
-        local_addr: str | None, timeout_s: float, bucket_mb: float, verify_sync: bool, quiet: bool) -> None:
+        local_addr: str | None, timeout_s: float, bucket_mb: float, verify_sync: bool, quiet: bool,
+        tensorboard_dir: str | None, no_tensorboard: bool, trace_dir: str | None, trace_iterations: int) -> None:
     """Run PLAN (a plan JSON from `hetprof plan`) with one worker process per planned device.
 
     \b
@@ -56,7 +64,7 @@ def run(plan: str, iterations: int, backend: str | None, checkpoint_dir: str | N
     Resume:        hetprof run plan.json --iterations 20 --log run.jsonl --checkpoint-dir ckpt --resume
     Two hosts:     hetprof run plan.json --nnodes 2 --node-rank 0 --rdzv 10.0.0.1:29400   (on host 0)
                    hetprof run plan.json --nnodes 2 --node-rank 1 --rdzv 10.0.0.1:29400   (on host 1)
-    Measured stage times go to the log, the console and the profile database (run records).
+    Measured stage times go to the log, the console, TensorBoard and the profile database (run records).
     """
     from hetprof.executor.launch import launch
     from hetprof.executor.options import RunOptions
@@ -66,8 +74,17 @@ def run(plan: str, iterations: int, backend: str | None, checkpoint_dir: str | N
         checkpoint_dir=os.path.abspath(checkpoint_dir) if checkpoint_dir else None,
         checkpoint_every=checkpoint_every, resume=resume, log=os.path.abspath(log) if log else None,
         db=str(db_path()), seed=seed, prompts=os.path.abspath(prompts) if prompts else None, reward=reward,
-        timeout_s=timeout_s, bucket_mb=bucket_mb, verify_sync=verify_sync, quiet=quiet)
+        timeout_s=timeout_s, bucket_mb=bucket_mb, verify_sync=verify_sync, quiet=quiet,
+        tensorboard_dir=None if no_tensorboard else _tensorboard_root(tensorboard_dir, log),
+        trace_dir=os.path.abspath(trace_dir) if trace_dir else None, trace_iterations=trace_iterations)
     launch(options, nnodes=nnodes, node_rank=node_rank, rdzv=rdzv, local_addr=local_addr)
+
+
+def _tensorboard_root(given: str | None, log: str | None) -> str:
+    """The run's TensorBoard root: as given, else beside the run's log, else under the current folder."""
+    if given:
+        return os.path.abspath(given)
+    return os.path.join(os.path.dirname(os.path.abspath(log)) if log else os.getcwd(), "tensorboard")
 
 
 @click.command("validate")

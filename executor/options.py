@@ -30,6 +30,9 @@ class RunOptions:
     bucket_mb: float = 32.0
     verify_sync: bool = False
     quiet: bool = False
+    tensorboard_dir: str | None = None  # event files under <dir>/<run name>; None: no TensorBoard
+    trace_dir: str | None = None  # torch.profiler traces, one file per rank; None: no trace
+    trace_iterations: int = 2
 
     def validate(self) -> None:
         if self.iterations < 1:
@@ -38,6 +41,8 @@ class RunOptions:
             raise ExecutionError(f"--checkpoint-every must be at least 1, got {self.checkpoint_every}")
         if self.resume and not self.checkpoint_dir:
             raise ExecutionError("--resume needs --checkpoint-dir (where the checkpoints are)")
+        if self.trace_iterations < 1:
+            raise ExecutionError(f"--trace-iterations must be at least 1, got {self.trace_iterations}")
         if self.timeout_s <= 0:
             raise ExecutionError(f"--timeout must be positive, got {self.timeout_s}")
 

@@ -28,6 +28,7 @@ from hetprof.executor.iteration_report import (
     Laps,
     RankInfo,
     prefill_timing,
+    sample_texts,
     train_timing,
 )
 from hetprof.executor.messages import INPUT_KIND, RESULT_KIND, MessageKind
@@ -85,7 +86,7 @@ class Worker:
                                           f"(--iterations {self.opts.iterations})")
             return
         self.recorder.start(RecordContext.from_plan(self.plan, self.topo, self.run_name, self.hash,
-                                                    work_description(self.plan), self.opts.verify_sync))
+                                                    work_description(self.plan), self.opts.verify_sync), start)
         self.weights.version = start
         counter = VersionCounter(start, self.k)
         self.weights.sync(start, None)  # generators start from the trainer's weights, fresh or resumed
@@ -142,7 +143,7 @@ class Worker:
         out = self.models.generate(prompts[mine], b, replica, self.weights.version)
         out["prompt_index"] = torch.arange(mine.start, mine.stop).repeat_interleave(
             self.workload.responses_per_prompt)
-        report.task_seconds[Task.ACTOR_GEN] = time.perf_counter() - t0
+        report.timed(Task.ACTOR_GEN, t0)
         if self.rank != gen.ranks[replica]:
             return
         report.gen_tokens = int(out["response_mask"].sum())
@@ -156,7 +157,7 @@ class Worker:
         t0 = time.perf_counter()
         batch = self.exchange.collect(self._own_rollout, self.topo.tasks[Task.ACTOR_GEN].ranks, MessageKind.ROLLOUT, b,
                                       "rollouts", self.models.pad_id)
-        report.task_seconds["wait_rollouts"] = time.perf_counter() - t0
+        report.timed("wait_rollouts", t0)
         return batch
 
     def _infer(self, task: str, b: int, batch: dict | None, report: IterationReport) -> dict | None:
@@ -167,7 +168,7 @@ class Worker:
         if part is not None:
             t0 = time.perf_counter()
             result = self.models.infer(task, part)
-            report.task_seconds[task] = time.perf_counter() - t0
+            report.timed(task, t0)
             if self.rank == tr.ranks[tr.replica_of(self.rank)]:  # a replica reports once, by its first rank
                 rows, width = part["input_ids"].shape
                 report.work_timings[task] = [prefill_timing(rows, width, report.task_seconds[task])]
@@ -188,11 +189,13 @@ class Worker:
         self._check_lengths(stats)
         batch = self.models.score(batch, self.models.prompts(b))
         stats.reward_mean = float(batch["rewards"].mean())
+        stats.reward_std = float(batch["rewards"].std(correction=0))
+        stats.samples = sample_texts(batch, self.models.prompts(b), self.models.tokenizer)
         report.batch = stats
-        report.task_seconds["reward"] = time.perf_counter() - t0
+        report.timed("reward", t0)
         t0 = time.perf_counter()
         batch = self.models.advantages(batch)
-        report.task_seconds["advantage"] = time.perf_counter() - t0
+        report.timed("advantage", t0)
         return batch
 
     def _check_lengths(self, stats: BatchStats) -> None:
@@ -218,10 +221,10 @@ class Worker:
             stats = self.models.train(tr.task, part)
             # the log-prob pass runs inside the actor's update (its first forward): timed apart
             logprob = stats.pop("logprob_seconds", 0.0)
-            seconds = report.task_seconds[tr.task] = time.perf_counter() - t0 - logprob
+            seconds = report.timed(tr.task, t0 + logprob)
             rows, width = part["input_ids"].shape
             if logprob:
-                report.task_seconds[Task.ACTOR_LOGPROB] = logprob
+                report.timed(Task.ACTOR_LOGPROB, t0, t0 + logprob)
             if self.rank != tr.ranks[tr.replica_of(self.rank)]:
                 continue  # a replica's statistics are reported once, by its first rank
             if logprob:
