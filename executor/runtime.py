@@ -22,6 +22,7 @@ import torch
 
 from hetprof.executor.batch_split import share_slices
 from hetprof.executor.dispatch import Exchange
+from hetprof.executor.hf_export import export_models
 from hetprof.executor.iteration_report import (
     BatchStats,
     IterationReport,
@@ -129,6 +130,7 @@ class Worker:
         if self.opts.checkpoint_due(b + 1):
             report.checkpoint_saved = save_units(self.models, self.opts.checkpoint_dir, b + 1, self.hash,
                                                  self.run_name)
+            export_models(self.models, self.opts.checkpoint_dir, b + 1)
             lap("checkpoint")
 
     # ---- the tasks ---------------------------------------------------------------------------
