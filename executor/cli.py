@@ -91,12 +91,24 @@ def _tensorboard_root(given: str | None, log: str | None) -> str:
 @click.argument("source")
 @click.option("--skip", type=int, default=1, show_default=True,
               help="leading iterations left out of the summary (start-up, warm caches)")
+@click.option("--gantt", type=click.Path(dir_okay=False),
+              help="also draw one iteration's measured timeline above the plan's predicted one (PNG)")
+@click.option("--iteration", type=int, default=None,
+              help="the iteration --gantt draws; default: the steady one of median time")
 @db_option
-def validate(source: str, skip: int) -> None:
+def validate(source: str, skip: int, gantt: str | None, iteration: int | None) -> None:
     """Print predicted (from the plan) against measured, per task and per iteration.
 
     SOURCE is a run's JSONL log, or a run id whose records are in the profile database.
+
+    \b
+    Timeline:  hetprof validate run.jsonl --gantt run.png
     """
     from hetprof.executor.predicted_vs_measured import load_records, render
 
-    render(load_records(source, db_path()), skip=skip)
+    records = load_records(source, db_path())
+    render(records, skip=skip)
+    if gantt:
+        from hetprof.executor.measured_gantt import save_measured_gantt
+
+        click.echo(f"timeline: {save_measured_gantt(records, gantt, skip=skip, iteration=iteration)}")

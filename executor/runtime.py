@@ -43,6 +43,7 @@ from hetprof.executor.run_record import RecordContext
 from hetprof.executor.staleness import VersionCounter, schedule
 from hetprof.executor.sync_edges import SyncEdges
 from hetprof.executor.topology import Topology
+from hetprof.executor.trace import IterationTrace
 from hetprof.specs.vocabulary import Task, TaskKind
 
 INFER_KEYS = ("input_ids", "attention_mask", "response_mask")
@@ -92,16 +93,25 @@ class Worker:
         counter = VersionCounter(start, self.k)
         self.weights.sync(start, None)  # generators start from the trainer's weights, fresh or resumed
         last = time.perf_counter()
-        for step in schedule(start, self.opts.iterations, self.k):
-            report = IterationReport(rank=self.rank, device=self.topo.device_of[self.rank], pid=os.getpid(),
-                                     rank_info=self.rank_info)
-            self._step(step.generate, step.consume, counter, report)
-            now = time.perf_counter()
-            if step.consume is not None:
-                self.recorder.submit(step.consume, now - last, report)
-            last = now
+        steps = list(schedule(start, self.opts.iterations, self.k))
+        trace = IterationTrace(self.opts.trace_dir, self.rank, len(steps), self.opts.trace_iterations)
+        with trace:
+            for step in steps:
+                report = IterationReport(rank=self.rank, device=self.topo.device_of[self.rank], pid=os.getpid(),
+                                         rank_info=self.rank_info)
+                with trace.step(f"iteration {step.consume}" if step.consume is not None
+                                else f"generate {step.generate}"):
+                    self._step(step.generate, step.consume, counter, report)
+                last = self._submit(step.consume, last, report)
         self.exchange.flush()
         self.recorder.close()
+
+    def _submit(self, consume: int | None, last: float, report: IterationReport) -> float:
+        """Hand a finished iteration's report to the recorder; the loop step's end time."""
+        now = time.perf_counter()
+        if consume is not None:
+            self.recorder.submit(consume, now - last, report)
+        return now
 
     def _step(self, generate: int | None, consume: int | None, counter: VersionCounter,
               report: IterationReport) -> None:
