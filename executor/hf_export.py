@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from hetprof.errors import ExecutionError
 from hetprof.executor.hf_tokenizer import save_tokenizer
 from hetprof.executor.modeling import hf_config, unwrap
 from hetprof.specs.vocabulary import Role, Task
@@ -94,9 +95,15 @@ def _save(auto: Any, config: Any, state: dict[str, torch.Tensor], folder: Path, 
         bos_token_id=tok.bos_id, eos_token_id=tok.eos_id, pad_token_id=tok.pad_id, do_sample=True,
         temperature=models.training.temperature, top_p=models.training.top_p,
         max_new_tokens=models.workload.response_len.cap)
+    # transformers writes only on global rank 0 of an initialised process group; hetprof picked this
+    # rank (the trainer's lead) as the one writer, so this rank saves whatever its number
+    skeleton.should_save_on_this_rank = lambda is_main_process: True
     with _quiet_transformers():
         skeleton.save_pretrained(str(folder), state_dict=cpu, safe_serialization=True)
     save_tokenizer(tok, folder)
+    missing = [f for f in ("config.json", "model.safetensors") if not (folder / f).is_file()]
+    if missing:
+        raise ExecutionError(f"Hugging Face export {folder}: save_pretrained wrote no {', '.join(missing)}")
 
 
 @contextlib.contextmanager

@@ -71,8 +71,12 @@ class IterationReport:
         on the wall clock, which the ranks of one host share (the measured Gantt lines them up)."""
         end = time.perf_counter() if end is None else end
         self.task_seconds[task] = end - start
-        self.spans[task] = [self._clock + start, self._clock + end]
+        self.spans[task] = [self.wall(start), self.wall(end)]
         return end - start
+
+    def wall(self, perf: float) -> float:
+        """A perf_counter reading on the wall clock."""
+        return self._clock + perf
 
     def to_json(self) -> bytes:
         return json.dumps(dataclasses.asdict(self), default=_plain).encode()

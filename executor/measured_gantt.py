@@ -114,6 +114,9 @@ def _panel(ax: Any, bars: list[dict[str, Any]], rows: list[str], end: float, tit
         ax.barh(lane, width, left=bar["start"], height=0.6, **style)
         if width > 0.06 * end:
             ax.text(bar["start"] + width / 2, lane, name, ha="center", va="center", fontsize=7)
+    if not bars:
+        ax.text(0.5, 0.5, "nothing to draw: no per-task seconds in the record", transform=ax.transAxes,
+                ha="center", va="center", fontsize=8, color="#666666")
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels(rows, fontsize=8)
     ax.set_ylim(len(rows) - 0.5, -0.5)

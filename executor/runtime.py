@@ -138,9 +138,11 @@ class Worker:
         self.weights.sync(b + 1, report)
         lap("sync")
         if self.opts.checkpoint_due(b + 1):
+            t0 = time.perf_counter()
             report.checkpoint_saved = save_units(self.models, self.opts.checkpoint_dir, b + 1, self.hash,
                                                  self.run_name)
             export_models(self.models, self.opts.checkpoint_dir, b + 1)
+            report.spans["checkpoint"] = [report.wall(t0), report.wall(time.perf_counter())]
             lap("checkpoint")
 
     # ---- the tasks ---------------------------------------------------------------------------

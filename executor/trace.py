@@ -10,6 +10,7 @@ costs. Every step is labelled `iteration N` in the trace, so one iteration's wor
 from __future__ import annotations
 
 import contextlib
+import gc
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -65,3 +66,7 @@ class IterationTrace:
     def __exit__(self, *exc: object) -> None:
         if self._profiler is not None:
             self._profiler.__exit__(*exc)
+            # the profiler's results hold references into the run (ops, tensors, groups): freed here,
+            # while the process groups still exist, not by a later collection during their teardown
+            self._profiler = None
+            gc.collect()
