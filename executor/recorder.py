@@ -56,7 +56,7 @@ class Recorder:
         if not self.is_leader:
             return
         if self.opts.tensorboard_dir:
-            self.tensorboard = TensorBoardLog(self.opts.tensorboard_dir, context.run)
+            self.tensorboard = TensorBoardLog(self.opts.tensorboard_dir, context.run, first)
         if wanted(self.console, self.opts.quiet):
             self.progress = RunProgress(self.console, first, self.opts.iterations)
 

@@ -6,7 +6,8 @@ resumed run continues the same curves in the same folder (the run keeps its name
   reward/mean, reward/std, train/kl, train/entropy, train/clip_frac, train/grad_norm, train/lr,
   train/policy_loss, critic/<stat>, batch/response_len, batch/prompt_len, batch/staleness_max,
   throughput/tokens_per_s, time/iteration_s and time/predicted_iteration_s, and per task
-  seconds/<task>/measured beside seconds/<task>/predicted (one chart per task, both lines on it);
+  seconds/<task>/measured beside seconds/<task>/predicted (and a custom-scalars chart per task
+  with both lines);
   `samples` holds a few prompts, responses and rewards as a markdown table.
 
 torch.utils.tensorboard's writer queues events for its own thread, and the recorder calls it
@@ -56,17 +57,31 @@ def samples_markdown(samples: list[dict[str, Any]]) -> str:
     return "\n".join(rows)
 
 
-class TensorBoardLog:
-    """One run's event file; `write` adds an iteration record, `close` flushes it."""
+def chart_layout(tasks: list[str]) -> dict[str, dict[str, list[Any]]]:
+    """TensorBoard's custom-scalars layout: per task one chart with its measured and predicted lines."""
+    return {"seconds: measured vs predicted": {
+        task: ["Multiline", [f"seconds/{task}/measured", f"seconds/{task}/predicted"]] for task in tasks}}
 
-    def __init__(self, root: str | Path, run: str) -> None:
+
+class TensorBoardLog:
+    """One run's event file; `write` adds an iteration record, `close` flushes it.
+
+    A resumed run starts at its checkpoint's iteration `first`: TensorBoard drops what the earlier
+    process wrote from that step on (`purge_step`), since those iterations are run again.
+    """
+
+    def __init__(self, root: str | Path, run: str, first: int = 0) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         self.folder = run_folder(root, run)
-        self._writer = SummaryWriter(log_dir=str(self.folder), flush_secs=10)
+        self._writer = SummaryWriter(log_dir=str(self.folder), flush_secs=10, purge_step=first or None)
+        self._charted = False
 
     def write(self, record: dict[str, Any]) -> None:
         step = int(record["iteration"])
+        if not self._charted:  # the tasks are known from the first record
+            self._writer.add_custom_scalars(chart_layout(list(record.get("stages", {}))))
+            self._charted = True
         for tag, value in scalars(record).items():
             self._writer.add_scalar(tag, value, step, walltime=record.get("time"))
         if record.get("samples"):

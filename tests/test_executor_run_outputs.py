@@ -33,7 +33,7 @@ def test_a_ppo_run_leaves_curves_loadable_models_a_trace_and_a_timeline(tmp_path
     assert done.returncode == 0, done.stderr[-3000:]
     records = read_log(tmp_path / "run.jsonl")
 
-    values, texts = event_scalars(tmp_path / "tensorboard" / records[0]["run"])
+    values, texts, _ = event_scalars(tmp_path / "tensorboard" / records[0]["run"])
     for tag in ("reward/mean", "reward/std", "train/kl", "train/entropy", "train/grad_norm", "train/clip_frac",
                 "train/lr", "batch/response_len", "throughput/tokens_per_s", "seconds/actor_train/measured",
                 "critic/value_loss"):
