@@ -50,7 +50,7 @@ def _rewards() -> list[str]:
 @click.option("--no-tensorboard", is_flag=True, help="write no TensorBoard event file")
 @click.option("--trace", "trace_dir", type=click.Path(file_okay=False),
               help="write a torch.profiler (Chrome/Perfetto) trace per rank to this folder")
-@click.option("--trace-iterations", type=int, default=2, show_default=True,
+@click.option("--trace-iterations", type=click.IntRange(min=1), default=2, show_default=True,
               help="iterations the --trace covers (after the first, which warms up)")
 @db_option
 def run(plan: str, iterations: int, backend: str | None, checkpoint_dir: str | None, checkpoint_every: int, resume: bool,

@@ -1,32 +1,45 @@
 """A run's outputs beside its log, end to end: TensorBoard, Hugging Face exports, trace, measured Gantt.
 
-One PPO run on two CPU workers covers them all: the actor trains tensor-parallel over both (its
-export is gathered first) and the critic trains on the non-leader rank (its lead writes its export).
+One PPO run on two CPU workers covers them all (the plan: `ppo_plan`).
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
 from click.testing import CliRunner
-from test_executor_runtime_run import HETPROF, hetprof_run, write_plan
+from test_executor_runtime_run import HETPROF, ROOT, hetprof_run
 from test_executor_tensorboard import event_scalars
 
+from hetprof.executor.handwritten_plan import handwritten_plan
 from hetprof.executor.records import read_log
+from hetprof.specs import ClusterSpec, WorkloadSpec
 
 PLACEMENT = {"actor_gen": ["localhost:0"], "ref_infer": ["localhost:1"], "critic_infer": ["localhost:0"],
-             "actor_train": [["localhost:0", "localhost:1"]], "critic_train": ["localhost:1"]}
+             "actor_train": [["localhost:0", "localhost:1"]], "critic_train": ["localhost:1", "localhost:0"]}
+
+
+def ppo_plan(path: Path) -> Path:
+    """PPO on two CPU slots: the actor tensor-parallel over both, the critic FSDP-sharded over both and
+    led by rank 1 — each export is gathered first, and the critic's is written by a non-leader rank."""
+    cluster = ClusterSpec.from_dict({"name": "cpu", "hosts": [{"name": "localhost", "gpus": {"type": "cpu",
+                                                                                              "count": 2}}]})
+    base = WorkloadSpec.load(ROOT / "examples" / "workloads" / "grpo-tiny.yaml").to_dict()
+    base.update({"prompts_per_step": 4, "responses_per_prompt": 2, "ppo_epochs": 1, "mini_batches": 1,
+                 "algorithm": "ppo", "models": {"actor": "tiny", "critic": "tiny"}})
+    handwritten_plan(cluster, base, PLACEMENT, sharding={"critic_train": "fsdp"}).save(path)
+    return path
 
 
 @pytest.mark.slow
 def test_a_ppo_run_leaves_curves_loadable_models_a_trace_and_a_timeline(tmp_path):
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
 
-    plan = write_plan(tmp_path / "plan.json", 2, PLACEMENT, algorithm="ppo", responses_per_prompt=2,
-                      models={"actor": "tiny", "critic": "tiny"})
+    plan = ppo_plan(tmp_path / "plan.json")
     ckpt = tmp_path / "ckpt"
     done = hetprof_run(plan, tmp_path, "--iterations", "3", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "2",
                        "--trace", str(tmp_path / "trace"), "--trace-iterations", "1")
@@ -78,3 +91,12 @@ def test_tensorboard_goes_beside_the_log_unless_moved_or_turned_off(tmp_path, mo
     assert [o.tensorboard_dir for o in seen] == [str(tmp_path / "logs" / "tensorboard"), str(tmp_path / "tensorboard"),
                                                  str(tmp_path / "tb"), None]
     assert all(o.trace_dir is None and o.trace_iterations == 2 for o in seen)
+
+
+def test_trace_iterations_below_one_is_bad_input(tmp_path):
+    from hetprof.executor.cli import run
+
+    plan = tmp_path / "plan.json"
+    plan.write_text("{}")
+    result = CliRunner().invoke(run, [str(plan), "--trace", str(tmp_path / "t"), "--trace-iterations", "0"])
+    assert result.exit_code == 2 and "--trace-iterations" in result.output
