@@ -27,6 +27,8 @@ INFERENCE = (Task.REF_INFER, Task.REWARD_INFER, Task.CRITIC_INFER, Task.ACTOR_LO
 DEPENDS = {Task.ACTOR_GEN: (), **{t: (Task.ACTOR_GEN,) for t in INFERENCE},
            Task.ACTOR_TRAIN: (Task.ACTOR_GEN, *INFERENCE), Task.CRITIC_TRAIN: (Task.ACTOR_GEN, *INFERENCE)}
 WAITS = ("wait_rollouts",)
+# the leader's own phases, which are no planned task: told apart from each other and from the tasks
+PHASE_COLOURS = {"reward": "#937860", "advantage": "#DA8BC3", "checkpoint": "#8C8C8C"}
 
 
 def pick_iteration(records: list[dict[str, Any]], skip: int, iteration: int | None) -> dict[str, Any]:
@@ -92,6 +94,9 @@ def save_measured_gantt(records: list[dict[str, Any]], path: str | Path, skip: i
     _panel(axes[1], predicted, rows, end, "predicted: the plan's per-task seconds in dataflow order"
            + (f" (plan's iteration {pred_s:.2f} s)" if pred_s else ""))
     axes[1].set_xlabel("seconds since the iteration's first task began")
+    handles = legend_handles(measured + predicted)
+    axes[1].legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.5),
+                   ncol=min(len(handles), 6) or 1)
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -100,18 +105,28 @@ def save_measured_gantt(records: list[dict[str, Any]], path: str | Path, skip: i
     return path
 
 
+def bar_style(name: str) -> dict[str, Any]:
+    """How a span is drawn: a task in its colour, a sync edge hatched in its sender's, a wait pale."""
+    if name in WAITS:
+        return {"facecolor": "#dddddd", "edgecolor": "#888888", "linewidth": 0.3}
+    if name in {str(e) for e in SYNC_EDGES}:
+        return {"facecolor": "white", "edgecolor": task_colour(SYNC_EDGES[name][1]), "hatch": "///", "linewidth": 0.8}
+    colour = PHASE_COLOURS.get(name) or task_colour(name)
+    return {"facecolor": colour if colour != OTHER else "#bbbbbb", "edgecolor": "black", "linewidth": 0.3}
+
+
+def legend_handles(bars: list[dict[str, Any]]) -> list[Any]:
+    """One legend entry per span name drawn, in order of first appearance (short spans carry no label)."""
+    from matplotlib.patches import Patch
+
+    names = list(dict.fromkeys(b["task"] for b in bars))
+    return [Patch(label=name, **bar_style(name)) for name in names]
+
+
 def _panel(ax: Any, bars: list[dict[str, Any]], rows: list[str], end: float, title: str) -> None:
     for bar in bars:
         name, lane, width = bar["task"], rows.index(bar["device"]), bar["end"] - bar["start"]
-        if name in WAITS:
-            style = {"color": "#dddddd", "edgecolor": "#888888", "linewidth": 0.3}
-        elif name in {str(e) for e in SYNC_EDGES}:
-            style = {"color": "white", "edgecolor": task_colour(SYNC_EDGES[name][1]), "hatch": "///",
-                     "linewidth": 0.8}
-        else:
-            colour = task_colour(name)
-            style = {"color": colour if colour != OTHER else "#bbbbbb", "edgecolor": "black", "linewidth": 0.3}
-        ax.barh(lane, width, left=bar["start"], height=0.6, **style)
+        ax.barh(lane, width, left=bar["start"], height=0.6, **bar_style(name))
         if width > 0.06 * end:
             ax.text(bar["start"] + width / 2, lane, name, ha="center", va="center", fontsize=7)
     if not bars:

@@ -7,7 +7,7 @@ from hetprof.specs.vocabulary import Task
 
 TASK_COLOURS = {
     Task.ACTOR_GEN: "#4C72B0", Task.REF_INFER: "#55A868", Task.REWARD_INFER: "#C44E52", Task.CRITIC_INFER: "#8172B2",
-    Task.ACTOR_TRAIN: "#CCB974", Task.CRITIC_TRAIN: "#64B5CD",
+    Task.ACTOR_TRAIN: "#CCB974", Task.CRITIC_TRAIN: "#64B5CD", Task.ACTOR_LOGPROB: "#DD8452",
 }
 OTHER = "#999999"
 

@@ -11,7 +11,13 @@ from rich.console import Console
 from test_executor_run_record import context, reports
 
 from hetprof.errors import ExecutionError
-from hetprof.executor.measured_gantt import measured_bars, pick_iteration, predicted_bars, save_measured_gantt
+from hetprof.executor.measured_gantt import (
+    legend_handles,
+    measured_bars,
+    pick_iteration,
+    predicted_bars,
+    save_measured_gantt,
+)
 from hetprof.executor.progress import RunProgress, wanted
 from hetprof.executor.records import read_db, write_db
 from hetprof.executor.run_record import build_record, timeline
@@ -47,6 +53,13 @@ def test_predicted_bars_follow_the_dataflow_on_the_plans_devices():
     assert bars[("actor_gen", "h:0")] == (0.0, 1.0)
     assert bars[("actor_train", "h:1")] == bars[("actor_train", "h:2")] == (1.0, 1.5)
     assert bars[("weight_sync", "h:0")] == (1.5, pytest.approx(1.6))
+
+
+def test_legend_names_every_span_drawn_once_with_its_style():
+    handles = legend_handles(measured_bars(records(1)[0]))
+    assert [h.get_label() for h in handles] == ["actor_gen", "wait_rollouts", "ref_infer", "actor_train",
+                                                "weight_sync"]
+    assert handles[-1].get_hatch() == "///"  # a sync edge is hatched, as in the picture
 
 
 def test_gantt_draws_the_median_iteration_from_the_log_and_from_the_database(tmp_path):
