@@ -18,7 +18,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from hetprof.errors import ExecutionError
+from hetprof.errors import HetprofError
 from hetprof.specs.vocabulary import SYNC_EDGES, Task
 from hetprof.task_colours import OTHER, task_colour
 
@@ -35,12 +35,12 @@ def pick_iteration(records: list[dict[str, Any]], skip: int, iteration: int | No
     """The record drawn: `iteration` if given, else the steady iteration of median time that has a timeline."""
     timed = [r for r in records if r.get("timeline")]
     if not timed:
-        raise ExecutionError("the run's records have no task timeline (recorded by hetprof run from this "
+        raise HetprofError("the run's records have no task timeline (recorded by hetprof run from this "
                              "version on): nothing to draw")
     if iteration is not None:
         found = [r for r in timed if r["iteration"] == iteration]
         if not found:
-            raise ExecutionError(f"--iteration {iteration}: no timeline recorded for it "
+            raise HetprofError(f"--iteration {iteration}: no timeline recorded for it "
                                  f"(iterations with one: {timed[0]['iteration']}..{timed[-1]['iteration']})")
         return found[0]
     steady = timed[skip:] or timed
@@ -99,9 +99,13 @@ def save_measured_gantt(records: list[dict[str, Any]], path: str | Path, skip: i
                    ncol=min(len(handles), 6) or 1)
     fig.tight_layout()
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=120, bbox_inches="tight")
+    except (OSError, ValueError) as exc:  # an unwritable folder, or a suffix matplotlib has no format for
+        raise HetprofError(f"--gantt {path}: cannot write the picture ({exc})") from None
+    finally:
+        plt.close(fig)
     return path
 
 

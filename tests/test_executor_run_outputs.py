@@ -67,7 +67,9 @@ def test_a_ppo_run_leaves_curves_loadable_models_a_trace_and_a_timeline(tmp_path
 
     for rank in (0, 1):  # the first loop step is left out: iteration 1 is the one traced
         events = json.loads((tmp_path / "trace" / f"rank{rank}.pt.trace.json").read_text())["traceEvents"]
-        assert "iteration 1" in {e.get("name") for e in events}
+        names = {e.get("name") for e in events}
+        assert "iteration 1" in names and "iteration 0" not in names
+        assert any(str(n).startswith("aten::") for n in names)  # the ops the traced iteration ran
 
     assert {s["task"] for s in records[1]["timeline"]} >= {"actor_gen", "actor_train", "critic_train", "reward"}
     gantt = subprocess.run([HETPROF, "--db", str(tmp_path / "db.sqlite"), "validate", str(tmp_path / "run.jsonl"),
