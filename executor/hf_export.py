@@ -16,15 +16,14 @@ name and renamed into place, so a reader never sees half an export; the newest `
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from hetprof.errors import ExecutionError
+from hetprof.executor.checkpoint import atomic_folder
 from hetprof.executor.hf_tokenizer import save_tokenizer
 from hetprof.executor.modeling import hf_config, unwrap
 from hetprof.specs.vocabulary import Role, Task
@@ -57,7 +56,7 @@ def export_models(models: RankModels, checkpoint_dir: str, iteration: int, keep:
             state = unwrap(models.models[task]).state_dict()
         writer = _write_actor if role == Role.ACTOR else _write_critic
         folder = export_folder(checkpoint_dir, iteration, role)
-        _atomic_folder(folder, lambda tmp, w=writer, s=state, r=role: w(
+        atomic_folder(folder, lambda tmp, w=writer, s=state, r=role: w(
             tmp, s, model_ref(models.workload, r), models))
         _prune(Path(checkpoint_dir) / EXPORT, role, keep)
         written.append(folder)
@@ -118,19 +117,6 @@ def _quiet_transformers() -> Any:
     finally:
         if was:
             logging.enable_progress_bar()
-
-
-def _atomic_folder(final: Path, write: Any) -> None:
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
-    try:
-        write(tmp)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def _prune(root: Path, role: str, keep: int) -> None:
