@@ -14,6 +14,7 @@ Three ratios, each measured side by side in this one run:
 
     .venv/bin/python bench/executor_bench.py            # 12 iterations, 64 MB sync model
     .venv/bin/python bench/executor_bench.py --quick    # 6 iterations, 16 MB
+    .venv/bin/python bench/executor_bench.py --tensorboard-ab   # the overhead with TensorBoard on vs off
 """
 
 from __future__ import annotations
@@ -201,6 +202,47 @@ def _run(work: Path, db: Path, iterations: int, name: str, prep: float) -> dict:
             "reward_first": records[0]["reward_mean"], "reward_last": records[-1]["reward_mean"]}
 
 
+# ---- 2b: the same overhead with TensorBoard on and off ----------------------------------------
+def tensorboard_ab(work: Path, iterations: int, slots: int, pairs: int) -> dict[str, dict[str, float]]:
+    """Overhead and iteration time of one data-parallel plan run with TensorBoard on, then off, `pairs`
+    times in alternating order (a shared machine's drift falls on both arms alike)."""
+    from hetprof.executor.handwritten_plan import handwritten_plan
+    from hetprof.specs import ClusterSpec, WorkloadSpec
+
+    cluster = ClusterSpec.from_dict({"name": "bench-cpu", "hosts": [{"name": "localhost",
+                                                                     "gpus": {"type": "cpu", "count": slots}}]})
+    devices = [f"localhost:{i}" for i in range(slots)]
+    workload = WorkloadSpec.load(truthful_workload(work, slots)).to_dict()
+    plan = work / "ab-plan.json"
+    handwritten_plan(cluster, workload, {"actor_gen": devices, "ref_infer": devices, "actor_train": devices}).save(plan)
+    arms: dict[str, list[dict]] = {"on": [], "off": []}
+    for i in range(2 * pairs):
+        arm = ("on", "off")[(i + i // 2) % 2]  # on off off on on off ...
+        log = work / f"ab-{i}-{arm}.jsonl"
+        hetprof("run", str(plan), "--iterations", str(iterations), "--log", str(log), "--seed", "0", "--quiet",
+                *(() if arm == "on" else ("--no-tensorboard",)), db=work / "ab.db", cwd=work)
+        if arm == "on" and not any((work / "tensorboard").rglob("events.out.tfevents.*")):
+            raise SystemExit("the TensorBoard arm wrote no event file")
+        records = read_log(log)
+        arms[arm] += records[2:] if len(records) > 4 else records[1:]
+    return {arm: {"overhead": statistics.median(r["iteration_s"] / sum(r["stages"].values()) for r in recs),
+                  "iteration_s": statistics.median(r["iteration_s"] for r in recs), "n": len(recs)}
+            for arm, recs in arms.items()}
+
+
+def print_tensorboard_ab(ab: dict[str, dict[str, float]], iterations: int, pairs: int) -> None:
+    table = Table(title=f"executor overhead with TensorBoard on vs off ({pairs} pairs of {iterations}-iteration "
+                        f"runs, alternated; {os.cpu_count()} cores)")
+    for col in ("ratio", "value", "goal", "measured from"):
+        table.add_column(col, justify="left" if col in ("ratio", "measured from") else "right")
+    for arm in ("on", "off"):
+        table.add_row(f"executor overhead, TensorBoard {arm}", f"{ab[arm]['overhead']:.3f}", "≤ 1.10",
+                      f"iteration / sum of stage times, median of {ab[arm]['n']} steady iterations")
+    table.add_row("iteration time, on / off", f"{ab['on']['iteration_s'] / ab['off']['iteration_s']:.3f}", "≈ 1",
+                  f"medians {ab['on']['iteration_s'] * 1e3:.1f} vs {ab['off']['iteration_s'] * 1e3:.1f} ms")
+    console.print(table)
+
+
 # ---- 3: weight sync vs plain broadcast ------------------------------------------------------
 def sync_model(total_mb: float) -> nn.Module:
     """Transformer-like parameter shapes: big matrices and many small norm vectors."""
@@ -274,6 +316,9 @@ def main() -> None:
     parser.add_argument("--bucket-mb", type=float, default=DEFAULT_BUCKET_MB, help="weight-sync bucket size")
     parser.add_argument("--sync-only", action="store_true", help="only the weight-sync ratio")
     parser.add_argument("--sync-world", type=int, help=f"processes in the sync group (default {SYNC_WORLD})")
+    parser.add_argument("--tensorboard-ab", action="store_true",
+                        help="only the executor overhead with TensorBoard on vs off (no profiling)")
+    parser.add_argument("--ab-pairs", type=int, default=2, help="on/off run pairs of --tensorboard-ab")
     parser.add_argument("--keep", type=Path, help="work in this new or empty folder and keep it (database, plans, run logs)")
     args = parser.parse_args()
     iterations, mb, repeats = (6, 16.0, 5) if args.quick else (12, 64.0, 15)
@@ -286,6 +331,10 @@ def main() -> None:
                 # an old profiles.db would be fitted together with this run's profile
                 parser.error(f"--keep {work}: the folder is not empty; give a new or empty one")
             work.mkdir(parents=True, exist_ok=True)
+        if args.tensorboard_ab:
+            print_tensorboard_ab(tensorboard_ab(work, iterations, args.slots, args.ab_pairs), iterations,
+                                 args.ab_pairs)
+            return
         world = args.sync_world or SYNC_WORLD
         console.print(f"weight sync vs plain broadcast ({mb:.0f} MB, 1 sender → {world - 1} receiver(s), gloo)…")
         bw = sync_bandwidth(mb, repeats, work, args.bucket_mb, world)

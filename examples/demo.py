@@ -108,7 +108,7 @@ def main() -> None:
         "run": hetprof("run", str(plan), "--iterations", str(args.iterations), "--log", str(log),
                        "--checkpoint-dir", str(out / "ckpt"), "--seed", "0", db=db, cwd=out),
     }
-    timings["validate"] = hetprof("validate", str(log), db=db, cwd=out)
+    timings["validate"] = hetprof("validate", str(log), "--gantt", str(out / "run-timeline.png"), db=db, cwd=out)
     # the loop closes: fit learns each task's run factor from what the run recorded, and the same plan
     # is re-scored with it (no search) — the prediction the next plan of this job would start from
     timings["fit on the run"] = hetprof("fit", "--stat", "median", db=db, cwd=out)
@@ -116,6 +116,10 @@ def main() -> None:
                                   "--cost-model", "fitted", "--evaluate", str(plan), "--out", str(rescored),
                                   db=db, cwd=out)
     summarise(log, timings, json.loads(rescored.read_text())["predicted"]["iteration_s"])
+    for what, where in (("TensorBoard event files", out / "tensorboard"),
+                        ("trained actor (Hugging Face)", out / "ckpt" / "hf" / f"iter-{args.iterations:06d}" / "actor"),
+                        ("measured vs predicted timeline", out / "run-timeline.png")):
+        console.print(f"{what}: {where}")
     console.print(f"everything the demo made is under {out}")
 
 

@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,20 +41,31 @@ def save(directory: str | Path, iteration: int, state: dict[str, Any], meta: dic
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"iter-{iteration:06d}"
-    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".iter-{iteration:06d}."))
-    try:
+
+    def write(tmp: Path) -> None:
         torch.save(state, tmp / STATE)
         (tmp / META).write_text(json.dumps({**meta, "iteration": iteration}, indent=1))
+
+    atomic_folder(final, write)
+    _write_atomic(root / LATEST, final.name + "\n")
+    for old in sorted(root.glob("iter-*"))[:-keep] if keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def atomic_folder(final: Path, write: Callable[[Path], None]) -> None:
+    """Fill a fresh temporary folder beside `final` with `write(tmp)`, then rename it to `final` (replacing
+    an older one): a reader sees the whole folder or none of it, and a failed write leaves nothing."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
+    try:
+        write(tmp)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _write_atomic(root / LATEST, final.name + "\n")
-    for old in sorted(root.glob("iter-*"))[:-keep] if keep > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
 
 
 def latest(directory: str | Path) -> Path | None:

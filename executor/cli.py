@@ -62,13 +62,21 @@ def _rewards() -> list[str]:
 @click.option("--bucket-mb", type=float, default=32.0, show_default=True, help="weight-sync bucket size")
 @click.option("--verify-sync", is_flag=True, help="check after every sync that generators hold the trainer's "
               "weights bitwise (hashes; costs one pass over the weights)")
-@click.option("--quiet", is_flag=True, help="no per-iteration console lines")
+@click.option("--quiet", is_flag=True, help="no per-iteration console lines and no progress bar")
 @click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
               help="override the plan's workload: optimizer.*, data.*, training.lr … (repeatable; YAML values)")
+@click.option("--tensorboard-dir", type=click.Path(file_okay=False),
+              help="TensorBoard event files go to DIR/<run name>; default: tensorboard/ beside --log, else ./tensorboard")
+@click.option("--no-tensorboard", is_flag=True, help="write no TensorBoard event file")
+@click.option("--trace", "trace_dir", type=click.Path(file_okay=False),
+              help="write a torch.profiler (Chrome/Perfetto) trace per rank to this folder")
+@click.option("--trace-iterations", type=click.IntRange(min=1), default=2, show_default=True,
+              help="iterations the --trace covers (after the first, which warms up)")
 @db_option
 def run(plan: str, iterations: int, backend: str | None, checkpoint_dir: str | None, checkpoint_every: int, resume: bool,
         log: str | None, seed: int, prompts: str | None, reward: str, nnodes: int, node_rank: int, rdzv: str | None,
         local_addr: str | None, timeout_s: float, bucket_mb: float, verify_sync: bool, quiet: bool,
+        tensorboard_dir: str | None, no_tensorboard: bool, trace_dir: str | None, trace_iterations: int,
         overrides: tuple[str, ...] = ()) -> None:
     """Run PLAN (a plan JSON from `hetprof plan`) with one worker process per planned device.
 
@@ -77,7 +85,7 @@ def run(plan: str, iterations: int, backend: str | None, checkpoint_dir: str | N
     Resume:        hetprof run plan.json --iterations 20 --log run.jsonl --checkpoint-dir ckpt --resume
     Two hosts:     hetprof run plan.json --nnodes 2 --node-rank 0 --rdzv 10.0.0.1:29400   (on host 0)
                    hetprof run plan.json --nnodes 2 --node-rank 1 --rdzv 10.0.0.1:29400   (on host 1)
-    Measured stage times go to the log, the console and the profile database (run records).
+    Measured stage times go to the log, the console, TensorBoard and the profile database (run records).
     """
     from hetprof.executor.launch import launch
     from hetprof.executor.options import RunOptions
@@ -87,20 +95,41 @@ def run(plan: str, iterations: int, backend: str | None, checkpoint_dir: str | N
         checkpoint_dir=os.path.abspath(checkpoint_dir) if checkpoint_dir else None,
         checkpoint_every=checkpoint_every, resume=resume, log=os.path.abspath(log) if log else None,
         db=str(db_path()), seed=seed, prompts=os.path.abspath(prompts) if prompts else None, reward=reward,
-        timeout_s=timeout_s, bucket_mb=bucket_mb, verify_sync=verify_sync, quiet=quiet, overrides=overrides)
+        timeout_s=timeout_s, bucket_mb=bucket_mb, verify_sync=verify_sync, quiet=quiet, overrides=overrides,
+        tensorboard_dir=None if no_tensorboard else _tensorboard_root(tensorboard_dir, log),
+        trace_dir=os.path.abspath(trace_dir) if trace_dir else None, trace_iterations=trace_iterations)
     launch(options, nnodes=nnodes, node_rank=node_rank, rdzv=rdzv, local_addr=local_addr)
+
+
+def _tensorboard_root(given: str | None, log: str | None) -> str:
+    """The run's TensorBoard root: as given, else beside the run's log, else under the current folder."""
+    if given:
+        return os.path.abspath(given)
+    return os.path.join(os.path.dirname(os.path.abspath(log)) if log else os.getcwd(), "tensorboard")
 
 
 @click.command("validate")
 @click.argument("source", callback=lambda _ctx, _param, value: _recorded_run(value))
 @click.option("--skip", type=int, default=1, show_default=True,
               help="leading iterations left out of the summary (start-up, warm caches)")
+@click.option("--gantt", type=click.Path(dir_okay=False),
+              help="also draw one iteration's measured timeline above the plan's predicted one (PNG)")
+@click.option("--iteration", type=int, default=None,
+              help="the iteration --gantt draws; default: the steady one of median time")
 @db_option
-def validate(source: str, skip: int) -> None:
+def validate(source: str, skip: int, gantt: str | None, iteration: int | None) -> None:
     """Print predicted (from the plan) against measured, per task and per iteration.
 
     SOURCE is a run's JSONL log, or a run id whose records are in the profile database.
+
+    \b
+    Timeline:  hetprof validate run.jsonl --gantt run.png
     """
     from hetprof.executor.predicted_vs_measured import load_records, render
 
-    render(load_records(source, db_path()), skip=skip)
+    records = load_records(source, db_path())
+    render(records, skip=skip)
+    if gantt:
+        from hetprof.executor.measured_gantt import save_measured_gantt
+
+        click.echo(f"timeline: {save_measured_gantt(records, gantt, skip=skip, iteration=iteration)}")

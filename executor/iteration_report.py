@@ -33,6 +33,8 @@ class BatchStats:
     staleness_max: int
     staleness_mean: float
     reward_mean: float = 0.0
+    reward_std: float = 0.0
+    samples: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # a few (prompt, response) pairs
 
 
 @dataclasses.dataclass
@@ -62,6 +64,20 @@ class IterationReport:
     checkpoint_saved: bool = False
     batch: BatchStats | None = None
     validation: dict[str, float] = dataclasses.field(default_factory=dict)  # the leader's, when evaluated
+    spans: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # task: [start, end] wall-clock s
+    _clock: float = dataclasses.field(default_factory=lambda: time.time() - time.perf_counter(), repr=False)
+
+    def timed(self, task: str, start: float, end: float | None = None) -> float:
+        """Record that `task` ran from perf_counter `start` to `end` (now): its seconds and its span
+        on the wall clock, which the ranks of one host share (the measured Gantt lines them up)."""
+        end = time.perf_counter() if end is None else end
+        self.task_seconds[task] = end - start
+        self.spans[task] = [self.wall(start), self.wall(end)]
+        return end - start
+
+    def wall(self, perf: float) -> float:
+        """A perf_counter reading on the wall clock."""
+        return self._clock + perf
 
     def to_json(self) -> bytes:
         return json.dumps(dataclasses.asdict(self), default=_plain).encode()
@@ -112,3 +128,18 @@ def _plain(value: Any) -> Any:
     if hasattr(value, "tolist"):
         return value.tolist()
     raise TypeError(f"a run report cannot carry {type(value).__name__}")
+
+
+def sample_texts(batch: dict[str, Any], prompts: list[Any], tokenizer: Any, count: int = 4) -> list[dict[str, Any]]:
+    """The first response to each of the batch's first `count` prompts, as text with its reward:
+    what a reader of the run's log or TensorBoard checks the policy against."""
+    out: list[dict[str, Any]] = []
+    seen: set[int] = set()
+    for row, idx in enumerate(batch["prompt_index"].tolist()):
+        if idx in seen or len(out) == count:
+            continue
+        seen.add(idx)
+        ids = batch["input_ids"][row][batch["response_mask"][row].bool()].tolist()
+        out.append({"prompt": prompts[idx].text, "answer": prompts[idx].answer,
+                    "response": tokenizer.decode(ids), "reward": float(batch["rewards"][row])})
+    return out

@@ -31,6 +31,9 @@ class RunOptions:
     verify_sync: bool = False
     quiet: bool = False
     overrides: tuple[str, ...] = ()  # `--set key.path=value` on the plan's workload (launch_checks.load_plan)
+    tensorboard_dir: str | None = None  # event files under <dir>/<run name>; None: no TensorBoard
+    trace_dir: str | None = None  # torch.profiler traces, one file per rank; None: no trace
+    trace_iterations: int = 2
 
     def validate(self) -> None:
         if self.iterations < 1:
@@ -39,6 +42,8 @@ class RunOptions:
             raise HetprofError(f"--checkpoint-every must be at least 1, got {self.checkpoint_every}")
         if self.resume and not self.checkpoint_dir:
             raise HetprofError("--resume needs --checkpoint-dir (where the checkpoints are)")
+        if self.trace_iterations < 1:
+            raise HetprofError(f"--trace-iterations must be at least 1, got {self.trace_iterations}")
         if self.timeout_s <= 0:
             raise HetprofError(f"--timeout must be positive, got {self.timeout_s}")
 

@@ -22,8 +22,10 @@ from hetprof.executor.dispatch import receive_or_explain
 from hetprof.executor.iteration_report import IterationReport
 from hetprof.executor.messages import MessageKind, Outbox, message_tag
 from hetprof.executor.options import RunOptions
+from hetprof.executor.progress import RunProgress, wanted
 from hetprof.executor.records import DBWriter, RunLog, console_line
 from hetprof.executor.run_record import RecordContext, build_record
+from hetprof.executor.tensorboard_log import TensorBoardLog
 from hetprof.executor.topology import Topology
 
 
@@ -44,9 +46,19 @@ class Recorder:
         self.db_writer = DBWriter(options.db) if self.is_leader and options.db else None
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hetprof-records")
         self._pending: list[Future] = []
+        self.tensorboard: TensorBoardLog | None = None
+        self.progress: RunProgress | None = None
 
-    def start(self, context: RecordContext) -> None:
+    def start(self, context: RecordContext, first: int) -> None:
+        """Begin recording at iteration `first` (0, or where a resumed run starts); the leader opens
+        the run's TensorBoard folder (named by the run, so a resumed run continues its curves)."""
         self.context = context
+        if not self.is_leader:
+            return
+        if self.opts.tensorboard_dir:
+            self.tensorboard = TensorBoardLog(self.opts.tensorboard_dir, context.run, first)
+        if wanted(self.console, self.opts.quiet):
+            self.progress = RunProgress(self.console, first, self.opts.iterations)
 
     def submit(self, iteration: int, seconds: float, report: IterationReport) -> None:
         """Hand this rank's report of `iteration` on: the leader's thread records it, others send it."""
@@ -78,14 +90,22 @@ class Recorder:
         if commit:
             checkpoint.commit(self.opts.checkpoint_dir, record["iteration"] + 1,
                               {"plan_hash": record["plan_hash"], "run": record["run"]})
+        if self.tensorboard is not None:
+            self.tensorboard.write(record)
         if not self.opts.quiet:
             self.console.print(console_line(record))
+        if self.progress is not None:
+            self.progress.advance(record)
 
     def close(self) -> None:
         """Deliver this rank's reports, finish every record, and surface a failed write."""
         self.outbox.flush()
         if self.db_writer is not None:
             self._pending.append(self._thread.submit(self.db_writer.close))
+        if self.tensorboard is not None:
+            self._pending.append(self._thread.submit(self.tensorboard.close))
         self._thread.shutdown(wait=True)
+        if self.progress is not None:
+            self.progress.close()
         for f in self._pending:
             f.result()  # a failed write (disk full, locked database) fails the run visibly

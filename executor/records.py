@@ -6,8 +6,10 @@ back, and the same numbers go to the profile database as one row per (iteration,
 
 Iteration record fields: run, plan_hash, iteration, version, mode, staleness_bound, iteration_s,
 stages {task or phase: seconds}, replicas {task: [seconds per replica]}, predicted {task: seconds},
-predicted_iteration_s, tokens, tokens_per_s, reward_mean, kl, clip_frac, staleness_max,
-staleness_mean, sync_bytes, sync_Bps, layouts {task: "DP2×TP1×PP1"}, devices {task: [ids]}, time,
+predicted_iteration_s, tokens, tokens_per_s, reward_mean, reward_std, kl, entropy, clip_frac, grad_norm, lr,
+critic_<stat> (PPO), staleness_max, staleness_mean, sync_bytes, sync_Bps, layouts {task: "DP2×TP1×PP1"},
+devices {task: [ids]}, time, samples [{prompt, answer, response, reward}] (a few, for reading),
+timeline [{device, task, start, end}] (seconds since the iteration's first task began; the measured Gantt),
 work {task: what one replica ran: kind, role, model shape, layout}, phase_times {task: [{kind, batch,
 tokens, seconds, device, device_type, dtype, threads, with_head}]} (built by run_record.build_record;
 costmodels/runrows.py reads them back as task rows).
@@ -108,7 +110,7 @@ def db_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
         "predicted_s": record.get("predicted_iteration_s"),
         "device_ids": sorted({d for ids in record["devices"].values() for d in ids}),
         "extra": {k: record[k] for k in ("tokens_per_s", "reward_mean", "kl", "clip_frac", "staleness_max",
-                                         "mode", "sync_Bps", "val_reward_mean") if k in record},
+                                         "mode", "sync_Bps", "val_reward_mean", "timeline") if k in record},
     })
     return rows
 
@@ -166,8 +168,12 @@ def read_db(db_file: str | Path, run: str) -> list[dict[str, Any]]:
         if row["task"] == "iteration":
             rec["iteration_s"] = float(row["seconds"])
             rec["predicted_iteration_s"] = predicted
+            if isinstance(row.get("extra"), dict) and row["extra"].get("timeline"):
+                rec["timeline"] = row["extra"]["timeline"]
         else:
             rec["stages"][row["task"]] = float(row["seconds"])
+            if isinstance(row.get("device_ids"), list):
+                rec.setdefault("devices", {})[row["task"]] = row["device_ids"]
             if predicted is not None:
                 rec["predicted"][row["task"]] = predicted
     return [out[i] for i in sorted(out)]

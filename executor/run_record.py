@@ -96,12 +96,36 @@ def check_sync_digests(ctx: RecordContext, iteration: int, reports: list[Iterati
                                  f"trainer's ({len(set(digests))} distinct digests of {len(digests)})")
 
 
-def train_means(reports: list[IterationReport], task: str = Task.ACTOR_TRAIN) -> dict[str, float]:
+TRAIN_KEYS = ("kl", "clip_frac", "entropy", "policy_loss", "grad_norm", "lr")
+
+
+def train_means(reports: list[IterationReport], task: str = Task.ACTOR_TRAIN,
+                keys: tuple[str, ...] = TRAIN_KEYS) -> dict[str, float]:
     """The learner's statistics over a task's replicas, weighted by the rows each trained on."""
     stats = [r.train_stats[task] for r in reports if r.train_stats.get(task)]
-    rows = sum(s["n"] for s in stats) or 1
-    return {key: float(sum(s.get(key, 0.0) * s["n"] for s in stats) / rows)
-            for key in ("kl", "clip_frac", "entropy", "policy_loss")}
+    out = {}
+    for key in keys:  # over the replicas that report the statistic (0.0 when none does)
+        having = [s for s in stats if key in s]
+        rows = sum(s["n"] for s in having) or 1
+        out[key] = float(sum(s[key] * s["n"] for s in having) / rows)
+    return out
+
+
+def critic_means(reports: list[IterationReport]) -> dict[str, float]:
+    """The critic's update statistics (PPO), prefixed `critic_`; empty when no critic trains."""
+    stats = [s for r in reports for t, s in r.train_stats.items() if t == Task.CRITIC_TRAIN and s]
+    keys = sorted({k for s in stats for k in s} - {"n", "optimizer_steps", "update_seconds", "logprob_seconds"})
+    return {f"critic_{k}": v for k, v in train_means(reports, Task.CRITIC_TRAIN, tuple(keys)).items()} if stats else {}
+
+
+def timeline(reports: list[IterationReport]) -> list[dict[str, Any]]:
+    """Each rank's task spans as seconds since the iteration's first one started (the measured Gantt)."""
+    spans = [(r.device, task, s) for r in reports for task, s in r.spans.items()]
+    if not spans:
+        return []
+    origin = min(s[0] for _, _, s in spans)
+    return [{"device": d, "task": t, "start": s[0] - origin, "end": s[1] - origin}
+            for d, t, s in sorted(spans, key=lambda x: (x[2][0], x[0]))]
 
 
 def work_timings(reports: list[IterationReport]) -> dict[str, list[dict[str, Any]]]:
@@ -139,7 +163,8 @@ def build_record(ctx: RecordContext, iteration: int, seconds: float, reports: li
         "predicted_s": ctx.predicted_iteration_s,
         "tokens": tokens, "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
         "reward_mean": batch.reward_mean, "prompt_tokens_mean": batch.prompt_tokens_mean,
-        "response_tokens_mean": batch.response_tokens_mean, **train_means(reports),
+        "response_tokens_mean": batch.response_tokens_mean, **train_means(reports), **critic_means(reports),
+        "reward_std": batch.reward_std, "samples": batch.samples, "timeline": timeline(reports),
         "staleness_max": batch.staleness_max, "staleness_mean": batch.staleness_mean,
         "gen_versions": sorted({r.gen_version for r in reports if r.gen_version is not None}),
         "sync_bytes": sync_bytes, "sync_Bps": sync_bytes / sync_s if sync_s else 0.0, "sync_verified": verified,

@@ -22,12 +22,14 @@ import torch
 
 from hetprof.executor.batch_split import share_slices
 from hetprof.executor.dispatch import Exchange
+from hetprof.executor.hf_export import export_models
 from hetprof.executor.iteration_report import (
     BatchStats,
     IterationReport,
     Laps,
     RankInfo,
     prefill_timing,
+    sample_texts,
     train_timing,
 )
 from hetprof.executor.messages import INPUT_KIND, RESULT_KIND, MessageKind
@@ -41,6 +43,7 @@ from hetprof.executor.run_record import RecordContext
 from hetprof.executor.staleness import VersionCounter, schedule
 from hetprof.executor.sync_edges import SyncEdges
 from hetprof.executor.topology import Topology
+from hetprof.executor.trace import IterationTrace
 from hetprof.specs.vocabulary import Task, TaskKind
 
 INFER_KEYS = ("input_ids", "attention_mask", "response_mask")
@@ -96,21 +99,30 @@ class Worker:
         if self.is_leader and not self.opts.quiet:  # the name `hetprof validate` and `hetprof db show` take
             self.models.console.print(f"run {self.run_name}" + (f", resumed at iteration {start}" if start else ""))
         self.recorder.start(RecordContext.from_plan(self.plan, self.topo, self.run_name, self.hash,
-                                                    work_description(self.plan), self.opts.verify_sync))
+                                                    work_description(self.plan), self.opts.verify_sync), start)
         self.weights.version = start
         counter = VersionCounter(start, self.k)
         self.weights.sync(start, None)  # generators start from the trainer's weights, fresh or resumed
         last = time.perf_counter()
-        for step in schedule(start, self.opts.iterations, self.k):
-            report = IterationReport(rank=self.rank, device=self.topo.device_of[self.rank], pid=os.getpid(),
-                                     rank_info=self.rank_info)
-            self._step(step.generate, step.consume, counter, report)
-            now = time.perf_counter()
-            if step.consume is not None:
-                self.recorder.submit(step.consume, now - last, report)
-            last = now
+        steps = list(schedule(start, self.opts.iterations, self.k))
+        trace = IterationTrace(self.opts.trace_dir, self.rank, len(steps), self.opts.trace_iterations)
+        with trace:
+            for step in steps:
+                report = IterationReport(rank=self.rank, device=self.topo.device_of[self.rank], pid=os.getpid(),
+                                         rank_info=self.rank_info)
+                with trace.step(f"iteration {step.consume}" if step.consume is not None
+                                else f"generate {step.generate}"):
+                    self._step(step.generate, step.consume, counter, report)
+                last = self._submit(step.consume, last, report)
         self.exchange.flush()
         self.recorder.close()
+
+    def _submit(self, consume: int | None, last: float, report: IterationReport) -> float:
+        """Hand a finished iteration's report to the recorder; the loop step's end time."""
+        now = time.perf_counter()
+        if consume is not None:
+            self.recorder.submit(consume, now - last, report)
+        return now
 
     def _step(self, generate: int | None, consume: int | None, counter: VersionCounter,
               report: IterationReport) -> None:
@@ -140,8 +152,11 @@ class Worker:
             self._validate(b, report)
             lap("validation")
         if self.opts.checkpoint_due(b + 1):
+            t0 = time.perf_counter()
             report.checkpoint_saved = save_units(self.models, self.opts.checkpoint_dir, b + 1, self.hash,
                                                  self.run_name)
+            export_models(self.models, self.opts.checkpoint_dir, b + 1)
+            report.spans["checkpoint"] = [report.wall(t0), report.wall(time.perf_counter())]
             lap("checkpoint")
 
     # ---- the tasks ---------------------------------------------------------------------------
@@ -156,7 +171,7 @@ class Worker:
         out = self.models.generate(prompts[mine], b, replica, self.weights.version)
         out["prompt_index"] = torch.arange(mine.start, mine.stop).repeat_interleave(
             self.workload.responses_per_prompt)
-        report.task_seconds[Task.ACTOR_GEN] = time.perf_counter() - t0
+        report.timed(Task.ACTOR_GEN, t0)
         if self.rank != gen.ranks[replica]:
             return
         report.gen_tokens = int(out["response_mask"].sum())
@@ -184,7 +199,7 @@ class Worker:
         t0 = time.perf_counter()
         batch = self.exchange.collect(self._own_rollout, self.topo.tasks[Task.ACTOR_GEN].ranks, MessageKind.ROLLOUT, b,
                                       "rollouts", self.models.pad_id)
-        report.task_seconds["wait_rollouts"] = time.perf_counter() - t0
+        report.timed("wait_rollouts", t0)
         return batch
 
     def _infer(self, task: str, b: int, batch: dict | None, report: IterationReport) -> dict | None:
@@ -195,7 +210,7 @@ class Worker:
         if part is not None:
             t0 = time.perf_counter()
             result = self.models.infer(task, part)
-            report.task_seconds[task] = time.perf_counter() - t0
+            report.timed(task, t0)
             if self.rank == tr.ranks[tr.replica_of(self.rank)]:  # a replica reports once, by its first rank
                 rows, width = part["input_ids"].shape
                 report.work_timings[task] = [prefill_timing(rows, width, report.task_seconds[task])]
@@ -216,11 +231,13 @@ class Worker:
         self._check_lengths(stats)
         batch = self.models.score(batch, self.models.prompts(b))
         stats.reward_mean = float(batch["rewards"].mean())
+        stats.reward_std = float(batch["rewards"].std(correction=0))
+        stats.samples = sample_texts(batch, self.models.prompts(b), self.models.tokenizer)
         report.batch = stats
-        report.task_seconds["reward"] = time.perf_counter() - t0
+        report.timed("reward", t0)
         t0 = time.perf_counter()
         batch = self.models.advantages(batch)
-        report.task_seconds["advantage"] = time.perf_counter() - t0
+        report.timed("advantage", t0)
         return batch
 
     def _check_lengths(self, stats: BatchStats) -> None:
@@ -246,10 +263,10 @@ class Worker:
             stats = self.models.train(tr.task, part)
             # the log-prob pass runs inside the actor's update (its first forward): timed apart
             logprob = stats.pop("logprob_seconds", 0.0)
-            seconds = report.task_seconds[tr.task] = time.perf_counter() - t0 - logprob
+            seconds = report.timed(tr.task, t0 + logprob)
             rows, width = part["input_ids"].shape
             if logprob:
-                report.task_seconds[Task.ACTOR_LOGPROB] = logprob
+                report.timed(Task.ACTOR_LOGPROB, t0, t0 + logprob)
             if self.rank != tr.ranks[tr.replica_of(self.rank)]:
                 continue  # a replica's statistics are reported once, by its first rank
             if logprob:

@@ -60,7 +60,7 @@ class SyncEdges:
                     self.version = got
             if report is None:
                 continue
-            report.task_seconds[edge] = time.perf_counter() - t0
+            report.timed(edge, t0)
             report.sync[edge] = SyncStats(bytes=stats.bytes, seconds=stats.seconds)
             if self.opts.verify_sync:
                 report.digests[edge] = self._digests(sync, role, full)

@@ -98,6 +98,11 @@ class HFTokenizer:
         self._has_bos = tok.bos_token_id is not None
         self.vocab_size = len(tok)
 
+    @property
+    def hf(self) -> PreTrainedTokenizerBase:
+        """The transformers tokenizer underneath (what a model export saves)."""
+        return self._tok
+
     def encode(self, text: str, add_bos: bool = True) -> list[int]:
         ids = self._tok.encode(text, add_special_tokens=False)
         return [self.bos_id, *ids] if add_bos and self._has_bos else list(ids)

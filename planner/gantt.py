@@ -10,19 +10,8 @@ from pathlib import Path
 
 from hetprof.planner.candidate import Candidate
 from hetprof.planner.simulator import Score
-from hetprof.specs.vocabulary import Task
-
-TASK_COLOURS = {
-    Task.ACTOR_GEN: "#4C72B0", Task.REF_INFER: "#55A868", Task.REWARD_INFER: "#C44E52", Task.CRITIC_INFER: "#8172B2",
-    Task.ACTOR_TRAIN: "#CCB974", Task.CRITIC_TRAIN: "#64B5CD",
-}
-
-
-def _colour(name: str) -> str:
-    for task, colour in TASK_COLOURS.items():
-        if name.startswith(task):
-            return colour
-    return "#999999"
+from hetprof.task_colours import TASK_COLOURS
+from hetprof.task_colours import task_colour as _colour
 
 
 def save_gantt(score: Score, candidate: Candidate, path: str | Path, title: str = "") -> Path:

@@ -305,7 +305,7 @@ _SLOW_MERGE = """
 import sys, time, pathlib
 from hetprof.profiles import staging
 staging.MIN_ROWS = 1
-real, ready = staging.stage, pathlib.Path(sys.argv[3])
+real, ready = staging.stage, pathlib.Path(READY)  # not argv: the staging helper re-runs this with its own
 def slow(*args, **kwargs):
     ready.write_text("staging")
     time.sleep(120)
@@ -322,7 +322,7 @@ def _merge_held_in_staging(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
     for k in range(4):  # several runs: the samples are split between this process and a helper
         fill(src, host=f"node-{k}", n=40)
     fill(target, host="node-t")
-    proc = subprocess.Popen([sys.executable, "-P", "-c", _SLOW_MERGE, str(target), str(src), str(ready)],
+    proc = subprocess.Popen([sys.executable, "-P", "-c", _SLOW_MERGE.replace("READY", repr(str(ready))), str(target), str(src)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for _ in range(1200):
         if ready.exists() or proc.poll() is not None:

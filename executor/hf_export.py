@@ -1,0 +1,127 @@
+"""Hugging Face exports of the trained models beside each checkpoint, loadable without hetprof.
+
+At every checkpoint (and so at the last iteration) the actor is written as a causal LM and a PPO
+critic as a token-classification model with one label (its value head is `score`, one value per
+position), each with `save_pretrained` (safetensors), the run's tokenizer and a generation config
+holding the run's sampling settings:
+
+  <checkpoint-dir>/hf/iter-NNNNNN/actor/    AutoModelForCausalLM.from_pretrained loads it
+  <checkpoint-dir>/hf/iter-NNNNNN/critic/   AutoModelForTokenClassification (num_labels=1)
+
+A sharded trainer (FSDP, TP, PP) is gathered to full tensors first — a collective every rank of
+the trainer joins — and only the task's lead rank writes. Each folder is written under a temporary
+name and renamed into place, so a reader never sees half an export; the newest `keep` are kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from hetprof.errors import ExecutionError
+from hetprof.executor.checkpoint import atomic_folder
+from hetprof.executor.hf_tokenizer import save_tokenizer
+from hetprof.executor.modeling import hf_config, unwrap
+from hetprof.specs.vocabulary import Role, Task
+
+if TYPE_CHECKING:
+    from hetprof.executor.rank_models import RankModels
+
+EXPORT = "hf"
+TRAINERS = {Role.ACTOR: Task.ACTOR_TRAIN, Role.CRITIC: Task.CRITIC_TRAIN}
+
+
+def export_folder(checkpoint_dir: str | Path, iteration: int, role: str) -> Path:
+    """Where the export of `role` (actor or critic) after `iteration` iterations lives."""
+    return Path(checkpoint_dir) / EXPORT / f"iter-{iteration:06d}" / role
+
+
+def export_models(models: RankModels, checkpoint_dir: str, iteration: int, keep: int = 2) -> list[Path]:
+    """Export every trained model on this rank; every rank of a trainer calls it (the gather is a
+    collective), the trainer's lead writes. Returns the folders this rank wrote."""
+    from hetprof.executor.rank_models import model_ref
+
+    written = []
+    for role, task in TRAINERS.items():
+        if task not in models.learners:
+            continue
+        state = models.full_weights(role)  # FSDP/TP/PP: gathered; DDP/one device: None (full already)
+        if models.rank != models.topo.tasks[task].lead:
+            continue
+        if state is None:
+            state = unwrap(models.models[task]).state_dict()
+        writer = _write_actor if role == Role.ACTOR else _write_critic
+        folder = export_folder(checkpoint_dir, iteration, role)
+        atomic_folder(folder, lambda tmp, w=writer, s=state, r=role: w(
+            tmp, s, model_ref(models.workload, r), models))
+        _prune(Path(checkpoint_dir) / EXPORT, role, keep)
+        written.append(folder)
+    return written
+
+
+def _write_actor(folder: Path, state: dict[str, torch.Tensor], ref: str, models: RankModels) -> None:
+    from transformers import AutoModelForCausalLM
+
+    _save(AutoModelForCausalLM, hf_config(ref), state, folder, models)
+
+
+def _write_critic(folder: Path, state: dict[str, torch.Tensor], ref: str, models: RankModels) -> None:
+    """The critic's backbone under the token classifier's base prefix, its head as `score`."""
+    from transformers import AutoModelForTokenClassification
+
+    config = hf_config(ref)
+    config.num_labels = 1
+    renamed = {("score." + k.removeprefix("head.")) if k.startswith("head.")
+               else ("model." + k.removeprefix("backbone.")): v for k, v in state.items()}
+    _save(AutoModelForTokenClassification, config, renamed, folder, models)
+
+
+def _save(auto: Any, config: Any, state: dict[str, torch.Tensor], folder: Path, models: RankModels) -> None:
+    """`save_pretrained` from a weightless skeleton and the given full state (no second copy built)."""
+    from transformers import GenerationConfig
+
+    tok = models.tokenizer
+    config.update({"bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id, "pad_token_id": tok.pad_id})
+    dtype = next(iter(state.values())).dtype
+    with torch.device("meta"):
+        skeleton = auto.from_config(config, dtype=dtype)
+    cpu = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
+    skeleton.generation_config = GenerationConfig(
+        bos_token_id=tok.bos_id, eos_token_id=tok.eos_id, pad_token_id=tok.pad_id, do_sample=True,
+        temperature=models.training.temperature, top_p=models.training.top_p,
+        max_new_tokens=models.workload.response_len.cap)
+    # transformers writes only on global rank 0 of an initialised process group; hetprof picked this
+    # rank (the trainer's lead) as the one writer, so this rank saves whatever its number
+    skeleton.should_save_on_this_rank = lambda is_main_process: True
+    with _quiet_transformers():
+        skeleton.save_pretrained(str(folder), state_dict=cpu, safe_serialization=True)
+    save_tokenizer(tok, folder)
+    missing = [f for f in ("config.json", "model.safetensors") if not (folder / f).is_file()]
+    if missing:
+        raise ExecutionError(f"Hugging Face export {folder}: save_pretrained wrote no {', '.join(missing)}")
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Any:
+    """No per-shard progress bars from a worker: they would break into the run's console lines."""
+    from transformers.utils import logging
+
+    was = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            logging.enable_progress_bar()
+
+
+def _prune(root: Path, role: str, keep: int) -> None:
+    """Drop all but the newest `keep` exports of `role`, and iteration folders left empty."""
+    for old in sorted(root.glob("iter-*"))[:-keep] if keep > 0 else []:
+        shutil.rmtree(old / role, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            old.rmdir()  # only once empty: another role's lead may still hold its export there
