@@ -34,14 +34,16 @@ class MessageKind(IntEnum):
     REWARD_INFER_RESULT = 8
     CRITIC_INFER_RESULT = 9
     REPORT = 10
+    ACTOR_LOGPROB_INPUT = 11
+    ACTOR_LOGPROB_RESULT = 12
 
 
 KINDS_PER_BATCH = 16  # room above the kinds in use, so adding one keeps old tags stable
-INPUT_KIND = {Task.REF_INFER: MessageKind.REF_INFER_INPUT, Task.REWARD_INFER: MessageKind.REWARD_INFER_INPUT,
-              Task.CRITIC_INFER: MessageKind.CRITIC_INFER_INPUT, Task.ACTOR_TRAIN: MessageKind.ACTOR_TRAIN_INPUT,
-              Task.CRITIC_TRAIN: MessageKind.CRITIC_TRAIN_INPUT}
-RESULT_KIND = {Task.REF_INFER: MessageKind.REF_INFER_RESULT, Task.REWARD_INFER: MessageKind.REWARD_INFER_RESULT,
-               Task.CRITIC_INFER: MessageKind.CRITIC_INFER_RESULT}
+INPUT_KIND = {Task.ACTOR_LOGPROB: MessageKind.ACTOR_LOGPROB_INPUT, Task.REF_INFER: MessageKind.REF_INFER_INPUT,
+              Task.REWARD_INFER: MessageKind.REWARD_INFER_INPUT, Task.CRITIC_INFER: MessageKind.CRITIC_INFER_INPUT,
+              Task.ACTOR_TRAIN: MessageKind.ACTOR_TRAIN_INPUT, Task.CRITIC_TRAIN: MessageKind.CRITIC_TRAIN_INPUT}
+RESULT_KIND = {Task.ACTOR_LOGPROB: MessageKind.ACTOR_LOGPROB_RESULT, Task.REF_INFER: MessageKind.REF_INFER_RESULT,
+               Task.REWARD_INFER: MessageKind.REWARD_INFER_RESULT, Task.CRITIC_INFER: MessageKind.CRITIC_INFER_RESULT}
 
 
 def message_tag(batch: int, kind: MessageKind) -> int:

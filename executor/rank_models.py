@@ -37,7 +37,7 @@ from hetprof.specs.vocabulary import Role, Task
 
 # The RLBatch fields that travel to training replicas (None fields are left out).
 BATCH_FIELDS = ("input_ids", "attention_mask", "mask", "rewards", "behaviour_logprobs", "ref_logprobs",
-                "values", "advantages", "returns", "versions")
+                "proximal_logprobs", "values", "advantages", "returns", "versions")
 
 
 def model_ref(workload: WorkloadSpec, role: str) -> str:
@@ -156,13 +156,13 @@ class RankModels:
                 wrapped = wrap_replica(model, group, self.device, sharding)
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
         self.models[task] = wrapped
-        # The plan's log-prob pass (actor_logprob, on these ranks beside actor_train) recomputes the old
-        # log-probs under the weights before the update; without it the rollout's own are used.
+        # The plan's log-prob pass (actor_logprob, on these ranks) runs as its own forward pass before
+        # the advantages (infer) and hands the learner π_prox on the batch; without it π_behav serves.
         self.learners[task] = Learner(wrapped, optimizer, self.algorithm, ppo_epochs=self.workload.ppo_epochs,
                                       mini_batches=self.workload.mini_batches,
                                       role=Role.ACTOR if task == Task.ACTOR_TRAIN else Role.CRITIC,
                                       temperature=self.training.temperature,
-                                      recompute_proximal=Task.ACTOR_LOGPROB in self.tasks,
+                                      recompute_proximal=False,
                                       seed=self.opts.seed, parallel=sharded,
                                       process_group=group if sharded is None and len(ranks) > 1 else None)
 
@@ -188,6 +188,8 @@ class RankModels:
         from hetprof.executor.logprobs import logits_to_logprobs, token_logprobs
 
         ids, mask = part["input_ids"], part["attention_mask"]
+        if task == Task.ACTOR_LOGPROB:
+            return {"proximal_logprobs": self.proximal_logprobs(part)}
         pipe = self.sharded[task].pipeline if task in self.sharded else None
         if pipe is not None:  # every stage runs the schedule; the last stage's output reaches all
             out = pipe.forward(ids, mask)
@@ -206,6 +208,18 @@ class RankModels:
         if task == Task.REWARD_INFER:
             return {"rm_scores": self.reward_model.score_ids(ids, mask).float()}
         raise ExecutionError(f"no inference role for task {task}")
+
+    def proximal_logprobs(self, part: dict[str, torch.Tensor]) -> torch.Tensor:
+        """π_prox over a replica's rows: the actor trainer's own module before this iteration's update
+        (every rank of the replica takes part: its TP shards and pipeline stages compute together)."""
+        from hetprof.executor.algorithms import RLBatch
+
+        ids = part["input_ids"]
+        mask = part["response_mask"][:, 1:]
+        rows = RLBatch(input_ids=ids, attention_mask=part["attention_mask"], mask=mask,
+                       rewards=mask.new_zeros(len(ids), dtype=torch.float32),
+                       behaviour_logprobs=mask.new_zeros(mask.shape, dtype=torch.float32))
+        return self.learners[Task.ACTOR_TRAIN].proximal_logprobs(rows).float()
 
     # ---- the leader's part ---------------------------------------------------------------------
     def score(self, batch: dict[str, torch.Tensor], prompts: list[Prompt]) -> dict[str, torch.Tensor]:
@@ -229,7 +243,8 @@ class RankModels:
         rl = RLBatch(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                      mask=batch["response_mask"][:, 1:], rewards=batch["rewards"],
                      behaviour_logprobs=batch["logprobs"][:, 1:], group_size=self.workload.responses_per_prompt,
-                     ref_logprobs=batch.get("ref_logprobs"), values=batch.get("values"),
+                     ref_logprobs=batch.get("ref_logprobs"), proximal_logprobs=batch.get("proximal_logprobs"),
+                     values=batch.get("values"),
                      versions=batch["version"])
         self.algorithm.advantages(rl)
         return {f: getattr(rl, f) for f in BATCH_FIELDS if getattr(rl, f) is not None}
