@@ -157,12 +157,13 @@ class RankModels:
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
         self.models[task] = wrapped
         # The plan's log-prob pass (actor_logprob, on these ranks) runs as its own forward pass before
-        # the advantages (infer) and hands the learner π_prox on the batch; without it π_behav serves.
+        # the advantages (proximal_logprobs) and hands the learner π_prox on the batch; the learner
+        # recomputes it only for a batch that lacks it, and without the pass π_behav serves.
         self.learners[task] = Learner(wrapped, optimizer, self.algorithm, ppo_epochs=self.workload.ppo_epochs,
                                       mini_batches=self.workload.mini_batches,
                                       role=Role.ACTOR if task == Task.ACTOR_TRAIN else Role.CRITIC,
                                       temperature=self.training.temperature,
-                                      recompute_proximal=False,
+                                      recompute_proximal=Task.ACTOR_LOGPROB in self.tasks,
                                       seed=self.opts.seed, parallel=sharded,
                                       process_group=group if sharded is None and len(ranks) > 1 else None)
 
@@ -183,6 +184,18 @@ class RankModels:
                 "version": torch.full((len(ids),), version, dtype=torch.long)}
 
     # ---- inference -----------------------------------------------------------------------------
+    def proximal_logprobs(self, part: dict[str, torch.Tensor]) -> torch.Tensor:
+        """π_prox over a replica's rows: the actor trainer's own module before this iteration's update
+        (every rank of the replica takes part: its TP shards and pipeline stages compute together)."""
+        from hetprof.executor.algorithms import RLBatch
+
+        ids = part["input_ids"]
+        mask = part["response_mask"][:, 1:]
+        rows = RLBatch(input_ids=ids, attention_mask=part["attention_mask"], mask=mask,
+                       rewards=mask.new_zeros(len(ids), dtype=torch.float32),
+                       behaviour_logprobs=mask.new_zeros(mask.shape, dtype=torch.float32))
+        return self.learners[Task.ACTOR_TRAIN].proximal_logprobs(rows).float()
+
     @torch.no_grad()
     def infer(self, task: str, part: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         from hetprof.executor.logprobs import logits_to_logprobs, token_logprobs
@@ -208,18 +221,6 @@ class RankModels:
         if task == Task.REWARD_INFER:
             return {"rm_scores": self.reward_model.score_ids(ids, mask).float()}
         raise ExecutionError(f"no inference role for task {task}")
-
-    def proximal_logprobs(self, part: dict[str, torch.Tensor]) -> torch.Tensor:
-        """π_prox over a replica's rows: the actor trainer's own module before this iteration's update
-        (every rank of the replica takes part: its TP shards and pipeline stages compute together)."""
-        from hetprof.executor.algorithms import RLBatch
-
-        ids = part["input_ids"]
-        mask = part["response_mask"][:, 1:]
-        rows = RLBatch(input_ids=ids, attention_mask=part["attention_mask"], mask=mask,
-                       rewards=mask.new_zeros(len(ids), dtype=torch.float32),
-                       behaviour_logprobs=mask.new_zeros(mask.shape, dtype=torch.float32))
-        return self.learners[Task.ACTOR_TRAIN].proximal_logprobs(rows).float()
 
     # ---- the leader's part ---------------------------------------------------------------------
     def score(self, batch: dict[str, torch.Tensor], prompts: list[Prompt]) -> dict[str, torch.Tensor]:

@@ -44,7 +44,7 @@ from hetprof.executor.resume import agree_on_start, load_units, save_units
 from hetprof.executor.run_record import RecordContext
 from hetprof.executor.staleness import VersionCounter, schedule
 from hetprof.executor.sync_edges import SyncEdges
-from hetprof.executor.topology import TaskRanks, Topology
+from hetprof.executor.topology import Topology
 from hetprof.specs.vocabulary import Task, TaskKind
 
 INFER_KEYS = ("input_ids", "attention_mask", "response_mask")
@@ -118,8 +118,8 @@ class Worker:
         batch = self._assemble(b, report) if self.is_leader else None
         lap("collect_rollouts")
         for task in self._forward_passes():
-            batch = self._infer(task.task, b, batch, report)
-            lap(task.task)
+            batch = self._infer(task, b, batch, report)
+            lap(task)
         if self.is_leader:
             batch = self._score(b, batch, counter, report)
             lap("reward_advantage")
@@ -135,11 +135,11 @@ class Worker:
             lap("checkpoint")
 
     # ---- the tasks ---------------------------------------------------------------------------
-    def _forward_passes(self) -> list[TaskRanks]:
+    def _forward_passes(self) -> list[str]:
         """The passes over a collected batch that its advantages read: the actor's log-prob pass
         (the trainer's weights before this update, on the trainer's ranks), then each inference task."""
-        logprob = [self.topo.tasks[Task.ACTOR_LOGPROB]] if Task.ACTOR_LOGPROB in self.topo.tasks else []
-        return logprob + self.topo.inference_tasks()
+        logprob = [Task.ACTOR_LOGPROB] if Task.ACTOR_LOGPROB in self.topo.tasks else []
+        return logprob + [t.task for t in self.topo.inference_tasks()]
 
     def _generate(self, b: int, report: IterationReport) -> None:
         """Generate this replica's prompts; the TP ranks of a replica all run it (same seed, same
@@ -226,11 +226,16 @@ class Worker:
                 continue
             t0 = time.perf_counter()
             stats = self.models.train(tr.task, part)
-            stats.pop("logprob_seconds", None)  # the log-prob pass ran before the advantages (_infer)
-            seconds = report.task_seconds[tr.task] = time.perf_counter() - t0
+            # the update recomputes π_prox only for a batch that lacks it (its first forward): timed apart
+            logprob = stats.pop("logprob_seconds", 0.0)
+            seconds = report.task_seconds[tr.task] = time.perf_counter() - t0 - logprob
             rows, width = part["input_ids"].shape
+            if logprob:
+                report.task_seconds[Task.ACTOR_LOGPROB] = logprob
             if self.rank != tr.ranks[tr.replica_of(self.rank)]:
                 continue  # a replica's statistics are reported once, by its first rank
+            if logprob:
+                report.work_timings[Task.ACTOR_LOGPROB] = [prefill_timing(rows, width, logprob)]
             report.work_timings[tr.task] = [train_timing(rows, width, seconds, self.workload.ppo_epochs,
                                                          self.workload.mini_batches)]
             report.train_stats[tr.task] = {"n": rows, **stats}
