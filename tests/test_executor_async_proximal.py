@@ -52,8 +52,17 @@ def _run(rank: int, plan_path: str, out: str) -> None:
 
 
 def _observe_advantages(models, path: str) -> None:
-    """Wrap the leader's advantage step: record its inputs, its returns and the trainer's own log-probs."""
+    """Wrap the leader's advantage step: record its inputs, its returns, the trainer's own log-probs and
+    how many π_prox forwards the leader's learner has run so far."""
     original, seen = models.advantages, []
+    learner = models.learners[Task.ACTOR_TRAIN]
+    recompute, passes = learner.proximal_logprobs, []
+
+    def proximal_logprobs(rows):
+        passes.append(len(rows))
+        return recompute(rows)
+
+    learner.proximal_logprobs = proximal_logprobs
 
     def advantages(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         trainer = unwrap(models.models[Task.ACTOR_TRAIN])  # the module, not DDP: no collective here
@@ -66,7 +75,8 @@ def _observe_advantages(models, path: str) -> None:
         result = original(batch)
         seen.append({"proximal": proximal, "behaviour": batch["logprobs"][:, 1:], "ref": batch["ref_logprobs"],
                      "values": batch["values"], "rewards": batch["rewards"],
-                     "mask": batch["response_mask"][:, 1:].float(), "returns": result["returns"]})
+                     "mask": batch["response_mask"][:, 1:].float(), "returns": result["returns"],
+                     "passes": torch.tensor(len(passes))})
         torch.save(seen, path)
         return result
 
@@ -97,6 +107,8 @@ def test_async_ppo_kl_penalty_and_gae_use_the_proximal_policy(tmp_path):
     mp.spawn(_worker, args=(file_init_method(tmp_path), str(plan), str(tmp_path)), nprocs=len(DEVICES), join=True)
     seen = torch.load(tmp_path / "seen.pt", weights_only=True)
     assert len(seen) == 3
+    # one π_prox forward per iteration on the leader: the pass before the advantages, none in the update
+    assert [int(batch["passes"]) for batch in seen] == [1, 2, 3]
     stale_gap = []
     for batch in seen:
         got = batch["returns"].double().numpy()
