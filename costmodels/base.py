@@ -18,6 +18,7 @@ from hetprof.catalog import Catalog, builtin
 from hetprof.costmodels import comm, memory
 from hetprof.costmodels.data import Estimate, LinkSpec, MemoryEstimate, Phase, PhaseTime, Placement, Work
 from hetprof.models import DTYPE_BYTES, ModelShape
+from hetprof.specs.vocabulary import TaskKind
 
 # Decode cost varies with context; the sum over response_len steps is taken by the midpoint rule on
 # this many segments (exact for the linear roofline terms, < 1% off for the max() kink).
@@ -152,7 +153,7 @@ class CostModel(abc.ABC):
             return layers * per_layer * self.collective_time("all_reduce", size, placement.tp, tp_link)
 
         mem = self.memory(work, placement)
-        if work.kind == "generation":
+        if work.kind == TaskKind.GENERATION:
             prompt = max(1, round(work.prompt_len))
             steps = max(0, round(work.response_len))
             conc = self.max_concurrent_sequences(work, placement)
@@ -168,7 +169,7 @@ class CostModel(abc.ABC):
             call = self.generation_call_overhead(dev, work.dtype, conc, prompt)
             parts["call"] = waves * max(call, -0.5 * (prefill + decode))
             parts["tp_comm"] = waves * (tp_comm(conc * prompt, 2) + steps * tp_comm(conc, 2))
-        elif work.kind == "inference":
+        elif work.kind == TaskKind.INFERENCE:
             parts["forward"] = phase("prefill", work.batch, work.seq_len, True)
             parts["tp_comm"] = tp_comm(work.batch * work.seq_len, 2)
         else:
@@ -180,7 +181,7 @@ class CostModel(abc.ABC):
         if placement.pp > 1:
             stage = self._pipeline(work, placement, stage, parts)
         source = combine_sources(sources)
-        if mem.total > self.catalog.lookup(dev).memory_bytes and work.kind != "generation":
+        if mem.total > self.catalog.lookup(dev).memory_bytes and work.kind != TaskKind.GENERATION:
             notes.append(f"needs {mem.total / 1e9:.1f} GB per device, more than {dev} has")
         return Estimate(stage, parts, source, tuple(notes))
 
@@ -190,10 +191,10 @@ class CostModel(abc.ABC):
         m = placement.microbatches or min(work.batch, 2 * placement.pp)
         m = max(1, min(m, work.batch))
         hidden_bytes = work.model.hidden * DTYPE_BYTES[work.dtype]
-        tokens = work.batch * (work.seq_len if work.kind != "generation" else 1)
-        hops = 2 if work.kind == "training" else 1  # activations forward, gradients back
+        tokens = work.batch * (work.seq_len if work.kind != TaskKind.GENERATION else 1)
+        hops = 2 if work.kind == TaskKind.TRAINING else 1  # activations forward, gradients back
         act = self.collective_time("p2p", tokens / m * hidden_bytes, 2, pp_link) * hops
-        if work.kind == "generation":
+        if work.kind == TaskKind.GENERATION:
             # every decode step crosses every stage boundary once; stages work on other micro-batches
             steps = max(1, round(work.response_len)) + 1
             parts["pp_comm"] = steps * (placement.pp - 1) * self.collective_time(
@@ -215,7 +216,7 @@ class CostModel(abc.ABC):
 
     def _memory(self, work: Work, placement: Placement) -> MemoryEstimate:
         concurrent = work.batch
-        if work.kind == "generation":
+        if work.kind == TaskKind.GENERATION:
             concurrent = min(work.batch, self.max_concurrent_sequences(work, placement))
         return memory.task_memory(work.kind, work.model, self._stage_layers(work, placement), placement.tp,
                                   work.batch, work.seq_len, work.dtype, work.recompute, concurrent,

@@ -13,8 +13,9 @@ from types import MappingProxyType
 from typing import Literal
 
 from hetprof.models import DTYPE_BYTES, ModelShape
+from hetprof.specs.vocabulary import TaskKind
 
-WorkKind = Literal["generation", "inference", "training"]
+WorkKind = TaskKind  # a priced piece of work has the kind of the task it belongs to
 PhaseKind = Literal["prefill", "decode", "train"]
 
 
@@ -52,7 +53,7 @@ class Work:
     recompute: bool = False
 
     def __post_init__(self) -> None:
-        if self.kind not in ("generation", "inference", "training"):
+        if self.kind not in tuple(TaskKind):
             raise ValueError(f"Work.kind must be generation, inference or training, got {self.kind!r}")
         if self.batch < 1:
             raise ValueError(f"Work.batch must be >= 1, got {self.batch}")

@@ -30,6 +30,7 @@ import math
 from hetprof.costmodels.data import MemoryEstimate
 from hetprof.models import DTYPE_BYTES, ModelShape
 from hetprof.specs.plan import SHARDING
+from hetprof.specs.vocabulary import TaskKind
 
 MIXED_PRECISION_OPTIMIZER_BYTES = 12  # fp32 master weights + Adam m + Adam v, per parameter
 FP32_OPTIMIZER_BYTES = 8  # Adam m + v when the weights already are fp32
@@ -110,7 +111,7 @@ def task_memory(kind: str, model: ModelShape, layers: int, tp: int, batch: int, 
     params = params_on_device(model, layers, tp)
     weights = params * width
     grads = optimizer = kv = 0.0
-    if kind == "generation":
+    if kind == TaskKind.GENERATION:
         kv = concurrent * seq_len * kv_bytes_per_token(model, layers, tp, dtype)
         act = generation_workspace(model, tp, dtype)
     else:
@@ -118,9 +119,9 @@ def task_memory(kind: str, model: ModelShape, layers: int, tp: int, batch: int, 
         tokens = mb * seq_len
         per_layer = activation_bytes_per_token_layer(model, tp, dtype)
         logits = tokens * model.vocab * LOGIT_BYTES / tp
-        if kind == "inference":
+        if kind == TaskKind.INFERENCE:
             act = tokens * per_layer + logits  # layers run one after another, nothing kept
-        elif kind == "training":
+        elif kind == TaskKind.TRAINING:
             shards = sharded_state(sharding) if dp > 1 else ()
             grads = params * width / (dp if "grads" in shards else 1)
             optimizer = params * optimizer_bytes_per_param(dtype) / (dp if "optimizer" in shards else 1)

@@ -26,6 +26,7 @@ import numpy as np
 
 from hetprof.costmodels.data import Phase, Placement, Work
 from hetprof.costmodels.heldout import mape
+from hetprof.specs.vocabulary import TaskKind
 
 # A factor outside this range means the run and the profile measured different things (another
 # machine, another model build), not conditions: it is refused rather than applied.
@@ -62,7 +63,7 @@ def compute_targets(phases: list[Phase], seconds: np.ndarray, dp: list[int], hos
         if h > 1:
             usable[i] = False
             continue
-        work = Work("training", phase.model, phase.batch, phase.tokens, 0.0, phase.dtype, recompute=phase.recompute)
+        work = Work(TaskKind.TRAINING, phase.model, phase.batch, phase.tokens, 0.0, phase.dtype, recompute=phase.recompute)
         targets[i] -= cost_model.dp_grad_sync_time(work, Placement(device_type, phase.tp), d, link)
         if not targets[i] > 0.1 * seconds[i]:
             usable[i] = False

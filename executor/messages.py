@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import datetime
 import json
-from enum import IntEnum
+from enum import IntEnum, unique
 
 import torch
 import torch.distributed as dist
@@ -21,6 +21,7 @@ from hetprof.errors import ExecutionError
 from hetprof.specs.vocabulary import Task
 
 
+@unique  # a tag is told apart by its kind's value: two kinds with one value would alias silently
 class MessageKind(IntEnum):
     """What a message carries; one tag space per batch."""
 
@@ -33,16 +34,18 @@ class MessageKind(IntEnum):
     REF_INFER_RESULT = 7
     REWARD_INFER_RESULT = 8
     CRITIC_INFER_RESULT = 9
+    ACTOR_LOGPROB_INPUT = 12  # beside the other forward passes; values need only be unique
+    ACTOR_LOGPROB_RESULT = 13
     REPORT = 10
     VALIDATION = 11  # generation replica 0's validation scores, to the leader (evaluation.py)
 
 
 KINDS_PER_BATCH = 16  # room above the kinds in use, so adding one keeps old tags stable
-INPUT_KIND = {Task.REF_INFER: MessageKind.REF_INFER_INPUT, Task.REWARD_INFER: MessageKind.REWARD_INFER_INPUT,
-              Task.CRITIC_INFER: MessageKind.CRITIC_INFER_INPUT, Task.ACTOR_TRAIN: MessageKind.ACTOR_TRAIN_INPUT,
-              Task.CRITIC_TRAIN: MessageKind.CRITIC_TRAIN_INPUT}
-RESULT_KIND = {Task.REF_INFER: MessageKind.REF_INFER_RESULT, Task.REWARD_INFER: MessageKind.REWARD_INFER_RESULT,
-               Task.CRITIC_INFER: MessageKind.CRITIC_INFER_RESULT}
+INPUT_KIND = {Task.ACTOR_LOGPROB: MessageKind.ACTOR_LOGPROB_INPUT, Task.REF_INFER: MessageKind.REF_INFER_INPUT,
+              Task.REWARD_INFER: MessageKind.REWARD_INFER_INPUT, Task.CRITIC_INFER: MessageKind.CRITIC_INFER_INPUT,
+              Task.ACTOR_TRAIN: MessageKind.ACTOR_TRAIN_INPUT, Task.CRITIC_TRAIN: MessageKind.CRITIC_TRAIN_INPUT}
+RESULT_KIND = {Task.ACTOR_LOGPROB: MessageKind.ACTOR_LOGPROB_RESULT, Task.REF_INFER: MessageKind.REF_INFER_RESULT,
+               Task.REWARD_INFER: MessageKind.REWARD_INFER_RESULT, Task.CRITIC_INFER: MessageKind.CRITIC_INFER_RESULT}
 
 
 def message_tag(batch: int, kind: MessageKind) -> int:

@@ -37,7 +37,7 @@ from hetprof.specs.vocabulary import Role, Task
 
 # The RLBatch fields that travel to training replicas (None fields are left out).
 BATCH_FIELDS = ("input_ids", "attention_mask", "mask", "rewards", "behaviour_logprobs", "ref_logprobs",
-                "values", "advantages", "returns", "versions")
+                "proximal_logprobs", "values", "advantages", "returns", "versions")
 
 
 def model_ref(workload: WorkloadSpec, role: str) -> str:
@@ -160,8 +160,9 @@ class RankModels:
         optimizer = build_optimizer(model.parameters(), lr, settings)
         scheduler = build_scheduler(optimizer, settings, optimizer_steps(self.workload, self.opts.iterations))
         self.models[task] = wrapped
-        # The plan's log-prob pass (actor_logprob, on these ranks beside actor_train) recomputes the old
-        # log-probs under the weights before the update; without it the rollout's own are used.
+        # The plan's log-prob pass (actor_logprob, on these ranks) runs as its own forward pass before
+        # the advantages (proximal_logprobs) and hands the learner π_prox on the batch; the learner
+        # recomputes it only for a batch that lacks it, and without the pass π_behav serves.
         self.learners[task] = Learner(wrapped, optimizer, self.algorithm, ppo_epochs=self.workload.ppo_epochs,
                                       mini_batches=self.workload.mini_batches,
                                       role=Role.ACTOR if task == Task.ACTOR_TRAIN else Role.CRITIC,
@@ -188,11 +189,25 @@ class RankModels:
                 "version": torch.full((len(ids),), version, dtype=torch.long)}
 
     # ---- inference -----------------------------------------------------------------------------
+    def proximal_logprobs(self, part: dict[str, torch.Tensor]) -> torch.Tensor:
+        """π_prox over a replica's rows: the actor trainer's own module before this iteration's update
+        (every rank of the replica takes part: its TP shards and pipeline stages compute together)."""
+        from hetprof.executor.algorithms import RLBatch
+
+        ids = part["input_ids"]
+        mask = part["response_mask"][:, 1:]
+        rows = RLBatch(input_ids=ids, attention_mask=part["attention_mask"], mask=mask,
+                       rewards=mask.new_zeros(len(ids), dtype=torch.float32),
+                       behaviour_logprobs=mask.new_zeros(mask.shape, dtype=torch.float32))
+        return self.learners[Task.ACTOR_TRAIN].proximal_logprobs(rows).float()
+
     @torch.no_grad()
     def infer(self, task: str, part: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         from hetprof.executor.logprobs import logits_to_logprobs, token_logprobs
 
         ids, mask = part["input_ids"], part["attention_mask"]
+        if task == Task.ACTOR_LOGPROB:
+            return {"proximal_logprobs": self.proximal_logprobs(part)}
         pipe = self.sharded[task].pipeline if task in self.sharded else None
         if pipe is not None:  # every stage runs the schedule; the last stage's output reaches all
             out = pipe.forward(ids, mask)
@@ -234,7 +249,8 @@ class RankModels:
         rl = RLBatch(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                      mask=batch["response_mask"][:, 1:], rewards=batch["rewards"],
                      behaviour_logprobs=batch["logprobs"][:, 1:], group_size=self.workload.responses_per_prompt,
-                     ref_logprobs=batch.get("ref_logprobs"), values=batch.get("values"),
+                     ref_logprobs=batch.get("ref_logprobs"), proximal_logprobs=batch.get("proximal_logprobs"),
+                     values=batch.get("values"),
                      versions=batch["version"])
         self.algorithm.advantages(rl)
         return {f: getattr(rl, f) for f in BATCH_FIELDS if getattr(rl, f) is not None}

@@ -1,15 +1,19 @@
 """One worker of a run: walks the plan's RL iteration for the tasks placed on its device.
 
 Every rank walks the same static loop (staleness.schedule) and, within a loop step, the same order —
-generate, each inference task, reward + advantages, each training task, weight sync — so the
+generate, the forward passes (the actor's log-prob pass, then each inference task), reward +
+advantages, each training task, weight sync — so the
 collectives of different groups line up without a coordinator; each rank then hands its report of
 the iteration to the leader without waiting (recorder.py). Data moves between the leader and the
 tasks' replicas as tensor dicts (dispatch.py): a rank only ever waits for data that an earlier step
 produces, so the order cannot deadlock, and generators on their own devices run the next batch
 while the trainers work on the previous one (async mode, k ≥ 1).
 
-The leader (actor_train's replica 0) assembles each batch, scores rewards, computes advantages,
-splits the batch over the training replicas by the plan's shares, and records the iteration.
+The leader (actor_train's replica 0) assembles each batch, gathers the forward passes' results,
+scores rewards, computes advantages, splits the batch over the training replicas by the plan's
+shares, and records the iteration. Every forward pass runs before the advantages (as verl orders
+them): PPO's KL reward penalty needs π_prox, the trainer's log-probs before this update, which in
+async mode differ from the stale generator's.
 """
 
 from __future__ import annotations
@@ -136,9 +140,9 @@ class Worker:
         b = consume
         batch = self._assemble(b, report) if self.is_leader else None
         lap("collect_rollouts")
-        for task in self.topo.inference_tasks():
-            batch = self._infer(task.task, b, batch, report)
-            lap(task.task)
+        for task in self._forward_passes():
+            batch = self._infer(task, b, batch, report)
+            lap(task)
         if self.is_leader:
             batch = self._score(b, batch, counter, report)
             lap("reward_advantage")
@@ -160,6 +164,12 @@ class Worker:
             lap("checkpoint")
 
     # ---- the tasks ---------------------------------------------------------------------------
+    def _forward_passes(self) -> list[str]:
+        """The passes over a collected batch that its advantages read: the actor's log-prob pass
+        (the trainer's weights before this update, on the trainer's ranks), then each inference task."""
+        logprob = [Task.ACTOR_LOGPROB] if Task.ACTOR_LOGPROB in self.topo.tasks else []
+        return logprob + [t.task for t in self.topo.inference_tasks()]
+
     def _generate(self, b: int, report: IterationReport) -> None:
         """Generate this replica's prompts; the TP ranks of a replica all run it (same seed, same
         tokens) and its first rank sends the rollout to the leader."""
@@ -261,7 +271,7 @@ class Worker:
                 continue
             t0 = time.perf_counter()
             stats = self.models.train(tr.task, part)
-            # the log-prob pass runs inside the actor's update (its first forward): timed apart
+            # the update recomputes π_prox only for a batch that lacks it (its first forward): timed apart
             logprob = stats.pop("logprob_seconds", 0.0)
             seconds = report.timed(tr.task, t0 + logprob)
             rows, width = part["input_ids"].shape

@@ -18,6 +18,18 @@ from hetprof.errors import InfeasibleError
 from hetprof.specs import ClusterSpec
 
 
+def measured_device_link(cost_model) -> Callable[[str], LinkSpec | None]:
+    """The cost model's link between devices of one type where profile rows give it (measured, else
+    reference collectives), else None: within a host that beats the spec's datasheet link, and weight
+    sync between colocated devices is priced with what this host's collectives really take."""
+
+    def local(gpu_type: str) -> LinkSpec | None:
+        link, source = cost_model.device_link(gpu_type)
+        return link if source in ("measured", "reference") else None
+
+    return local
+
+
 def measured_links(db) -> dict[frozenset[str], LinkSpec]:
     """The newest measured link per unordered host pair; where both directions were measured, the slower."""
     if db is None:

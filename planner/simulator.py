@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -25,10 +25,11 @@ from hetprof.errors import InfeasibleError
 from hetprof.planner.candidate import Candidate, TaskLayout
 from hetprof.planner.engines import default_backend
 from hetprof.planner.graph import Edge, build_graph
-from hetprof.planner.links import LinkTable
+from hetprof.planner.links import LinkTable, measured_device_link
 from hetprof.planner.schedule import Event, ScheduleInput, simulate, timeline
 from hetprof.planner.taskcosts import TaskCosts, TaskEval
 from hetprof.specs import FOLLOWS, GENERATION_BACKENDS, SHARDING, ClusterSpec, WorkloadSpec, executable
+from hetprof.specs.vocabulary import TaskKind
 
 OBJECTIVES = ("throughput", "cost", "throughput-under-budget")
 GB = 1e9
@@ -64,18 +65,6 @@ class Score:
     def timeline(self) -> tuple[Event, ...]:
         """Events of one steady-state iteration for the Gantt chart (replayed on first use)."""
         return timeline(self.schedule) if self.schedule is not None else ()
-
-
-def measured_device_link(cost_model) -> Callable[[str], LinkSpec | None]:
-    """The cost model's link between devices of one type where profile rows give it (measured, else
-    reference collectives), else None: within a host that beats the spec's datasheet link, and weight
-    sync between colocated devices is priced with what this host's collectives really take."""
-
-    def local(gpu_type: str) -> LinkSpec | None:
-        link, source = cost_model.device_link(gpu_type)
-        return link if source in ("measured", "reference") else None
-
-    return local
 
 
 class Simulator:
@@ -310,7 +299,7 @@ class Simulator:
                                f"summing to {layers} layers")
         if lay.sharding not in SHARDING:
             out.append(f"{t}: unknown sharding {lay.sharding!r} (one of {', '.join(SHARDING)})")
-        elif lay.sharding != "none" and self.graph.kind_of(t) != "training":
+        elif lay.sharding != "none" and self.graph.kind_of(t) != TaskKind.TRAINING:
             out.append(f"{t}: {lay.sharding} sharding on a {self.graph.kind_of(t)} task (only training shards its state)")
         if self.executable:
             out.extend(f"{p} (`hetprof run` would refuse it; plan with --any-layout to allow it)"
@@ -430,7 +419,7 @@ class Simulator:
                             break
                         layers = -(-model.layers // pp)
                         est = self.costs.memory(task, t, tp, layers, 1)
-                        need = est.total if self.graph.kind_of(task) != "generation" else est.weights + est.activations
+                        need = est.total if self.graph.kind_of(task) != TaskKind.GENERATION else est.weights + est.activations
                         if need <= self.catalog.lookup(t).memory_bytes:
                             fits = True
                             break

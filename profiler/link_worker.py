@@ -14,6 +14,7 @@ import itertools
 import time
 from typing import Any
 
+from hetprof.distributed import leave_process_group
 from hetprof.errors import ExecutionError
 from hetprof.profiler.linkfit import fit_alpha_beta
 
@@ -51,22 +52,20 @@ def link_worker(spec: dict) -> list[dict]:
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    try:
-        me = {"host": spec["host"], "region": spec.get("region")}
-        hosts: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(hosts, me)
-        rank = dist.get_rank()
-        mine = []
-        for a, b in pairs(hosts, spec.get("per_region", False)):
-            for src, dst in ((a, b), (b, a)):
-                if rank == src:
-                    mine.append(_send_side(dist, torch, dst, hosts[src], hosts[dst], spec))
-                elif rank == dst:
-                    _receive_side(dist, torch, src)
-            dist.barrier()
-        return mine
-    finally:
-        dist.destroy_process_group()
+    me = {"host": spec["host"], "region": spec.get("region")}
+    hosts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(hosts, me)
+    rank = dist.get_rank()
+    mine = []
+    for a, b in pairs(hosts, spec.get("per_region", False)):
+        for src, dst in ((a, b), (b, a)):
+            if rank == src:
+                mine.append(_send_side(dist, torch, dst, hosts[src], hosts[dst], spec))
+            elif rank == dst:
+                _receive_side(dist, torch, src)
+        dist.barrier()
+    leave_process_group()  # on success only: after a failure a peer may be gone, and the process exits
+    return mine
 
 
 def _exchange(dist, torch, dst: int, size: int) -> float:

@@ -30,7 +30,7 @@ from hetprof.profiles.rowchecks import Invalid, check_sample
 from hetprof.profiles.schema import TABLES, Table
 
 WORKERS = 2  # processes in all, this one included; more would only queue on a small machine
-MIN_ROWS = 100_000  # below this a worker's start (~0.3 s) costs more than it saves
+MIN_ROWS = 100_000  # fewer rows stay in this process: starting a Python worker costs more than they take
 BATCH = 10_000
 
 Bound = str | None  # a range edge on run_id; None: unbounded on that side

@@ -138,18 +138,23 @@ def test_k3_and_entropy_and_logprobs_match_their_definitions():
                                np.exp(ref - lp) - (ref - lp) - 1, rtol=1e-5, atol=1e-6)
 
 
-def test_ppo_kl_penalty_and_clipped_value_loss_match_their_definitions():
+@pytest.mark.parametrize("stale", [False, True])
+def test_ppo_kl_penalty_and_clipped_value_loss_match_their_definitions(stale):
+    """The KL reward penalty is β·(log π − log π_ref) with π the policy being updated: π_prox when the
+    batch carries it (async: the generator's π_behav is versions behind), else π_behav."""
     b, t = 4, 6
     mask = np.ones((b, t))
     mask[1, :2] = 0
     values, lp, ref = RNG.normal(size=(b, t)), RNG.normal(-1, 0.3, (b, t)), RNG.normal(-1, 0.3, (b, t))
+    prox = lp + RNG.normal(0, 0.3, (b, t)) if stale else None
     rewards = RNG.normal(size=b)
     algo = get_algorithm("ppo")(kl_coef=0.1, gamma=1.0, lam=0.95, whiten_advantages=False, value_clip=0.2)
     batch = RLBatch(input_ids=torch.zeros(b, t + 1, dtype=torch.long), attention_mask=torch.ones(b, t + 1),
                     mask=_t(mask), rewards=_t(rewards), behaviour_logprobs=_t(lp), ref_logprobs=_t(ref),
-                    values=_t(values))
+                    proximal_logprobs=None if prox is None else _t(prox), values=_t(values))
     algo.advantages(batch)
-    token_rewards = terminal_rewards(_t(rewards), _t(mask)).double().numpy() - 0.1 * (lp - ref) * mask
+    policy = lp if prox is None else prox
+    token_rewards = terminal_rewards(_t(rewards), _t(mask)).double().numpy() - 0.1 * (policy - ref) * mask
     expect = ref_gae(token_rewards, values * mask, mask, 1.0, 0.95)
     np.testing.assert_allclose(batch.advantages.double().numpy(), expect, rtol=1e-4, atol=1e-5)
     new_values = values + RNG.normal(0, 0.5, (b, t))

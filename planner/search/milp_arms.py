@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from hetprof.planner.search.base import SearchContext
     from hetprof.planner.search.evolution import ArmEvolution
 
-SHORTLIST = 2       # MILP solutions per grouping that become arms (a solve takes ~10 s at 64 GPUs)
+SHORTLIST = 2       # MILP solutions per grouping that become arms (its one solve is the costliest step of a search)
 NODES = 3000        # CBC node limit with an evaluation budget (deterministic)
 
 
