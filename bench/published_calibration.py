@@ -9,7 +9,9 @@ what the catalog holds now, applied to every GPU type alike — never to one cas
   decode_small_batch  decode efficiency below batch 256 only (a small batch's step is latency-bound:
                       launches, scheduling and sampling that a big batch amortises)
   collective          intra-node collective bus bandwidth
-  inter_host          inter-host network goodput
+
+The inter-host goodput is not a knob: it is a cited figure (the catalog's `network.inter_host`),
+so a fit cannot use it to soak up a term the simulator does not price.
 
 Every efficiency stays in (0, 1] (a scaled point is capped at 1) and a curve keeps its shape, so
 what rises with size still rises. The fit minimises the median |ln(predicted / published)| over
@@ -58,7 +60,6 @@ KNOBS = (
          "further factor on decode HBM efficiency below batch 256 (never above 1: efficiency rises with batch)",
          below=256),
     Knob("collective", 0.3, 1.5, ("collective",), "factor on intra-node collective bandwidth"),
-    Knob("inter_host", 0.1, 1.5, ("inter_host",), "factor on inter-host network goodput"),
 )
 NEUTRAL = {k.name: 1.0 for k in KNOBS}
 
@@ -71,7 +72,7 @@ def builtin_data() -> dict:
 def scaled_data(data: dict, factors: dict[str, float]) -> dict:
     """The catalog data with each knob's curves multiplied by its factor (capped at efficiency 1)."""
     out = copy.deepcopy(data)
-    blocks = [out.get("defaults") or {}, (out.get("network") or {})]
+    blocks = [out.get("defaults") or {}]
     # Every GPU type alike; the CPU pseudo-device's nominal placeholder is not a GPU to calibrate.
     blocks += [(entry or {}).get("efficiency") or {} for entry in (out.get("gpus") or {}).values()
                if (entry or {}).get("vendor") != "generic"]
