@@ -29,6 +29,7 @@ from hetprof.planner.engines import ENGINES, EngineLimits, GenerationRequest, St
 from hetprof.planner.graph import RLGraph
 from hetprof.planner.links import LinkTable
 from hetprof.specs import Device, WorkloadSpec
+from hetprof.specs.vocabulary import Task
 
 GB = 1e9
 EVAL_MEMO_LIMIT = 20_000
@@ -326,6 +327,8 @@ class TaskCosts:
         if kind == "training" and layout.dp > 1:
             grad = self._grad_sync(layout, seconds)
             seconds += grad
+        if task == Task.ACTOR_TRAIN:  # the controller's per-step work runs serial with the actor's update
+            seconds += self.catalog.step.overhead_s
         curve = self._curve(kind, seconds, finish)
         vector = np.zeros(len(self.links.hosts))
         for host, fraction in host_fraction.items():
