@@ -325,8 +325,10 @@ class TaskCosts:
         seconds = max(replica_s) if replica_s else math.inf
         grad = 0.0
         if kind == "training" and layout.dp > 1:
-            grad = self._grad_sync(layout, seconds)
+            grad = self._grad_sync(layout, seconds)  # overlaps the passes' compute, not the Adam steps
             seconds += grad
+        if kind == "training":
+            seconds += self._optimizer_steps(layout)
         if task == Task.ACTOR_TRAIN:  # the controller's per-step work runs serial with the actor's update
             seconds += self.catalog.step.overhead_s
         curve = self._curve(kind, seconds, finish)
@@ -334,6 +336,15 @@ class TaskCosts:
         for host, fraction in host_fraction.items():
             vector[self.links.index[host]] = fraction
         return TaskEval(seconds, tuple(replica_s), curve, memory, host_fraction, tuple(problems), grad, vector)
+
+    def _optimizer_steps(self, layout: TaskLayout) -> float:
+        """The step's Adam updates (one per mini-batch and epoch) on the slowest GPU type of the layout,
+        each over the optimizer shard its sharding leaves a rank."""
+        work = self.work(layout.task, 1)
+        types = {self.devices[d].type for d in layout.devices()}
+        one = max(self.cm.optimizer_step_time(work, Placement(t, layout.tp, layout.pp, dp=layout.dp,
+                                                              sharding=layout.sharding)) for t in types)
+        return one * self.workload.ppo_epochs * self.workload.mini_batches
 
     def _grad_sync(self, layout: TaskLayout, seconds: float) -> float:
         """Data-parallel traffic per optimizer step (gradients; parameters too when sharded), over the
