@@ -173,7 +173,7 @@ class Simulator:
         groups = [list(g) for g in cand.groups]
         for follower, leader in FOLLOWS.items():
             if follower in self.graph.tasks and leader in layouts:
-                layouts[follower] = dataclasses.replace(layouts[leader], task=follower, sharding="none")
+                layouts[follower] = dataclasses.replace(layouts[leader], task=follower)  # its leader's shards
                 groups[cand.group_of(leader)].append(follower)
         order = self.graph.tasks
         return layouts, tuple(tuple(sorted(g, key=order.index)) for g in groups)

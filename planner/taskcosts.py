@@ -135,11 +135,14 @@ class TaskCosts:
         return hit
 
     def replica_lengths(self, batch: int) -> np.ndarray:
-        """`batch` response lengths that follow the step's sampled distribution (evenly spaced quantiles)."""
+        """`batch` response lengths that follow the step's sampled distribution (evenly spaced
+        quantiles), the longest being the step's longest: one replica draws it, and the step waits
+        for that replica, so a task of several replicas is priced by the one that holds it."""
         n = len(self.lengths)
         if n == 0:
             return np.full(batch, self.response)
         idx = np.minimum(((np.arange(batch) + 0.5) * n / batch).astype(int), n - 1)
+        idx[-1] = n - 1
         return self.lengths[idx]
 
     def _stage_signature(self, devices: Sequence[str], tp: int, pp: int) -> tuple:
