@@ -9,12 +9,10 @@ what the catalog holds now, applied to every GPU type alike — never to one cas
   decode_small_batch  decode efficiency below batch 256 only (a small batch's step is latency-bound:
                       launches, scheduling and sampling that a big batch amortises)
   collective          intra-node collective bus bandwidth
-  step_overhead_s     seconds added to the catalog's per-step controller cost (`step.overhead_s`:
-                      data loading, reward functions, metrics, logging), serial with the actor's
-                      update; an additive constant, not a factor (0 = as committed)
 
-The inter-host goodput is not a knob: it is a cited figure (the catalog's `network.inter_host`),
-so a fit cannot use it to soak up a term the simulator does not price.
+The inter-host goodput and the per-step controller cost are not knobs: they are cited figures (the
+catalog's `network.inter_host` and `step.overhead_s`), so a fit cannot use them to soak up a term
+the simulator does not price.
 
 Every efficiency stays in (0, 1] (a scaled point is capped at 1) and a curve keeps its shape, so
 what rises with size still rises. The fit minimises the median |ln(predicted / published)| over
@@ -54,33 +52,11 @@ class Knob:
     curves: tuple[str, ...]        # efficiency curves (catalog keys) the factor multiplies
     help: str
     below: float = math.inf        # only the points of x below this (a curve's small-size end)
-    path: tuple[str, ...] = ()     # an additive constant at this path of the catalog data instead
-
-    @property
-    def additive(self) -> bool:
-        """Seconds added to a catalog constant (neutral 0) rather than a factor on curves (neutral 1)."""
-        return bool(self.path)
-
-    @property
-    def neutral(self) -> float:
-        return 0.0 if self.additive else 1.0
-
-    def committed(self, data: dict) -> float:
-        node = data
-        for key in self.path:
-            node = (node or {}).get(key) if isinstance(node, dict) else None
-        return float(node or 0.0)
-
-    def bounds(self, data: dict) -> tuple[float, float]:
-        """The search range; an additive knob's keeps the constant itself within [low, high]."""
-        if not self.additive:
-            return self.low, self.high
-        base = self.committed(data)
-        return self.low - base, self.high - base
+    neutral: float = 1.0           # the factor that leaves the catalog as committed
 
     def pull(self, value: float) -> float:
-        """Squared distance from the committed value (the prior's term): ln factor, or seconds over the range."""
-        return (value / (self.high - self.low)) ** 2 if self.additive else math.log(value) ** 2
+        """Squared ln distance from the committed catalog (the prior's term)."""
+        return math.log(value) ** 2
 
 
 KNOBS = (
@@ -90,8 +66,6 @@ KNOBS = (
          "further factor on decode HBM efficiency below batch 256 (never above 1: efficiency rises with batch)",
          below=256),
     Knob("collective", 0.3, 1.5, ("collective",), "factor on intra-node collective bandwidth"),
-    Knob("step_overhead_s", 0.0, 30.0, (), "seconds added to the per-step controller cost (catalog step.overhead_s)",
-         path=("step", "overhead_s")),
 )
 NEUTRAL = {k.name: k.neutral for k in KNOBS}
 
@@ -102,8 +76,7 @@ def builtin_data() -> dict:
 
 
 def scaled_data(data: dict, factors: dict[str, float]) -> dict:
-    """The catalog data with each knob's curves multiplied by its factor (capped at efficiency 1) and
-    each additive knob's seconds added to its constant (kept within the knob's range)."""
+    """The catalog data with each knob's curves multiplied by its factor (capped at efficiency 1)."""
     out = copy.deepcopy(data)
     blocks = [out.get("defaults") or {}]
     # Every GPU type alike; the CPU pseudo-device's nominal placeholder is not a GPU to calibrate.
@@ -112,10 +85,6 @@ def scaled_data(data: dict, factors: dict[str, float]) -> dict:
     for knob in KNOBS:
         factor = factors.get(knob.name, knob.neutral)
         if factor == knob.neutral:
-            continue
-        if knob.additive:
-            step = out.setdefault(knob.path[0], {"source": "published-runs-fit"})
-            step[knob.path[1]] = max(knob.low, knob.committed(data) + factor)
             continue
         for spec in (block.get(curve) for block in blocks for curve in knob.curves):
             if not spec:
@@ -156,7 +125,7 @@ def fit(cases: Sequence[Case], trials: int, seed: int = 0, data: dict | None = N
     study.enqueue_trial(dict(NEUTRAL))
 
     def objective(trial) -> float:
-        factors = {k.name: trial.suggest_float(k.name, *k.bounds(data), log=not k.additive) for k in KNOBS}
+        factors = {k.name: trial.suggest_float(k.name, k.low, k.high, log=True) for k in KNOBS}
         prior = statistics.fmean(k.pull(factors[k.name]) for k in KNOBS)
         return median_abs_ln(price_all(cases, catalog_with(factors, data))) + PRIOR_WEIGHT * prior
 

@@ -333,12 +333,19 @@ class TaskCosts:
         if kind == "training":
             seconds += self._optimizer_steps(layout)
         if task == Task.ACTOR_TRAIN:  # the controller's per-step work runs serial with the actor's update
-            seconds += self.catalog.step.overhead_s
+            seconds += self._step_overhead(layout)
         curve = self._curve(kind, seconds, finish)
         vector = np.zeros(len(self.links.hosts))
         for host, fraction in host_fraction.items():
             vector[self.links.index[host]] = fraction
         return TaskEval(seconds, tuple(replica_s), curve, memory, host_fraction, tuple(problems), grad, vector)
+
+    def _step_overhead(self, layout: TaskLayout) -> float:
+        """The catalog's per-step controller seconds, on a GPU cluster: a GPU RL framework's figure;
+        the CPU pseudo-device runs `hetprof run`'s in-process controller, which its runs measure."""
+        if all(self.catalog.lookup(self.devices[d].type).vendor == "generic" for d in layout.devices()):
+            return 0.0
+        return self.catalog.step.overhead_s
 
     def _optimizer_steps(self, layout: TaskLayout) -> float:
         """The step's Adam updates (one per mini-batch and epoch) on the slowest GPU type of the layout,

@@ -66,3 +66,17 @@ def test_the_step_overhead_is_paid_once_per_step_on_the_actor_update(tmp_path):
     others = set(none.task_seconds) - {"actor_train"}
     assert others and all(some.task_seconds[t] == pytest.approx(none.task_seconds[t]) for t in others)
     assert some.iteration_s - none.iteration_s == pytest.approx(7.0)  # colocated sync: every task in turn
+
+
+def _cpu_train_seconds(tmp_path, overhead_s: float) -> float:
+    catalog = load_catalog(write(tmp_path, "step.yaml", {"step": {"overhead_s": overhead_s, "source": "s"}}))
+    cpu = {"name": "cpu", "hosts": [{"name": "a", "gpus": {"type": "cpu", "count": 2}}]}
+    cluster = ClusterSpec.load(write(tmp_path, "cpu.yaml", cpu)).using(catalog)
+    sim = Simulator(cluster, WorkloadSpec.from_dict(WORKLOAD), get_cost_model("analytical", catalog=catalog),
+                    streaming=False, executable=False)
+    return sim.evaluate(pinned_candidate(sim, from_data(PinnedLayout, LAYOUT))).task_seconds["actor_train"]
+
+
+def test_a_cpu_cluster_pays_no_gpu_framework_step_overhead(tmp_path):
+    # `hetprof run`'s in-process controller on the CPU pseudo-device is not a GPU framework's
+    assert _cpu_train_seconds(tmp_path, 7.0) == pytest.approx(_cpu_train_seconds(tmp_path, 0.0))
