@@ -113,6 +113,17 @@ class CostModel(abc.ABC):
         include the step (the fitted model's profiled training steps do)."""
         return 0.0
 
+    def reshard_time(self, model: ModelShape, link: LinkSpec, gen_tp: int, train_pieces: int,
+                     dtype: str = "bf16") -> float:
+        """Colocated (hybrid-engine) hand-off of new weights to the generator on the same GPUs: each
+        generator rank all-gathers its TP shard, weights/gen_tp, from the `train_pieces` pieces the
+        trainer splits the model into (tp × pp, × dp under FSDP), of which it holds one already
+        (verl's FSDP → vLLM resharding, NeMo-Aligner's PP-folding refit); nothing moves when the
+        trainer's piece is the shard itself."""
+        shard = model.weight_bytes(dtype) / max(1, gen_tp)
+        ranks = max(1, math.ceil(train_pieces / max(1, gen_tp)))
+        return self.collective_time("all_gather", shard, ranks, link)
+
     def weight_sync_time(self, model: ModelShape, link: LinkSpec, receivers: int = 1, dtype: str = "bf16",
                          shards: int = 1) -> float:
         """Trainer → generators: broadcast of the weights to `receivers`, `shards` streams in parallel."""
