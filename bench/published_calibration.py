@@ -11,7 +11,7 @@ what the catalog holds now, applied to every GPU type alike — never to one cas
   collective          intra-node collective bus bandwidth
 
 The inter-host goodput and the per-step controller cost are not knobs: they are cited figures (the
-catalog's `network.inter_host` and `step.overhead_s`), so a fit cannot use them to soak up a term
+catalog's `network.inter_host` and `step:`), so a fit cannot use them to soak up a term
 the simulator does not price.
 
 Every efficiency stays in (0, 1] (a scaled point is capped at 1) and a curve keeps its shape, so

@@ -79,6 +79,11 @@ class StepConstants:
 
     overhead_s: float = 0.0
     source: str = "not priced"
+    per_sequence_s: float = 0.0
+
+    def seconds(self, sequences: int) -> float:
+        """A step of `sequences` sequences: the fixed part and the per-sequence part."""
+        return self.overhead_s + self.per_sequence_s * sequences
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,7 +183,8 @@ class Catalog:
         inter_host = self.inter_host
         if spec.network is not None and spec.network.inter_host is not None:
             inter_host = _curve(spec.network.inter_host, None, file, "network.inter_host")
-        step = self.step if spec.step is None else StepConstants(spec.step.overhead_s, spec.step.source)
+        step = self.step if spec.step is None else StepConstants(spec.step.overhead_s, spec.step.source,
+                                                                     spec.step.per_sequence_s)
         specs = dict(self._specs)
         for name, entry in spec.gpus.items():
             canon = self.canonical_name(name) or name

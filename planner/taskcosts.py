@@ -345,7 +345,7 @@ class TaskCosts:
         the CPU pseudo-device runs `hetprof run`'s in-process controller, which its runs measure."""
         if all(self.catalog.lookup(self.devices[d].type).vendor == "generic" for d in layout.devices()):
             return 0.0
-        return self.catalog.step.overhead_s
+        return self.catalog.step.seconds(self.sequences)
 
     def _optimizer_steps(self, layout: TaskLayout) -> float:
         """The step's Adam updates (one per mini-batch and epoch) on the slowest GPU type of the layout,

@@ -31,7 +31,18 @@ def write(tmp_path, name: str, data) -> str:
 
 def test_builtin_catalog_prices_a_step_overhead_with_its_source():
     step = builtin().step
-    assert step.overhead_s > 0 and step.source in builtin().sources
+    assert step.seconds(8192) > 0 and step.source in builtin().sources
+    # cited as verl's 7.5 s a step of 8192 responses, charged per sequence
+    assert step.seconds(8192) == pytest.approx(7.5, rel=0.01) and step.seconds(64) < 0.1
+
+
+def test_a_step_section_charges_per_sequence_on_top_of_its_fixed_part(tmp_path):
+    cat = load_catalog(write(tmp_path, "team.yaml", {"step": {"overhead_s": 1.0, "per_sequence_s": 0.002,
+                                                              "source": "our controller logs"}}))
+    assert cat.step.seconds(0) == 1.0 and cat.step.seconds(500) == pytest.approx(2.0)
+    with pytest.raises(SpecError) as err:
+        load_catalog(write(tmp_path, "bad.yaml", {"step": {"overhead_s": 0, "per_sequence_s": -1, "source": "s"}}))
+    assert err.value.field == "step.per_sequence_s"
 
 
 def test_a_catalog_file_sets_the_step_overhead_and_a_later_file_keeps_it(tmp_path):

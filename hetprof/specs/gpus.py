@@ -70,6 +70,9 @@ class StepSpec:
                               check=non_negative, expect="a non-negative number of seconds")
     source: str = field(help="a key of `sources:` or a citation", check=lambda s: bool(s.strip()),
                         expect="a non-empty source")
+    per_sequence_s: float = field(0.0, help="seconds added per sequence of the step (reward scoring, "
+                                  "detokenising, moving samples)", check=non_negative,
+                                  expect="a non-negative number of seconds")
 
 
 @dataclasses.dataclass
