@@ -74,3 +74,24 @@ def test_zero1_saves_seven_eighths_of_every_adam_step_over_ddp(tmp_path):
     work = Work("training", model, 1, 64, 64)
     full = get_cost_model("analytical").optimizer_step_time(work, Placement("A100-80GB"))
     assert ddp - zero1 == pytest.approx(4 * full * (1 - 1 / 8), rel=1e-6)
+
+
+def test_activation_checkpointing_adds_no_fsdp_gather():
+    from hetprof.costmodels import LinkSpec, comm
+
+    cm = get_cost_model("analytical")
+    link = LinkSpec(1e-5, 1e10)
+    plain = Work("training", M, 4, 16.0, 16.0, "bf16", recompute=False)
+    ckpt = dataclasses.replace(plain, recompute=True)
+    place = Placement("A100-80GB")
+    layer, root = 2.0 * (PARAMS - (100 * 64 + 100 * 64 + 64)) / 4, 2.0 * (100 * 64 + 100 * 64 + 64)
+
+    def ring(op, size):
+        return comm.collective_time(op, size, 4, 1e-5, 1e10)
+
+    # no compute to hide behind: two gathers and one scatter a layer either way (no third gather
+    # for the recompute: it runs inside the backward on the parameters gathered for it)
+    bare = cm.dp_grad_sync_time(plain, place, 4, link, sharding="fsdp")
+    assert bare == cm.dp_grad_sync_time(ckpt, place, 4, link, sharding="fsdp")
+    assert bare == pytest.approx(ring("all_gather", root) + ring("reduce_scatter", root)
+                                 + 4 * (2 * ring("all_gather", layer) + ring("reduce_scatter", layer)))
