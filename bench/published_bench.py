@@ -86,7 +86,7 @@ def factors_table(title: str, rows: dict[str, dict[str, float]]) -> Table:
     for knob in cal.KNOBS:
         table.add_column(knob.name, justify="right")
     for name, factors in rows.items():
-        table.add_row(name, *(f"{factors[k.name]:.3f}" for k in cal.KNOBS))
+        table.add_row(name, *(f"×{factors[k.name]:.3f}" for k in cal.KNOBS))
     return table
 
 
@@ -141,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     console.print(summary_table(priced, folds))
     rows = {"committed catalog" if not args.calibrate else "all cases": factors}
     rows.update({f"without {f.source}": f.factors for f in folds or ()})
-    console.print(factors_table("Knob factors (× the committed catalog; 1 = as committed)", rows))
+    console.print(factors_table("Knobs against the committed catalog (×1 = as committed)", rows))
     if args.calibrate:
         console.print(f"[bold]calibrated on {len(cases)} cases from {len({c.source.id for c in cases})} sources; "
                       f"median |ln ratio| {cal.median_abs_ln(priced):.3f}[/bold]")

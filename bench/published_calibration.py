@@ -9,7 +9,10 @@ what the catalog holds now, applied to every GPU type alike — never to one cas
   decode_small_batch  decode efficiency below batch 256 only (a small batch's step is latency-bound:
                       launches, scheduling and sampling that a big batch amortises)
   collective          intra-node collective bus bandwidth
-  inter_host          inter-host network goodput
+
+The inter-host goodput and the per-step controller cost are not knobs: they are cited figures (the
+catalog's `network.inter_host` and `step:`), so a fit cannot use them to soak up a term
+the simulator does not price.
 
 Every efficiency stays in (0, 1] (a scaled point is capped at 1) and a curve keeps its shape, so
 what rises with size still rises. The fit minimises the median |ln(predicted / published)| over
@@ -49,6 +52,11 @@ class Knob:
     curves: tuple[str, ...]        # efficiency curves (catalog keys) the factor multiplies
     help: str
     below: float = math.inf        # only the points of x below this (a curve's small-size end)
+    neutral: float = 1.0           # the factor that leaves the catalog as committed
+
+    def pull(self, value: float) -> float:
+        """Squared ln distance from the committed catalog (the prior's term)."""
+        return math.log(value) ** 2
 
 
 KNOBS = (
@@ -58,9 +66,8 @@ KNOBS = (
          "further factor on decode HBM efficiency below batch 256 (never above 1: efficiency rises with batch)",
          below=256),
     Knob("collective", 0.3, 1.5, ("collective",), "factor on intra-node collective bandwidth"),
-    Knob("inter_host", 0.1, 1.5, ("inter_host",), "factor on inter-host network goodput"),
 )
-NEUTRAL = {k.name: 1.0 for k in KNOBS}
+NEUTRAL = {k.name: k.neutral for k in KNOBS}
 
 
 def builtin_data() -> dict:
@@ -71,13 +78,13 @@ def builtin_data() -> dict:
 def scaled_data(data: dict, factors: dict[str, float]) -> dict:
     """The catalog data with each knob's curves multiplied by its factor (capped at efficiency 1)."""
     out = copy.deepcopy(data)
-    blocks = [out.get("defaults") or {}, (out.get("network") or {})]
+    blocks = [out.get("defaults") or {}]
     # Every GPU type alike; the CPU pseudo-device's nominal placeholder is not a GPU to calibrate.
     blocks += [(entry or {}).get("efficiency") or {} for entry in (out.get("gpus") or {}).values()
                if (entry or {}).get("vendor") != "generic"]
     for knob in KNOBS:
-        factor = factors.get(knob.name, 1.0)
-        if factor == 1.0:
+        factor = factors.get(knob.name, knob.neutral)
+        if factor == knob.neutral:
             continue
         for spec in (block.get(curve) for block in blocks for curve in knob.curves):
             if not spec:
@@ -119,7 +126,7 @@ def fit(cases: Sequence[Case], trials: int, seed: int = 0, data: dict | None = N
 
     def objective(trial) -> float:
         factors = {k.name: trial.suggest_float(k.name, k.low, k.high, log=True) for k in KNOBS}
-        prior = statistics.fmean(math.log(f) ** 2 for f in factors.values())
+        prior = statistics.fmean(k.pull(factors[k.name]) for k in KNOBS)
         return median_abs_ln(price_all(cases, catalog_with(factors, data))) + PRIOR_WEIGHT * prior
 
     study.optimize(objective, n_trials=max(1, trials))

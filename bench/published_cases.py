@@ -133,8 +133,10 @@ def load_cases(root: str | Path = CASES_DIR) -> list[Case]:
 
 def simulator(case: Case, cost_model) -> Simulator:
     """The simulator for a case: any layout the models allow (a published run need not be one
-    `hetprof run` carries out), whole-batch hand-offs."""
-    return Simulator(case.cluster, case.workload, cost_model, seed=0, streaming=False, executable=False,
+    `hetprof run` carries out), whole-batch hand-offs. The cluster's links are priced over the cost
+    model's catalog too, so a calibrating catalog reaches them (not only the built-in one)."""
+    cluster = case.cluster.using(cost_model.catalog)
+    return Simulator(cluster, case.workload, cost_model, seed=0, streaming=False, executable=False,
                      backend=case.backend)
 
 

@@ -1,7 +1,8 @@
 """The roofline cost model: a phase takes as long as its slower bound, compute or memory traffic.
 
 time = max(matmul FLOPs / matmul FLOP/s + attention FLOPs / attention FLOP/s, bytes / bandwidth)
-       + kernels × launch latency.
+       + kernels × launch latency;
+a training replica adds one Adam step per optimizer step over its optimizer shard (memory-bound).
 The achievable rates are the profile database's rows of that device type (measured, else
 reference) when it has them and catalog peaks otherwise, each shaped by the catalog's efficiency
 curves — a decode step's skinny matmuls or a short attention reach less than big ones
@@ -13,10 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 from hetprof.catalog import Catalog
-from hetprof.costmodels import phases
-from hetprof.costmodels.base import CostModel
+from hetprof.costmodels import memory, phases
+from hetprof.costmodels.base import CostModel, optimizer_shards
 from hetprof.costmodels.calibration import Calibration
-from hetprof.costmodels.data import LinkSpec, Phase, PhaseTime
+from hetprof.costmodels.data import LinkSpec, Phase, PhaseTime, Placement, Work
 
 
 class AnalyticalCostModel(CostModel):
@@ -33,7 +34,7 @@ class AnalyticalCostModel(CostModel):
         cal = self.calibration
         matmul = cal.compute_rate(device_type, phase.dtype, "matmul", phases.matmul_rows(phase))
         attention = cal.compute_rate(device_type, phase.dtype, "attention", phases.attention_keys(phase))
-        moved = phases.memory_bytes(phase)
+        moved = phases.pass_bytes(phase)
         memory = cal.memory_rate(device_type, phase.batch if phase.kind == "decode" else None, moved)
         t_compute = phases.passes(phase) * (phases.forward_matmul_flops(phase) / matmul.value
                                             + phases.forward_attention_flops(phase) / attention.value)
@@ -43,6 +44,16 @@ class AnalyticalCostModel(CostModel):
         note = "" if matmul.source == memory.source else (
             f"{device_type}: compute rate {matmul.source}, memory bandwidth {memory.source}")
         return PhaseTime(bound + floor, rate.source, note)
+
+    def optimizer_step_time(self, work: Work, placement: Placement) -> float:
+        """One Adam step over the optimizer shard a rank of this replica-stage owns (every parameter
+        it holds, embeddings too, over the ranks that share the optimizer: ZeRO paper §5.1), at the
+        HBM rate a sweep of that many bytes reaches: memory-bound, after the backward, not overlapped."""
+        if work.kind != "training":
+            return 0.0
+        params = memory.params_on_device(work.model, self._stage_layers(work, placement), placement.tp)
+        moved = phases.adam_step_bytes(params / optimizer_shards(placement), work.dtype)
+        return moved / self.calibration.memory_rate(placement.device_type, None, moved).value
 
     def device_link(self, device_type: str) -> tuple[LinkSpec, str]:
         return self.calibration.link(device_type)

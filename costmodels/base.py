@@ -108,6 +108,23 @@ class CostModel(abc.ABC):
                                             compute_s * backward / (1 + backward), micro)
         return max(0.0, sync + self.dp_step_extra(placement.device_type))
 
+    def optimizer_step_time(self, work: Work, placement: Placement) -> float:
+        """Seconds of one optimizer step of a training replica-stage beyond its timed training phase,
+        over the shard `placement.dp`/`sharding` leave each rank; 0 for a model whose phases already
+        include the step (the fitted model's profiled training steps do)."""
+        return 0.0
+
+    def reshard_time(self, model: ModelShape, link: LinkSpec, gen_tp: int, train_pieces: int,
+                     dtype: str = "bf16") -> float:
+        """Colocated (hybrid-engine) hand-off of new weights to the generator on the same GPUs: each
+        generator rank all-gathers its TP shard, weights/gen_tp, from the `train_pieces` pieces the
+        trainer splits the model into (tp × pp, × dp under FSDP), of which it holds one already
+        (verl's FSDP → vLLM resharding, NeMo-Aligner's PP-folding refit); nothing moves when the
+        trainer's piece is the shard itself."""
+        shard = model.weight_bytes(dtype) / max(1, gen_tp)
+        ranks = max(1, math.ceil(train_pieces / max(1, gen_tp)))
+        return self.collective_time("all_gather", shard, ranks, link)
+
     def weight_sync_time(self, model: ModelShape, link: LinkSpec, receivers: int = 1, dtype: str = "bf16",
                          shards: int = 1) -> float:
         """Trainer → generators: broadcast of the weights to `receivers`, `shards` streams in parallel."""
@@ -221,6 +238,14 @@ class CostModel(abc.ABC):
         return memory.task_memory(work.kind, work.model, self._stage_layers(work, placement), placement.tp,
                                   work.batch, work.seq_len, work.dtype, work.recompute, concurrent,
                                   placement.dp, placement.sharding)
+
+
+def optimizer_shards(placement: Placement) -> int:
+    """Over how many ranks a replica's optimizer state is split: its dp when the sharding divides the
+    optimizer (zero1, zero2, fsdp: hetprof.specs.plan.SHARDING), else 1."""
+    if placement.dp > 1 and "optimizer" in memory.sharded_state(placement.sharding):
+        return placement.dp
+    return 1
 
 
 # Source words from most to least trustworthy; an estimate is as trustworthy as its weakest part.

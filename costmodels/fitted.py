@@ -155,5 +155,12 @@ class FittedCostModel(CostModel):
         name = canonical_name(device_type) or device_type
         return sorted({task for task, device, _dtype in self.models if device == name})
 
+    def optimizer_step_time(self, work, placement) -> float:
+        """0 where a fitted training model times the step (its profiled steps include Adam); the
+        analytical step where the training phase falls back to the analytical model."""
+        if self.lookup("train", placement.device_type, work.dtype) is not None:
+            return 0.0
+        return self.analytical.optimizer_step_time(work, placement)
+
     def dp_step_extra(self, device_type: str) -> float:
         return self.analytical.dp_step_extra(device_type)

@@ -105,12 +105,17 @@ def task_memory(kind: str, model: ModelShape, layers: int, tp: int, batch: int, 
     """Peak bytes on one device of a (tp-sharded, `layers`-layer) replica during its phase.
 
     `concurrent` is the number of sequences whose KV cache generation holds at once (ignored by
-    the other kinds); `sharding` shards a training replica's state over its `dp` replicas.
+    the other kinds); `sharding` shards a training replica's state over its `dp` replicas, and the
+    weights of an inference pass run on such a replica (the log-prob pass on an FSDP trainer's
+    model holds its parameter shard and gathers a layer at a time, as the trainer's forward does).
     """
     width = DTYPE_BYTES[dtype]
     params = params_on_device(model, layers, tp)
     weights = params * width
-    grads = optimizer = kv = 0.0
+    grads = optimizer = kv = gathered = 0.0
+    if kind == TaskKind.INFERENCE and dp > 1 and "params" in sharded_state(sharding):
+        weights /= dp
+        gathered = min(params, gathered_params(model, tp)) * width
     if kind == TaskKind.GENERATION:
         kv = concurrent * seq_len * kv_bytes_per_token(model, layers, tp, dtype)
         act = generation_workspace(model, tp, dtype)
@@ -120,7 +125,7 @@ def task_memory(kind: str, model: ModelShape, layers: int, tp: int, batch: int, 
         per_layer = activation_bytes_per_token_layer(model, tp, dtype)
         logits = tokens * model.vocab * LOGIT_BYTES / tp
         if kind == TaskKind.INFERENCE:
-            act = tokens * per_layer + logits  # layers run one after another, nothing kept
+            act = tokens * per_layer + logits + gathered  # layers run one after another, nothing kept
         elif kind == TaskKind.TRAINING:
             shards = sharded_state(sharding) if dp > 1 else ()
             grads = params * width / (dp if "grads" in shards else 1)

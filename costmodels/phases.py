@@ -10,7 +10,8 @@ are documented quantities rather than raw shape fields. Counts are per device of
 - bytes: weights read once per pass (three times in training: forward, input- and weight-gradient),
   activations read+written ACT_RW_PER_LAYER hidden-sized and 3 ffn-sized tensors per token per
   layer, KV cache written (prefill) or read (decode), and Adam's update touches for every parameter
-  the fp32 master, both moments (read + write) and the gradient.
+  the fp32 master, both moments (read + write) and the gradient (`adam_step_bytes`; the cost model
+  prices it apart, over the rank's optimizer shard when data parallelism shards it).
 """
 
 from __future__ import annotations
@@ -105,19 +106,34 @@ def activation_bytes(p: Phase) -> float:
     return act
 
 
-def optimizer_bytes(p: Phase) -> float:
-    """Adam step traffic (training only)."""
-    if p.kind != "train":
-        return 0.0
-    params = weight_bytes(p) / DTYPE_BYTES[p.dtype]
-    extra = ADAM_BYTES_PER_PARAM if optimizer_bytes_per_param(p.dtype) > 8 else 2 * 8 + 2 * 4
+def adam_step_bytes(params: float, dtype: str) -> float:
+    """Bytes one Adam step over `params` parameters moves: fp32 master, m and v read and written, the
+    gradient read and the new weight written (fp32 training: no master copy)."""
+    extra = ADAM_BYTES_PER_PARAM if optimizer_bytes_per_param(dtype) > 8 else 2 * 8 + 2 * 4
     return params * extra
 
 
-def memory_bytes(p: Phase) -> float:
-    """Total bytes moved to and from device memory by the phase."""
+def optimizer_bytes(p: Phase) -> float:
+    """Adam step traffic of the phase's weights (training only), unsharded."""
+    if p.kind != "train":
+        return 0.0
+    return adam_step_bytes(weight_bytes(p) / DTYPE_BYTES[p.dtype], p.dtype)
+
+
+def pass_bytes(p: Phase) -> float:
+    """Bytes the phase's forward (and backward) passes move: weights, KV cache, activations.
+
+    The roofline overlaps these with the passes' matmuls; the Adam step that follows a backward
+    is a separate memory-bound sweep over the optimizer state (`adam_step_bytes`), priced after it.
+    """
     passes = 3.0 if p.kind == "train" else 1.0
-    return passes * weight_bytes(p) + kv_bytes(p) + activation_bytes(p) + optimizer_bytes(p)
+    return passes * weight_bytes(p) + kv_bytes(p) + activation_bytes(p)
+
+
+def memory_bytes(p: Phase) -> float:
+    """Total bytes moved to and from device memory by the phase, the unsharded Adam step included
+    (what a profiled training step moves: the fitted model's feature)."""
+    return pass_bytes(p) + optimizer_bytes(p)
 
 
 def kernel_launches(p: Phase) -> float:

@@ -74,6 +74,19 @@ class Curves:
 
 
 @dataclasses.dataclass(frozen=True)
+class StepConstants:
+    """Per-step seconds outside the GPU tasks (the catalog's `step:`); none unless a file says."""
+
+    overhead_s: float = 0.0
+    source: str = "not priced"
+    per_sequence_s: float = 0.0
+
+    def seconds(self, sequences: int) -> float:
+        """A step of `sequences` sequences: the fixed part and the per-sequence part."""
+        return self.overhead_s + self.per_sequence_s * sequences
+
+
+@dataclasses.dataclass(frozen=True)
 class GpuType:
     name: str
     vendor: str
@@ -116,8 +129,10 @@ class Catalog:
     """GPU types by name (and alias), their curves, the default curves, the network curves, the sources."""
 
     def __init__(self, types: dict[str, GpuType], sources: dict[str, SourceSpec], defaults: Curves,
-                 inter_host: EfficiencyCurve, specs: dict[str, GpuTypeSpec] | None = None):
+                 inter_host: EfficiencyCurve, specs: dict[str, GpuTypeSpec] | None = None,
+                 step: StepConstants | None = None):
         self.types = dict(types)
+        self.step = step or StepConstants()
         self.sources = dict(sources)
         self.defaults = defaults
         self.inter_host = inter_host
@@ -168,6 +183,8 @@ class Catalog:
         inter_host = self.inter_host
         if spec.network is not None and spec.network.inter_host is not None:
             inter_host = _curve(spec.network.inter_host, None, file, "network.inter_host")
+        step = self.step if spec.step is None else StepConstants(spec.step.overhead_s, spec.step.source,
+                                                                     spec.step.per_sequence_s)
         specs = dict(self._specs)
         for name, entry in spec.gpus.items():
             canon = self.canonical_name(name) or name
@@ -176,7 +193,7 @@ class Catalog:
         types = {}
         for name, entry in specs.items():
             types[name] = _gpu_type(name, entry, defaults, file, f"{where}.{name}")
-        return Catalog(types, sources, defaults, inter_host, specs)
+        return Catalog(types, sources, defaults, inter_host, specs, step)
 
 
 def _curve_data(curve: EfficiencyCurve, cite) -> dict[str, Any]:

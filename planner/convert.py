@@ -45,7 +45,7 @@ def to_plan(sim: Simulator, candidate: Candidate, score: Score | None = None, *,
                 start += layers
         peak = max(sim.task_eval(lay).memory[d].total for d in lay.devices())
         placements.append(TaskPlacement(task=t, group=group_name(group_of[t]),
-                                        layout=Layout(dp=lay.dp, tp=lay.tp, pp=lay.pp, sharding=lay.sharding),
+                                        layout=Layout(dp=lay.dp, tp=lay.tp, pp=lay.pp, sharding=_sharding(sim, lay)),
                                         tasklets=tasklets,
                                         predicted_s=_finite(score.task_seconds.get(t)), memory_bytes=float(peak)))
     headroom = {d: float(sim.capacity[d] - score.memory_peak.get(d, 0.0)) for d in candidate.devices()}
@@ -85,6 +85,12 @@ def from_plan(plan: Plan) -> Candidate:
               for i in range(len(plan.groups))]
     return Candidate(groups, [tuple(g.devices) for g in plan.groups], layouts,
                      [i for i, g in enumerate(plan.groups) if g.offload])
+
+
+def _sharding(sim, lay) -> str:
+    """A layout's sharding as a plan records it: a training task's own; a follower runs on its
+    leader's (sharded) model but shards no state of its own, so the plan says none."""
+    return lay.sharding if sim.graph.kind_of(lay.task) == "training" else "none"
 
 
 def _finite(x: float | None) -> float | None:

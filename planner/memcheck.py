@@ -27,8 +27,11 @@ def device_demands(plan: Plan) -> tuple[dict[str, list[tuple[str, float, float]]
     dtype, recompute = workload.precision, workload.training.recompute
     demands: dict[str, list[tuple[str, float, float]]] = {}
     problems: list[str] = []
+    sharded = {p.task: (p.layout.dp, p.layout.sharding) for p in plan.tasks}
     for placement in plan.tasks:
         kind, role = TASKS[placement.task]
+        # a follower runs on its leader's model: sharded as its leader shards it
+        dp, sharding = sharded.get(FOLLOWS.get(placement.task), (placement.layout.dp, placement.layout.sharding))
         model = roles[role]
         tp = placement.layout.tp
         for k in placement.tasklets:
@@ -44,7 +47,7 @@ def device_demands(plan: Plan) -> tuple[dict[str, list[tuple[str, float, float]]
                                         f"sequence's KV cache next to {layers} layers of {model.name} at TP{tp}")
                     concurrent = min(batch, max(room, 1))
                 est = mem.task_memory(kind, model, layers, tp, batch, seq_len, dtype, recompute, concurrent,
-                                      placement.layout.dp, placement.layout.sharding)
+                                      dp, sharding)
                 demands.setdefault(d, []).append((placement.task, est.total, est.weights + est.grads + est.optimizer))
     return demands, problems
 

@@ -162,7 +162,7 @@ class Simulator:
         groups = [list(g) for g in cand.groups]
         for follower, leader in FOLLOWS.items():
             if follower in self.graph.tasks and leader in layouts:
-                layouts[follower] = dataclasses.replace(layouts[leader], task=follower, sharding="none")
+                layouts[follower] = dataclasses.replace(layouts[leader], task=follower)  # its leader's shards
                 groups[cand.group_of(leader)].append(follower)
         order = self.graph.tasks
         return layouts, tuple(tuple(sorted(g, key=order.index)) for g in groups)
@@ -369,11 +369,9 @@ class Simulator:
         return latency + total * per_byte if total > 0 else 0.0
 
     def _weight_sync_seconds(self, edge: Edge, train: TaskLayout, gen: TaskLayout) -> float:
-        """Trainer -> consumer weights over the slowest link of the sync set.
-
-        Shards stream in parallel from the trainer's tp*pp ranks inside one region; across regions
-        the inter-region pipe is shared, so the weights cross it once.
-        """
+        """Trainer -> consumer weights over the slowest link of the sync set: broadcast, shards in parallel
+        from the trainer's tp*pp ranks in one region (across regions the weights cross once); resharded
+        in place when the consumer sits on the trainer's GPUs (CostModel.reshard_time)."""
         key = ("weights", edge, train, gen)
         hit = self._edges.get(key)
         if hit is not None:
@@ -381,14 +379,15 @@ class Simulator:
         if len(self._edges) >= MEMO_LIMIT:
             self._edges.clear()
         hosts = {self.devices[d].host for d in train.devices()} | {self.devices[d].host for d in gen.devices()}
-        link = self.links.slowest(hosts)
-        if link is None:
-            (h,) = hosts
-            link = self.links.between(h, h)
+        link = self.links.slowest(hosts) or self.links.between(*hosts, *hosts)  # one host: its own link
         shards = 1 if self.links.spans_regions(hosts) else train.tp * train.pp
         model = self.graph.models[edge.model]
-        seconds = self.cost_model.weight_sync_time(model, link, receivers=gen.dp, dtype=self.workload.precision,
-                                                   shards=shards)
+        if set(gen.devices()) <= set(train.devices()):  # colocated: reshard in place on every GPU
+            pieces = shards * (train.dp if train.sharding == "fsdp" else 1)
+            seconds = self.cost_model.reshard_time(model, link, gen.tp, pieces, self.workload.precision)
+        else:
+            seconds = self.cost_model.weight_sync_time(model, link, receivers=gen.dp, dtype=self.workload.precision,
+                                                       shards=shards)
         self._edges[key] = seconds
         return seconds
 

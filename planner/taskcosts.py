@@ -29,6 +29,7 @@ from hetprof.planner.engines import ENGINES, EngineLimits, GenerationRequest, St
 from hetprof.planner.graph import RLGraph
 from hetprof.planner.links import LinkTable
 from hetprof.specs import Device, WorkloadSpec
+from hetprof.specs.vocabulary import Task
 
 GB = 1e9
 EVAL_MEMO_LIMIT = 20_000
@@ -134,11 +135,14 @@ class TaskCosts:
         return hit
 
     def replica_lengths(self, batch: int) -> np.ndarray:
-        """`batch` response lengths that follow the step's sampled distribution (evenly spaced quantiles)."""
+        """`batch` response lengths that follow the step's sampled distribution (evenly spaced
+        quantiles), the longest being the step's longest: one replica draws it, and the step waits
+        for that replica, so a task of several replicas is priced by the one that holds it."""
         n = len(self.lengths)
         if n == 0:
             return np.full(batch, self.response)
         idx = np.minimum(((np.arange(batch) + 0.5) * n / batch).astype(int), n - 1)
+        idx[-1] = n - 1
         return self.lengths[idx]
 
     def _stage_signature(self, devices: Sequence[str], tp: int, pp: int) -> tuple:
@@ -324,13 +328,33 @@ class TaskCosts:
         seconds = max(replica_s) if replica_s else math.inf
         grad = 0.0
         if kind == "training" and layout.dp > 1:
-            grad = self._grad_sync(layout, seconds)
+            grad = self._grad_sync(layout, seconds)  # overlaps the passes' compute, not the Adam steps
             seconds += grad
+        if kind == "training":
+            seconds += self._optimizer_steps(layout)
+        if task == Task.ACTOR_TRAIN:  # the controller's per-step work runs serial with the actor's update
+            seconds += self._step_overhead(layout)
         curve = self._curve(kind, seconds, finish)
         vector = np.zeros(len(self.links.hosts))
         for host, fraction in host_fraction.items():
             vector[self.links.index[host]] = fraction
         return TaskEval(seconds, tuple(replica_s), curve, memory, host_fraction, tuple(problems), grad, vector)
+
+    def _step_overhead(self, layout: TaskLayout) -> float:
+        """The catalog's per-step controller seconds, on a GPU cluster: a GPU RL framework's figure;
+        the CPU pseudo-device runs `hetprof run`'s in-process controller, which its runs measure."""
+        if all(self.catalog.lookup(self.devices[d].type).vendor == "generic" for d in layout.devices()):
+            return 0.0
+        return self.catalog.step.seconds(self.sequences)
+
+    def _optimizer_steps(self, layout: TaskLayout) -> float:
+        """The step's Adam updates (one per mini-batch and epoch) on the slowest GPU type of the layout,
+        each over the optimizer shard its sharding leaves a rank."""
+        work = self.work(layout.task, 1)
+        types = {self.devices[d].type for d in layout.devices()}
+        one = max(self.cm.optimizer_step_time(work, Placement(t, layout.tp, layout.pp, dp=layout.dp,
+                                                              sharding=layout.sharding)) for t in types)
+        return one * self.workload.ppo_epochs * self.workload.mini_batches
 
     def _grad_sync(self, layout: TaskLayout, seconds: float) -> float:
         """Data-parallel traffic per optimizer step (gradients; parameters too when sharded), over the

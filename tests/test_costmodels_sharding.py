@@ -46,13 +46,22 @@ def test_training_state_is_divided_as_each_level_shards_it(sharding):
     assert est.total == pytest.approx(weights + grads + optimizer + act)
 
 
-def test_one_replica_shards_nothing_and_inference_ignores_sharding():
+def test_one_replica_shards_nothing():
     alone = mem.task_memory("training", M, 4, 1, 2, 32, "bf16", False, 2, dp=1, sharding="fsdp")
     assert alone == mem.task_memory("training", M, 4, 1, 2, 32, "bf16", False, 2)
-    infer = mem.task_memory("inference", M, 4, 1, 2, 32, "bf16", False, 2, dp=8, sharding="fsdp")
-    assert infer == mem.task_memory("inference", M, 4, 1, 2, 32, "bf16", False, 2)
     with pytest.raises(ValueError, match="unknown sharding"):
         mem.task_memory("training", M, 4, 1, 2, 32, "bf16", False, 2, dp=2, sharding="zero9")
+
+
+def test_a_logprob_pass_on_an_fsdp_trainer_holds_its_weight_shard_and_one_gathered_unit():
+    whole = mem.task_memory("inference", M, 4, 1, 2, 32, "bf16", False, 2)
+    infer = mem.task_memory("inference", M, 4, 1, 2, 32, "bf16", False, 2, dp=8, sharding="fsdp")
+    assert whole.weights == pytest.approx(2.0 * (4 * LAYER + ROOT))
+    assert infer.weights == pytest.approx(2.0 * (4 * LAYER + ROOT) / 8)
+    assert infer.activations == pytest.approx(whole.activations + 2.0 * (ROOT + 2 * LAYER))
+    # ZeRO-1/2 keep whole weights on every rank: the pass holds them all
+    for level in ("zero1", "zero2"):
+        assert mem.task_memory("inference", M, 4, 1, 2, 32, "bf16", False, 2, dp=8, sharding=level) == whole
 
 
 def test_fsdp_with_tensor_parallel_gathers_its_tp_shard_only():

@@ -64,6 +64,18 @@ class NetworkEfficiencySpec:
 
 
 @dataclasses.dataclass
+class StepSpec:
+    overhead_s: float = field(help="seconds of every RL step outside the GPU tasks (the controller's data loading, "
+                                   "reward functions, metrics and logging), serial with the actor's update",
+                              check=non_negative, expect="a non-negative number of seconds")
+    source: str = field(help="a key of `sources:` or a citation", check=lambda s: bool(s.strip()),
+                        expect="a non-empty source")
+    per_sequence_s: float = field(0.0, help="seconds added per sequence of the step (reward scoring, "
+                                  "detokenising, moving samples)", check=non_negative,
+                                  expect="a non-negative number of seconds")
+
+
+@dataclasses.dataclass
 class SourceSpec:
     title: str = field(help="what the figures are and where in the document (table, figure)")
     url: str | None = field(None, help="where to read it")
@@ -99,6 +111,7 @@ class CatalogSpec:
     sources: dict[str, SourceSpec] = field(default_factory=dict, help="citations the curves and figures name")
     defaults: EfficiencySpec | None = field(None, help="curves for types without their own")
     network: NetworkEfficiencySpec | None = field(None, help="curves of links between hosts")
+    step: StepSpec | None = field(None, help="per-step constants of an RL framework's controller")
     gpus: dict[str, GpuTypeSpec] = field(default_factory=dict, help="GPU types by name (new or overriding)")
 
 

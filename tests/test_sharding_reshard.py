@@ -1,0 +1,45 @@
+"""The hybrid engine's in-place resharding of new weights (trainer layout -> generator layout), by hand."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from hetprof.costmodels import LinkSpec, get_cost_model
+from hetprof.models import ModelShape
+from hetprof.planner.pinned import PinnedLayout, pinned_candidate
+from hetprof.planner.simulator import Simulator
+from hetprof.specs import ClusterSpec, WorkloadSpec
+from hetprof.specs.loader import from_data
+
+M = ModelShape("toy", "llama", 4, 64, 128, 4, 2, 16, 100, False)
+LINK = LinkSpec(1e-5, 1e10)
+
+
+def test_each_generator_rank_gathers_the_rest_of_its_tp_shard():
+    cm = get_cost_model("analytical")
+    weights = M.weight_bytes("bf16")
+    # FSDP over 32 ranks -> TP4 generators: each rank holds 1/32, needs 1/4: a ring all-gather of
+    # the 1/4 shard among the 8 ranks holding its pieces: 7 steps of α, 7/8 of the shard over β
+    assert cm.reshard_time(M, LINK, 4, 32) == pytest.approx(7 * 1e-5 + 7 / 8 * weights / 4 / 1e10)
+    # Megatron TP8 x PP4 -> TP8 (a PP fold): 3 of the 4 stages' layers come from the other stages
+    assert cm.reshard_time(M, LINK, 8, 32) == pytest.approx(3 * 1e-5 + 3 / 4 * weights / 8 / 1e10)
+    assert cm.reshard_time(M, LINK, 4, 4) == 0.0  # the trainer's piece is the generator's shard
+
+
+def test_a_colocated_step_prices_the_reshard_and_a_split_one_the_broadcast(tmp_path):
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump({"name": "two", "hosts": [{"name": "h", "gpus": {"type": "H100-SXM", "count": 8},
+                                                               "count": 2}]}))
+    workload = WorkloadSpec.from_dict({
+        "name": "w", "algorithm": "grpo", "models": {"actor": "qwen3-0.6b"}, "prompts_per_step": 16,
+        "responses_per_prompt": 4, "prompt_len": {"mean": 64, "max": 64}, "response_len": {"mean": 64, "max": 64},
+        "training": {"kl_coef": 0.0}})
+    cm = get_cost_model("analytical")
+    sim = Simulator(ClusterSpec.load(path), workload, cm, streaming=False, executable=False)
+    tasks = {"generation": {"group": "all", "tp": 2, "pp": 1}, "inference": {"group": "all", "tp": 1, "pp": 1},
+             "training": {"group": "all", "tp": 1, "pp": 1, "sharding": "fsdp"}}
+    score = sim.evaluate(pinned_candidate(sim, from_data(PinnedLayout, {"groups": {"all": 16}, "tasks": tasks})))
+    link = sim.links.slowest(set(sim.links.hosts))  # the two hosts' link
+    model = sim.graph.model_of("actor_train")
+    assert score.transfer_s["weights:actor_train->actor_gen"] == pytest.approx(cm.reshard_time(model, link, 2, 16))
