@@ -10,8 +10,6 @@ import bisect
 import math
 from collections.abc import Sequence
 
-import numpy as np
-
 
 def largest_batch_within(seconds_at, limit: float, total: int) -> int:
     """Most sequences (0..total) a replica finishes within `limit` (its time grows with batch)."""
@@ -55,16 +53,6 @@ class Curve:
         self.t = [0.0]
         for b in points:
             self.t.append(max(self.t[-1], seconds_at(b)))
-        self._finish: np.ndarray | None = None
-
-    @property
-    def finish_times(self) -> np.ndarray:
-        """Seconds at which the n-th sequence is done, n = 1..most, on the interpolated curve
-        (non-decreasing, as the curve is): what balancing counts against a finishing time."""
-        if self._finish is None:
-            finish = np.interp(np.arange(1, self.most + 1), self.b, self.t)
-            self._finish = np.where(np.isnan(finish), math.inf, finish)
-        return self._finish
 
     def at(self, b: float) -> float:
         if b <= 0:
@@ -77,55 +65,59 @@ class Curve:
         b0, b1, t0, t1 = self.b[i - 1], self.b[i], self.t[i - 1], self.t[i]
         return t0 + (t1 - t0) * (b - b0) / (b1 - b0)
 
+    def capacity(self, limit: float) -> int:
+        """Most sequences finished within `limit` on the interpolated curve."""
+        if not self.most or limit < self.t[1] - 1e-15:
+            return 0
+        i = bisect.bisect_right(self.t, limit) - 1
+        if i >= len(self.b) - 1:
+            return self.most
+        b0, b1, t0, t1 = self.b[i], self.b[i + 1], self.t[i], self.t[i + 1]
+        return int(b0 + (b1 - b0) * (limit - t0) / (t1 - t0)) if t1 > t0 else b1
 
-def balance_shares(seconds_at: Sequence, total: int) -> list[int] | None:
+
+def balance_shares(seconds_at: Sequence, total: int, iterations: int = 60) -> list[int] | None:
     """Sequences per replica minimising the slowest replica's time (min-max, integer).
 
     `seconds_at[i](b)` is replica i's time for b sequences; replicas passing the same function
     are one kind and are balanced together. Generation time is far from linear in the batch
     (decode is bandwidth-bound and the longest response sets the pace), so shares are not
-    proportional to speed: the finishing time T is the least time at which the replicas together
-    finish `total` sequences, each taking as many as it can finish by T. A replica too slow for
-    even one sequence by the optimal T gets none (the caller drops it rather than let it
-    straggle). Times are infinite where a batch does not fit in memory; None if the replicas
-    cannot hold the batch at all.
+    proportional to speed: the finishing time T is bisected and each replica takes as many
+    sequences as it can finish by T. A replica too slow for even one sequence by the optimal T
+    gets none (the caller drops it rather than let it straggle). Times are infinite where a
+    batch does not fit in memory; None if the replicas cannot hold the batch at all.
     """
     n = len(seconds_at)
     if n == 0:
         return []
     kinds: dict[int, Curve] = {}
-    copies: dict[int, int] = {}
     for f in seconds_at:
         if id(f) not in kinds:
             kinds[id(f)] = f if isinstance(f, Curve) else Curve(f, total)
-        copies[id(f)] = copies.get(id(f), 0) + 1
     curves = [kinds[id(f)] for f in seconds_at]
+    copies: dict[int, int] = {}
+    for f in seconds_at:
+        copies[id(f)] = copies.get(id(f), 0) + 1
     distinct = [(kinds[k], m) for k, m in copies.items()]
     if sum(c.most * m for c, m in distinct) < total:
         return None
-    limit = finishing_time(distinct, total)
-    finished = {id(c): int(np.searchsorted(c.finish_times, limit, side="right")) for c, _ in distinct}
-    counts = [finished[id(c)] for c in curves]
-    surplus = sum(counts) - total       # replicas tied at the finishing time took one too many
+    lo, hi = 0.0, max(c.at(c.most) for c, _ in distinct if c.most)
+    for _ in range(iterations):
+        mid = (lo + hi) / 2
+        if sum(c.capacity(mid) * m for c, m in distinct) >= total:
+            hi = mid
+        else:
+            lo = mid
+        if hi - lo <= 1e-9 * hi:
+            break
+    counts = [c.capacity(hi) for c in curves]
+    while sum(counts) < total:          # rounding on the interpolated curve: top up the fastest finisher
+        i = min(range(n), key=lambda j: (curves[j].at(counts[j] + 1), j))
+        counts[i] += 1
+    surplus = sum(counts) - total
     while surplus > 0:
         # take the surplus from whoever is slowest at its current load
         i = max((j for j in range(n) if counts[j] > 0), key=lambda j: (curves[j].at(counts[j]), -j))
         counts[i] -= 1
         surplus -= 1
     return counts
-
-
-def finishing_time(distinct: Sequence[tuple[Curve, int]], total: int) -> float:
-    """The least time by which replicas (curve, copies) finish `total` sequences together.
-
-    It is one of the times at which some replica finishes its n-th sequence, so every such time
-    is counted against all kinds at once (sorted arrays, no iteration to a tolerance).
-    """
-    if len(distinct) == 1:
-        curve, copies = distinct[0]
-        return float(curve.finish_times[-(-total // copies) - 1])
-    times = np.sort(np.concatenate([c.finish_times for c, _ in distinct]))
-    done = np.zeros(len(times), dtype=np.int64)
-    for c, m in distinct:
-        done += m * np.searchsorted(c.finish_times, times, side="right")
-    return float(times[int(np.searchsorted(done, total, side="left"))])

@@ -228,15 +228,6 @@ def _replica_key(sim: Simulator, replica: tuple[str, ...], tp: int, pp: int) -> 
     return types, tuple(hops), hosts
 
 
-def _kind_of(sim: Simulator, replica: tuple[str, ...], tp: int, pp: int, memo: dict) -> tuple:
-    """`_replica_key`, memoised: a search meets the same replica in thousands of layouts."""
-    key = ("kind", replica, tp, pp)
-    hit = memo.get(key)
-    if hit is None:
-        hit = memo[key] = _replica_key(sim, replica, tp, pp)
-    return hit
-
-
 class _Timer:
     """One replica kind's seconds at a batch, and whether that batch fits its GPUs' memory."""
 
@@ -334,7 +325,7 @@ def _layout_at(sim: Simulator, task: str, replicas: list[tuple[str, ...]], tp: i
     # one split — the one balanced for the first (by the locality-first order, the most common) kind.
     shared = sim.executable and pp > 1 and TASKS[task][0] == TaskKind.TRAINING
     for r in replicas:
-        kind = _kind_of(sim, replicas[0] if shared else r, tp, pp, memo)
+        kind = _replica_key(sim, replicas[0] if shared else r, tp, pp)
         skey = ("split", task, kind, tp, pp, nominal, shards)
         if skey not in memo:
             memo[skey] = balance_layers(sim, task, replicas[0] if shared else r, tp, pp, nominal, shards)

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 
 from hetprof.planner import layouts
 from hetprof.planner.candidate import Candidate, TaskLayout
-from hetprof.planner.search.symmetry import HostClasses, PositionalLayout
 
 if TYPE_CHECKING:
     from hetprof.planner.simulator import Simulator
@@ -28,7 +27,6 @@ if TYPE_CHECKING:
 Grouping = tuple[tuple[str, ...], ...]
 Orders = tuple[tuple[str, ...], ...]
 ShapeChoice = tuple[int, int]  # (tp, pp)
-STRUCTURE_MEMO_LIMIT = 1 << 17  # balanced layouts kept per assembler (a search's memory stays bounded)
 
 
 def set_partitions(items: Sequence[str]) -> Iterator[Grouping]:
@@ -81,8 +79,7 @@ class Assembler:
     """Builds candidates from (grouping, orders, shapes), memoising every balanced layout.
 
     The same task on the same ordered devices with the same shape recurs across thousands of
-    candidates, and far more often on orders of the same structure (`symmetry`: interchangeable
-    hosts); balancing calls the simulator dozens of times, so it is done once per structure.
+    candidates; balancing it calls the simulator dozens of times, so it is done once.
     """
 
     def __init__(self, sim: Simulator, max_tp: int = 8, max_pp: int = 4) -> None:
@@ -93,19 +90,9 @@ class Assembler:
         self.shapes = functools.lru_cache(maxsize=1 << 16)(self._shapes)
         self.best_shape = functools.lru_cache(maxsize=1 << 14)(self._best_shape)
         self.memo: dict = {}
-        self.classes = HostClasses(sim)
-        self._by_structure: dict[tuple, PositionalLayout | None] = {}
-        self._best_by_structure: dict[tuple, ShapeChoice | None] = {}
 
     def _layout(self, task: str, order: tuple[str, ...], tp: int, pp: int) -> TaskLayout | None:
-        key = (task, self.classes.signature(order), tp, pp)
-        if key not in self._by_structure:
-            if len(self._by_structure) >= STRUCTURE_MEMO_LIMIT:
-                self._by_structure.clear()
-            built = layouts.build_layout(self.sim, task, order, tp, pp, memo=self.memo)
-            self._by_structure[key] = None if built is None else PositionalLayout.of(built, order)
-        hit = self._by_structure[key]
-        return None if hit is None else hit.on(order)
+        return layouts.build_layout(self.sim, task, order, tp, pp, memo=self.memo)
 
     def _shapes(self, task: str, per_host: tuple[int, ...]) -> tuple[ShapeChoice, ...]:
         limits = layouts.degree_limits(self.sim, task, self.max_tp, self.max_pp)
@@ -119,13 +106,8 @@ class Assembler:
         return self.shapes(task, tuple(sorted(per_host.values())))
 
     def _best_shape(self, task: str, order: tuple[str, ...]) -> ShapeChoice | None:
-        key = (task, self.classes.signature(order))
-        if key not in self._best_by_structure:
-            if len(self._best_by_structure) >= STRUCTURE_MEMO_LIMIT:
-                self._best_by_structure.clear()
-            self._best_by_structure[key] = layouts.best_of(self.sim, self.shapes_for(task, order),
-                                                           lambda tp, pp: self.layout(task, order, tp, pp))[1]
-        return self._best_by_structure[key]
+        return layouts.best_of(self.sim, self.shapes_for(task, order),
+                               lambda tp, pp: self.layout(task, order, tp, pp))[1]
 
     def assemble(self, grouping: Grouping, orders: Orders, shapes: dict[str, ShapeChoice]) -> Candidate | None:
         """The candidate, or None when some task has no layout on its group's devices."""
