@@ -53,10 +53,12 @@ def test_sub_clusters_keep_host_names_and_drop_links_to_what_is_gone():
     assert not east.network.links                    # both overrides name us-central
     assert restricted_cluster(cluster, region="mars") is None
     names = [n for n, _ in sub_clusters(cluster)]
-    assert names == ["region us-central", "region us-east", "region us-west",
-                     "type A100-40GB", "type L4", "type L40S"]
-    l4 = dict(sub_clusters(cluster))["type L4"]
-    assert l4.gpu_counts() == {"L4": cluster.gpu_counts()["L4"]}
+    assert names == ["region us-central", "region us-east", "region us-west", "type A100-40GB", "type L40S"]
+    # all L4s are in us-central: that type is that region, listed once
+    central = dict(sub_clusters(cluster))["region us-central"]
+    assert central.gpu_counts() == {"L4": cluster.gpu_counts()["L4"]}
+    within = [n for n, _ in sub_clusters(cluster, within=True)]
+    assert within == names + ["A100-40GB in us-east", "L40S in us-east", "A100-40GB in us-west", "L40S in us-west"]
 
 
 def _args(**kw) -> argparse.Namespace:

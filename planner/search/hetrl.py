@@ -115,11 +115,12 @@ class HetRLSearch(Search):
         return _Problem(types, by_type, totals, groupings, exact), arms, structured
 
     def run(self) -> SearchResult:
-        """The search of the whole cluster; with objective cost first the same search on each
-        one-region and one-GPU-type sub-cluster (`subpools`), each with the full evaluation budget
-        and an equal share of the clock, their plans offered to the whole cluster's ledger."""
+        """The search of the whole cluster; with objective cost first the same search (without
+        passes of its own) on each one-region, one-GPU-type and type-within-region sub-cluster
+        (`subpools`), each with the full evaluation budget and an equal share of the clock, their
+        plans offered to the whole cluster's ledger."""
         ctx = self.ctx
-        passes = sub_clusters(ctx.sim.cluster) if ctx.objective == "cost" and self.config.sub_pools else []
+        passes = sub_clusters(ctx.sim.cluster, within=True) if ctx.objective == "cost" and self.config.sub_pools else []
         started = time.perf_counter()
         found: list[Candidate] = []
         evaluations = 0

@@ -3,8 +3,10 @@
 A cost objective often prefers part of a cluster (the cheap GPUs of one region) to all of it. A
 search of the whole cluster reaches such a plan only through its sub-pool arms, with a share of
 its budget; a search of the sub-pool alone spends all of it there. The cost search therefore
-also runs on each of these clusters (hetrl `sub_pools`), so its answer is never worse than its
-own answer on any of them, and the planner bench's `--cost-check` compares against the same.
+also runs on each of these clusters and on each GPU type within a region (hetrl `sub_pools`):
+a cost search of a region or a type tries its own sub-pools, so these are what it would reach,
+and the whole cluster's answer is never worse than the same search's answer on any of them. The
+planner bench's `--cost-check` compares against that.
 """
 
 from __future__ import annotations
@@ -37,8 +39,10 @@ def restricted_cluster(cluster: ClusterSpec, region: str | None = None,
     return ClusterSpec.from_dict({**data, "name": f"{cluster.name}-{label}", "hosts": keep, "network": network})
 
 
-def sub_clusters(cluster: ClusterSpec) -> list[tuple[str, ClusterSpec]]:
-    """Each region and each GPU type of the cluster on its own, where there are several."""
+def sub_clusters(cluster: ClusterSpec, within: bool = False) -> list[tuple[str, ClusterSpec]]:
+    """Each region and each GPU type of the cluster on its own, where there are several; with
+    `within` also each GPU type within a region (what the same search of a region or of a type
+    would itself try). One entry per distinct set of hosts."""
     out: list[tuple[str, ClusterSpec | None]] = []
     regions = cluster.regions()
     types = sorted(cluster.gpu_counts())
@@ -46,7 +50,15 @@ def sub_clusters(cluster: ClusterSpec) -> list[tuple[str, ClusterSpec]]:
         out += [(f"region {r}", restricted_cluster(cluster, region=r)) for r in regions]
     if len(types) > 1:
         out += [(f"type {t}", restricted_cluster(cluster, gpu_type=t)) for t in types]
-    return [(name, c) for name, c in out if c is not None]
+    if within and len(regions) > 1 and len(types) > 1:
+        out += [(f"{t} in {r}", restricted_cluster(cluster, region=r, gpu_type=t)) for r in regions for t in types]
+    seen: set[frozenset[str]] = {frozenset(cluster.host_names())}
+    kept = []
+    for name, sub in out:
+        if sub is not None and frozenset(sub.host_names()) not in seen:
+            seen.add(frozenset(sub.host_names()))
+            kept.append((name, sub))
+    return kept
 
 
 def sub_simulator(sim: Simulator, cluster: ClusterSpec) -> Simulator:
