@@ -12,6 +12,10 @@ search time on 128- and 256-GPU versions of the cluster.
 
 With `--equal-evals N` every search runs under the same evaluation budget instead of a clock
 (a baseline whose knob space is smaller uses fewer, and the table says how many).
+
+    .venv/bin/python bench/planner_bench.py --subset12 --seeds 3 --equal-evals 2000   # median of 3 seeds
+    .venv/bin/python bench/planner_bench.py --cost-check --equal-evals 800 --no-ilp    # $/iter vs sub-pools
+    .venv/bin/python bench/planner_bench.py --subset12 --seeds 3 --anytime 10 60 --load  # anytime quality
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import statistics
 import time
 from pathlib import Path
 
+from planner_checks import ALGORITHMS, MODELS, MODES, SCENARIOS, cost_check, cpu_load, median_of, subset12
 from rich.console import Console
 from rich.table import Table
 
@@ -34,10 +39,6 @@ from hetprof.planner.simulator import Simulator
 from hetprof.specs import ClusterSpec, WorkloadSpec
 
 ROOT = Path(__file__).resolve().parent.parent
-SCENARIOS = ["single-region", "multi-region", "multi-country", "multi-continent"]
-MODELS = ["4b", "8b", "14b"]
-ALGORITHMS = ["ppo", "grpo"]
-MODES = ["sync", "async"]
 
 
 def load(scenario: str, model: str, algorithm: str, mode: str) -> tuple[ClusterSpec, WorkloadSpec]:
@@ -91,11 +92,14 @@ def fmt(x: float) -> str:
     return "—" if x != x else f"{x:.2f}×"
 
 
-def run_row(scenario, model, algorithm, mode, args, cm) -> dict:
+def run_row(scenario, model, algorithm, mode, args, cm, seed: int | None = None) -> dict:
+    """One grid row: hetrl and every fair baseline on the same simulator, optionally the ILP and
+    the sub-pool cost check."""
+    seed = args.seed if seed is None else seed
     cluster, workload = load(scenario, model, algorithm, mode)
-    sim = Simulator(cluster, workload, cm, seed=args.seed)
-    row = {"scenario": scenario, "model": f"qwen3-{model}", "algorithm": algorithm, "mode": mode}
-    het, het_s, err = search(sim, "hetrl", args.budget_s, args.seed, args.workers, args.equal_evals)
+    sim = Simulator(cluster, workload, cm, seed=seed)
+    row = {"scenario": scenario, "model": f"qwen3-{model}", "algorithm": algorithm, "mode": mode, "seed": seed}
+    het, het_s, err = search(sim, "hetrl", args.budget_s, seed, args.workers, args.equal_evals)
     row["hetrl_s"] = het_s
     row["hetrl_iter_s"] = het.score.iteration_s if het else math.nan
     row["hetrl_cost"] = het.score.cost_per_iteration if het else math.nan
@@ -104,7 +108,7 @@ def run_row(scenario, model, algorithm, mode, args, cm) -> dict:
     row["hetrl_best_at_s"] = het.trace[-1]["t"] if het and het.trace else math.nan
     best = None
     for name in ("verl", "streamrl") + (("arealhex",) if mode == "async" else ()):
-        res, secs, err = search(sim, name, args.budget_s, args.seed, 1, args.equal_evals)
+        res, secs, err = search(sim, name, args.budget_s, seed, 1, args.equal_evals)
         row[name] = ratio(res, het)
         row[f"{name}_s"] = secs
         row[f"{name}_evals"] = res.evaluations if res else 0
@@ -114,18 +118,43 @@ def run_row(scenario, model, algorithm, mode, args, cm) -> dict:
             best = res
     row["best_baseline"] = best.search if best else ""
     row["best_baseline_cost"] = best.score.cost_per_iteration if best else math.nan
+    row["best"] = ratio(best, het)
     if het is not None and not args.no_ilp:
-        res, secs, err = search(sim, "ilp", args.budget_s, args.seed, 1, warm_start=het.candidate,
+        res, secs, err = search(sim, "ilp", args.budget_s, seed, 1, warm_start=het.candidate,
                                 config=ILPConfig(time_limit_s=args.ilp_limit_s, shortlist=args.shortlist))
         row["ilp"] = ratio(res, het)
         row["ilp_optimal"] = bool(res and res.extra.get("optimal"))
         row["ilp_gap"] = res.extra.get("gap") if res else None
         row["ilp_s"] = secs
         row["ilp_error"] = err
+    if args.cost_check:
+        row.update(cost_check(sim, lambda s: search(s, "hetrl", args.budget_s, seed, args.workers,
+                                                    args.equal_evals, objective="cost")[0]))
     return row
 
 
-def main() -> None:
+def run_seeds(key: tuple[str, str, str, str], args, cm) -> dict:
+    """A row over `args.seeds` seeds: the first seed's row, with the medians over all of them."""
+    runs = [run_row(*key, args, cm, seed=args.seed + k) for k in range(args.seeds)]
+    row = runs[0]
+    if len(runs) > 1:
+        row["best_median"] = median_of([r["best"] for r in runs])
+        row["hetrl_iter_median"] = median_of([r["hetrl_iter_s"] for r in runs])
+    return row
+
+
+def grid(args) -> list[tuple[str, str, str, str]]:
+    """The rows asked for: the 12-row subset, or the grid filtered by the scenario/model/... options."""
+    if args.subset12:
+        return subset12()
+    quick = args.quick
+    scenarios = args.scenarios or (["single-region", "multi-region"] if quick else SCENARIOS)
+    models = args.models or (["8b"] if quick else MODELS)
+    return [(s, m, a, o) for s in scenarios for m in models for a in args.algorithms or ALGORITHMS
+            for o in args.modes or MODES]
+
+
+def options() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="a subset: two scenarios, Qwen3-8B, small budgets")
     ap.add_argument("--budget-s", type=float, default=None, help="hetrl time budget per row (default 60, quick 15)")
@@ -135,6 +164,15 @@ def main() -> None:
     ap.add_argument("--models", nargs="*", default=None)
     ap.add_argument("--algorithms", nargs="*", default=None, help="subset of ppo grpo (default both)")
     ap.add_argument("--modes", nargs="*", default=None, help="subset of sync async (default both)")
+    ap.add_argument("--subset12", action="store_true",
+                    help="the 12-row subset (every scenario × model, algorithms and modes mixed)")
+    ap.add_argument("--limit", type=int, default=None, help="only the first N rows of the selection")
+    ap.add_argument("--seeds", type=int, default=1, help="seeds per row; the table adds their median")
+    ap.add_argument("--cost-check", action="store_true",
+                    help="hetrl's $/iteration must not exceed its own result on any one region or GPU type")
+    ap.add_argument("--anytime", nargs=2, type=float, default=None, metavar=("SHORT_S", "LONG_S"),
+                    help="hetrl at SHORT_S against LONG_S seconds on the selected rows (e.g. 10 60)")
+    ap.add_argument("--load", action="store_true", help="the anytime check again beside a CPU-heavy process")
     ap.add_argument("--no-ilp", action="store_true")
     ap.add_argument("--no-scale", action="store_true", help="skip the 128/256-GPU timing")
     ap.add_argument("--scale-only", action="store_true", help="only the 128/256-GPU timing (no 64-GPU grid)")
@@ -144,12 +182,14 @@ def main() -> None:
                     help="every search gets this evaluation budget instead of a time budget")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = options().parse_args()
     quick = args.quick
     args.budget_s = args.budget_s or (15.0 if quick else 60.0)
     args.ilp_limit_s = args.ilp_limit_s or (5.0 if quick else 20.0)
-    scenarios = args.scenarios or (["single-region", "multi-region"] if quick else SCENARIOS)
-    models = args.models or (["8b"] if quick else MODELS)
     console = Console(width=180)
     cm = get_cost_model("analytical")
     for name in ("hetrl", "ilp", "arealhex", "verl", "streamrl"):
@@ -157,22 +197,55 @@ def main() -> None:
     import optuna  # noqa: F401
     import pulp  # noqa: F401
 
+    keys = grid(args)[:args.limit]
     rows = []
-    for scenario in ([] if args.scale_only else scenarios):
-        for model in models:
-            for algorithm in args.algorithms or ALGORITHMS:
-                for mode in args.modes or MODES:
-                    row = run_row(scenario, model, algorithm, mode, args, cm)
-                    rows.append(row)
-                    console.print(f"[dim]{scenario} qwen3-{model} {algorithm} {mode}: hetrl "
-                                  f"{row['hetrl_iter_s']:.1f} s/iter in {row['hetrl_s']:.0f} s[/dim]")
+    if args.anytime:
+        anytime(keys, args, cm, console)
+        keys = []
+    for key in ([] if args.scale_only else keys):
+        row = run_seeds(key, args, cm)
+        rows.append(row)
+        console.print(f"[dim]{' '.join(key)}: hetrl {row['hetrl_iter_s']:.1f} s/iter in {row['hetrl_s']:.0f} s, "
+                      f"{row['hetrl_evals']} evaluations[/dim]")
 
     if rows:
         summarise(rows, args, console)
-    if not args.no_scale:
+    if not args.no_scale and not args.anytime:
         scale_rows(rows, args, cm, console, quick)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1, default=str) + "\n")
+
+
+def anytime(keys: list[tuple[str, str, str, str]], args, cm, console: Console) -> list[dict]:
+    """hetrl's iteration time at a short and a long clock budget, median over seeds, per row; with
+    `--load` again beside a CPU-heavy process. The evaluations columns show what load costs: the
+    search's work follows evaluations, so a loaded clock buys fewer of the same evaluations."""
+    short, long = args.anytime
+    table = Table(title=f"Anytime: hetrl at {short:.0f} s vs {long:.0f} s (median of {args.seeds} seeds)")
+    for col in ("row", "load", f"s/iter at {short:.0f} s", f"s/iter at {long:.0f} s", "ratio", "goal ≤ 1.05",
+                f"evals at {short:.0f} s", f"evals at {long:.0f} s"):
+        table.add_column(col, justify="left" if col in ("row", "load") else "right")
+    out = []
+    for loaded in (False, True) if args.load else (False,):
+        for key in keys:
+            cluster, workload = load(*key)
+            got: dict[float, list] = {short: [], long: []}
+            with cpu_load(loaded):
+                for k in range(args.seeds):
+                    for budget in (short, long):
+                        fresh = Simulator(cluster, workload, cm, seed=args.seed)  # no cache carried between budgets
+                        res, _, _ = search(fresh, "hetrl", budget, args.seed + k, args.workers)
+                        got[budget].append(res)
+            iters = {b: median_of([r.score.iteration_s if r else math.inf for r in rs]) for b, rs in got.items()}
+            evals = {b: statistics.median(r.evaluations if r else 0 for r in rs) for b, rs in got.items()}
+            r = iters[short] / iters[long] if math.isfinite(iters[long]) else math.nan
+            out.append({"row": " ".join(key), "load": loaded, "short": iters[short], "long": iters[long],
+                        "ratio": r, "evals_short": evals[short], "evals_long": evals[long]})
+            table.add_row(" ".join(key), "CPU-heavy process" if loaded else "—", f"{iters[short]:.2f}",
+                          f"{iters[long]:.2f}", f"{r:.3f}", "yes" if r <= 1.05 else "no",
+                          f"{evals[short]:.0f}", f"{evals[long]:.0f}")
+    console.print(table)
+    return out
 
 
 def summarise(rows: list[dict], args: argparse.Namespace, console: Console) -> None:
@@ -181,18 +254,27 @@ def summarise(rows: list[dict], args: argparse.Namespace, console: Console) -> N
         f"hetrl budget {args.budget_s:.0f} s"
     table = Table(title=f"Throughput of hetrl relative to each search (HetRL 64-GPU cluster; {effort}; "
                         "same simulator, one run)")
-    for col in ("scenario", "model", "alg", "mode", "hetrl s/iter", "÷verl", "÷streamrl", "÷arealhex",
-                "÷ilp", "ilp opt", "hetrl $/iter", "best base $/iter", "evals hetrl/verl/streamrl/arealhex",
-                "hetrl search s", "best at s"):
+    median = (f"÷best med{args.seeds}",) if args.seeds > 1 else ()
+    for col in ("scenario", "model", "alg", "mode", "hetrl s/iter", "÷best", *median, "÷verl",
+                "÷streamrl", "÷arealhex", "÷ilp", "ilp opt", "hetrl $/iter", "best base $/iter",
+                "evals hetrl/verl/streamrl/arealhex", "hetrl search s", "best at s"):
         table.add_column(col, justify="right" if col not in ("scenario", "model", "alg", "mode") else "left")
     for r in rows:
         evals = "/".join(str(r.get(f"{k}_evals", "—")) for k in ("hetrl", "verl", "streamrl", "arealhex"))
         table.add_row(r["scenario"], r["model"], r["algorithm"], r["mode"], f"{r['hetrl_iter_s']:.1f}",
+                      fmt(r.get("best", math.nan)), *(fmt(r.get("best_median", math.nan)) for _ in median),
                       fmt(r.get("verl", math.nan)), fmt(r.get("streamrl", math.nan)),
                       fmt(r.get("arealhex", math.nan)), fmt(r.get("ilp", math.nan)),
                       "yes" if r.get("ilp_optimal") else "no", f"${r['hetrl_cost']:.3f}",
                       f"${r['best_baseline_cost']:.3f}", evals, f"{r['hetrl_s']:.1f}", f"{r['hetrl_best_at_s']:.1f}")
     console.print(table)
+    for r in rows:
+        if "cost_ratio" in r:
+            subs = ", ".join(f"{k} ${v:.3f}" for k, v in r["cost_subs"].items())
+            console.print(f"cost check {r['scenario']} {r['model']} {r['algorithm']} {r['mode']}: hetrl "
+                          f"${r['cost_full']:.3f}/iteration vs its own on {subs} → "
+                          f"{'ok' if r['cost_ok'] else 'WORSE than ' + r['cost_cheapest_sub']} "
+                          f"({r['cost_ratio']:.3f}×)")
     for r in rows:
         for name in ("verl", "streamrl", "arealhex"):
             if f"{name}_chosen" in r:
@@ -200,11 +282,7 @@ def summarise(rows: list[dict], args: argparse.Namespace, console: Console) -> N
                               f"{r[f'{name}_evals']} evaluations · {r[f'{name}_chosen']}")
 
     verl = [r["verl"] for r in rows if r.get("verl") == r.get("verl")]
-    best_base = []
-    for r in rows:
-        vals = [r[k] for k in ("verl", "streamrl", "arealhex") if k in r and r[k] == r[k]]
-        if vals:
-            best_base.append(min(vals))
+    best_base = [r["best"] for r in rows if r.get("best") == r.get("best")]
     ilp_opt = [r["ilp"] for r in rows if r.get("ilp_optimal") and r.get("ilp") == r.get("ilp")]
     summary = Table(title="Goals")
     summary.add_column("measure")
@@ -217,6 +295,15 @@ def summarise(rows: list[dict], args: argparse.Namespace, console: Console) -> N
         summary.add_row("mean over rows of hetrl/best baseline", f"{statistics.mean(best_base):.3f}×", "—")
         summary.add_row("rows where hetrl ≥ best baseline", f"{sum(b >= 1 - 1e-9 for b in best_base)}/{len(best_base)}",
                         "all")
+    medians = [r["best_median"] for r in rows if "best_median" in r]
+    if medians:
+        summary.add_row(f"min over rows of the median of {args.seeds} seeds' hetrl/best baseline",
+                        f"{min(medians):.3f}×", "≥ 1.0×")
+    costs = [r["cost_ratio"] for r in rows if "cost_ratio" in r]
+    if costs:
+        summary.add_row("rows where hetrl's $/iter ≤ its own on any one region or GPU type",
+                        f"{sum(r['cost_ok'] for r in rows if 'cost_ok' in r)}/{len(costs)} (worst "
+                        f"{max(costs):.3f}×)", "all")
     if ilp_opt:
         summary.add_row("min hetrl/ilp where ILP proved optimal", f"{min(ilp_opt):.3f}×", "≥ 0.98×")
     summary.add_row("max hetrl search time, 64 GPUs", f"{max(r['hetrl_s'] for r in rows):.1f} s", "≤ 60 s")

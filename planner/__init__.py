@@ -8,7 +8,7 @@ How the pieces fit (each module has one job; searches only propose, the simulato
 - `taskcosts`: a layout's replica times (cost model per stage over real links, length waves) and memory
 - `schedule`: several iterations played on the groups (sync/async, streaming) -> steady state
 - `simulator`: structure and memory checks, transfers, $ -> `Score` (the single source of truth)
-- `search/`, `layouts`: the searches and layout balancers, scored by the simulator
+- `search/` (with `search/layouts`): the searches and layout balancers, scored by the simulator
 - `convert`, `memcheck`: plan files, and an independent memory check of them
 - `report`, `gantt`, `whatif`, `session`, `cli`: what `hetprof plan` shows, draws, changes and runs
 """

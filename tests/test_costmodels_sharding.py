@@ -137,8 +137,8 @@ def test_published_qwen3_8b_layouts_on_8_h100_fit_in_memory():
     with a distributed optimizer; whole Adam state per GPU (DDP) does not fit."""
     import dataclasses
 
-    from hetprof.planner import layouts
     from hetprof.planner.candidate import Candidate, TaskLayout
+    from hetprof.planner.search import layouts
     from hetprof.planner.simulator import Simulator
     from hetprof.specs import ClusterSpec, WorkloadSpec
 

@@ -13,9 +13,8 @@ from hetprof.costmodels import Placement, get_cost_model
 from hetprof.errors import InfeasibleError
 from hetprof.executor.launch_checks import check_supported
 from hetprof.models import PRESETS
-from hetprof.planner import layouts
 from hetprof.planner.candidate import Candidate, TaskLayout
-from hetprof.planner.search import SearchContext, get_search
+from hetprof.planner.search import SearchContext, get_search, layouts
 from hetprof.planner.simulator import Simulator
 from hetprof.specs import ClusterSpec, Plan, WorkloadSpec, executable
 

@@ -10,10 +10,9 @@ from hypothesis import strategies as st
 
 from hetprof.costmodels import get_cost_model
 from hetprof.errors import InfeasibleError, SpecError
-from hetprof.planner import layouts
 from hetprof.planner.convert import to_plan
 from hetprof.planner.memcheck import check_plan
-from hetprof.planner.search import SearchContext, available_searches, get_search
+from hetprof.planner.search import SearchContext, available_searches, get_search, layouts
 from hetprof.planner.search.exhaustive import ExhaustiveConfig
 from hetprof.planner.search.hetrl import HetRLConfig
 from hetprof.planner.search.ilp import ILPConfig

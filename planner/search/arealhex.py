@@ -16,9 +16,8 @@ from __future__ import annotations
 import math
 
 from hetprof.errors import InfeasibleError
-from hetprof.planner import layouts
 from hetprof.planner.candidate import Candidate
-from hetprof.planner.search import register_search
+from hetprof.planner.search import layouts, register_search
 from hetprof.planner.search.base import Ledger, Search, SearchResult
 from hetprof.planner.search.cbc import cbc
 from hetprof.specs.vocabulary import Task

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 # Objective values within this relative distance count as equal; the cheaper plan then wins.
 TIE = 1e-9
-RESERVE_S = 3.0         # most of the time budget kept back from a clock-paced search's steps ...
+RESERVE_S = 10.0        # most of the time budget kept back from a clock-paced search's steps ...
 RESERVE_SHARE = 0.05    # ... and at most this share of it
 PROGRESS_EVERY_S = 0.25  # a progress callback hears of evaluations at most this often (improvements at once)
 

@@ -6,7 +6,7 @@ the order, which tasklet sits on which GPU) plus each task's TP×PP. Mutations a
 HetRL names: swapping GPUs of one kind across groups (alone or a host's worth at once, which
 moves a group between hosts or regions), swapping GPUs across tasklets inside a group, and
 changing a task's parallel shape. Layer splits and batch shares follow from the genome by
-balancing (`planner.layouts`), so evolution never wastes evaluations on unbalanced variants.
+balancing (`search.layouts`), so evolution never wastes evaluations on unbalanced variants.
 
 The state is plain data and every random choice comes from the arm's own seeded generator, so
 an arm advanced in a worker process gives the same result as in the parent.

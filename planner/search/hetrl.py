@@ -28,6 +28,7 @@ import dataclasses
 import time
 from typing import TYPE_CHECKING, Any
 
+from hetprof.errors import InfeasibleError
 from hetprof.planner.search import register_search
 from hetprof.planner.search.arms import (
     Arm,
@@ -51,6 +52,7 @@ from hetprof.planner.search.space import (
     problem_key,
 )
 from hetprof.planner.search.study import ArmStudy, PendingTrial, arm_distributions, arm_from_trial
+from hetprof.planner.search.subpools import sub_clusters, sub_simulator
 
 if TYPE_CHECKING:
     from hetprof.planner.candidate import Candidate
@@ -68,6 +70,7 @@ class HetRLConfig(SearchConfig):
     enumerate_limit: int = knob(ENUMERATE_LIMIT, "enumerate every arm when there are at most this many", 0)
     milp_arms: bool = knob(True, "seed arms from the restricted MILP on problems too large to enumerate")
     milp_from: int = knob(MILP_FROM, "the least stage budget (evaluations) at which the MILP is asked", 1)
+    sub_pools: bool = knob(True, "objective cost: also search each one-region and one-GPU-type sub-cluster alone")
 
 
 @dataclasses.dataclass
@@ -112,6 +115,42 @@ class HetRLSearch(Search):
         return _Problem(types, by_type, totals, groupings, exact), arms, structured
 
     def run(self) -> SearchResult:
+        """The search of the whole cluster; with objective cost first the same search (without
+        passes of its own) on each one-region, one-GPU-type and type-within-region sub-cluster
+        (`subpools`), each with the full evaluation budget and an equal share of the clock, their
+        plans offered to the whole cluster's ledger."""
+        ctx = self.ctx
+        passes = sub_clusters(ctx.sim.cluster, within=True) if ctx.objective == "cost" and self.config.sub_pools else []
+        started = time.perf_counter()
+        found: list[Candidate] = []
+        evaluations = 0
+        info = {}
+        for i, (name, cluster) in enumerate(passes):
+            share = (ctx.time_budget_s - (time.perf_counter() - started)) / (len(passes) + 1 - i)
+            sub = dataclasses.replace(ctx, sim=sub_simulator(ctx.sim, cluster), time_budget_s=max(share, 0.0),
+                                      storage=None, study_name=None, warm_start=None, progress=None,
+                                      config=dataclasses.replace(self.config, sub_pools=False))
+            try:
+                res = HetRLSearch(sub).run()
+            except InfeasibleError:
+                info[name] = None
+                continue
+            found.append(res.candidate)
+            evaluations += res.evaluations
+            info[name] = round(res.score.cost_per_iteration, 6)
+        if not passes:
+            return self._run_whole(found)
+        self.ctx = dataclasses.replace(ctx, time_budget_s=max(0.0, ctx.time_budget_s - (time.perf_counter() - started)))
+        try:
+            result = self._run_whole(found)
+        finally:
+            self.ctx = ctx
+        result.extra["sub_pools"] = info
+        return dataclasses.replace(result, evaluations=result.evaluations + evaluations,
+                                   seconds=time.perf_counter() - started)
+
+    def _run_whole(self, offered: list[Candidate]) -> SearchResult:
+        """The search of the whole cluster; `offered` plans (the sub-pool passes') join at the end."""
         ctx = self.ctx
         ledger = Ledger(ctx)
         problem, arms, structured = self._problem()
@@ -145,7 +184,7 @@ class HetRLSearch(Search):
                 if ledger.evaluations == before:
                     break               # every arm is exhausted and nothing new was proposed
                 budget *= 2
-            self._offer_shared(study.pull(), ledger)
+            self._offer_shared(study.pull() + offered, ledger)
         finally:
             pool.close()
         if ledger.max_evals and ledger.evaluations >= ledger.max_evals:

@@ -18,7 +18,7 @@ import math
 from typing import Any
 
 from hetprof.errors import InfeasibleError
-from hetprof.planner import layouts
+from hetprof.planner.search import layouts
 from hetprof.planner.search.restricted import RestrictedSpace
 from hetprof.specs.plan import TASKS
 from hetprof.specs.vocabulary import Task, TaskKind

@@ -4,6 +4,11 @@ An arm's state is plain data with its own seeded generator, so advancing it in a
 same result as in the parent; the parent then adds the workers' evaluations to its ledger and
 offers each arm's best find. Workers are forked so they inherit the simulator (and its caches)
 instead of receiving a copy per task.
+
+A worker's caches grow apart from the parent's after the fork: layouts one worker balances, the
+other and the parent balance again, and the parent re-scores each arm's best find. Two workers
+therefore spend more CPU in all than one process, and are faster only where a second core is
+idle; on a machine already busier than its cores they are slower, with the same plan.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from hetprof.planner import layouts
+from hetprof.planner.search import layouts
 
 if TYPE_CHECKING:
     from hetprof.planner.simulator import Simulator

@@ -16,8 +16,8 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from hetprof.planner import layouts
 from hetprof.planner.candidate import Candidate
+from hetprof.planner.search import layouts
 from hetprof.planner.search.space import Grouping, devices_by_type, gpu_types
 
 if TYPE_CHECKING:

@@ -4,7 +4,7 @@ HetRL's five levels map onto three choices here: a *grouping* (level 1: which ta
 GPUs), per group an *ordered device list* (levels 2-3 and 5: how many GPUs of each kind, which
 ones, and — through the order — which tasklet sits where), and per task a *shape* TP×PP (level 4).
 Layer splits, batch shares and a training layout's data-parallel sharding are not searched:
-`planner.layouts` balances the first two to device speed and picks the sharding per shape.
+`search.layouts` balances the first two to device speed and picks the sharding per shape.
 The old-log-prob pass is never placed: it follows actor_train (hetprof.specs.plan.FOLLOWS).
 Keeping the assembly here guarantees `exhaustive`, `hetrl` and the ILP explore the same space, so
 the tests can compare their optima honestly.
@@ -18,8 +18,8 @@ import json
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from hetprof.planner import layouts
 from hetprof.planner.candidate import Candidate, TaskLayout
+from hetprof.planner.search import layouts
 
 if TYPE_CHECKING:
     from hetprof.planner.simulator import Simulator

@@ -12,9 +12,8 @@ with each pool's layouts tuned, and the best pair kept.
 from __future__ import annotations
 
 from hetprof.errors import InfeasibleError
-from hetprof.planner import layouts
 from hetprof.planner.candidate import Candidate, TaskLayout
-from hetprof.planner.search import register_search
+from hetprof.planner.search import layouts, register_search
 from hetprof.planner.search.base import Ledger, Search, SearchResult
 from hetprof.planner.search.pools import Pool, hosts, region_pools
 from hetprof.specs.vocabulary import Task

@@ -15,9 +15,8 @@ import dataclasses
 from collections.abc import Iterator
 
 from hetprof.errors import InfeasibleError
-from hetprof.planner import layouts
 from hetprof.planner.candidate import Candidate, TaskLayout
-from hetprof.planner.search import register_search
+from hetprof.planner.search import layouts, register_search
 from hetprof.planner.search.base import Ledger, Search, SearchConfig, SearchResult, knob
 from hetprof.planner.search.pools import Pool, host_pools
 from hetprof.specs.plan import TASKS
