@@ -4,8 +4,8 @@ vLLM is imported only when this backend is constructed, so the package and its r
 machines without it; constructing it there raises a clear ExecutionError instead. How the engine
 fits its slot (KV-cache size, the CPU core its threads are bound to, dtype) is `vllm_engine`'s.
 
-The engine is built from a local directory: the caller's model is written there with
-`save_pretrained` (shapes and weights exactly as the trainer has them). Prompts go in as token ids
+The engine is built from a local directory: the caller's model is written there as a Hugging
+Face checkpoint (`write_checkpoint`: shapes and weights exactly as the trainer has them). Prompts go in as token ids
 (`skip_tokenizer_init`), so the char tokenizer of the tiny presets works unchanged. The caller's
 model stays the generator's copy of the weights (a weight sync lands in it in place); after each
 sync `weights_arrived` pushes it into the engine through vLLM's worker-extension RPC
@@ -43,6 +43,28 @@ PROBE_PROMPT, PROBE_RESPONSE = 24, 8
 LOGPROB_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.1, torch.float16: 0.05}
 
 
+def write_checkpoint(model: nn.Module, folder: str) -> None:
+    """The model as a Hugging Face checkpoint folder for the engine to start from.
+
+    Not `save_pretrained`: under torch.distributed transformers writes only on rank 0, and every
+    generator rank needs its own folder. Tensors are copied out because a flattened model's
+    parameters share one buffer, which safetensors refuses; a tied head is the embedding's. The
+    config names the model class, as `save_pretrained` would: without it vLLM takes the folder for a
+    pooling (embedding) model.
+    """
+    import copy
+
+    from safetensors.torch import save_file
+
+    config = copy.deepcopy(model.config)
+    config.architectures = [type(model).__name__]
+    config.save_pretrained(folder)
+    tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    state = {n: t.detach().clone().contiguous() for n, t in model.state_dict().items()
+             if not (tied and n == "lm_head.weight")}
+    save_file(state, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+
+
 def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
@@ -70,7 +92,7 @@ class VLLMBackend(GenerationBackend):
         from vllm import LLM
 
         self._dir = tempfile.TemporaryDirectory(prefix="hetprof-vllm-")
-        self.model.save_pretrained(self._dir.name)
+        write_checkpoint(self.model, self._dir.name)
         self.llm = LLM(model=self._dir.name, **{**settings.kwargs, **engine_kwargs})
         self._targets = self.model.state_dict(keep_vars=True)
         vocab = int(self.model.config.vocab_size)
