@@ -14,11 +14,11 @@ import torch
 
 from hetprof.errors import ExecutionError
 from hetprof.executor.backends import get_backend
-from hetprof.executor.backends.vllm_engine import CPU_HEAD_DIMS, check_head_dim, engine_settings
 from hetprof.executor.data import arithmetic_prompts
 from hetprof.executor.logprobs import token_logprobs
 from hetprof.executor.modeling import build_causal_lm, hf_config
 from hetprof.executor.tokenizer import CharTokenizer
+from hetprof.vllm_engine import CPU_HEAD_DIMS, check_head_dim, engine_settings
 
 TOK = CharTokenizer()
 
@@ -27,9 +27,12 @@ def test_cpu_settings_fit_one_slot():
     config = hf_config("tiny-2x")
     settings = engine_settings(config, torch.float32, torch.device("cpu"), kv_cache_gib=0.5, cpu_core=1)
     assert settings.env["VLLM_CPU_OMP_THREADS_BIND"] == "1"
-    assert settings.env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"  # the engine dies with its worker
+    assert settings.env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"  # no process group here: in-process
     assert settings.kwargs["kv_cache_memory_bytes"] == 2**29 and settings.kwargs["dtype"] == "float32"
     assert settings.kwargs["max_model_len"] == 512
+    # a run's worker is a torch.distributed rank: its engine core gets a process of its own
+    own = engine_settings(config, torch.float32, torch.device("cpu"), cpu_core=0, own_process=True)
+    assert own.env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
     with pytest.raises(ExecutionError, match="tensor_parallel_size 1"):
         engine_settings(config, torch.float32, torch.device("cpu"), tensor_parallel_size=2)
 

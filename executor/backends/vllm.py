@@ -2,14 +2,14 @@
 
 vLLM is imported only when this backend is constructed, so the package and its registry import on
 machines without it; constructing it there raises a clear ExecutionError instead. How the engine
-fits its slot (KV-cache size, the CPU core its threads are bound to, dtype) is `vllm_engine`'s.
+fits its slot (KV-cache size, the CPU core its threads are bound to, dtype) is `hetprof.vllm_engine`'s.
 
 The engine is built from a local directory: the caller's model is written there as a Hugging
 Face checkpoint (`write_checkpoint`: shapes and weights exactly as the trainer has them). Prompts go in as token ids
 (`skip_tokenizer_init`), so the char tokenizer of the tiny presets works unchanged. The caller's
 model stays the generator's copy of the weights (a weight sync lands in it in place); after each
-sync `weights_arrived` pushes it into the engine through vLLM's worker-extension RPC
-(`collective_rpc`, on every TP worker) and checks that the engine's log-probs of a fixed probe
+sync `weights_arrived` writes it to a safetensors file beside the engine's checkpoint and has the
+engine reload it through vLLM's worker-extension RPC (`collective_rpc`, on every TP worker), and checks that the engine's log-probs of a fixed probe
 sequence equal the trainer's recompute on that copy — the proof the weights really arrived.
 
 Behaviour log-probs come from vLLM's sampler in `processed_logprobs` mode: after temperature (and
@@ -18,7 +18,6 @@ top-p, when it is below 1), which at temperature 1 and top-p 1 equals the traine
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -29,10 +28,10 @@ from torch import nn
 from hetprof.errors import ExecutionError
 from hetprof.executor.backends import register_backend
 from hetprof.executor.backends.base import GenerationBackend, Rollout, check_sampling
-from hetprof.executor.backends.vllm_engine import engine_settings
 from hetprof.executor.modeling import unwrap
 from hetprof.executor.tokenizer import Tokenizer
 from hetprof.generation import pad_left
+from hetprof.vllm_engine import engine_settings, start_engine, vllm_available, write_weights
 
 # The probe a weight sync is checked with: a fixed prompt and response of token ids (any ids of the
 # vocabulary do: the check compares two computations of the same log-probs, not their values).
@@ -42,31 +41,8 @@ PROBE_PROMPT, PROBE_RESPONSE = 24, 8
 # to ~1e-5 and in 16-bit to a few hundredths; stale weights move log-probs by far more.
 LOGPROB_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.1, torch.float16: 0.05}
 
-
-def write_checkpoint(model: nn.Module, folder: str) -> None:
-    """The model as a Hugging Face checkpoint folder for the engine to start from.
-
-    Not `save_pretrained`: under torch.distributed transformers writes only on rank 0, and every
-    generator rank needs its own folder. Tensors are copied out because a flattened model's
-    parameters share one buffer, which safetensors refuses; a tied head is the embedding's. The
-    config names the model class, as `save_pretrained` would: without it vLLM takes the folder for a
-    pooling (embedding) model.
-    """
-    import copy
-
-    from safetensors.torch import save_file
-
-    config = copy.deepcopy(model.config)
-    config.architectures = [type(model).__name__]
-    config.save_pretrained(folder)
-    tied = bool(getattr(model.config, "tie_word_embeddings", False))
-    state = {n: t.detach().clone().contiguous() for n, t in model.state_dict().items()
-             if not (tied and n == "lm_head.weight")}
-    save_file(state, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
-
-
-def vllm_available() -> bool:
-    return importlib.util.find_spec("vllm") is not None
+# vLLM imports it by path inside its workers: see vllm_worker.py
+WORKER_EXTENSION = "hetprof.executor.backends.vllm_worker.WeightUpdateExtension"
 
 
 @register_backend("vllm")
@@ -87,13 +63,11 @@ class VLLMBackend(GenerationBackend):
         self.dtype = next(self.model.parameters()).dtype
         settings = engine_settings(self.model.config, self.dtype, self.device, tensor_parallel_size=tensor_parallel_size,
                                    gpu_memory_utilization=gpu_memory_utilization, kv_cache_gib=kv_cache_gib,
-                                   cpu_core=cpu_core, seed=seed)
-        os.environ.update(settings.env)  # read by vLLM when the engine starts, in this process
-        from vllm import LLM
-
+                                   cpu_core=cpu_core, seed=seed, worker_extension=WORKER_EXTENSION)
         self._dir = tempfile.TemporaryDirectory(prefix="hetprof-vllm-")
-        write_checkpoint(self.model, self._dir.name)
-        self.llm = LLM(model=self._dir.name, **{**settings.kwargs, **engine_kwargs})
+        self.llm = start_engine(self.model, self._dir.name, settings, **engine_kwargs)
+        # the engine's own process (a run's worker): it must not outlive this one
+        self.engine_pids = self.llm.collective_rpc("hetprof_exit_with_parent", args=(os.getpid(),))
         self._targets = self.model.state_dict(keep_vars=True)
         vocab = int(self.model.config.vocab_size)
         ids = torch.arange(PROBE_PROMPT + PROBE_RESPONSE) * 7 % max(1, vocab - 3) + 3
@@ -156,8 +130,9 @@ class VLLMBackend(GenerationBackend):
 
     def weights_arrived(self) -> dict[str, float]:
         """Push the generator's copy into the engine, then check the engine computes with it."""
-        items = [(name, t.detach()) for name, t in self.model.state_dict().items()]
-        self.llm.collective_rpc("hetprof_load_weights", args=(items,))
+        path = os.path.join(self._dir.name, "sync.safetensors")
+        write_weights(self.model, path, tied_head=True)
+        self.llm.collective_rpc("hetprof_load_weights", args=(path,))
         self.llm.reset_prefix_cache()  # cached prompt KV was computed with the old weights
         gap, limit = self.logprob_gap(), LOGPROB_TOLERANCE.get(self.dtype, 0.1)
         if gap > limit:
@@ -187,5 +162,8 @@ class VLLMBackend(GenerationBackend):
         return float((ours.float().cpu() - theirs).abs().max())
 
     def close(self) -> None:
+        engine = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        if engine is not None and hasattr(engine, "shutdown"):
+            engine.shutdown()  # the engine's process, if it has one, ends here rather than at exit
         del self.llm
         self._dir.cleanup()
