@@ -84,7 +84,9 @@ def engine_settings(config, dtype: torch.dtype, device: torch.device, *, tensor_
     if tensor_parallel_size != 1:
         raise ExecutionError("backend 'vllm' on CPU runs one engine per cpu slot (tensor_parallel_size 1); "
                              "plan the generator with --max-tp 1")
-    kwargs["distributed_executor_backend"] = "uni"  # the model runner inside the engine core: one process
+    # whole prefills only: vLLM's CPU build fails on a seeded request whose prefill was split ("CPU
+    # Generator does not use offset"), and the executor seeds every request
+    kwargs["enable_chunked_prefill"] = False
     gib = DEFAULT_CPU_KV_CACHE_GIB if kv_cache_gib is None else kv_cache_gib
     kwargs["kv_cache_memory_bytes"] = int(gib * 2**30)
     core = slot_core() if cpu_core is None else cpu_core
