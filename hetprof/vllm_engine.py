@@ -9,7 +9,8 @@ slot's core, and the model's own dtype when the CPU kernels take it.
 Where the engine core runs: in a process of its own when the caller is a rank of a torch.distributed
 job (a run's worker), because vLLM builds its process groups on an already initialised default
 group — a collective every other rank of the run would have to join; inside the caller otherwise
-(the profiler), which saves starting a process.
+(tests), which saves starting a process. The profiler asks for its own process, to time what a
+run's calls cost.
 vLLM's CPU attention kernels exist for a fixed set of head sizes; a model with another is refused
 before the engine starts, naming the size.
 """

