@@ -68,8 +68,11 @@ class VLLMBackend(GenerationBackend):
                                    own_process=own_process)
         self._dir = tempfile.TemporaryDirectory(prefix="hetprof-vllm-")
         self.llm = start_engine(self.model, self._dir.name, settings, **engine_kwargs)
-        # the engine's own process (a run's worker): it must not outlive this one
-        self.engine_pids = self.llm.collective_rpc("hetprof_exit_with_parent", args=(os.getpid(),))
+        try:  # the engine's own process (a run's worker): it must not outlive this one
+            self.engine_pids = self.llm.collective_rpc("hetprof_exit_with_parent", args=(os.getpid(),))
+        except Exception:
+            self.close()  # no watch installed: stop the engine's processes before failing
+            raise
         self._targets = self.model.state_dict(keep_vars=True)
         vocab = int(self.model.config.vocab_size)
         ids = torch.arange(PROBE_PROMPT + PROBE_RESPONSE) * 7 % max(1, vocab - 3) + 3
