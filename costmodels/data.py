@@ -51,6 +51,7 @@ class Work:
     dtype: str = "bf16"
     layers: int | None = None
     recompute: bool = False
+    engine: str = "hf"  # generation: the engine making the calls (planner/engines.py), for its call cost
 
     def __post_init__(self) -> None:
         if self.kind not in tuple(TaskKind):

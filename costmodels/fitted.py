@@ -40,6 +40,8 @@ class LoadedModel:
     run_factor: float = 1.0  # what real runs taught: their phase time over the profile-fitted one
     points: dict[tuple[float, ...], float] = dataclasses.field(default_factory=dict, repr=False, compare=False)
     call: calloverhead.CallOverhead | None = dataclasses.field(default=None, repr=False, compare=False)  # decode only
+    engine_calls: dict[str, calloverhead.CallOverhead] = dataclasses.field(default_factory=dict, repr=False,
+                                                                          compare=False)  # decode only
 
     def predict(self, x: list[float]) -> float:
         # a shape the profiler measured is answered with its measurement (pointcorrections.py)
@@ -78,12 +80,13 @@ def validate_entry(entry: dict[str, Any]) -> LoadedModel:
         raise ValueError(f"run_factor must be a number in [{FACTOR_RANGE[0]}, {FACTOR_RANGE[1]}]")
     points = pointcorrections.load(params.get("points"), len(FEATURES))
     call = calloverhead.load(params.get("call_overhead"))
-    if call is not None and task_type != "task.decode":
+    engine_calls = calloverhead.load_by_engine(params.get("engine_call_overhead"))
+    if (call is not None or engine_calls) and task_type != "task.decode":
         raise ValueError("call_overhead belongs to a task.decode entry")
     mape = (entry.get("metrics") or {}).get("heldout_mape")
     return LoadedModel(str(entry.get("id", "")), task_type, device, dtype, family, model,
                        float(mape) if isinstance(mape, (int, float)) else None, str(entry.get("snapshot") or ""),
-                       float(factor), points, call)
+                       float(factor), points, call, engine_calls)
 
 
 class FittedCostModel(CostModel):
@@ -138,9 +141,13 @@ class FittedCostModel(CostModel):
         fallback = self.analytical.phase_time(phase, device_type)
         return PhaseTime(fallback.seconds, fallback.source, f"{reason}: analytical ({fallback.source})")
 
-    def generation_call_overhead(self, device_type: str, dtype: str, batch: int, prompt: int) -> float:
+    def generation_call_overhead(self, device_type: str, dtype: str, batch: int, prompt: int,
+                                 engine: str = calloverhead.DEFAULT_ENGINE) -> float:
         model = self.lookup("decode", device_type, dtype)
-        return model.call.seconds(batch, prompt) if model is not None and model.call is not None else 0.0
+        if model is None:
+            return 0.0
+        call = model.engine_calls.get(engine, model.call)
+        return call.seconds(batch, prompt) if call is not None else 0.0
 
     def device_link(self, device_type: str) -> tuple[LinkSpec, str]:
         return self.analytical.device_link(device_type)

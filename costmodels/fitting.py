@@ -68,6 +68,7 @@ class TaskFit:
     notes: list[str] = dataclasses.field(default_factory=list)
     points: list[list[float]] = dataclasses.field(default_factory=list, repr=False)  # pointcorrections.py
     call: calloverhead.CallOverhead | None = None  # decode fits: whole generation calls beyond the phases
+    engine_calls: dict[str, calloverhead.CallOverhead] = dataclasses.field(default_factory=dict)  # other engines'
 
     @property
     def run_factor(self) -> float:
@@ -87,7 +88,9 @@ class TaskFit:
                 "device_type": self.device_type, "dtype": self.dtype, "threads": self.threads,
                 "features": list(FEATURES), "family": self.family, "model": self.params,
                 "range": self.shape_range, "target": self.stat, "run_factor": self.run_factor,
-                "points": self.points, **({"call_overhead": self.call.to_json()} if self.call is not None else {})}
+                "points": self.points, **({"call_overhead": self.call.to_json()} if self.call is not None else {}),
+                **({"engine_call_overhead": {e: c.to_json() for e, c in self.engine_calls.items()}}
+                   if self.engine_calls else {})}
 
     def metrics(self) -> dict[str, float]:
         m = {"n_rows": self.n_rows, "n_run_rows": self.n_run_rows, "n_samples": self.n_samples, "heldout_mape": self.heldout.mape,
@@ -336,13 +339,16 @@ def fit_database(db: Any, task: str | None = None, device: str | None = None, se
 def learn_call_overheads(db: Any, fits: list[TaskFit], stat: str = DEFAULT_STAT,
                          notes: list[str] | None = None) -> None:
     """Give each decode fit what whole generation calls (`task.generate` rows of its device type,
-    dtype and thread count) took beyond that fit's prefill and decode phases (calloverhead.py)."""
+    dtype and thread count) took beyond that fit's prefill and decode phases, per engine that made
+    the calls (calloverhead.py)."""
     rows = db.samples(benchmark=calloverhead.BENCHMARK)
     if not len(rows) or "seconds" not in rows:
         return
     rows = rows[pd.to_numeric(rows["seconds"], errors="coerce") > 0].copy()
     rows["device_type"] = rows["catalog_type"].map(lambda c: canonical_name(c) if isinstance(c, str) else None)
     rows["dtype"] = rows["dtype"].fillna("bf16") if "dtype" in rows else "bf16"
+    engine = calloverhead.DEFAULT_ENGINE
+    rows["backend"] = rows["backend"].fillna(engine) if "backend" in rows else engine
     for dec in (f for f in fits if f.task_type == "task.decode"):
         pre = next((f for f in fits if f.task_type == "task.prefill" and (f.device_type, f.dtype, f.threads)
                     == (dec.device_type, dec.dtype, dec.threads)), None)
@@ -356,7 +362,12 @@ def learn_call_overheads(db: Any, fits: list[TaskFit], stat: str = DEFAULT_STAT,
                 notes.append(f"{calloverhead.BENCHMARK} on {dec.device_type}: fit task.prefill and task.decode "
                              "together to learn what a generation call costs beyond them")
             continue
-        dec.call = calloverhead.learn(_call_rows(part, pre, dec, stat, notes))
+        for name, calls in part.groupby("backend", sort=True):
+            learned = calloverhead.learn(_call_rows(calls.drop(columns="backend"), pre, dec, stat, notes))
+            if name == engine:
+                dec.call = learned
+            elif learned is not None:
+                dec.engine_calls[str(name)] = learned
 
 
 def _call_rows(part: pd.DataFrame, pre: TaskFit, dec: TaskFit, stat: str,

@@ -61,6 +61,7 @@ class IterationReport:
     digests: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     gen_tokens: int = 0
     gen_version: int | None = None
+    backend_checks: dict[str, float] = dataclasses.field(default_factory=dict)  # the engine's after a sync
     checkpoint_saved: bool = False
     batch: BatchStats | None = None
     validation: dict[str, float] = dataclasses.field(default_factory=dict)  # the leader's, when evaluated

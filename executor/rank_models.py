@@ -279,6 +279,19 @@ class RankModels:
         names = {n for n, _ in unwrap(model).named_parameters()}
         return {n: t for n, t in state.items() if n in names}
 
+    def close(self) -> None:
+        """Release what the generation engine holds (vLLM's engine processes)."""
+        backend = getattr(self, "backend", None)
+        if backend is not None:
+            backend.close()
+
+    def weights_arrived(self, role: str) -> dict[str, float]:
+        """After a sync of `role` landed on this rank: the generation engine takes the new weights
+        (an engine with its own copy, vLLM, loads and checks them); returns its checks."""
+        if role != Role.ACTOR or Task.ACTOR_GEN not in self.models:
+            return {}
+        return self.backend.weights_arrived()
+
     def holds_receiver(self, role: str) -> bool:
         """Whether this rank holds a copy a sync must overwrite (a separate module from the trainer's)."""
         name = Task.ACTOR_GEN if role == Role.ACTOR else Task.CRITIC_INFER

@@ -168,6 +168,8 @@ def build_record(ctx: RecordContext, iteration: int, seconds: float, reports: li
         "staleness_max": batch.staleness_max, "staleness_mean": batch.staleness_mean,
         "gen_versions": sorted({r.gen_version for r in reports if r.gen_version is not None}),
         "sync_bytes": sync_bytes, "sync_Bps": sync_bytes / sync_s if sync_s else 0.0, "sync_verified": verified,
+        "generator_logprob_gap": max((r.backend_checks["logprob_gap"] for r in reports
+                                      if "logprob_gap" in r.backend_checks), default=None),
         "layouts": dict(ctx.layouts), "devices": {t: list(d) for t, d in ctx.devices.items()},
         "pids": {r.device: r.pid for r in reports}, "time": now, "leader_phases": dict(leader.laps),
         "work": ctx.work, "phase_times": work_timings(reports), **leader.validation,

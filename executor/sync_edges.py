@@ -58,10 +58,12 @@ class SyncEdges:
                 stats, got = sync.receive(self.models.apply_weights(role), target=self.models.sync_target(role))
                 if role == Role.ACTOR:
                     self.version = got
+            checks = self.models.weights_arrived(role)
             if report is None:
                 continue
             report.timed(edge, t0)
             report.sync[edge] = SyncStats(bytes=stats.bytes, seconds=stats.seconds)
+            report.backend_checks.update(checks)
             if self.opts.verify_sync:
                 report.digests[edge] = self._digests(sync, role, full)
         if Task.ACTOR_GEN in self.tasks and report is not None:

@@ -73,4 +73,8 @@ def _run(options: RunOptions, plan: Plan, device_id: str, device: torch.device) 
         raise ExecutionError(f"two workers claim the same device: {sorted(ids)}")
     topo = Topology(plan, {d: r for r, d in enumerate(ids)})
     groups = ProcessGroups.build(topo)
-    Worker(options, topo, groups, dist.get_rank(), device).run()
+    worker = Worker(options, topo, groups, dist.get_rank(), device)
+    try:
+        worker.run()
+    finally:  # an engine with processes of its own (vLLM) stops them here, not at interpreter exit
+        worker.models.close()

@@ -106,7 +106,7 @@ class TaskCosts:
                     prompt_len=self.prompt if prompt_len is None else prompt_len,
                     response_len=self.response if response_len is None else response_len,
                     dtype=self.dtype, layers=None if layers is None or layers == model.layers else layers,
-                    recompute=self.workload.training.recompute)
+                    recompute=self.workload.training.recompute, engine=self.backend)
 
     def longest_prompt(self, prompts: int) -> float:
         """The width `prompts` prompts are padded to (the expected longest), or the mean unpadded."""

@@ -185,6 +185,7 @@ def test_vllm_backend_generates_and_takes_new_weights():  # pragma: no cover - G
     assert (recomputed - out.shifted_logprobs)[mask].abs().max() < 0.1  # bf16 kernels differ a little
     other = build_causal_lm("tiny", seed=1, dtype="bf16", device="cuda")
     gen.load_weights(dict(other.named_parameters()))
+    gen.weights_arrived()
     greedy = gen.generate(_prompts(), 8, temperature=0.0)
     ref = get_backend("hf")(other, TOK, device="cuda").generate(_prompts(), 8, temperature=0.0)
     assert greedy.response_ids()[0][:2] == ref.response_ids()[0][:2]

@@ -94,6 +94,11 @@ class GenerationBackend(abc.ABC):
     def load_weights(self, named_tensors: Mapping[str, torch.Tensor]) -> None:
         """Apply (part of) the trainer's state: the receive side of weight sync."""
 
+    def weights_arrived(self) -> dict[str, float]:
+        """Called once a whole weight sync has landed. An engine that computes from its own copy of
+        the weights takes them here; returns the checks it made, to record with the iteration."""
+        return {}
+
     def close(self) -> None:  # noqa: B027 (optional hook: most engines hold nothing to release)
         """Release the engine's resources (processes, GPU memory)."""
 

@@ -5,13 +5,71 @@ Kept apart from `vllm.py` so that vLLM's worker processes import only this small
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import threading
+import time
+
 import torch
+
+PARENT_POLL_S = 0.5
+MAX_CHAIN = 4  # processes from the model runner up to the worker, the worker excluded
 
 
 class WeightUpdateExtension:
     """Mixed into vLLM's worker class through `worker_extension_cls`."""
 
-    def hetprof_load_weights(self, items: list[tuple[str, torch.Tensor]]) -> None:
-        device = self.device  # the worker's GPU
-        self.model_runner.model.load_weights(weights=[(n, t.to(device)) for n, t in items])
-        torch.cuda.synchronize(device)
+    def hetprof_load_weights(self, path: str) -> None:
+        """Take a full set of checkpoint-named tensors from a safetensors file the worker wrote.
+
+        A file, not tensors in the call: the call reaches this process through vLLM's engine core,
+        and its second hop (shared-memory broadcast to the model runners) cannot carry tensors. Through
+        vLLM's in-place reload rather than the model's `load_weights`: on CPU vLLM repacks each linear
+        layer's weight into its GEMM kernel's layout after loading and frees the original, so only a
+        reload (which re-runs that step) reaches the weights the kernels read.
+        """
+        from safetensors.torch import load_file
+
+        device = self.device
+        self.reload_weights(weights_iterator=[(n, t.to(device)) for n, t in load_file(path).items()])
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    def hetprof_exit_with_parent(self, parent: int) -> int:
+        """Make the engine's processes end when the run's worker that started them dies (even by
+        SIGKILL, which runs no clean-up in the worker). On CPU vLLM runs its model runner (where this
+        runs) in a child of its engine core, itself a child of the worker: a watch here checks every
+        link of that chain, and once one breaks kills the processes between here and the worker and
+        exits. Returns this process's pid."""
+        me = os.getpid()
+        if me == parent:  # an engine inside the caller's own process needs no watch
+            return me
+        chain = [me]  # this process, then its ancestors below the worker
+        while (up := parent_of(chain[-1])) != parent:
+            if up is None or up <= 1 or len(chain) >= MAX_CHAIN:
+                raise RuntimeError(f"vLLM's model runner (pid {me}) does not descend from the worker (pid {parent})")
+            chain.append(up)
+        links = {pid: parent_of(pid) for pid in chain}
+
+        def watch() -> None:
+            while all(parent_of(pid) == up for pid, up in links.items()):
+                time.sleep(PARENT_POLL_S)
+            for pid in chain[1:]:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            os._exit(1)
+
+        threading.Thread(target=watch, name="hetprof-parent-watch", daemon=True).start()
+        return me
+
+
+def parent_of(pid: int) -> int | None:
+    """The parent pid of `pid` (None when it is gone or cannot be read: not Linux)."""
+    if pid == os.getpid():
+        return os.getppid()
+    try:
+        stat = open(f"/proc/{pid}/stat").read()  # noqa: SIM115 (one read)
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])
