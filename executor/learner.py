@@ -32,8 +32,10 @@ from hetprof.executor.logprobs import (
     entropy_from_logits,
     first_response_column,
     logits_to_logprobs,
+    packed_token_logprobs,
     token_logprobs,
 )
+from hetprof.executor.packing import micro_batch_count, micro_batches_by_tokens, packed_values
 
 
 class Learner:
@@ -44,7 +46,8 @@ class Learner:
                  max_grad_norm: float | None = 1.0, role: str = "actor", temperature: float = 1.0,
                  recompute_proximal: bool = True, seed: int = 0,
                  lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
-                 process_group: dist.ProcessGroup | None = None, parallel: Any = None):
+                 process_group: dist.ProcessGroup | None = None, parallel: Any = None,
+                 max_tokens_per_microbatch: int | None = None):
         if role not in ("actor", "critic"):
             raise ValueError(f"role must be 'actor' or 'critic', got {role!r}")
         if role == "critic" and not algorithm.needs_critic:
@@ -65,6 +68,9 @@ class Learner:
         self.process_group = process_group
         self.parallel = parallel  # a parallel.ShardedModel for TP/PP tasks
         self.pipeline = parallel.pipeline if parallel is not None else None
+        # packed micro-batches of at most this many tokens (executor/packing.py); a pipeline's
+        # schedule splits fixed-shape padded micro-batches, so pipelined tasks stay padded
+        self.max_tokens = max_tokens_per_microbatch if self.pipeline is None else None
         self.steps = 0  # optimizer steps taken
         self.updates = 0  # update() calls (weight versions produced)
         self._rng = torch.Generator().manual_seed(seed)
@@ -106,6 +112,27 @@ class Learner:
             replicas = dist.get_world_size(group)
         return replica_denominators(tokens, replicas)
 
+    def _micro_counts(self, attention_mask: torch.Tensor, minis: list[torch.Tensor]) -> list[int]:
+        """Micro-batches per mini-batch: the fixed count, or with a token budget the most any replica
+        needs (one MAX all-reduce for the update), so every replica runs as many passes as the others."""
+        if self.max_tokens is None:
+            return [self.micro_batches] * len(minis)
+        lengths = attention_mask.sum(1)
+        needed = torch.tensor([micro_batch_count(lengths[idx].tolist(), self.max_tokens) for idx in minis],
+                              dtype=torch.long, device=attention_mask.device)
+        group = self._ddp_group()
+        if group is not None and len(minis):
+            dist.all_reduce(needed, op=dist.ReduceOp.MAX, group=group)
+        return needed.tolist()
+
+    def _micro_parts(self, mini: RLBatch, count: int) -> list[torch.Tensor]:
+        """Row indices of each micro-batch of `mini`: equal row counts, or token-budget packs."""
+        device = mini.input_ids.device
+        if self.max_tokens is None:
+            return list(torch.tensor_split(torch.arange(len(mini), device=device), count))
+        groups = micro_batches_by_tokens(mini.attention_mask.sum(1).tolist(), self.max_tokens, count)
+        return [torch.tensor(g, dtype=torch.long, device=device) for g in groups]
+
     @torch.no_grad()
     def proximal_logprobs(self, batch: RLBatch) -> torch.Tensor:
         """The current policy's log-probs before this update (the decoupled objective's π_prox)."""
@@ -115,6 +142,9 @@ class Learner:
             if self.pipeline is not None:
                 logits = self.pipeline.forward(batch.input_ids, batch.attention_mask)
                 return logits_to_logprobs(logits[:, :-1], batch.input_ids[:, 1:], self.temperature)
+            if self.max_tokens is not None:
+                return packed_token_logprobs(self.model, batch.input_ids, batch.attention_mask, self.temperature,
+                                             max_tokens=self.max_tokens, needed=batch.mask)
             return token_logprobs(self.model, batch.input_ids, batch.attention_mask, self.temperature,
                                   from_column=first_response_column(batch.mask))
         finally:
@@ -154,7 +184,8 @@ class Learner:
         # gives all mini-batches' denominators
         orders = [torch.randperm(len(batch), generator=self._rng).to(device) for _ in range(self.ppo_epochs)]
         minis = [idx for order in orders for idx in torch.tensor_split(order, self.mini_batches)]
-        for mini_idx, denom in zip(minis, self._denominators(batch.mask, minis), strict=True):
+        pieces = self._micro_counts(batch.attention_mask, minis)
+        for mini_idx, denom, count in zip(minis, self._denominators(batch.mask, minis), pieces, strict=True):
             mini = batch.select(mini_idx)
             self.optimizer.zero_grad(set_to_none=True)
             if self.pipeline is not None:
@@ -165,7 +196,7 @@ class Learner:
                 sums["grad_norm"] += self._step()
                 counts["grad_norm"] += 1
                 continue
-            micro_parts = torch.tensor_split(torch.arange(len(mini), device=device), self.micro_batches)
+            micro_parts = self._micro_parts(mini, count)
             for i, micro_idx in enumerate(micro_parts):
                 last = i == len(micro_parts) - 1
                 if len(micro_idx) == 0:
@@ -189,11 +220,19 @@ class Learner:
 
     def _micro_step(self, micro: RLBatch, denom: torch.Tensor, sync: bool, weight: float = 1.0) -> dict[str, float]:
         with self._gradient_sync(sync):
-            if self.role == "actor":
+            if self.role == "actor" and self.max_tokens is not None:
+                lp, ent = packed_token_logprobs(self.model, micro.input_ids, micro.attention_mask, self.temperature,
+                                                with_entropy=True, needed=micro.mask,
+                                                entropy_grad=self.algorithm.config.entropy_coef > 0)
+                loss, stats = self.algorithm.loss(micro, lp, ent, denominator=denom)
+            elif self.role == "actor":
                 lp, ent = token_logprobs(self.model, micro.input_ids, micro.attention_mask, self.temperature,
                                          with_entropy=True, from_column=first_response_column(micro.mask),
                                          entropy_grad=self.algorithm.config.entropy_coef > 0)
                 loss, stats = self.algorithm.loss(micro, lp, ent, denominator=denom)
+            elif self.max_tokens is not None:
+                values = packed_values(self.model, micro.input_ids, micro.attention_mask)[:, :-1]
+                loss, stats = self.algorithm.value_loss(micro, values, denominator=denom)
             else:
                 values = self.model(micro.input_ids, micro.attention_mask)[:, :-1]
                 loss, stats = self.algorithm.value_loss(micro, values, denominator=denom)

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
 from hetprof.errors import SpecError
-from hetprof.generation import position_ids
+from hetprof.generation import position_ids as _positions
 from hetprof.models import ModelShape, resolve_model
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -120,8 +120,12 @@ class ScalarHeadModel(nn.Module):
             nn.init.normal_(self.head.weight, std=hidden ** -0.5)
         nn.init.zeros_(self.head.bias)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        positions = position_ids(attention_mask) if attention_mask is not None else None
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Values [B, T]; packed input (executor/packing.py) passes restarting `position_ids`, no mask."""
+        positions = position_ids
+        if positions is None and attention_mask is not None:
+            positions = _positions(attention_mask)
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
                             use_cache=False)
         return self.head(out.last_hidden_state).squeeze(-1).float()
