@@ -50,6 +50,7 @@ class Work:
     dtype: str = "bf16"
     layers: int | None = None
     recompute: bool = False
+    token_budget: int | None = None  # packed micro-batches of at most this many tokens (None: padded)
 
     def __post_init__(self) -> None:
         if self.kind not in ("generation", "inference", "training"):

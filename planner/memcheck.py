@@ -43,8 +43,9 @@ def device_demands(plan: Plan) -> tuple[dict[str, list[tuple[str, float, float]]
                         problems.append(f"{d} ({types[d]}): {placement.task} has no room for even one "
                                         f"sequence's KV cache next to {layers} layers of {model.name} at TP{tp}")
                     concurrent = min(batch, max(room, 1))
+                budget = workload.training.max_tokens_per_microbatch if kind != "generation" else None
                 est = mem.task_memory(kind, model, layers, tp, batch, seq_len, dtype, recompute, concurrent,
-                                      placement.layout.dp, placement.layout.sharding)
+                                      placement.layout.dp, placement.layout.sharding, budget)
                 demands.setdefault(d, []).append((placement.task, est.total, est.weights + est.grads + est.optimizer))
     return demands, problems
 
