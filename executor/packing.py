@@ -3,9 +3,9 @@
 A padded [B, T] batch spends compute on T − len(row) pad tokens per row; with long-tailed response
 lengths the longest row sets T and most of the batch is padding. Packing keeps only attended tokens,
 concatenated into one row of N = Σ len tokens, with position ids restarting at 0 for each sequence.
-transformers reads restarting positions with no attention mask as packed input and keeps attention
-inside each sequence (a block-diagonal causal mask under sdpa/eager, varlen kernels under flash
-attention), so each sequence sees exactly what it sees padded. Per-token results (log-probs,
+The executor's attention (executor/varlen_attention.py) splits a packed row at each restart and
+attends within each sequence (flash attention's varlen kernels do the same from these positions),
+so each sequence sees exactly what it sees padded. Per-token results (log-probs,
 entropies, values) are scattered back to the padded layout, so losses and advantages stay in the
 trainer's shifted [B, T-1] space and are computed by the same code as unpadded batches.
 
@@ -84,7 +84,7 @@ def packed_values(model: torch.nn.Module, input_ids: torch.Tensor, attention_mas
                   max_tokens: int | None = None) -> torch.Tensor:
     """A scalar-head model's per-position outputs [B, T] through packed forwards (0 at pad positions).
 
-    `model` is called as `model(ids, None, position_ids=...)` (modeling.ScalarHeadModel, possibly
+    `model` is called as `model(ids, None, positions=...)` (modeling.ScalarHeadModel, possibly
     wrapped by DDP); at most `max_tokens` tokens per forward, one forward when None.
     """
     n = input_ids.shape[0]
@@ -94,7 +94,7 @@ def packed_values(model: torch.nn.Module, input_ids: torch.Tensor, attention_mas
     for group in groups:
         rows = torch.tensor(group, dtype=torch.long, device=input_ids.device)
         packed = pack(input_ids[rows], attention_mask[rows])
-        values = model(packed.input_ids, None, position_ids=packed.position_ids)[0]
+        values = model(packed.input_ids, None, positions=packed.position_ids)[0]
         parts.append((rows, unpack(values, packed)))
     if len(parts) == 1:
         return parts[0][1]

@@ -126,3 +126,24 @@ def test_budget_below_the_longest_sequence_is_refused_by_name():
         WorkloadSpec.from_dict(data, file="w.yaml").validate()
     data["training"]["max_tokens_per_microbatch"] = 80
     WorkloadSpec.from_dict(data, file="w.yaml").validate()
+
+
+def test_varlen_attention_splits_packed_rows_without_an_n_squared_mask(monkeypatch):
+    import hetprof.executor.varlen_attention as varlen
+
+    batch = ragged_batch()
+    packed = pack(batch.input_ids, batch.attention_mask)
+    lengths = batch.attention_mask.sum(1)
+    assert varlen.sequence_starts(packed.position_ids) == [0, *lengths.cumsum(0).tolist()]
+    block_mask = build_causal_lm("tiny", seed=0, attn_implementation="sdpa").eval()  # transformers' N × N mask
+    per_sequence = build_causal_lm("tiny", seed=0).eval()
+    assert per_sequence.config._attn_implementation == varlen.VARLEN_ATTENTION
+
+    def no_mask(*args, **kwargs):
+        raise AssertionError("a packed row needs no mask")
+
+    with torch.no_grad():
+        expected = block_mask(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False).logits
+        monkeypatch.setattr(varlen, "sdpa_mask", no_mask)
+        got = per_sequence(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False).logits
+    assert torch.allclose(got, expected, atol=1e-5)
