@@ -151,16 +151,18 @@ class TaskCosts:
 
     def _packed_call(self, task: str, sig: tuple, tp: int, batch: int, split: tuple[int, ...]) -> float:
         """A forward (inference) or forward + backward (training) pass over `batch` sequences: with a
-        token budget, `packs(batch)` micro-batches at the mean lengths; else one call at the priced
-        widths. Pipelined replicas run fixed-shape padded micro-batches (executor/learner.py), so a
+        token budget, the `packs(batch)` micro-batches at the mean lengths; else one call at the
+        priced widths. Pipelined replicas run fixed-shape padded micro-batches (executor/learner.py), so a
         plan for `hetprof run` prices them padded."""
         if self.token_budget is None:
             return self._composed(task, sig, tp, batch, split, self.sequence_response, self.sequence_prompt)
         if self.runs_padded and len(sig[0]) > 1:
             return self._composed(task, sig, tp, batch, split, self.padded_response(self.sequences),
                                   self.generation_prompt(self.sequences))
-        m, per = self.packs(batch)
-        return m * self._composed(task, sig, tp, per, split, self.response, self.prompt)
+        # the packs hold `batch` sequences between them, not m × per: scale one pack's time by the
+        # sequences, so whole-token work is exact and per-call costs are paid about m times
+        _, per = self.packs(batch)
+        return self._composed(task, sig, tp, per, split, self.response, self.prompt) * batch / per
 
     def replica_lengths(self, batch: int) -> np.ndarray:
         """`batch` response lengths that follow the step's sampled distribution (evenly spaced quantiles)."""

@@ -58,7 +58,8 @@ def test_runnable_plan_prices_packed_passes_at_mean_lengths_in_the_budgets_micro
     sig = costs._stage_signature(A[:1], 1, 1)
     split = (costs.graph.model_of("ref_infer").layers,)
     call = costs._composed("ref_infer", sig, 1, per, split, costs.response, costs.prompt)
-    assert packed.replica_seconds("ref_infer", A[:1], 1, 1, 64) == pytest.approx(m * call)
+    assert packed.replica_seconds("ref_infer", A[:1], 1, 1, 64) == pytest.approx(call * 64 / per)
+    assert m * per >= 64 > (m - 1) * per
     # the padded plan prices the step's longest response, several times the mean here
     for task in ("ref_infer", "actor_train"):
         assert packed.replica_seconds(task, A[:1], 1, 1, 64) < 0.6 * padded.replica_seconds(task, A[:1], 1, 1, 64)
