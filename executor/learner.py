@@ -212,6 +212,7 @@ class Learner:
         self.updates += 1
         out = {k: v / counts[k] for k, v in sums.items()}
         out.update({"optimizer_steps": float(self.steps), "update_seconds": time.perf_counter() - start,
+                    "micro_batches": sum(pieces) / max(1, len(pieces)),  # per optimizer step
                     "logprob_seconds": logprob_seconds,
                     "lr": float(self.optimizer.param_groups[0]["lr"])})
         if self.role == "actor":

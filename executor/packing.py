@@ -109,3 +109,20 @@ def packed_sequence_scores(model: torch.nn.Module, input_ids: torch.Tensor, atte
     t = torch.arange(attention_mask.shape[1], device=attention_mask.device)
     last = (attention_mask.bool() * t).amax(dim=1)
     return values.gather(1, last[:, None]).squeeze(1)
+
+
+def priced_pass(attention_mask: torch.Tensor, budget: int | None, groups: int = 1,
+                passes: float | None = None) -> tuple[int, int, float]:
+    """(sequences, tokens, passes) that one of `groups` equal parts (a learner's mini-batches) of these
+    rows is priced as (planner/taskcosts.py), so a run's timings are recorded at the shape the plan
+    priced: padded, the part's rows at the batch's width in one pass; packed, `passes` micro-batches
+    (default: as many as the budget fills for a part) of an equal share of its rows at their mean length."""
+    rows, width = attention_mask.shape
+    part = -(-rows // max(1, groups))
+    if budget is None:
+        return part, width, 1.0
+    lengths = attention_mask.sum(1)
+    if passes is None:
+        passes = micro_batch_count(lengths[:part].tolist(), budget)
+    passes = max(1.0, float(passes))
+    return -(-part // max(1, round(passes))), max(1, round(float(lengths.float().mean()))), passes

@@ -13,6 +13,7 @@ from packing_batches import ragged_batch
 
 from hetprof.errors import SpecError
 from hetprof.executor.algorithms import RLBatch, get_algorithm
+from hetprof.executor.batch_split import token_share_slices
 from hetprof.executor.learner import Learner
 from hetprof.executor.logprobs import packed_token_logprobs, token_logprobs
 from hetprof.executor.modeling import build_causal_lm, build_reward_model, build_value_model
@@ -22,6 +23,7 @@ from hetprof.executor.packing import (
     pack,
     packed_sequence_scores,
     packed_values,
+    priced_pass,
     unpack,
 )
 from hetprof.specs.workload import WorkloadSpec
@@ -147,3 +149,32 @@ def test_varlen_attention_splits_packed_rows_without_an_n_squared_mask(monkeypat
         monkeypatch.setattr(varlen, "sdpa_mask", no_mask)
         got = per_sequence(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False).logits
     assert torch.allclose(got, expected, atol=1e-5)
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(0, 300), min_size=3, max_size=40),
+       shares=st.lists(st.floats(0.05, 1.0), min_size=1, max_size=3))
+def test_token_shares_cut_consecutive_slices_near_each_replicas_token_share(lengths, shares):
+    slices = token_share_slices(lengths, shares)
+    assert [s.start for s in slices[1:]] == [s.stop for s in slices[:-1]] and slices[-1].stop == len(lengths)
+    assert all(s.stop - s.start >= 1 for s in slices)
+    running = [0]
+    for n in lengths:
+        running.append(running[-1] + n)
+    target = 0.0
+    for k, cut in enumerate(s.stop for s in slices[:-1]):
+        target += running[-1] * shares[k] / sum(shares)
+        lo, hi = slices[k].start + 1, len(lengths) - (len(shares) - k - 1)
+        best = min(range(lo, hi + 1), key=lambda c: abs(running[c] - target))
+        assert abs(running[cut] - target) == abs(running[best] - target)  # no cut in reach comes closer
+
+
+def test_priced_pass_records_packed_work_at_the_planners_shape():
+    mask = ragged_batch().attention_mask  # 8 rows, 72 wide, lengths 43..64 and short ones
+    lengths = mask.sum(1)
+    assert priced_pass(mask, None) == (8, 72, 1.0)
+    assert priced_pass(mask, None, groups=2) == (4, 72, 1.0)
+    rows, tokens, passes = priced_pass(mask, 80)
+    assert passes == micro_batch_count(lengths.tolist(), 80) and rows == -(-8 // int(passes))
+    assert tokens == round(float(lengths.float().mean()))
+    assert priced_pass(mask, 80, groups=2, passes=2.0) == (2, tokens, 2.0)
