@@ -7,14 +7,27 @@ table gives the token ratio packing saves (padded tokens / real tokens) beside t
 achieves (padded seconds / packed seconds); the goal is a time ratio within 15% of the token ratio.
 
     .venv/bin/python bench/packing_bench.py [--quick] [--threads 1] [--budget 2048]
+
+`--plans CLUSTER` instead plans the repository's async example workloads on CLUSTER with and
+without `training.max_tokens_per_microbatch` (`--plan-budget` tokens; `hetprof plan`, the same
+seed and evaluation budget on both sides) and prints the predicted iteration of each:
+
+    .venv/bin/python bench/packing_bench.py --plans examples/clusters/hetrl-multi-region.yaml
 """
 
 from __future__ import annotations
 
 import copy
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import click
 from executor_lib_bench import _paired_seconds
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _ragged_batch(sequences: int, prompt: int, response_mean: float, response_cap: int, vocab: int, seed: int):
@@ -46,7 +59,15 @@ def _ragged_batch(sequences: int, prompt: int, response_mean: float, response_ca
 @click.option("--threads", default=1, show_default=True, help="torch intra-op threads.")
 @click.option("--budget", default=1056, show_default=True, help="max_tokens_per_microbatch of the packed side (default: prompt + response cap, the least a spec allows).")
 @click.option("--seed", default=0, show_default=True)
-def main(quick: bool, threads: int, budget: int, seed: int) -> None:
+@click.option("--plans", "cluster", type=click.Path(exists=True, dir_okay=False),
+              help="Plan the async example workloads on this cluster, packed and padded, instead.")
+@click.option("--plan-budget", default=16384, show_default=True, help="max_tokens_per_microbatch of the packed plans.")
+@click.option("--max-evals", default=2000, show_default=True, help="Evaluations per search (--plans).")
+def main(quick: bool, threads: int, budget: int, seed: int, cluster: str | None, plan_budget: int,
+         max_evals: int) -> None:
+    if cluster:
+        planned_iterations(Path(cluster), plan_budget, max_evals, seed)
+        return
     import torch
     from rich.console import Console
     from rich.table import Table
@@ -86,6 +107,38 @@ def main(quick: bool, threads: int, budget: int, seed: int) -> None:
                   f"{t_padded * 1e3:.0f} ms vs {t_packed * 1e3:.0f} ms")
     table.add_row("time ratio / token ratio", f"{time_ratio / token_ratio:.2f}", "goal: within 0.85–1.15")
     Console().print(table)
+
+
+def _planned(cluster: Path, workload: Path, out: Path, max_evals: int, seed: int) -> dict:
+    hetprof = str(Path(sys.executable).with_name("hetprof"))
+    done = subprocess.run([hetprof, "plan", "-c", str(cluster), "-w", str(workload), "--max-evals", str(max_evals),
+                           "--seed", str(seed), "--out", str(out)], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise click.ClickException(f"hetprof plan -w {workload.name} failed: {done.stderr.strip()[-500:]}")
+    return json.loads(out.read_text())["predicted"]
+
+
+def planned_iterations(cluster: Path, budget: int, max_evals: int, seed: int) -> None:
+    """Each async example workload's planned iteration, padded (as written) and packed."""
+    import yaml
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"planned iteration on {cluster.stem}: padded vs packed (≤ {budget:,} tokens per micro-batch)")
+    for col in ("workload", "padded s", "packed s", "padded / packed", "bottleneck padded → packed"):
+        table.add_column(col, justify="left" if col in ("workload", "bottleneck padded → packed") else "right")
+    with tempfile.TemporaryDirectory(prefix="hetprof-packing-plans-") as tmp:
+        for path in sorted((ROOT / "examples" / "workloads").glob("*async*.yaml")):
+            spec = yaml.safe_load(path.read_text())
+            spec.setdefault("training", {})["max_tokens_per_microbatch"] = budget
+            packed_path = Path(tmp) / path.name
+            packed_path.write_text(yaml.safe_dump(spec))
+            padded = _planned(cluster, path, Path(tmp) / "padded.json", max_evals, seed)
+            packed = _planned(cluster, packed_path, Path(tmp) / "packed.json", max_evals, seed)
+            table.add_row(path.stem, f"{padded['iteration_s']:.1f}", f"{packed['iteration_s']:.1f}",
+                          f"{padded['iteration_s'] / packed['iteration_s']:.2f}×",
+                          f"{padded.get('bottleneck')} → {packed.get('bottleneck')}")
+    Console(width=120).print(table)
 
 
 if __name__ == "__main__":
