@@ -16,6 +16,7 @@ Three ratios, each measured side by side in this one run:
     .venv/bin/python bench/executor_bench.py --quick    # 6 iterations, 16 MB
     .venv/bin/python bench/executor_bench.py --tensorboard-ab   # the overhead with TensorBoard on vs off
     .venv/bin/python bench/executor_bench.py --vllm     # only the vLLM rows (needs make install-vllm)
+    .venv/bin/python bench/executor_bench.py --max-tokens 512   # packed micro-batches of ≤ 512 tokens
 
 The vLLM rows (`--vllm`): measured / predicted iteration of the demo's GRPO job on tiny-2x run with
 `--backend vllm`, after `hetprof profile --workload` (tasks, dptrain, and vLLM's own calls: vllmgen)
@@ -61,7 +62,7 @@ def hetprof(*args: str, db: Path, cwd: Path) -> subprocess.CompletedProcess:
 
 
 # ---- 1 and 2: a planned CPU run ---------------------------------------------------------------
-def truthful_workload(work: Path, slots: int, spec_file: Path = WORKLOAD) -> Path:
+def truthful_workload(work: Path, slots: int, spec_file: Path = WORKLOAD, max_tokens: int | None = None) -> Path:
     """The example GRPO workload with the lengths the run will really see.
 
     A plan is predicted for the workload's lengths, so they should be the data's: the built-in
@@ -84,6 +85,8 @@ def truthful_workload(work: Path, slots: int, spec_file: Path = WORKLOAD) -> Pat
                           "std": round(statistics.pstdev(lengths), 2)}
     cap = spec["response_len"].get("max") or 2 * spec["response_len"]["mean"]
     spec["response_len"] = {"mean": cap, "max": cap}
+    if max_tokens:  # packed token-budget micro-batches in training and inference
+        spec["training"]["max_tokens_per_microbatch"] = max_tokens
     path = work / f"workload-{spec_file.stem}.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
@@ -91,8 +94,11 @@ def truthful_workload(work: Path, slots: int, spec_file: Path = WORKLOAD) -> Pat
 
 def probe_points(workload: Path, slots: int) -> list[tuple[str, int, int]]:
     """(task, batch, length) points the run's phases are: profiled exactly, thanks to --workload."""
-    from hetprof.profiler.workloadgrid import workload_points
+    import numpy as np
+
+    from hetprof.profiler.workloadgrid import LENGTH_SEED, workload_points
     from hetprof.specs import WorkloadSpec
+    from hetprof.tokenbudget import packed_shape
 
     spec = WorkloadSpec.load(workload)
     pts = workload_points(spec, slots)
@@ -103,6 +109,11 @@ def probe_points(workload: Path, slots: int) -> list[tuple[str, int, int]]:
     whole = round(spec.prompt_len.expected_longest(spec.prompts_per_step)
                   + spec.response_len.expected_longest(spec.sequences_per_step))
     train = -(-batch // spec.mini_batches)
+    budget = spec.training.max_tokens_per_microbatch
+    if budget is not None:  # packed: as many sequences per micro-batch as the planner prices, at the means
+        responses = np.sort(spec.response_len.sample(spec.sequences_per_step, np.random.default_rng(LENGTH_SEED)))
+        train = packed_shape(spec.prompt_len.mean, responses, train, budget)[1]
+        whole = round(spec.prompt_len.mean + spec.response_len.mean)
     out = [("prefill", batch, prompt), ("decode", batch, prompt + 1), ("train", train, whole)]
     assert all((b, n) in pts[k] for k, b, n in out), "probe points must be profiled points"
     return out
@@ -152,13 +163,13 @@ def probe_drift(db: Path, points: list[tuple[str, int, int]]) -> float:
     return math.exp(statistics.mean(math.log(r) for r in ratios)) if ratios else 1.0
 
 
-def planned_run(work: Path, iterations: int, slots: int) -> list[dict]:
+def planned_run(work: Path, iterations: int, slots: int, max_tokens: int | None = None) -> list[dict]:
     """Profile → fit → plan → run; then fit on that run's records → plan → run again."""
     db = work / "profiles.db"
     cluster = work / "cluster.yaml"
     cluster.write_text(f"name: bench-cpu\nhosts:\n  - name: localhost\n    gpus: {{type: cpu, count: {slots}}}\n"
                        f"    region: local\n")
-    workload = truthful_workload(work, slots)
+    workload = truthful_workload(work, slots, max_tokens=max_tokens)
     t0 = time.perf_counter()
     # The task rows and the data-parallel training steps in full, with the job's own shapes
     # (`--workload`): the quick grid fits worse, CPU kernel times are not smooth in shape, and what
@@ -400,6 +411,7 @@ def main() -> None:
                         help="only the executor overhead with TensorBoard on vs off (no profiling)")
     parser.add_argument("--ab-pairs", type=int, default=2, help="on/off run pairs of --tensorboard-ab")
     parser.add_argument("--vllm", action="store_true", help="only the vLLM rows (needs make install-vllm)")
+    parser.add_argument("--max-tokens", type=int, help="run packed: the workload's training.max_tokens_per_microbatch")
     parser.add_argument("--keep", type=Path, help="work in this new or empty folder and keep it (database, plans, run logs)")
     args = parser.parse_args()
     iterations, mb, repeats = (6, 16.0, 5) if args.quick else (12, 64.0, 15)
@@ -426,9 +438,10 @@ def main() -> None:
                           f"{bw['sync_Bps'] / bw['plain_Bps']:.2f} ({bw['buckets']} buckets)")
             return
         console.print(f"profile → fit → plan → run ({iterations} iterations, {args.slots} CPU slots)…")
-        runs = planned_run(work, iterations, args.slots)
+        runs = planned_run(work, iterations, args.slots, args.max_tokens)
 
-    table = Table(title=f"executor benchmark ({'quick' if args.quick else 'full'}; {os.cpu_count()} cores)")
+    packed = f"; packed ≤ {args.max_tokens} tokens" if args.max_tokens else ""
+    table = Table(title=f"executor benchmark ({'quick' if args.quick else 'full'}; {os.cpu_count()} cores{packed})")
     for col in ("ratio", "value", "goal", "measured from"):
         table.add_column(col, justify="left" if col in ("ratio", "measured from") else "right")
     for run in runs:

@@ -18,6 +18,7 @@ from hetprof.costmodels import memory, phases
 from hetprof.costmodels.base import CostModel, optimizer_shards
 from hetprof.costmodels.calibration import Calibration
 from hetprof.costmodels.data import LinkSpec, Phase, PhaseTime, Placement, Work
+from hetprof.specs.vocabulary import TaskKind
 
 
 class AnalyticalCostModel(CostModel):
@@ -49,7 +50,7 @@ class AnalyticalCostModel(CostModel):
         """One Adam step over the optimizer shard a rank of this replica-stage owns (every parameter
         it holds, embeddings too, over the ranks that share the optimizer: ZeRO paper §5.1), at the
         HBM rate a sweep of that many bytes reaches: memory-bound, after the backward, not overlapped."""
-        if work.kind != "training":
+        if work.kind != TaskKind.TRAINING:
             return 0.0
         params = memory.params_on_device(work.model, self._stage_layers(work, placement), placement.tp)
         moved = phases.adam_step_bytes(params / optimizer_shards(placement), work.dtype)

@@ -238,7 +238,7 @@ class CostModel(abc.ABC):
             concurrent = min(work.batch, self.max_concurrent_sequences(work, placement))
         return memory.task_memory(work.kind, work.model, self._stage_layers(work, placement), placement.tp,
                                   work.batch, work.seq_len, work.dtype, work.recompute, concurrent,
-                                  placement.dp, placement.sharding)
+                                  placement.dp, placement.sharding, work.token_budget)
 
 
 def optimizer_shards(placement: Placement) -> int:

@@ -52,6 +52,7 @@ class Work:
     layers: int | None = None
     recompute: bool = False
     engine: str = "hf"  # generation: the engine making the calls (planner/engines.py), for its call cost
+    token_budget: int | None = None  # packed micro-batches of at most this many tokens (None: padded)
 
     def __post_init__(self) -> None:
         if self.kind not in tuple(TaskKind):

@@ -101,13 +101,15 @@ def max_concurrent_sequences(model: ModelShape, layers: int, tp: int, seq_len: i
 
 
 def task_memory(kind: str, model: ModelShape, layers: int, tp: int, batch: int, seq_len: int, dtype: str,
-                recompute: bool, concurrent: int, dp: int = 1, sharding: str = "none") -> MemoryEstimate:
+                recompute: bool, concurrent: int, dp: int = 1, sharding: str = "none",
+                token_budget: int | None = None) -> MemoryEstimate:
     """Peak bytes on one device of a (tp-sharded, `layers`-layer) replica during its phase.
 
     `concurrent` is the number of sequences whose KV cache generation holds at once (ignored by
     the other kinds); `sharding` shards a training replica's state over its `dp` replicas, and the
     weights of an inference pass run on such a replica (the log-prob pass on an FSDP trainer's
     model holds its parameter shard and gathers a layer at a time, as the trainer's forward does).
+    `token_budget` prices packed micro-batches: at most that many tokens at once, whatever the lengths.
     """
     width = DTYPE_BYTES[dtype]
     params = params_on_device(model, layers, tp)
@@ -120,8 +122,8 @@ def task_memory(kind: str, model: ModelShape, layers: int, tp: int, batch: int, 
         kv = concurrent * seq_len * kv_bytes_per_token(model, layers, tp, dtype)
         act = generation_workspace(model, tp, dtype)
     else:
-        mb = micro_batch(batch, seq_len)
-        tokens = mb * seq_len
+        tokens = (micro_batch(batch, seq_len) * seq_len if token_budget is None
+                  else min(token_budget, batch * seq_len))
         per_layer = activation_bytes_per_token_layer(model, tp, dtype)
         logits = tokens * model.vocab * LOGIT_BYTES / tp
         if kind == TaskKind.INFERENCE:

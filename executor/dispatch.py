@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from hetprof.errors import ExecutionError
-from hetprof.executor.batch_split import share_slices
+from hetprof.executor.batch_split import share_slices, token_share_slices
 from hetprof.executor.messages import (
     MessageKind,
     Outbox,
@@ -40,8 +40,9 @@ class Exchange:
     """One rank's end of the loop's messages (see the module docstring)."""
 
     def __init__(self, topo: Topology, rank: int, device: torch.device, group: dist.ProcessGroup | None,
-                 timeout_s: float) -> None:
+                 timeout_s: float, by_tokens: bool = False) -> None:
         self.topo = topo
+        self.by_tokens = by_tokens  # packed passes cost tokens: shares split tokens, not rows
         self.rank = rank
         self.device = device
         self.leader = topo.leader
@@ -65,7 +66,8 @@ class Exchange:
         rows when it runs the task, else None. Every rank calls it; only the leader passes `batch`."""
         if self.is_leader:
             assert batch is not None
-            slices = share_slices(batch["input_ids"].shape[0], task.shares)
+            slices = (token_share_slices(batch["attention_mask"].sum(1).tolist(), task.shares) if self.by_tokens
+                      else share_slices(batch["input_ids"].shape[0], task.shares))
             for members, rows in zip(task.replica_ranks, slices, strict=True):
                 for r in members:
                     if r != self.rank:

@@ -32,8 +32,11 @@ from hetprof.executor.logprobs import (
     entropy_from_logits,
     first_response_column,
     logits_to_logprobs,
+    packed_token_logprobs,
     token_logprobs,
 )
+from hetprof.executor.packing import micro_batch_count, micro_batches_by_tokens, packed_values
+from hetprof.specs.vocabulary import Role
 
 
 class Learner:
@@ -41,13 +44,14 @@ class Learner:
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, algorithm: Algorithm,
                  ppo_epochs: int = 1, mini_batches: int = 1, micro_batches: int = 1,
-                 max_grad_norm: float | None = 1.0, role: str = "actor", temperature: float = 1.0,
+                 max_grad_norm: float | None = 1.0, role: str = Role.ACTOR, temperature: float = 1.0,
                  recompute_proximal: bool = True, seed: int = 0,
                  lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
-                 process_group: dist.ProcessGroup | None = None, parallel: Any = None):
+                 process_group: dist.ProcessGroup | None = None, parallel: Any = None,
+                 max_tokens_per_microbatch: int | None = None):
         if role not in ("actor", "critic"):
             raise ValueError(f"role must be 'actor' or 'critic', got {role!r}")
-        if role == "critic" and not algorithm.needs_critic:
+        if role == Role.CRITIC and not algorithm.needs_critic:
             raise ValueError(f"algorithm {algorithm.name!r} trains no critic")
         if min(ppo_epochs, mini_batches, micro_batches) < 1:
             raise ValueError("ppo_epochs, mini_batches and micro_batches must be >= 1")
@@ -65,6 +69,9 @@ class Learner:
         self.process_group = process_group
         self.parallel = parallel  # a parallel.ShardedModel for TP/PP tasks
         self.pipeline = parallel.pipeline if parallel is not None else None
+        # packed micro-batches of at most this many tokens (executor/packing.py); a pipeline's
+        # schedule splits fixed-shape padded micro-batches, so pipelined tasks stay padded
+        self.max_tokens = max_tokens_per_microbatch if self.pipeline is None else None
         self.steps = 0  # optimizer steps taken
         self.updates = 0  # update() calls (weight versions produced)
         self._rng = torch.Generator().manual_seed(seed)
@@ -106,6 +113,27 @@ class Learner:
             replicas = dist.get_world_size(group)
         return replica_denominators(tokens, replicas)
 
+    def _micro_counts(self, attention_mask: torch.Tensor, minis: list[torch.Tensor]) -> list[int]:
+        """Micro-batches per mini-batch: the fixed count, or with a token budget the most any replica
+        needs (one MAX all-reduce for the update), so every replica runs as many passes as the others."""
+        if self.max_tokens is None:
+            return [self.micro_batches] * len(minis)
+        lengths = attention_mask.sum(1)
+        needed = torch.tensor([micro_batch_count(lengths[idx].tolist(), self.max_tokens) for idx in minis],
+                              dtype=torch.long, device=attention_mask.device)
+        group = self._ddp_group()
+        if group is not None and len(minis):
+            dist.all_reduce(needed, op=dist.ReduceOp.MAX, group=group)
+        return needed.tolist()
+
+    def _micro_parts(self, mini: RLBatch, count: int) -> list[torch.Tensor]:
+        """Row indices of each micro-batch of `mini`: equal row counts, or token-budget packs."""
+        device = mini.input_ids.device
+        if self.max_tokens is None:
+            return list(torch.tensor_split(torch.arange(len(mini), device=device), count))
+        groups = micro_batches_by_tokens(mini.attention_mask.sum(1).tolist(), self.max_tokens, count)
+        return [torch.tensor(g, dtype=torch.long, device=device) for g in groups]
+
     @torch.no_grad()
     def proximal_logprobs(self, batch: RLBatch) -> torch.Tensor:
         """The current policy's log-probs before this update (the decoupled objective's π_prox)."""
@@ -115,6 +143,9 @@ class Learner:
             if self.pipeline is not None:
                 logits = self.pipeline.forward(batch.input_ids, batch.attention_mask)
                 return logits_to_logprobs(logits[:, :-1], batch.input_ids[:, 1:], self.temperature)
+            if self.max_tokens is not None:
+                return packed_token_logprobs(self.model, batch.input_ids, batch.attention_mask, self.temperature,
+                                             max_tokens=self.max_tokens, needed=batch.mask)
             return token_logprobs(self.model, batch.input_ids, batch.attention_mask, self.temperature,
                                   from_column=first_response_column(batch.mask))
         finally:
@@ -140,7 +171,7 @@ class Learner:
         if len(batch) == 0:
             raise ValueError("an update needs at least one sequence (a replica with no share must not train)")
         logprob_seconds = 0.0
-        if self.role == "actor" and self.recompute_proximal and batch.proximal_logprobs is None:
+        if self.role == Role.ACTOR and self.recompute_proximal and batch.proximal_logprobs is None:
             batch.proximal_logprobs = self.proximal_logprobs(batch)
             logprob_seconds = time.perf_counter() - start
         if batch.advantages is None:
@@ -154,7 +185,8 @@ class Learner:
         # gives all mini-batches' denominators
         orders = [torch.randperm(len(batch), generator=self._rng).to(device) for _ in range(self.ppo_epochs)]
         minis = [idx for order in orders for idx in torch.tensor_split(order, self.mini_batches)]
-        for mini_idx, denom in zip(minis, self._denominators(batch.mask, minis), strict=True):
+        pieces = self._micro_counts(batch.attention_mask, minis)
+        for mini_idx, denom, count in zip(minis, self._denominators(batch.mask, minis), pieces, strict=True):
             mini = batch.select(mini_idx)
             self.optimizer.zero_grad(set_to_none=True)
             if self.pipeline is not None:
@@ -165,7 +197,7 @@ class Learner:
                 sums["grad_norm"] += self._step()
                 counts["grad_norm"] += 1
                 continue
-            micro_parts = torch.tensor_split(torch.arange(len(mini), device=device), self.micro_batches)
+            micro_parts = self._micro_parts(mini, count)
             for i, micro_idx in enumerate(micro_parts):
                 last = i == len(micro_parts) - 1
                 if len(micro_idx) == 0:
@@ -181,19 +213,28 @@ class Learner:
         self.updates += 1
         out = {k: v / counts[k] for k, v in sums.items()}
         out.update({"optimizer_steps": float(self.steps), "update_seconds": time.perf_counter() - start,
+                    "micro_batches": sum(pieces) / max(1, len(pieces)),  # per optimizer step
                     "logprob_seconds": logprob_seconds,
                     "lr": float(self.optimizer.param_groups[0]["lr"])})
-        if self.role == "actor":
+        if self.role == Role.ACTOR:
             out["reward_mean"] = float(batch.rewards.float().mean())
         return out
 
     def _micro_step(self, micro: RLBatch, denom: torch.Tensor, sync: bool, weight: float = 1.0) -> dict[str, float]:
         with self._gradient_sync(sync):
-            if self.role == "actor":
+            if self.role == Role.ACTOR and self.max_tokens is not None:
+                lp, ent = packed_token_logprobs(self.model, micro.input_ids, micro.attention_mask, self.temperature,
+                                                with_entropy=True, needed=micro.mask,
+                                                entropy_grad=self.algorithm.config.entropy_coef > 0)
+                loss, stats = self.algorithm.loss(micro, lp, ent, denominator=denom)
+            elif self.role == Role.ACTOR:
                 lp, ent = token_logprobs(self.model, micro.input_ids, micro.attention_mask, self.temperature,
                                          with_entropy=True, from_column=first_response_column(micro.mask),
                                          entropy_grad=self.algorithm.config.entropy_coef > 0)
                 loss, stats = self.algorithm.loss(micro, lp, ent, denominator=denom)
+            elif self.max_tokens is not None:
+                values = packed_values(self.model, micro.input_ids, micro.attention_mask)[:, :-1]
+                loss, stats = self.algorithm.value_loss(micro, values, denominator=denom)
             else:
                 values = self.model(micro.input_ids, micro.attention_mask)[:, :-1]
                 loss, stats = self.algorithm.value_loss(micro, values, denominator=denom)
@@ -203,7 +244,7 @@ class Learner:
     def _loss_from_output(self, micro: RLBatch, output: torch.Tensor, denom: torch.Tensor
                           ) -> tuple[torch.Tensor, dict[str, float]]:
         """The loss of a micro-batch from the model's output (logits or values), as `_micro_step`."""
-        if self.role == "critic":
+        if self.role == Role.CRITIC:
             return self.algorithm.value_loss(micro, output[:, :-1], denominator=denom)
         col = first_response_column(micro.mask)
         logits = output[:, col:-1]

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
 from hetprof.errors import SpecError
+from hetprof.executor.varlen_attention import VARLEN_ATTENTION
 from hetprof.generation import position_ids
 from hetprof.models import ModelShape, resolve_model
 
@@ -82,8 +83,11 @@ def seeded(seed: int) -> Iterator[None]:
 
 
 def build_causal_lm(model_ref: str | ModelShape, seed: int = 0, dtype: str | torch.dtype = "fp32",
-                    device: torch.device | str = "cpu", attn_implementation: str = "sdpa") -> nn.Module:
-    """A causal LM: loaded from a local checkpoint directory, else random weights seeded by `seed`."""
+                    device: torch.device | str = "cpu", attn_implementation: str = VARLEN_ATTENTION) -> nn.Module:
+    """A causal LM: loaded from a local checkpoint directory, else random weights seeded by `seed`.
+
+    The default attention is `sdpa`'s, with packed rows split per sequence (executor/varlen_attention.py).
+    """
     from transformers import AutoModelForCausalLM
 
     dt = torch_dtype(dtype)
@@ -120,8 +124,11 @@ class ScalarHeadModel(nn.Module):
             nn.init.normal_(self.head.weight, std=hidden ** -0.5)
         nn.init.zeros_(self.head.bias)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        positions = position_ids(attention_mask) if attention_mask is not None else None
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Values [B, T]; packed input (executor/packing.py) passes restarting `positions`, no mask."""
+        if positions is None and attention_mask is not None:
+            positions = position_ids(attention_mask)
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
                             use_cache=False)
         return self.head(out.last_hidden_state).squeeze(-1).float()
@@ -142,11 +149,12 @@ def _build_scalar(model_ref: str | ModelShape, seed: int, dtype, device, zero_he
     with seeded(seed):
         if ckpt is not None:
             try:
-                backbone = AutoModel.from_pretrained(str(ckpt), dtype=dt, local_files_only=True)
+                backbone = AutoModel.from_pretrained(str(ckpt), dtype=dt, local_files_only=True,
+                                                     attn_implementation=VARLEN_ATTENTION)
             except Exception as exc:  # any unreadable checkpoint is a user error
                 raise SpecError(str(ckpt), "model", "a loadable Hugging Face checkpoint", str(exc)) from None
         else:
-            backbone = AutoModel.from_config(hf_config(model_ref), dtype=dt)
+            backbone = AutoModel.from_config(hf_config(model_ref), dtype=dt, attn_implementation=VARLEN_ATTENTION)
         model = ScalarHeadModel(backbone, backbone.config.hidden_size, zero_head)
     return model.to(device)
 

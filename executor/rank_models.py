@@ -170,7 +170,8 @@ class RankModels:
                                       recompute_proximal=Task.ACTOR_LOGPROB in self.tasks,
                                       seed=self.opts.seed, parallel=sharded, lr_scheduler=scheduler,
                                       max_grad_norm=settings.max_grad_norm,
-                                      process_group=group if sharded is None and len(ranks) > 1 else None)
+                                      process_group=group if sharded is None and len(ranks) > 1 else None,
+                                      max_tokens_per_microbatch=self.training.max_tokens_per_microbatch)
 
     # ---- data --------------------------------------------------------------------------------
     def prompts(self, batch: int) -> list[Prompt]:
@@ -218,6 +219,9 @@ class RankModels:
                 last = (mask.bool() * t).amax(dim=1)
                 return {"rm_scores": out.gather(1, last[:, None]).squeeze(1).float()}
             raise ExecutionError(f"task {task}: no pipelined inference for it")
+        budget = self.training.max_tokens_per_microbatch
+        if budget is not None:  # packed passes of at most `budget` tokens (executor/packing.py)
+            return self._infer_packed(task, ids, mask, budget, part.get("response_mask"))
         if task == Task.REF_INFER:
             lp = token_logprobs(self.models[task], ids, mask, temperature=self.training.temperature)
             return {"ref_logprobs": lp.float()}
@@ -225,6 +229,25 @@ class RankModels:
             return {"values": self.models[task](ids, mask)[:, :-1].float()}
         if task == Task.REWARD_INFER:
             return {"rm_scores": self.reward_model.score_ids(ids, mask).float()}
+        raise ExecutionError(f"no inference role for task {task}")
+
+    def _infer_packed(self, task: str, ids: torch.Tensor, mask: torch.Tensor, budget: int,
+                      response_mask: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        from hetprof.executor.logprobs import packed_token_logprobs
+        from hetprof.executor.packing import packed_sequence_scores, packed_values
+
+        if task == Task.REF_INFER:
+            # only response columns are read (KL terms), so the LM head skips the prompts
+            needed = response_mask[:, 1:] if response_mask is not None else None
+            lp = packed_token_logprobs(self.models[task], ids, mask, self.training.temperature, max_tokens=budget,
+                                       needed=needed)
+            return {"ref_logprobs": lp.float()}
+        if task == Task.CRITIC_INFER:
+            return {"values": packed_values(self.models[task], ids, mask, budget)[:, :-1].float()}
+        if task == Task.REWARD_INFER:
+            scorer = self.reward_model
+            scores = packed_sequence_scores(scorer.model, ids.to(scorer.device), mask.to(scorer.device), budget)
+            return {"rm_scores": scores.float()}
         raise ExecutionError(f"no inference role for task {task}")
 
     # ---- the leader's part ---------------------------------------------------------------------

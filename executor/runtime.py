@@ -38,6 +38,7 @@ from hetprof.executor.iteration_report import (
 )
 from hetprof.executor.messages import INPUT_KIND, RESULT_KIND, MessageKind
 from hetprof.executor.options import RunOptions
+from hetprof.executor.packing import priced_pass
 from hetprof.executor.process_groups import ProcessGroups
 from hetprof.executor.rank_models import RankModels
 from hetprof.executor.recorder import Recorder
@@ -67,8 +68,11 @@ class Worker:
         self.k = self.workload.staleness if self.workload.mode == "async" else 0
         self.tasks = topo.tasks_on(rank)
         self.is_leader = rank == topo.leader
+        # packed passes are recorded at the shapes the plan priced them (executor/packing.priced_pass)
+        self.token_budget = self.workload.training.max_tokens_per_microbatch
         self.models = RankModels(self.workload, self.tasks, device, options, topo, groups, rank)
-        self.exchange = Exchange(topo, rank, device, groups.messages, options.timeout_s)
+        self.exchange = Exchange(topo, rank, device, groups.messages, options.timeout_s,
+                                 by_tokens=self.token_budget is not None)
         self.recorder = Recorder(options, topo, rank, groups.reports, self.models.console)
         self.weights = SyncEdges(options, topo, groups, rank, device, self.models)
         self.hash = plan_hash(self.plan)
@@ -222,8 +226,8 @@ class Worker:
             result = self.models.infer(task, part)
             report.timed(task, t0)
             if self.rank == tr.ranks[tr.replica_of(self.rank)]:  # a replica reports once, by its first rank
-                rows, width = part["input_ids"].shape
-                report.work_timings[task] = [prefill_timing(rows, width, report.task_seconds[task])]
+                rows, width, passes = priced_pass(part["attention_mask"], self.token_budget)
+                report.work_timings[task] = [prefill_timing(rows, width, report.task_seconds[task] / passes)]
                 self.exchange.to_leader(result, RESULT_KIND[task], b)
         if not self.is_leader:
             return batch
@@ -274,13 +278,17 @@ class Worker:
             # the update recomputes π_prox only for a batch that lacks it (its first forward): timed apart
             logprob = stats.pop("logprob_seconds", 0.0)
             seconds = report.timed(tr.task, t0 + logprob)
-            rows, width = part["input_ids"].shape
+            rows = part["input_ids"].shape[0]
+            micro = stats.pop("micro_batches", 1.0)
             if logprob:
                 report.timed(Task.ACTOR_LOGPROB, t0, t0 + logprob)
             if self.rank != tr.ranks[tr.replica_of(self.rank)]:
                 continue  # a replica's statistics are reported once, by its first rank
             if logprob:
-                report.work_timings[Task.ACTOR_LOGPROB] = [prefill_timing(rows, width, logprob)]
-            report.work_timings[tr.task] = [train_timing(rows, width, seconds, self.workload.ppo_epochs,
-                                                         self.workload.mini_batches)]
+                n, width, passes = priced_pass(part["attention_mask"], self.token_budget)
+                report.work_timings[Task.ACTOR_LOGPROB] = [prefill_timing(n, width, logprob / passes)]
+            mini = self.workload.mini_batches
+            n, width, passes = priced_pass(part["attention_mask"], self.token_budget, mini, micro)
+            report.work_timings[tr.task] = [train_timing(n * mini, width, seconds / passes,
+                                                         self.workload.ppo_epochs, mini)]
             report.train_stats[tr.task] = {"n": rows, **stats}

@@ -15,6 +15,7 @@ from hetprof.errors import InfeasibleError, SpecError
 from hetprof.planner.candidate import Candidate, TaskLayout
 from hetprof.planner.simulator import Score, Simulator
 from hetprof.specs import FOLLOWS, Group, Layout, Plan, Prediction, Tasklet, TaskPlacement
+from hetprof.specs.vocabulary import TaskKind
 
 
 def group_name(index: int) -> str:
@@ -90,7 +91,7 @@ def from_plan(plan: Plan) -> Candidate:
 def _sharding(sim, lay) -> str:
     """A layout's sharding as a plan records it: a training task's own; a follower runs on its
     leader's (sharded) model but shards no state of its own, so the plan says none."""
-    return lay.sharding if sim.graph.kind_of(lay.task) == "training" else "none"
+    return lay.sharding if sim.graph.kind_of(lay.task) == TaskKind.TRAINING else "none"
 
 
 def _finite(x: float | None) -> float | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from hetprof.costmodels import memory as mem
 from hetprof.specs import FOLLOWS, TASKS, Plan
+from hetprof.specs.vocabulary import TaskKind
 
 GB = 1e9
 
@@ -40,14 +41,15 @@ def device_demands(plan: Plan) -> tuple[dict[str, list[tuple[str, float, float]]
             for d in k.devices:
                 capacity = cluster.catalog.lookup(types[d]).memory_bytes
                 concurrent = batch
-                if kind == "generation":
+                if kind == TaskKind.GENERATION:
                     room = mem.max_concurrent_sequences(model, layers, tp, seq_len, dtype, capacity)
                     if room < 1:
                         problems.append(f"{d} ({types[d]}): {placement.task} has no room for even one "
                                         f"sequence's KV cache next to {layers} layers of {model.name} at TP{tp}")
                     concurrent = min(batch, max(room, 1))
+                budget = workload.training.max_tokens_per_microbatch if kind != TaskKind.GENERATION else None
                 est = mem.task_memory(kind, model, layers, tp, batch, seq_len, dtype, recompute, concurrent,
-                                      dp, sharding)
+                                      dp, sharding, budget)
                 demands.setdefault(d, []).append((placement.task, est.total, est.weights + est.grads + est.optimizer))
     return demands, problems
 

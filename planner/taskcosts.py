@@ -29,7 +29,8 @@ from hetprof.planner.engines import ENGINES, EngineLimits, GenerationRequest, St
 from hetprof.planner.graph import RLGraph
 from hetprof.planner.links import LinkTable
 from hetprof.specs import Device, WorkloadSpec
-from hetprof.specs.vocabulary import Task
+from hetprof.specs.vocabulary import Task, TaskKind
+from hetprof.tokenbudget import packed_shape, spread
 
 GB = 1e9
 EVAL_MEMO_LIMIT = 20_000
@@ -80,14 +81,19 @@ class TaskCosts:
         # Priced as `hetprof run` pads (`padded`: the simulator plans for it): the hf generator
         # left-pads a replica's prompts to its longest, and inference and training run the step's
         # batch as wide as its longest prompt plus its longest response. Mean lengths price an engine
-        # that packs sequences instead; memory keeps the declared means either way.
-        self.padded = padded
+        # that packs sequences instead; memory keeps the declared means either way. A workload with
+        # `training.max_tokens_per_microbatch` runs packed: mean lengths in as many micro-batches as
+        # its token budget fills (`packs`), memory bounded by the budget.
+        self.token_budget = workload.training.max_tokens_per_microbatch
+        self.runs_padded = padded
+        self.padded = padded and self.token_budget is None
+        self._packs: dict[int, tuple[int, int]] = {}
         self.engine = ENGINES.get(backend)
         self.backend = backend
         self._longest: dict[int, float] = {}
         self._longest_response: dict[int, float] = {}
         self.sequence_prompt = self.longest_prompt(workload.prompts_per_step)
-        self.sequence_response = (workload.response_len.expected_longest(self.sequences) if padded
+        self.sequence_response = (workload.response_len.expected_longest(self.sequences) if self.padded
                                   else self.response)
         self._replica: dict[tuple, ReplicaCost] = {}
         self._eval: dict[TaskLayout, TaskEval] = {}
@@ -106,7 +112,8 @@ class TaskCosts:
                     prompt_len=self.prompt if prompt_len is None else prompt_len,
                     response_len=self.response if response_len is None else response_len,
                     dtype=self.dtype, layers=None if layers is None or layers == model.layers else layers,
-                    recompute=self.workload.training.recompute, engine=self.backend)
+                    recompute=self.workload.training.recompute, engine=self.backend,
+                    token_budget=self.token_budget if self.graph.kind_of(task) != TaskKind.GENERATION else None)
 
     def longest_prompt(self, prompts: int) -> float:
         """The width `prompts` prompts are padded to (the expected longest), or the mean unpadded."""
@@ -134,16 +141,38 @@ class TaskCosts:
             hit = self._longest_response[k] = self.workload.response_len.expected_longest(k)
         return hit
 
+    def packs(self, sequences: int) -> tuple[int, int]:
+        """(micro-batches, sequences per micro-batch) of a packed pass over `sequences` sequences: the
+        executor's own grouping (hetprof.tokenbudget) over lengths that follow the step's distribution."""
+        k = max(1, int(sequences))
+        hit = self._packs.get(k)
+        if hit is None:
+            hit = self._packs[k] = packed_shape(self.prompt, self.lengths, k, self.token_budget)
+        return hit
+
+    def _packed_call(self, task: str, sig: tuple, tp: int, batch: int, split: tuple[int, ...]) -> float:
+        """A forward (inference) or forward + backward (training) pass over `batch` sequences: with a
+        token budget, the `packs(batch)` micro-batches at the mean lengths; else one call at the
+        priced widths. Pipelined replicas run fixed-shape padded micro-batches (executor/learner.py), so a
+        plan for `hetprof run` prices them padded."""
+        if self.token_budget is None:
+            return self._composed(task, sig, tp, batch, split, self.sequence_response, self.sequence_prompt)
+        if self.runs_padded and len(sig[0]) > 1:
+            return self._composed(task, sig, tp, batch, split, self.padded_response(self.sequences),
+                                  self.generation_prompt(self.sequences))
+        # the packs hold `batch` sequences between them, not m × per: scale one pack's time by the
+        # sequences, so whole-token work is exact and per-call costs are paid about m times
+        _, per = self.packs(batch)
+        return self._composed(task, sig, tp, per, split, self.response, self.prompt) * batch / per
+
     def replica_lengths(self, batch: int) -> np.ndarray:
         """`batch` response lengths that follow the step's sampled distribution (evenly spaced
         quantiles), the longest being the step's longest: one replica draws it, and the step waits
         for that replica, so a task of several replicas is priced by the one that holds it."""
-        n = len(self.lengths)
-        if n == 0:
-            return np.full(batch, self.response)
-        idx = np.minimum(((np.arange(batch) + 0.5) * n / batch).astype(int), n - 1)
-        idx[-1] = n - 1
-        return self.lengths[idx]
+        lengths = spread(self.lengths, batch, self.response)
+        if len(self.lengths):
+            lengths[-1] = self.lengths[-1]
+        return lengths
 
     def _stage_signature(self, devices: Sequence[str], tp: int, pp: int) -> tuple:
         """(types, tp link) per stage and the link across each stage boundary: what decides a replica's time."""
@@ -180,14 +209,13 @@ class TaskCosts:
 
     def _compute_replica(self, task: str, sig: tuple, tp: int, batch: int, split: tuple[int, ...]) -> ReplicaCost:
         kind = self.graph.kind_of(task)
-        if kind == "inference":
-            return ReplicaCost(self._composed(task, sig, tp, batch, split, self.sequence_response, self.sequence_prompt))
-        if kind == "training":
+        if kind == TaskKind.INFERENCE:
+            return ReplicaCost(self._packed_call(task, sig, tp, batch, split))
+        if kind == TaskKind.TRAINING:
             # Each optimizer step is a forward + backward + Adam over one mini-batch: per-step costs
             # (the optimizer, launches, small-batch inefficiency) are paid mini_batches times per epoch.
             steps = self.workload.mini_batches
-            per_step = self._composed(task, sig, tp, max(1, math.ceil(batch / steps)), split,
-                                      self.sequence_response, self.sequence_prompt)
+            per_step = self._packed_call(task, sig, tp, max(1, math.ceil(batch / steps)), split)
             return ReplicaCost(per_step * steps * self.workload.ppo_epochs)
         return self._generation(task, sig, tp, batch, split)
 
@@ -242,13 +270,13 @@ class TaskCosts:
         pipe = sum(times) / m + (m - 1) * max(times) / m
         hidden_bytes = model.hidden * DTYPE_BYTES[self.dtype]
         kind = self.graph.kind_of(task)
-        if kind == "generation":  # every decode step crosses every stage boundary
+        if kind == TaskKind.GENERATION:  # every decode step crosses every stage boundary
             steps = round(response) + 1
             comm = steps * sum(self.cm.collective_time("p2p", batch / m * hidden_bytes, 2, b) for b in bounds)
         else:
             msg = batch * (prompt + response) / m * hidden_bytes
             per = [self.cm.collective_time("p2p", msg, 2, b) for b in bounds]
-            comm = (sum(per) + (m - 1) * max(per)) * (2 if kind == "training" else 1)
+            comm = (sum(per) + (m - 1) * max(per)) * (2 if kind == TaskKind.TRAINING else 1)
         return pipe + comm
 
     def stage_time(self, task: str, device_type: str, tp: int, link, layers: int | None, batch: int,
@@ -327,10 +355,10 @@ class TaskCosts:
                 f"{layout.describe()} and {layers} of {model.layers} layers per stage")
         seconds = max(replica_s) if replica_s else math.inf
         grad = 0.0
-        if kind == "training" and layout.dp > 1:
+        if kind == TaskKind.TRAINING and layout.dp > 1:
             grad = self._grad_sync(layout, seconds)  # overlaps the passes' compute, not the Adam steps
             seconds += grad
-        if kind == "training":
+        if kind == TaskKind.TRAINING:
             seconds += self._optimizer_steps(layout)
         if task == Task.ACTOR_TRAIN:  # the controller's per-step work runs serial with the actor's update
             seconds += self._step_overhead(layout)
@@ -371,7 +399,7 @@ class TaskCosts:
 
     def _curve(self, kind: str, seconds: float, finish: list[tuple[float, ...]]) -> tuple[float, ...]:
         k = self.chunks
-        if kind != "generation" or not math.isfinite(seconds) or not any(finish):
+        if kind != TaskKind.GENERATION or not math.isfinite(seconds) or not any(finish):
             return tuple(seconds * (j + 1) / k for j in range(k))
         merged = np.sort(np.concatenate([np.asarray(f) for f in finish if f]))
         n = len(merged)

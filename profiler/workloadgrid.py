@@ -6,7 +6,9 @@ suggest; docs/DESIGN.md §10). A plan for a known job should be
 predicted from rows at the job's own shapes, as the simulator asks for them: per-replica batches
 for every data-parallel degree the cluster allows, the prompt block (mean and longest), the whole
 sequence (prompt + response) that inference and training see, decode contexts across the response,
-and training's mini-batch rows. Each point is measured like any grid point, so the rows also serve
+and training's mini-batch rows. A workload with `training.max_tokens_per_microbatch` runs packed
+micro-batches, priced as so many sequences at the mean lengths (hetprof.tokenbudget.packed_shape):
+those rows are measured too. Each point is measured like any grid point, so the rows also serve
 other workloads; `hetprof profile --workload W.yaml` is all a user has to add.
 """
 
@@ -14,8 +16,14 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from hetprof.models import ModelShape
 from hetprof.specs import WorkloadSpec
+from hetprof.tokenbudget import packed_shape
+
+# The planner's default seed for the step's sampled response lengths (planner/simulator.py).
+LENGTH_SEED = 0
 
 # Above this many devices, data-parallel degrees are sampled (powers of two and the total).
 DENSE_DEGREES = 8
@@ -52,15 +60,33 @@ def workload_points(workload: WorkloadSpec, devices: int) -> dict[str, list[tupl
     # a generator replica's prompts, unpadded and padded to its longest (of its distinct prompts)
     gen = {b: sorted({*prompts, max(1, round(workload.prompt_len.expected_longest(
         math.ceil(b / workload.responses_per_prompt))))}) for b in batches}
+    packed_infer, packed_train = packed_points(workload, batches, train_batches)
     return {
         # generation's prefill over prompts, and the inference forward over whole sequences
-        "prefill": [(b, n) for b in batches for n in sorted({*gen[b], *sequences})],
+        "prefill": sorted({(b, n) for b in batches for n in sorted({*gen[b], *sequences})} | packed_infer),
         "decode": [(b, n) for b in batches
                    for n in sorted({*contexts, *(p + 1 for p in gen[b]), *(p + max(1, resp_mean // 2) for p in gen[b])})],
-        "train": [(b, n) for b in train_batches for n in sequences],
+        "train": sorted({(b, n) for b in train_batches for n in sequences} | packed_train),
         # a whole generation call over the prompts (what it costs beyond its phases)
         "generate": [(b, n) for b in batches for n in gen[b]],
     }
+
+
+def packed_points(workload: WorkloadSpec, batches: list[int],
+                  train_batches: list[int]) -> tuple[set[tuple[int, int]], set[tuple[int, int]]]:
+    """(sequences per micro-batch, mean length) of the packed inference and training passes over
+    each per-replica batch; none when the workload pads."""
+    budget = workload.training.max_tokens_per_microbatch
+    if budget is None:
+        return set(), set()
+    responses = np.sort(workload.response_len.sample(workload.sequences_per_step, np.random.default_rng(LENGTH_SEED)))
+    prompt = float(workload.prompt_len.mean)
+    whole = max(1, round(prompt + workload.response_len.mean))
+
+    def shapes(sizes: list[int]) -> set[tuple[int, int]]:
+        return {(packed_shape(prompt, responses, b, budget)[1], whole) for b in sizes}
+
+    return shapes(batches), shapes(train_batches)
 
 
 def workload_models(workload: WorkloadSpec) -> list[ModelShape]:

@@ -17,7 +17,7 @@ from hetprof.errors import SpecError
 from hetprof.specs.cluster import ClusterSpec
 from hetprof.specs.loader import field, from_data, to_data
 from hetprof.specs.positions import load_spec
-from hetprof.specs.vocabulary import Task
+from hetprof.specs.vocabulary import Task, TaskKind
 from hetprof.specs.workload import WorkloadSpec
 
 PLAN_VERSION = 1
@@ -197,7 +197,7 @@ class Plan:
             where = f"tasks[{ti}]"
             if t.group not in groups:
                 raise SpecError(None, f"{where}.group", "a group name of this plan", t.group)
-            if t.layout.sharding != "none" and t.kind != "training":
+            if t.layout.sharding != "none" and t.kind != TaskKind.TRAINING:
                 raise SpecError(None, f"{where}.layout.sharding", "none (only training tasks shard their state)",
                                 t.layout.sharding)
             if len(t.tasklets) != t.layout.dp * t.layout.pp:

@@ -23,6 +23,7 @@ MAX_STALENESS = 64  # async versions ahead; each holds a step of rollouts in mem
 MAX_SEQUENCES = 1 << 20  # prompts × responses in one step
 MAX_RESPONSES = 4096  # responses sampled per prompt
 MAX_PASSES = 1024  # PPO epochs, and mini-batches per epoch
+MAX_MICROBATCH_TOKENS = 1 << 24  # packed tokens in one forward: far past any device's memory
 
 
 def _within(limit: int) -> tuple:
@@ -94,6 +95,10 @@ class TrainingParams:
     recompute: bool = field(False, help="activation recomputation in training")
     use_rollout_logprobs: bool = field(False, help="train on the generator's own log-probs as the old log-probs "
                                        "(skip the actor's log-prob recompute pass)")
+    max_tokens_per_microbatch: int | None = field(
+        None, help="pack sequences without padding into micro-batches of at most this many tokens, in "
+        "training and in the reference/critic/reward/log-prob passes; none = padded micro-batches",
+        check=_within(MAX_MICROBATCH_TOKENS)[0], expect=_within(MAX_MICROBATCH_TOKENS)[1])
 
 
 @dataclasses.dataclass
@@ -150,6 +155,10 @@ class WorkloadSpec:
         if self.sequences_per_step > MAX_SEQUENCES:
             raise SpecError(None, "prompts_per_step", f"prompts × responses at most {MAX_SEQUENCES:,}",
                             self.sequences_per_step)
+        budget, longest = self.training.max_tokens_per_microbatch, self.prompt_len.cap + self.response_len.cap
+        if budget is not None and budget < longest:
+            raise SpecError(None, "training.max_tokens_per_microbatch",
+                            f"at least the longest sequence (prompt_len.cap + response_len.cap = {longest})", budget)
         if self.sequences_per_step % self.mini_batches:
             raise SpecError(None, "mini_batches", f"a divisor of prompts × responses ({self.sequences_per_step})",
                             self.mini_batches)

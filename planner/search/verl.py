@@ -20,7 +20,7 @@ from hetprof.planner.search import layouts, register_search
 from hetprof.planner.search.base import Ledger, Search, SearchConfig, SearchResult, knob
 from hetprof.planner.search.pools import Pool, host_pools
 from hetprof.specs.plan import TASKS
-from hetprof.specs.vocabulary import Task
+from hetprof.specs.vocabulary import Task, TaskKind
 
 FSDP = "fsdp"
 
@@ -49,7 +49,7 @@ def _train_engines(sim, order: tuple[str, ...], tasks: list[str], cfg: VerlConfi
 
 def _engine_layout(sim, task: str, order: tuple[str, ...], engine: str, tp: int, pp: int) -> TaskLayout | None:
     lay = layouts.build_layout(sim, task, order, tp, pp, balanced=False)
-    if lay is not None and engine == FSDP and TASKS[task][0] == "training" and lay.dp > 1:
+    if lay is not None and engine == FSDP and TASKS[task][0] == TaskKind.TRAINING and lay.dp > 1:
         lay = dataclasses.replace(lay, sharding=FSDP)       # verl's FSDP workers shard the whole state
     return lay
 

@@ -1,0 +1,180 @@
+"""Packed sequences equal padded ones: forward, log-probs, values, losses and gradients, on batches
+whose lengths differ by an order of magnitude; and the token-budget micro-batch grouping."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from packing_batches import ragged_batch
+
+from hetprof.errors import SpecError
+from hetprof.executor.algorithms import RLBatch, get_algorithm
+from hetprof.executor.batch_split import token_share_slices
+from hetprof.executor.learner import Learner
+from hetprof.executor.logprobs import packed_token_logprobs, token_logprobs
+from hetprof.executor.modeling import build_causal_lm, build_reward_model, build_value_model
+from hetprof.executor.packing import (
+    micro_batch_count,
+    micro_batches_by_tokens,
+    pack,
+    packed_sequence_scores,
+    packed_values,
+    priced_pass,
+    unpack,
+)
+from hetprof.specs.workload import WorkloadSpec
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+def test_pack_keeps_attended_tokens_with_restarting_positions_and_unpacks_exactly():
+    batch = ragged_batch()
+    packed = pack(batch.input_ids, batch.attention_mask)
+    lengths = batch.attention_mask.sum(1)
+    assert packed.tokens == int(lengths.sum())
+    starts = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)[:-1]])
+    assert packed.position_ids[0, starts].eq(0).all()
+    assert packed.position_ids[0, starts + lengths - 1].tolist() == (lengths - 1).tolist()
+    back = unpack(packed.input_ids[0], packed)
+    assert torch.equal(back, batch.input_ids * batch.attention_mask)
+
+
+def test_packed_forward_logprobs_and_entropy_equal_padded():
+    batch = ragged_batch()
+    model = build_causal_lm("tiny", seed=0).eval()
+    valid = batch.attention_mask[:, :-1].bool() & batch.attention_mask[:, 1:].bool()
+    with torch.no_grad():
+        lp, ent = token_logprobs(model, batch.input_ids, batch.attention_mask, 0.7, with_entropy=True)
+        for budget in (None, 80, 72):  # one pack; several packs (72 = the longest sequence alone)
+            plp, pent = packed_token_logprobs(model, batch.input_ids, batch.attention_mask, 0.7,
+                                              with_entropy=True, max_tokens=budget)
+            assert torch.allclose(plp[valid], lp[valid], atol=1e-5)
+            assert torch.allclose(pent[valid], ent[valid], atol=1e-5)
+            assert plp[~valid].eq(0).all()
+        # restricted to the response columns: the same numbers there, zero elsewhere
+        only = packed_token_logprobs(model, batch.input_ids, batch.attention_mask, 0.7, needed=batch.mask)
+    assert torch.allclose(only[batch.mask.bool()], lp[batch.mask.bool()], atol=1e-5)
+    assert only[~batch.mask.bool()].eq(0).all()
+
+
+def test_packed_values_and_sequence_scores_equal_padded():
+    batch = ragged_batch()
+    critic, rm = build_value_model("tiny", seed=0), build_reward_model("tiny", seed=3)
+    torch.nn.init.normal_(critic.head.weight)  # a zero head would hide any difference
+    attended = batch.attention_mask.bool()
+    with torch.no_grad():
+        padded = critic(batch.input_ids, batch.attention_mask)
+        for budget in (None, 90):
+            assert torch.allclose(packed_values(critic, batch.input_ids, batch.attention_mask, budget)[attended],
+                                  padded[attended], atol=1e-5)
+        scores = packed_sequence_scores(rm, batch.input_ids, batch.attention_mask, 90)
+        assert torch.allclose(scores, rm.sequence_scores(batch.input_ids, batch.attention_mask), atol=1e-5)
+
+
+def _grads_after_update(batch: RLBatch, role: str, **learner_kwargs) -> tuple[list[torch.Tensor], dict]:
+    if role == "actor":
+        model = build_causal_lm("tiny", seed=0)
+        algo = get_algorithm("grpo")(kl_coef=0.1, entropy_coef=0.01, clip_eps=0.1)
+    else:
+        model = build_value_model("tiny", seed=0)
+        torch.nn.init.normal_(model.head.weight, std=0.1, generator=torch.Generator().manual_seed(0))
+        algo = get_algorithm("ppo")(value_clip=0.05)
+    learner = Learner(model, torch.optim.SGD(model.parameters(), lr=0.0), algo, role=role, max_grad_norm=None,
+                      recompute_proximal=role == "actor", **learner_kwargs)
+    stats = learner.update(batch)
+    return [p.grad.detach().clone() for p in model.parameters()], stats
+
+
+@pytest.mark.parametrize("role", ["actor", "critic"])
+def test_packed_update_equals_padded_update(role):
+    batch = ragged_batch()
+    (get_algorithm("grpo")() if role == "actor" else get_algorithm("ppo")()).advantages(batch)
+    padded, padded_stats = _grads_after_update(copy.deepcopy(batch), role, micro_batches=2)
+    for budget in (72, 200, 10_000):
+        packed, stats = _grads_after_update(copy.deepcopy(batch), role, max_tokens_per_microbatch=budget)
+        for a, b in zip(padded, packed, strict=True):
+            assert torch.allclose(a, b, atol=1e-6, rtol=1e-4), (budget, float((a - b).abs().max()))
+        loss = "policy_loss" if role == "actor" else "value_loss"
+        if budget == 10_000:  # one micro-batch per side when the padded update runs one too
+            whole, whole_stats = _grads_after_update(copy.deepcopy(batch), role, micro_batches=1)
+            assert stats[loss] == pytest.approx(whole_stats[loss], rel=1e-4, abs=1e-6)
+    assert any(g.abs().sum() > 0 for g in padded)
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(1, 50), min_size=0, max_size=40), budget=st.integers(1, 120),
+       count=st.integers(1, 12))
+def test_token_budget_groups_cover_every_sequence_once_within_the_budget(lengths, budget, count):
+    groups = micro_batches_by_tokens(lengths, budget, count)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    assert len(groups) >= count
+    for g in groups:
+        assert len(g) == 1 or sum(lengths[i] for i in g) <= budget  # only a lone long sequence goes over
+        assert g == sorted(g)
+    if len(lengths) >= count:
+        assert all(groups)  # empty groups only when there are fewer sequences than groups
+    fewest = micro_batch_count(lengths, budget)
+    assert len(groups) == max(count, fewest)
+    assert fewest >= max(1, -(-sum(min(n, budget) for n in lengths) // budget))  # no fewer than the tokens need
+
+
+def test_budget_below_the_longest_sequence_is_refused_by_name():
+    data = {"models": {"actor": "tiny"}, "prompt_len": {"mean": 8, "max": 16},
+            "response_len": {"mean": 32, "max": 64}, "training": {"max_tokens_per_microbatch": 79}}
+    with pytest.raises(SpecError, match="max_tokens_per_microbatch"):
+        WorkloadSpec.from_dict(data, file="w.yaml").validate()
+    data["training"]["max_tokens_per_microbatch"] = 80
+    WorkloadSpec.from_dict(data, file="w.yaml").validate()
+
+
+def test_varlen_attention_splits_packed_rows_without_an_n_squared_mask(monkeypatch):
+    import hetprof.executor.varlen_attention as varlen
+
+    batch = ragged_batch()
+    packed = pack(batch.input_ids, batch.attention_mask)
+    lengths = batch.attention_mask.sum(1)
+    assert varlen.sequence_starts(packed.position_ids) == [0, *lengths.cumsum(0).tolist()]
+    block_mask = build_causal_lm("tiny", seed=0, attn_implementation="sdpa").eval()  # transformers' N × N mask
+    per_sequence = build_causal_lm("tiny", seed=0).eval()
+    assert per_sequence.config._attn_implementation == varlen.VARLEN_ATTENTION
+
+    def no_mask(*args, **kwargs):
+        raise AssertionError("a packed row needs no mask")
+
+    with torch.no_grad():
+        expected = block_mask(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False).logits
+        monkeypatch.setattr(varlen, "sdpa_mask", no_mask)
+        got = per_sequence(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False).logits
+    assert torch.allclose(got, expected, atol=1e-5)
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(0, 300), min_size=3, max_size=40),
+       shares=st.lists(st.floats(0.05, 1.0), min_size=1, max_size=3))
+def test_token_shares_cut_consecutive_slices_near_each_replicas_token_share(lengths, shares):
+    slices = token_share_slices(lengths, shares)
+    assert [s.start for s in slices[1:]] == [s.stop for s in slices[:-1]] and slices[-1].stop == len(lengths)
+    assert all(s.stop - s.start >= 1 for s in slices)
+    running = [0]
+    for n in lengths:
+        running.append(running[-1] + n)
+    target = 0.0
+    for k, cut in enumerate(s.stop for s in slices[:-1]):
+        target += running[-1] * shares[k] / sum(shares)
+        lo, hi = slices[k].start + 1, len(lengths) - (len(shares) - k - 1)
+        best = min(range(lo, hi + 1), key=lambda c: abs(running[c] - target))
+        assert abs(running[cut] - target) == abs(running[best] - target)  # no cut in reach comes closer
+
+
+def test_priced_pass_records_packed_work_at_the_planners_shape():
+    mask = ragged_batch().attention_mask  # 8 rows, 72 wide, lengths 43..64 and short ones
+    lengths = mask.sum(1)
+    assert priced_pass(mask, None) == (8, 72, 1.0)
+    assert priced_pass(mask, None, groups=2) == (4, 72, 1.0)
+    rows, tokens, passes = priced_pass(mask, 80)
+    assert passes == micro_batch_count(lengths.tolist(), 80) and rows == -(-8 // int(passes))
+    assert tokens == round(float(lengths.float().mean()))
+    assert priced_pass(mask, 80, groups=2, passes=2.0) == (2, tokens, 2.0)
