@@ -110,7 +110,9 @@ def launch(options: RunOptions, nnodes: int = 1, node_rank: int = 0, rdzv: str |
         rdzv_configs={"is_host": node_rank == 0, "join_timeout": max(60, int(options.timeout_s))},
         max_restarts=0, monitor_interval=0.2, start_method="spawn",
         logs_specs=DefaultLogsSpecs(log_dir=log_dir), local_addr=local_addr,
-        shutdown_timeout=5,  # seconds between SIGTERM and SIGKILL for the survivors of a failure
+        # seconds between SIGTERM and SIGKILL when the agent itself is signalled; after a worker
+        # failure torch waits its own 30 s for a survivor that ignores SIGTERM
+        shutdown_timeout=5,
     )
     env_before = os.environ.get("OMP_NUM_THREADS")
     if plan_is_cpu(plan):

@@ -221,7 +221,14 @@ def test_hung_worker_stops_the_run_within_the_timeout_naming_it(tmp_path):
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         pids = json.loads(log.read_text().splitlines()[-1])["pids"]
         os.kill(pids["localhost:0"], signal.SIGSTOP)  # the generator hangs (alive, silent)
-        _, err = proc.communicate(timeout=90)  # --timeout 5 bounds it; TimeoutExpired fails the test
+        deadline = time.time() + 90  # --timeout 5 bounds it: the peer gives up on the hung generator
+        while time.time() < deadline and alive(pids["localhost:1"]):
+            time.sleep(0.2)
+        assert not alive(pids["localhost:1"]), "the peer never gave up on the hung generator"
+        # A hung process still takes the agent's SIGTERM; a stopped one holds it pending (torch then
+        # waits 30 s before SIGKILL), so it resumes only once its peer has given up on it.
+        os.kill(pids["localhost:0"], signal.SIGCONT)
+        _, err = proc.communicate(timeout=90)
     finally:
         if proc.poll() is None:
             proc.kill()
