@@ -85,7 +85,8 @@ def launch(options: RunOptions, nnodes: int = 1, node_rank: int = 0, rdzv: str |
     options = dataclasses.replace(options, backend=check_backend(plan, options.backend, options.plan_path))
     check_inputs(plan, options.plan_path, options.backend, options.reward, options.prompts, options.seed,
                  {"--log": (options.log, "file"), "--checkpoint-dir": (options.checkpoint_dir, "folder"),
-                  "--db": (options.db, "file")})
+                  "--db": (options.db, "file"), "--tensorboard-dir": (options.tensorboard_dir, "folder"),
+                  "--trace": (options.trace_dir, "folder")})
     check_supported(plan)
     host = node_host(plan, nnodes, node_rank)
     if options.resume and node_rank == 0:

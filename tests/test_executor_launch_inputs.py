@@ -74,6 +74,8 @@ def test_a_malformed_prompts_file_is_refused_before_any_worker(tmp_path, no_work
     (["--checkpoint-dir", "{tmp}/plan.json/ckpt"], "--checkpoint-dir {tmp}/plan.json/ckpt: cannot write there "
                                                    "({tmp}/plan.json is a file, not a folder)"),
     (["--log", "{tmp}/plan.json/run.jsonl"], "is a file, not a folder"),
+    (["--tensorboard-dir", "{tmp}/plan.json/tb"], "--tensorboard-dir {tmp}/plan.json/tb: cannot write there"),
+    (["--trace", "{tmp}/plan.json/trace"], "--trace {tmp}/plan.json/trace: cannot write there"),
     (["--prompts", "{tmp}/long.jsonl"], "long.jsonl:3: the prompt's 511 tokens + response_len.max 3 exceed the "
                                         "model's 512 positions"),
 ])
