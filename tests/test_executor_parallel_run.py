@@ -1,4 +1,4 @@
-"""`hetprof run` of plans whose training is tensor- or pipeline-parallel, end to end on 4 CPU slots.
+"""`hetprof run` of plans whose training is tensor- or pipeline-parallel (one of them packed), end to end on 4 CPU slots.
 
 The runtime must hand every rank of a training replica its rows, gather a sharded trainer's weights
 for the sync (checked bitwise on every generator by --verify-sync), and checkpoint per shard so a
@@ -26,8 +26,10 @@ def run(plan: Path, tmp: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=tmp)
 
 
-def _plan(tmp: Path, train: dict, ref: dict) -> Path:
+def _plan(tmp: Path, train: dict, ref: dict, max_tokens: int | None = None) -> Path:
     d = make_plan(train, ref=ref).to_dict()
+    if max_tokens:  # packed token-budget micro-batches in training and inference
+        d["workload"]["training"]["max_tokens_per_microbatch"] = max_tokens
     for t in d["tasks"]:
         if t["task"] == "actor_gen":  # two generators, so the sync reaches ranks outside replica 0
             t["layout"] = {"dp": 2, "tp": 1, "pp": 1}
@@ -60,12 +62,16 @@ def test_pp2_x_dp2_training_with_pipelined_reference_runs_syncs_bitwise_and_resu
     assert len({r["run"] for r in records}) == 1 and records[1]["sync_verified"] is True
 
 
-def test_tp2_x_dp2_training_runs_and_syncs_bitwise(tmp_path):
-    plan = _plan(tmp_path, {"actor_train": ([[DEVS[0:2]], [DEVS[2:4]]], [0.5, 0.5])}, {})
+def test_tp2_x_dp2_training_runs_packed_and_syncs_bitwise(tmp_path):
+    # packed micro-batches of one ~70-token sequence each, split between the replicas by tokens: the
+    # reference and the tensor-parallel update still see the generator's log-probs at the first step
+    plan = _plan(tmp_path, {"actor_train": ([[DEVS[0:2]], [DEVS[2:4]]], [0.5, 0.5])}, {}, max_tokens=80)
     done = run(plan, tmp_path, "--iterations", "2")
     assert done.returncode == 0, done.stderr[-3000:]
     records = read_log(tmp_path / "run.jsonl")
     assert [r["iteration"] for r in records] == [0, 1]
     assert all(r["sync_verified"] is True for r in records)
     assert records[0]["layouts"]["actor_train"] == "DP2×TP2×PP1"
+    # timed as the plan prices packed passes: one sequence a micro-batch (padded: each replica's two rows)
+    assert {t["batch"] for t in records[0]["phase_times"]["actor_train"]} == {1}
     assert records[0]["kl"] < 1e-4
