@@ -7,33 +7,17 @@ runs end to end on a tiny evaluation budget and that the grids are the ones the 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import math
-import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
+from bench_modules import load_bench
 
 from hetprof.costmodels import get_cost_model
 from hetprof.planner.search.subpools import restricted_cluster, sub_clusters
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
-
-
-def _load(name: str):
-    """A bench module by file path (bench/ is scripts, not a package); siblings resolve by name."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-checks = _load("planner_checks")
-bench = _load("planner_bench")
+checks = load_bench("planner_checks")
+bench = load_bench("planner_bench")
 
 
 def test_the_full_grid_and_the_subset():

@@ -6,34 +6,19 @@ job (bench/published_bench.py), and a model change that moves a ratio must not f
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from bench_modules import load_bench
 
 from hetprof.costmodels import get_cost_model
 from hetprof.errors import SpecError
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
-
-
-def _load(name: str):
-    """A bench module by file path (bench/ is scripts, not a package); siblings resolve by name."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-cases_mod = _load("published_cases")
-calibration = _load("published_calibration")
+cases_mod = load_bench("published_cases")
+calibration = load_bench("published_calibration")
 CASES = cases_mod.load_cases()
 
 
@@ -74,7 +59,7 @@ def _copy_case(tmp_path: Path) -> Path:
 
 def test_a_layout_naming_an_unknown_group_is_refused_with_its_field(tmp_path):
     folder = _copy_case(tmp_path)
-    data = yaml.safe_load((folder / "case.yaml").read_text())
+    data = yaml.safeload_bench((folder / "case.yaml").read_text())
     data["layout"]["tasks"]["training"]["group"] = "nowhere"
     (folder / "case.yaml").write_text(yaml.safe_dump(data))
     with pytest.raises(SpecError) as err:
@@ -84,7 +69,7 @@ def test_a_layout_naming_an_unknown_group_is_refused_with_its_field(tmp_path):
 
 def test_a_case_without_a_published_time_is_refused(tmp_path):
     folder = _copy_case(tmp_path)
-    data = yaml.safe_load((folder / "case.yaml").read_text())
+    data = yaml.safeload_bench((folder / "case.yaml").read_text())
     data["published"].pop("step_s")
     (folder / "case.yaml").write_text(yaml.safe_dump(data))
     with pytest.raises(SpecError, match="published"):
@@ -95,7 +80,7 @@ def test_a_case_without_a_published_time_is_refused(tmp_path):
                                                      ("offload", ["nowhere"], "layout.offload[0]")])
 def test_an_unknown_engine_or_offload_group_is_refused_with_its_field(tmp_path, key, value, field):
     folder = _copy_case(tmp_path)
-    data = yaml.safe_load((folder / "case.yaml").read_text())
+    data = yaml.safeload_bench((folder / "case.yaml").read_text())
     (data["layout"] if key == "offload" else data)[key] = value
     (folder / "case.yaml").write_text(yaml.safe_dump(data))
     with pytest.raises(SpecError) as err:
@@ -114,7 +99,7 @@ def test_engine_and_offload_are_what_the_sources_ran():
 
 def test_groups_larger_than_the_cluster_are_refused(tmp_path):
     folder = _copy_case(tmp_path)
-    data = yaml.safe_load((folder / "case.yaml").read_text())
+    data = yaml.safeload_bench((folder / "case.yaml").read_text())
     first = next(iter(data["layout"]["groups"]))
     data["layout"]["groups"][first] = 4096
     (folder / "case.yaml").write_text(yaml.safe_dump(data))
