@@ -59,7 +59,7 @@ def _copy_case(tmp_path: Path) -> Path:
 
 def test_a_layout_naming_an_unknown_group_is_refused_with_its_field(tmp_path):
     folder = _copy_case(tmp_path)
-    data = yaml.safeload_bench((folder / "case.yaml").read_text())
+    data = yaml.safe_load((folder / "case.yaml").read_text())
     data["layout"]["tasks"]["training"]["group"] = "nowhere"
     (folder / "case.yaml").write_text(yaml.safe_dump(data))
     with pytest.raises(SpecError) as err:
@@ -69,7 +69,7 @@ def test_a_layout_naming_an_unknown_group_is_refused_with_its_field(tmp_path):
 
 def test_a_case_without_a_published_time_is_refused(tmp_path):
     folder = _copy_case(tmp_path)
-    data = yaml.safeload_bench((folder / "case.yaml").read_text())
+    data = yaml.safe_load((folder / "case.yaml").read_text())
     data["published"].pop("step_s")
     (folder / "case.yaml").write_text(yaml.safe_dump(data))
     with pytest.raises(SpecError, match="published"):
@@ -80,7 +80,7 @@ def test_a_case_without_a_published_time_is_refused(tmp_path):
                                                      ("offload", ["nowhere"], "layout.offload[0]")])
 def test_an_unknown_engine_or_offload_group_is_refused_with_its_field(tmp_path, key, value, field):
     folder = _copy_case(tmp_path)
-    data = yaml.safeload_bench((folder / "case.yaml").read_text())
+    data = yaml.safe_load((folder / "case.yaml").read_text())
     (data["layout"] if key == "offload" else data)[key] = value
     (folder / "case.yaml").write_text(yaml.safe_dump(data))
     with pytest.raises(SpecError) as err:
@@ -99,7 +99,7 @@ def test_engine_and_offload_are_what_the_sources_ran():
 
 def test_groups_larger_than_the_cluster_are_refused(tmp_path):
     folder = _copy_case(tmp_path)
-    data = yaml.safeload_bench((folder / "case.yaml").read_text())
+    data = yaml.safe_load((folder / "case.yaml").read_text())
     first = next(iter(data["layout"]["groups"]))
     data["layout"]["groups"][first] = 4096
     (folder / "case.yaml").write_text(yaml.safe_dump(data))
