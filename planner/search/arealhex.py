@@ -61,7 +61,7 @@ def rollout_milp(sim, devices: list[str], max_tp: int) -> tuple[int, dict[str, i
     prob += pulp.lpSum(z.values()) == 1
     for key, (_, groups) in options.items():
         prob += n[key] <= groups * z[key[0]]
-    prob.solve(cbc(msg=False, timeLimit=10, threads=1))
+    prob.solve(cbc(msg=False, timeLimit=10))
     if pulp.LpStatus[prob.status] != "Optimal":
         return None
     tp = next(t for t in tps if (z[t].value() or 0) > 0.5)

@@ -70,7 +70,7 @@ def _solve_once(prob: Any, limit: float, warm: bool, max_nodes: int | None) -> d
 
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "cbc.log"
-        solver = cbc(msg=False, timeLimit=limit, warmStart=warm, logPath=str(log), threads=1,
+        solver = cbc(msg=False, timeLimit=limit, warmStart=warm, logPath=str(log),
                      maxNodes=int(max_nodes) if max_nodes is not None else None)
         status = prob.solve(solver)
         text = log.read_text() if log.exists() else ""
