@@ -2,10 +2,14 @@
 
 Torch's elastic agent starts one process per planned device of the host and sets RANK, WORLD_SIZE,
 LOCAL_RANK, MASTER_ADDR and MASTER_PORT; local rank i runs the host's i-th planned device.
+
+The launcher imports this module only to name `worker_main`; the runtime (and with it transformers)
+is imported inside the worker, so the launching process stays light.
 """
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import faulthandler
 import os
@@ -23,7 +27,6 @@ from hetprof.executor.launch_checks import check_supported, device_kind, host_de
 from hetprof.executor.options import RunOptions
 from hetprof.executor.peerloss import linger_if_peer_lost
 from hetprof.executor.process_groups import ProcessGroups
-from hetprof.executor.runtime import Worker
 from hetprof.executor.topology import Topology
 from hetprof.hostmemory import keep_freed_memory
 from hetprof.specs import Plan
@@ -37,11 +40,25 @@ def worker_main(options: RunOptions, host: str) -> None:
     """
     try:
         _worker(options, host)
+        atexit.register(leave_without_teardown)
     except BaseException as exc:
         sys.stdout.flush()
         sys.stderr.flush()
         linger_if_peer_lost(exc)  # so the agent names the peer that died first (peerloss.py)
         os._exit(1)
+
+
+def leave_without_teardown() -> None:
+    """At exit of a worker that finished its work: run the other exit handlers, then end the process
+    without the interpreter's module teardown. With torch and transformers loaded that teardown is
+    seconds of CPU per worker, times the workers of a host, and has nothing left to do: the recorder,
+    the process groups and any engine are closed, and the agent has read the worker's return value.
+    Registered only on success, so a failed worker still exits through its own path with its code."""
+    atexit.unregister(leave_without_teardown)
+    atexit._run_exitfuncs()  # the handlers registered before this one, exactly once
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 @record
@@ -67,6 +84,8 @@ def _worker(options: RunOptions, host: str) -> None:
 
 def _run(options: RunOptions, plan: Plan, device_id: str, device: torch.device) -> None:
     """Meet the other workers, build the topology and the process groups, and run the loop."""
+    from hetprof.executor.runtime import Worker  # in the worker only (module docstring)
+
     ids: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(ids, device_id)
     if len(set(ids)) != len(ids):
