@@ -9,7 +9,6 @@ is imported inside the worker, so the launching process stays light.
 
 from __future__ import annotations
 
-import atexit
 import datetime
 import faulthandler
 import os
@@ -29,6 +28,7 @@ from hetprof.executor.peerloss import linger_if_peer_lost
 from hetprof.executor.process_groups import ProcessGroups
 from hetprof.executor.topology import Topology
 from hetprof.hostmemory import keep_freed_memory
+from hetprof.processes import skip_teardown_at_exit
 from hetprof.specs import Plan
 
 
@@ -40,25 +40,12 @@ def worker_main(options: RunOptions, host: str) -> None:
     """
     try:
         _worker(options, host)
-        atexit.register(leave_without_teardown)
+        skip_teardown_at_exit()  # success: nothing left for the interpreter's slow teardown
     except BaseException as exc:
         sys.stdout.flush()
         sys.stderr.flush()
         linger_if_peer_lost(exc)  # so the agent names the peer that died first (peerloss.py)
         os._exit(1)
-
-
-def leave_without_teardown() -> None:
-    """At exit of a worker that finished its work: run the other exit handlers, then end the process
-    without the interpreter's module teardown. With torch and transformers loaded that teardown is
-    seconds of CPU per worker, times the workers of a host, and has nothing left to do: the recorder,
-    the process groups and any engine are closed, and the agent has read the worker's return value.
-    Registered only on success, so a failed worker still exits through its own path with its code."""
-    atexit.unregister(leave_without_teardown)
-    atexit._run_exitfuncs()  # the handlers registered before this one, exactly once
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 @record

@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from hetprof.distributed import leave_process_group
+from hetprof.processes import skip_teardown_at_exit
 
 # bus-bandwidth factors of nccl-tests: what each rank's link must carry relative to S / t
 BUS_FACTORS = {
@@ -62,6 +63,7 @@ def worker(rank: int, world: int, init_method: str, backend: str, ops: list[str]
             results.put(("error", f"{type(exc).__name__}: {exc}"))
         raise
     leave_process_group()  # on success only: after a failure a peer may be gone, and the process exits
+    skip_teardown_at_exit()
 
 
 def verify(dist, torch, op: str, world: int, device) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from hetprof.distributed import leave_process_group
 from hetprof.hostmemory import keep_freed_memory
+from hetprof.processes import skip_teardown_at_exit
 
 
 def worker(rank: int, world: int, init_method: str, backend: str, points: list[dict], warmup: int, repeats: int,
@@ -42,6 +43,7 @@ def worker(rank: int, world: int, init_method: str, backend: str, points: list[d
             results.put(("error", f"{type(exc).__name__}: {exc}"))
         raise
     leave_process_group()  # on success only: after a failure a peer may be gone, and the process exits
+    skip_teardown_at_exit()
 
 
 def _one_point(dist: Any, torch: Any, point: dict, device: Any, warmup: int, repeats: int) -> dict:

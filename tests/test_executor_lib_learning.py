@@ -19,6 +19,7 @@ from hetprof.executor.logprobs import token_logprobs
 from hetprof.executor.modeling import build_causal_lm, build_value_model
 from hetprof.executor.rewards import get_reward
 from hetprof.executor.tokenizer import CharTokenizer
+from hetprof.processes import skip_teardown_at_exit
 
 TOK = CharTokenizer()
 
@@ -136,6 +137,7 @@ def _ddp_worker(rank: int, world: int, init: str, path: str, rows: list[list[int
     torch.set_num_threads(1)
     _ddp_update(rank, path, rows)
     leave_process_group()  # with the DDP model out of scope: nothing holds the group at exit
+    skip_teardown_at_exit()  # no interpreter teardown of torch and transformers per process
 
 
 def _ddp_update(rank: int, path: str, rows: list[list[int]]) -> None:

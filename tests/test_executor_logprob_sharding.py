@@ -26,6 +26,7 @@ from hetprof.executor.learner import Learner
 from hetprof.executor.modeling import build_causal_lm
 from hetprof.executor.records import read_log
 from hetprof.executor.tokenizer import CharTokenizer
+from hetprof.processes import skip_teardown_at_exit
 from hetprof.specs import ClusterSpec, WorkloadSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,6 +88,7 @@ def _sharded_worker(rank: int, world: int, init: str, path: str, rows: list[list
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     _sharded_update(rank, path, rows, sharding)
     leave_process_group()  # after the model and its groups' users are out of scope
+    skip_teardown_at_exit()  # no interpreter teardown of torch and transformers per process
 
 
 def _sharded_update(rank: int, path: str, rows: list[list[int]], sharding: str) -> None:

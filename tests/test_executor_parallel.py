@@ -29,6 +29,7 @@ from hetprof.executor.parallel import ShardedModel
 from hetprof.executor.process_groups import ProcessGroups
 from hetprof.executor.topology import Topology
 from hetprof.executor.weightsync import WeightSync, copy_into, state_digest
+from hetprof.processes import skip_teardown_at_exit
 from hetprof.specs import ClusterSpec, Plan, WorkloadSpec
 
 pytestmark = pytest.mark.slow  # multi-process: `make test-fast` leaves it out
@@ -144,6 +145,7 @@ def _worker(rank: int, init: str, out: str) -> None:
     torch.set_num_threads(1)
     _checks(rank, Path(out))
     leave_process_group()
+    skip_teardown_at_exit()  # no interpreter teardown of torch and transformers per process
 
 
 def _checks(rank: int, out: Path) -> None:

@@ -16,6 +16,7 @@ from torch import nn
 
 from hetprof.distributed import file_init_method, leave_process_group
 from hetprof.executor.weightsync import WeightSync, copy_into, flatten_params, make_buckets, state_digest
+from hetprof.processes import skip_teardown_at_exit
 
 pytestmark = pytest.mark.slow  # multi-process: `make test-fast` leaves it out
 
@@ -36,6 +37,7 @@ def _worker(rank: int, init: str, out: str) -> None:
     torch.set_num_threads(1)
     _checks(rank, out)
     leave_process_group()
+    skip_teardown_at_exit()  # no interpreter teardown of torch and transformers per process
 
 
 def _checks(rank: int, out: str) -> None:

@@ -16,6 +16,7 @@ from hetprof.distributed import file_init_method, leave_process_group
 from hetprof.executor.algorithms import RLBatch, get_algorithm
 from hetprof.executor.learner import Learner
 from hetprof.executor.modeling import build_causal_lm
+from hetprof.processes import skip_teardown_at_exit
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -43,6 +44,7 @@ def _worker(rank: int, world: int, init: str, path: str) -> None:
         torch.save(grads, path + ".out")
     del ddp
     leave_process_group()
+    skip_teardown_at_exit()  # no interpreter teardown of torch and transformers per process
 
 
 @pytest.mark.slow
