@@ -177,7 +177,7 @@ class ArealHexSearch(Search):
             c_roll = sum(sec.get(t, 0.0) for t in roll_tasks) + sum(
                 v for k, v in score.transfer_s.items() if k.startswith(f"weights:{Task.ACTOR_TRAIN}"))
             visited.append({"gamma": round(gamma, 4), "c_train": c_train, "c_rollout_reward_sync": c_roll,
-                            "value": value})
+                            "value": value, "rollout": cand.layout(Task.ACTOR_GEN).describe()})
             if c_train > c_roll:
                 lo = gamma
             else:
