@@ -48,10 +48,17 @@ def phase_row(record: Mapping[str, Any], work: Mapping[str, Any], phase: Mapping
         "device_name": phase.get("device_type"), "catalog_type": phase.get("device_type"), "host": None,
         "seq": seq, "model": str(model.get("name", "custom")), "layers_run": layers, **shape, "batch": batch,
         ("context_len" if kind == "decode" else "seq_len"): tokens, "dtype": phase.get("dtype") or "bf16",
-        "with_head": bool(phase.get("with_head", True)), "tp": int(work.get("tp", 1) or 1),
+        "with_head": bool(phase.get("with_head", True)), "tp": _tp(work, phase.get("device")),
         "threads": phase.get("threads"), "source": SOURCE, "run_key": str(record["run"]),
         "dp": int(work.get("dp", 1) or 1), "dp_hosts": hosts_of(record.get("device_ids")), "seconds": seconds,
     }
+
+
+def _tp(work: Mapping[str, Any], device: Any) -> int:
+    """The TP degree the phase ran at: its device's own where a task's generation replicas differ."""
+    per_device = work.get("device_tp")
+    tp = per_device.get(device) if isinstance(per_device, Mapping) else None
+    return int(tp or work.get("tp", 1) or 1)
 
 
 def hosts_of(device_ids: Any) -> int:

@@ -25,7 +25,7 @@ from hetprof.specs import (
     WorkloadSpec,
 )
 from hetprof.specs import workload_tasks as tasks_of
-from hetprof.specs.vocabulary import Task
+from hetprof.specs.vocabulary import Task, TaskKind
 
 
 def handwritten_plan(cluster: ClusterSpec | Mapping[str, Any], workload: WorkloadSpec | Mapping[str, Any],
@@ -33,7 +33,8 @@ def handwritten_plan(cluster: ClusterSpec | Mapping[str, Any], workload: Workloa
                 predicted: Prediction | None = None, task_seconds: Mapping[str, float] | None = None,
                 sharding: Mapping[str, str] | None = None, backend: str = "hf") -> Plan:
     """A plan from placements: `placement[task]` lists each replica's device, or its list of devices
-    for tensor parallelism (all replicas of a task with the same TP degree); `shares[task]` their
+    for tensor parallelism (one TP degree for all replicas of a task, except that generation replicas
+    may differ: the plan's `replica_tp`); `shares[task]` their
     batch shares; `sharding[task]` a training task's data-parallel sharding (none, zero2, fsdp).
     A follower (the log-prob pass) goes where its leader goes unless placed."""
     cluster_d = cluster.to_dict() if isinstance(cluster, ClusterSpec) else dict(cluster)
@@ -49,10 +50,11 @@ def handwritten_plan(cluster: ClusterSpec | Mapping[str, Any], workload: Workloa
         devices = [[d] if isinstance(d, str) else list(d) for d in placement[task]]
         if not devices:
             raise SpecError(None, f"placement.{task}", "at least one device", devices)
-        tp = len(devices[0])
-        if any(len(d) != tp for d in devices):
-            raise SpecError(None, f"placement.{task}", "replicas with the same number of devices (TP degree)",
-                            devices)
+        degrees = [len(d) for d in devices]
+        tp = max(degrees)
+        if len(set(degrees)) > 1 and Task(task).kind != TaskKind.GENERATION:
+            raise SpecError(None, f"placement.{task}", "replicas with the same number of devices (TP degree; "
+                            "only generation replicas may differ)", devices)
         share = list((shares or {}).get(task) or [1.0 / len(devices)] * len(devices))
         if len(share) != len(devices):
             raise SpecError(None, f"shares.{task}", f"{len(devices)} shares (one per replica)", share)
@@ -61,7 +63,8 @@ def handwritten_plan(cluster: ClusterSpec | Mapping[str, Any], workload: Workloa
         role = Task(task).role
         n_layers = layers[role].layers
         placements.append(TaskPlacement(
-            task=task, group="", layout=Layout(dp=len(devices), tp=tp, sharding=(sharding or {}).get(task, "none")),
+            task=task, group="", layout=Layout(dp=len(devices), tp=tp, sharding=(sharding or {}).get(task, "none"),
+                                               replica_tp=degrees if len(set(degrees)) > 1 else None),
             tasklets=[Tasklet(replica=i, stage=0, devices=d, layer_start=0, layer_end=n_layers, batch_share=s)
                       for i, (d, s) in enumerate(zip(devices, share, strict=True))],
             predicted_s=(task_seconds or {}).get(task)))

@@ -93,8 +93,9 @@ def check_supported(plan: Plan, cuda_available: bool | None = None) -> str:
     for t in plan.tasks:
         splits = [tuple(k.layer_end - k.layer_start for k in sorted(t.tasklets, key=lambda k: k.stage) if k.replica == r)
                   for r in sorted({k.replica for k in t.tasklets})]
-        problems = layout_problems(t.task, t.kind, roles[t.role], t.layout.tp, t.layout.pp, splits, str(t.layout),
-                                   t.layout.sharding)
+        problems = [p for tp in sorted({t.layout.tp_of(r) for r in range(t.layout.dp)})  # each replica's degree
+                    for p in layout_problems(t.task, t.kind, roles[t.role], tp, t.layout.pp, splits, str(t.layout),
+                                             t.layout.sharding)]
         if problems:
             raise ExecutionError(f"{problems[0]}; it is refused rather than changed — replan with `hetprof plan` "
                                  f"(it plans within what `hetprof run` carries out unless given --any-layout) "

@@ -71,7 +71,8 @@ class ShardedModel:
                  head: str, micro_batches: int | None = None):
         tr = topo.tasks[task]
         self.task, self.rank, self.device = task, rank, device
-        self.pos = Position(*tr.position(rank), replicas=len(tr.ranks), stages=tr.pp, tp=tr.tp)
+        replica = tr.replica_of(rank)
+        self.pos = Position(*tr.position(rank), replicas=len(tr.ranks), stages=tr.pp, tp=tr.tp_of(replica))
         self.topo = topo
         self.groups = groups
         self.pipeline: Pipeline | None = None

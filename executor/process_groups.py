@@ -120,10 +120,10 @@ def _add_model_parallel(groups: dict[str, dist.ProcessGroup | None], topo: Topol
 
     training = t.kind == TaskKind.TRAINING
     replicas = range(len(t.ranks))
-    for r in replicas:
+    for r in replicas:  # a generation task's replicas may differ in TP: each gets groups of its own degree
         for s in range(t.pp):
-            add(ProcessGroups.tensor_name(task, r, s), [t.rank_at(r, s, j) for j in range(t.tp)])
-        for j in range(t.tp):
+            add(ProcessGroups.tensor_name(task, r, s), [t.rank_at(r, s, j) for j in range(t.tp_of(r))])
+        for j in range(t.tp_of(r)):
             add(ProcessGroups.pipeline_name(task, r, j), list(topo.pipeline_ranks(task, r, j)))
             if t.pp > 1 and training:
                 add(ProcessGroups.tied_name(task, r, j), [t.rank_at(r, 0, j), t.rank_at(r, t.pp - 1, j)])

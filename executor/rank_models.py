@@ -119,7 +119,7 @@ class RankModels:
         """Shard a generation/inference model over its replica's TP ranks and pipeline stages, or
         (one device) lay its weights out flat so weight syncs land in place."""
         tr = self.topo.tasks[task]
-        if tr.tp > 1 or tr.pp > 1:
+        if tr.tp_of(tr.replica_of(self.rank)) > 1 or tr.pp > 1:  # this rank's replica is TP- or PP-sharded
             self.sharded[task] = ShardedModel(model, self.topo, self.groups, task, self.rank, self.device, head)
             return self.sharded[task].module
         if flatten:

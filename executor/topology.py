@@ -19,8 +19,9 @@ from hetprof.specs.vocabulary import INFERENCE_ORDER, SYNC_EDGES, TRAINING_ORDER
 class TaskRanks:
     """One task as processes: the rank and batch share of each data-parallel replica.
 
-    A replica is `pp` stages of `tp` ranks; `tp_ranks[r]` lists all of replica r's ranks stage-major
-    (stage 0's TP ranks, then stage 1's, ...), and `stage_layers[r]` each stage's layer range.
+    A replica is `pp` stages of `tp_of(r)` ranks; `tp_ranks[r]` lists all of replica r's ranks
+    stage-major (stage 0's TP ranks, then stage 1's, ...), and `stage_layers[r]` each stage's layer
+    range. Only a generation task's replicas may differ in TP (the plan's `replica_tp`).
     """
 
     task: str
@@ -41,7 +42,12 @@ class TaskRanks:
 
     @property
     def tp(self) -> int:
-        return len(self.tp_ranks[0]) // self.pp if self.tp_ranks else 1
+        """The largest TP degree of the task's replicas (every replica's, unless they differ)."""
+        return max(self.tp_of(r) for r in range(len(self.ranks)))
+
+    def tp_of(self, replica: int) -> int:
+        """Replica `replica`'s TP degree."""
+        return len(self.tp_ranks[replica]) // self.pp if self.tp_ranks else 1
 
     @property
     def all_ranks(self) -> tuple[int, ...]:
@@ -62,10 +68,12 @@ class TaskRanks:
         """(replica, stage, TP index) of a rank of this task."""
         replica = self.replica_of(rank)
         i = (self.tp_ranks[replica] if self.tp_ranks else (rank,)).index(rank)
-        return replica, i // self.tp, i % self.tp
+        tp = self.tp_of(replica)
+        return replica, i // tp, i % tp
 
     def rank_at(self, replica: int, stage: int, tp_index: int) -> int:
-        return self.tp_ranks[replica][stage * self.tp + tp_index] if self.tp_ranks else self.ranks[replica]
+        return (self.tp_ranks[replica][stage * self.tp_of(replica) + tp_index] if self.tp_ranks
+                else self.ranks[replica])
 
 
 class Topology:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 
+from hetprof.specs.plan import layout_name
+
 
 @dataclasses.dataclass(frozen=True)
 class TaskLayout:
@@ -20,7 +22,9 @@ class TaskLayout:
     stage 1's, ...); `shares[r]` is its fraction of the batch; `layer_splits[r]` its layers per
     stage. Replicas may sit on different GPU types: shares and splits are how a search balances
     them to device speed. `sharding` is how a training task shards its state over its replicas
-    (none = DDP, zero1, zero2, fsdp; hetprof.specs.plan.SHARDING).
+    (none = DDP, zero1, zero2, fsdp; hetprof.specs.plan.SHARDING). A generation task's replicas may
+    differ in TP (AReaL-Hex's per-GPU-type rollout TP): replica r then holds replica_tp(r)*pp
+    devices and `tp` is the largest degree; every other task's replicas all have `tp`.
     """
 
     task: str
@@ -43,12 +47,20 @@ class TaskLayout:
     def devices(self) -> tuple[str, ...]:
         return tuple(d for r in self.replicas for d in r)
 
+    def replica_tp(self, replica: int) -> int:
+        """Replica `replica`'s TP degree: its devices per pipeline stage."""
+        return len(self.replicas[replica]) // self.pp
+
+    def tp_degrees(self) -> tuple[int, ...]:
+        """Each replica's TP degree (all equal to `tp` unless a generation task's replicas differ)."""
+        return tuple(len(r) // self.pp for r in self.replicas)
+
     def stage_devices(self, replica: int, stage: int) -> tuple[str, ...]:
-        return self.replicas[replica][stage * self.tp:(stage + 1) * self.tp]
+        tp = self.replica_tp(replica)
+        return self.replicas[replica][stage * tp:(stage + 1) * tp]
 
     def describe(self) -> str:
-        shard = "" if self.sharding == "none" else f" {self.sharding}"
-        return f"DP{self.dp}×TP{self.tp}×PP{self.pp}{shard}"
+        return layout_name(self.tp_degrees(), self.pp, self.sharding)
 
     @classmethod
     def even(cls, task: str, devices: Sequence[str], tp: int, pp: int, layers: int,

@@ -46,7 +46,8 @@ def to_plan(sim: Simulator, candidate: Candidate, score: Score | None = None, *,
                 start += layers
         peak = max(sim.task_eval(lay).memory[d].total for d in lay.devices())
         placements.append(TaskPlacement(task=t, group=group_name(group_of[t]),
-                                        layout=Layout(dp=lay.dp, tp=lay.tp, pp=lay.pp, sharding=_sharding(sim, lay)),
+                                        layout=Layout(dp=lay.dp, tp=lay.tp, pp=lay.pp, sharding=_sharding(sim, lay),
+                                                      replica_tp=_replica_tp(lay)),
                                         tasklets=tasklets,
                                         predicted_s=_finite(score.task_seconds.get(t)), memory_bytes=float(peak)))
     headroom = {d: float(sim.capacity[d] - score.memory_peak.get(d, 0.0)) for d in candidate.devices()}
@@ -92,6 +93,12 @@ def _sharding(sim, lay) -> str:
     """A layout's sharding as a plan records it: a training task's own; a follower runs on its
     leader's (sharded) model but shards no state of its own, so the plan says none."""
     return lay.sharding if sim.graph.kind_of(lay.task) == TaskKind.TRAINING else "none"
+
+
+def _replica_tp(lay: TaskLayout) -> list[int] | None:
+    """Each replica's TP degree where they differ (a plan names them only then)."""
+    degrees = lay.tp_degrees()
+    return list(degrees) if len(set(degrees)) > 1 else None
 
 
 def _finite(x: float | None) -> float | None:

@@ -34,8 +34,8 @@ def device_demands(plan: Plan) -> tuple[dict[str, list[tuple[str, float, float]]
         # a follower runs on its leader's model: sharded as its leader shards it
         dp, sharding = sharded.get(FOLLOWS.get(placement.task), (placement.layout.dp, placement.layout.sharding))
         model = roles[role]
-        tp = placement.layout.tp
         for k in placement.tasklets:
+            tp = placement.layout.tp_of(k.replica)  # a generation task's replicas may differ in TP
             layers = k.layer_end - k.layer_start
             batch = max(1, round(k.batch_share * n))
             for d in k.devices:

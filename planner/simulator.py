@@ -277,8 +277,10 @@ class Simulator:
         if lay.pp > layers:
             out.append(f"{t}: pp={lay.pp} exceeds the model's {layers} layers")
         seen: set[str] = set()
+        own_tp = self.graph.kind_of(t) == TaskKind.GENERATION  # only rollout replicas may differ in TP
         for r, devs in enumerate(lay.replicas):
-            if len(devs) != lay.tp * lay.pp:
+            tp = len(devs) // lay.pp if own_tp else lay.tp  # at most the layout's largest degree, tp
+            if not 1 <= tp <= lay.tp or len(devs) != tp * lay.pp:
                 out.append(f"{t}: replica {r} has {len(devs)} devices, tp*pp = {lay.tp * lay.pp} expected")
             for d in devs:
                 if d not in group:
@@ -303,7 +305,8 @@ class Simulator:
             out.append(f"{t}: {lay.sharding} sharding on a {self.graph.kind_of(t)} task (only training shards its state)")
         if self.executable:
             out.extend(f"{p} (`hetprof run` would refuse it; plan with --any-layout to allow it)"
-                       for p in executable.layout_problems(t, self.graph.kind_of(t), self.graph.model_of(t), lay.tp,
+                       for tp in sorted(set(lay.tp_degrees()))
+                       for p in executable.layout_problems(t, self.graph.kind_of(t), self.graph.model_of(t), tp,
                                                            lay.pp, lay.layer_splits, lay.describe(), lay.sharding))
         return out
 
@@ -384,7 +387,8 @@ class Simulator:
         model = self.graph.models[edge.model]
         if set(gen.devices()) <= set(train.devices()):  # colocated: reshard in place on every GPU
             pieces = shards * (train.dp if train.sharding == "fsdp" else 1)
-            seconds = self.cost_model.reshard_time(model, link, gen.tp, pieces, self.workload.precision)
+            # the smallest-TP generator gathers the largest shard, so it finishes last
+            seconds = self.cost_model.reshard_time(model, link, min(gen.tp_degrees()), pieces, self.workload.precision)
         else:
             seconds = self.cost_model.weight_sync_time(model, link, receivers=gen.dp, dtype=self.workload.precision,
                                                        shards=shards)

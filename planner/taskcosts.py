@@ -318,7 +318,7 @@ class TaskCosts:
         return [max(1, round(s * self.sequences)) if s > 0 else 0 for s in layout.shares]
 
     def _evaluate(self, layout: TaskLayout) -> TaskEval:
-        task, tp, pp = layout.task, layout.tp, layout.pp
+        task, pp = layout.task, layout.pp
         kind = self.graph.kind_of(task)
         model = self.graph.model_of(task)
         problems: list[str] = []
@@ -329,6 +329,8 @@ class TaskCosts:
         over: dict[tuple, list[str]] = {}
         for r, (devices, batch) in enumerate(zip(layout.replicas, self.batches(layout), strict=True)):
             split = layout.layer_splits[r]
+            # a generation task's replicas may differ in TP; every other task's share `tp`
+            tp = max(1, layout.replica_tp(r)) if kind == TaskKind.GENERATION else layout.tp
             if batch:
                 cost = self.replica(task, devices, tp, pp, batch, split)
                 replica_s.append(cost.seconds)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -81,19 +82,43 @@ class Layout:
     pp: int = field(1, help="pipeline stages", check=_degree, expect=_DEGREE)
     sharding: str = field("none", help="data-parallel sharding of training state: none (DDP), zero1, zero2, "
                           "fsdp (ZeRO-3)", check=lambda s: s in SHARDING, expect="one of " + ", ".join(SHARDING))
+    replica_tp: list[int] | None = field(None, help="a generation task's TP degree per replica when its replicas "
+                                         "differ (then tp is the largest); absent: every replica has tp",
+                                         check=lambda v: all(_degree(x) for x in v), expect=f"a list of {_DEGREE}s")
+
+    def tp_of(self, replica: int) -> int:
+        """Replica `replica`'s TP degree: its own where the replicas differ, else the common `tp`."""
+        return self.replica_tp[replica] if self.replica_tp else self.tp
 
     @property
     def world(self) -> int:
-        return self.dp * self.tp * self.pp
+        return sum(self.tp_of(r) for r in range(self.dp)) * self.pp
+
+    def validate(self) -> None:
+        if self.replica_tp is None:
+            return
+        if len(self.replica_tp) != self.dp:
+            raise SpecError(None, "replica_tp", f"one TP degree per replica (dp = {self.dp})", len(self.replica_tp))
+        if max(self.replica_tp) != self.tp:
+            raise SpecError(None, "tp", f"the largest of replica_tp ({max(self.replica_tp)})", self.tp)
 
     def __str__(self) -> str:
-        shard = "" if self.sharding == "none" else f" {self.sharding}"
-        return f"DP{self.dp}×TP{self.tp}×PP{self.pp}{shard}"
+        return layout_name(self.replica_tp or [self.tp] * self.dp, self.pp, self.sharding)
+
+
+def layout_name(degrees: Sequence[int], pp: int, sharding: str = "none") -> str:
+    """'DP2×TP2×PP1'; replicas of different TP are counted per degree: 'DP3(2×TP1+1×TP2)×PP1'."""
+    shard = "" if sharding == "none" else f" {sharding}"
+    counts = {tp: degrees.count(tp) for tp in dict.fromkeys(degrees)}
+    if len(counts) == 1:
+        return f"DP{len(degrees)}×TP{degrees[0]}×PP{pp}{shard}"
+    mix = "+".join(f"{n}×TP{tp}" for tp, n in counts.items())
+    return f"DP{len(degrees)}({mix})×PP{pp}{shard}"
 
 
 @dataclasses.dataclass
 class Tasklet:
-    """One (replica, stage) of a task: `tp` devices holding layers [layer_start, layer_end)."""
+    """One (replica, stage) of a task: its replica's TP degree of devices holding layers [layer_start, layer_end)."""
 
     replica: int = field(help="data-parallel replica index")
     stage: int = field(help="pipeline stage index")
@@ -200,14 +225,25 @@ class Plan:
             if t.layout.sharding != "none" and t.kind != TaskKind.TRAINING:
                 raise SpecError(None, f"{where}.layout.sharding", "none (only training tasks shard their state)",
                                 t.layout.sharding)
+            if t.layout.replica_tp is not None and t.kind != TaskKind.GENERATION:
+                raise SpecError(None, f"{where}.layout.replica_tp", "absent (only a generation task's replicas may "
+                                "differ in TP; the others average gradients or follow a trainer)", t.layout.replica_tp)
+            try:
+                t.layout.validate()
+            except SpecError as exc:  # a Layout built in code (not loaded) is checked here, path anchored
+                raise SpecError(None, f"{where}.layout.{exc.field}", exc.expected, exc.got) from None
             if len(t.tasklets) != t.layout.dp * t.layout.pp:
                 raise SpecError(None, f"{where}.tasklets", f"dp × pp = {t.layout.dp * t.layout.pp} tasklets",
                                 len(t.tasklets))
             layers = roles[t.role].layers
             for ki, k in enumerate(t.tasklets):
-                if len(k.devices) != t.layout.tp:
-                    raise SpecError(None, f"{where}.tasklets[{ki}].devices", f"tp = {t.layout.tp} devices",
-                                    len(k.devices))
+                if not 0 <= k.replica < t.layout.dp:
+                    raise SpecError(None, f"{where}.tasklets[{ki}].replica", f"a replica index below dp = "
+                                    f"{t.layout.dp}", k.replica)
+                tp = t.layout.tp_of(k.replica)
+                if len(k.devices) != tp:
+                    what = f"replica_tp[{k.replica}]" if t.layout.replica_tp else "tp"
+                    raise SpecError(None, f"{where}.tasklets[{ki}].devices", f"{what} = {tp} devices", len(k.devices))
                 for d in k.devices:
                     if d not in groups[t.group].devices:
                         raise SpecError(None, f"{where}.tasklets[{ki}].devices", f"devices of group {t.group}", d)
@@ -235,8 +271,9 @@ class Plan:
                 continue
             i, f = placed[follower]
             lead = placed[leader][1]
-            same = (f.group == lead.group and (f.layout.dp, f.layout.tp, f.layout.pp) ==
-                    (lead.layout.dp, lead.layout.tp, lead.layout.pp) and f.devices() == lead.devices())
+            same = (f.group == lead.group and (f.layout.dp, f.layout.tp, f.layout.pp, f.layout.replica_tp) ==
+                    (lead.layout.dp, lead.layout.tp, lead.layout.pp, lead.layout.replica_tp)
+                    and f.devices() == lead.devices())
             if not same:
                 raise SpecError(None, f"tasks[{i}]", f"{follower} on {leader}'s group, devices and layout "
                                 f"(it runs on {leader}'s workers with its weights)",

@@ -6,17 +6,20 @@ graph: a fraction γ of the cluster's compute goes to training, taken host by ho
 GPUs with the most FLOPs per byte of HBM bandwidth (training is compute-bound), with each region
 in turn offered first (the partition follows the interconnects too), the rest serves rollout; γ
 is found by binary search on which side is slower. Phase 1, for each rollout pool,
-is a MILP over rollout replica configurations per GPU type (how many TP-t replicas of each type,
-maximising generated sequences per second) — solved here with PuLP + CBC. Every visited plan is
-scored by the simulator and the best is returned.
+is a MILP over rollout replica configurations per GPU type (each type's own TP degree and how many
+replicas of it, maximising generated sequences per second) — solved here with PuLP + CBC; the
+generation layout is those replicas, each type at its own TP, with the batch balanced over them.
+Every visited plan is scored by the simulator and the best is returned.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from hetprof.errors import InfeasibleError
-from hetprof.planner.candidate import Candidate
+from hetprof.planner.balance import Curve, balance_shares
+from hetprof.planner.candidate import Candidate, TaskLayout
 from hetprof.planner.search import layouts, register_search
 from hetprof.planner.search.base import Ledger, Search, SearchResult
 from hetprof.planner.search.cbc import cbc
@@ -25,47 +28,106 @@ from hetprof.specs.vocabulary import Task
 GAMMA_STEPS = 10
 
 
-def rollout_milp(sim, devices: list[str], max_tp: int) -> tuple[int, dict[str, int]] | None:
-    """Phase 1: the rollout TP degree and replicas per type that maximise generation throughput."""
-    import pulp
+@dataclasses.dataclass(frozen=True)
+class RolloutOption:
+    """A TP degree for one GPU type's rollout replicas: the most replicas its hosts hold at that
+    degree and one replica's generation rate (sequences per second) at its share of the batch."""
 
-    types = sorted({sim.devices[d].type for d in devices})
+    gpu_type: str
+    tp: int
+    replicas: tuple[tuple[str, ...], ...]
+    rate: float
+
+
+def rollout_options(sim, devices: list[str], max_tp: int) -> list[RolloutOption]:
+    """Every (GPU type, TP degree) whose replica holds the generator and its share of the batch.
+
+    TP stays within a host; a degree is an option only where its replica fits in memory at
+    the batch it would serve if that type generated alone (a small-memory type may need TP2 where a
+    large one runs TP1)."""
     total = layouts.task_batch(sim)
     model = layouts.task_model(sim, Task.ACTOR_GEN)
-    per_host: dict[str, dict[str, int]] = {}
-    for d in devices:
-        dev = sim.devices[d]
-        per_host.setdefault(dev.type, {}).setdefault(dev.host, 0)
-        per_host[dev.type][dev.host] += 1
-    options = {}
-    for tp in layouts.degree_limits(sim, Task.ACTOR_GEN, max_tp)[0]:
-        for t in types:
-            groups = sum(n // tp for n in per_host[t].values())
-            if not groups:
+    order = layouts.canonical_order(sim, devices)
+    out = []
+    for t in sorted({sim.devices[d].type for d in devices}):
+        mine = [d for d in order if sim.devices[d].type == t]
+        for tp in layouts.degree_limits(sim, Task.ACTOR_GEN, max_tp)[0]:
+            replicas = tuple(layouts.arrange(sim, mine, tp, 1))
+            if not replicas:
                 continue
-            mine = [d for d in layouts.canonical_order(sim, devices) if sim.devices[d].type == t]
-            rep = layouts.arrange(sim, mine, tp, 1)[0]
-            batch = max(1, math.ceil(total / max(1, groups)))
-            s = layouts.replica_time(sim, Task.ACTOR_GEN, rep, tp, 1, batch, None)
-            if layouts.replica_overflow(sim, Task.ACTOR_GEN, rep, tp, (model.layers,), batch) > 0 or not math.isfinite(s):
+            batch = max(1, math.ceil(total / len(replicas)))
+            s = layouts.replica_time(sim, Task.ACTOR_GEN, replicas[0], tp, 1, batch, None)
+            if layouts.replica_overflow(sim, Task.ACTOR_GEN, replicas[0], tp, (model.layers,), batch) > 0 \
+                    or not math.isfinite(s):
                 continue
-            options[tp, t] = (batch / s, groups)
+            out.append(RolloutOption(t, tp, replicas, batch / s))
+    return out
+
+
+def rollout_milp(sim, devices: list[str], max_tp: int) -> dict[str, tuple[RolloutOption, int]] | None:
+    """Phase 1: per GPU type, the rollout TP degree and replica count maximising generation throughput.
+
+    Variables: n[o] replicas of option o (a type at a TP degree), z[o] whether type o.gpu_type
+    runs at degree o.tp. Maximise Σ rate·n subject to one degree per type (Σ_o∈type z ≤ 1),
+    n[o] ≤ the replicas its hosts hold · z[o], and no more replicas than sequences in the batch
+    (each replica serves at least one). Returns {type: (its option, replicas)} for the types used.
+    """
+    import pulp
+
+    options = rollout_options(sim, devices, max_tp)
     if not options:
         return None
     prob = pulp.LpProblem("arealhex_rollout", pulp.LpMaximize)
-    tps = sorted({tp for tp, _ in options})
-    z = {tp: prob.add_variable(f"z_{tp}", cat="Binary") for tp in tps}
-    n = {key: prob.add_variable(f"n_{key[0]}_{types.index(key[1])}", 0, groups, cat="Integer")
-         for key, (_, groups) in options.items()}
-    prob += pulp.lpSum(rate * n[key] for key, (rate, _) in options.items())
-    prob += pulp.lpSum(z.values()) == 1
-    for key, (_, groups) in options.items():
-        prob += n[key] <= groups * z[key[0]]
+    z = [prob.add_variable(f"z_{i}", cat="Binary") for i in range(len(options))]
+    n = [prob.add_variable(f"n_{i}", 0, len(o.replicas), cat="Integer") for i, o in enumerate(options)]
+    prob += pulp.lpSum(o.rate * n[i] for i, o in enumerate(options))
+    for t in {o.gpu_type for o in options}:
+        prob += pulp.lpSum(z[i] for i, o in enumerate(options) if o.gpu_type == t) <= 1
+    for i, o in enumerate(options):
+        prob += n[i] <= len(o.replicas) * z[i]
+    prob += pulp.lpSum(n) <= layouts.task_batch(sim)
     prob.solve(cbc(msg=False, timeLimit=10))
     if pulp.LpStatus[prob.status] != "Optimal":
         return None
-    tp = next(t for t in tps if (z[t].value() or 0) > 0.5)
-    return tp, {t: int(round(n[tp, t].value() or 0)) for t in types if (tp, t) in n}
+    chosen = {o.gpu_type: (o, int(round(n[i].value() or 0))) for i, o in enumerate(options)
+              if (z[i].value() or 0) > 0.5 and (n[i].value() or 0) > 0.5}
+    return chosen or None
+
+
+def rollout_layout(sim, chosen: dict[str, tuple[RolloutOption, int]]) -> TaskLayout | None:
+    """The generation layout phase 1 solved for: each type's replicas at its own TP degree, the
+    batch split by min-max balancing of their generation times (None if it cannot hold the batch)."""
+    total = layouts.task_batch(sim)
+    layers = layouts.task_model(sim, Task.ACTOR_GEN).layers
+    replicas, timers = [], []
+    for t in sorted(chosen):
+        option, count = chosen[t]
+        curve = Curve(_ReplicaTimer(sim, option.replicas[0], option.tp, layers), total)
+        replicas.extend(option.replicas[:count])
+        timers.extend([curve] * count)
+    counts = balance_shares(timers, total)
+    if counts is None:
+        return None
+    keep = [i for i, c in enumerate(counts) if c > 0]
+    return TaskLayout(Task.ACTOR_GEN, max(len(replicas[i]) for i in keep), 1, tuple(replicas[i] for i in keep),
+                      tuple(counts[i] / total for i in keep), tuple((layers,) for _ in keep))
+
+
+class _ReplicaTimer:
+    """One rollout replica kind's seconds at a batch (infinite where the batch overflows its memory)."""
+
+    def __init__(self, sim, replica: tuple[str, ...], tp: int, layers: int) -> None:
+        self.sim, self.replica, self.tp, self.layers = sim, replica, tp, layers
+
+    def fits(self, batch: int) -> bool:
+        return layouts.replica_overflow(self.sim, Task.ACTOR_GEN, self.replica, self.tp, (self.layers,), batch) <= 0
+
+    def __call__(self, batch: int) -> float:
+        if batch <= 0:
+            return 0.0
+        if not self.fits(batch):
+            return math.inf
+        return layouts.replica_time(self.sim, Task.ACTOR_GEN, self.replica, self.tp, 1, batch, (self.layers,))
 
 
 @register_search("arealhex")
@@ -115,7 +177,7 @@ class ArealHexSearch(Search):
             c_roll = sum(sec.get(t, 0.0) for t in roll_tasks) + sum(
                 v for k, v in score.transfer_s.items() if k.startswith(f"weights:{Task.ACTOR_TRAIN}"))
             visited.append({"gamma": round(gamma, 4), "c_train": c_train, "c_rollout_reward_sync": c_roll,
-                            "value": value})
+                            "value": value, "rollout": cand.layout(Task.ACTOR_GEN).describe()})
             if c_train > c_roll:
                 lo = gamma
             else:
@@ -161,10 +223,7 @@ class ArealHexSearch(Search):
                 return None, "train"
             lays[task] = lay
         phase1 = rollout_milp(sim, roll, ctx.max_tp)
-        if phase1 is None:
-            return None, "rollout"
-        tp, _replicas = phase1
-        gen = layouts.build_layout(sim, Task.ACTOR_GEN, layouts.canonical_order(sim, roll), tp, 1)
+        gen = rollout_layout(sim, phase1) if phase1 is not None else None
         if gen is None:
             return None, "rollout"
         lays[Task.ACTOR_GEN] = gen
