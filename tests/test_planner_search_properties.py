@@ -200,7 +200,7 @@ def test_clock_paced_hetrl_stops_at_its_deadline_with_a_plan():
     makes a plan certain however loaded the machine)."""
     sim = region_sim()
     warm = get_search("verl")(SearchContext(sim=sim, max_pp=2)).run()
-    ctx = SearchContext(sim=sim, seed=0, max_pp=2, time_budget_s=5.0, config=HetRLConfig(enumerate_limit=0),
+    ctx = SearchContext(sim=sim, seed=0, max_pp=2, time_budget_s=2.0, config=HetRLConfig(enumerate_limit=0),
                         warm_start=warm.candidate)
     res = get_search("hetrl")(ctx).run()
     assert res.extra["stopped_by"] == "time" and res.objective_value <= warm.objective_value
