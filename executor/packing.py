@@ -113,10 +113,15 @@ def packed_sequence_scores(model: torch.nn.Module, input_ids: torch.Tensor, atte
 
 def priced_pass(attention_mask: torch.Tensor, budget: int | None, groups: int = 1,
                 passes: float | None = None) -> tuple[int, int, float]:
-    """(sequences, tokens, passes) that one of `groups` equal parts (a learner's mini-batches) of these
-    rows is priced as (planner/taskcosts.py), so a run's timings are recorded at the shape the plan
-    priced: padded, the part's rows at the batch's width in one pass; packed, `passes` micro-batches
-    (default: as many as the budget fills for a part) of an equal share of its rows at their mean length."""
+    """(sequences, tokens, packs): the shape one of `groups` equal parts (a learner's mini-batches)
+    of these rows is priced at (planner/taskcosts.py), and how many of that shape its time holds.
+
+    Padded: the part's rows at the batch's width, once. Packed: `passes` micro-batches (default: as
+    many as the budget fills for a part) are priced as one pack of ceil(part / passes) sequences at
+    their mean length, times part / pack sequences; so a run's time over `packs` is one pack's time,
+    the very quantity the plan multiplied (the learner's real pass count would leave out the pack
+    fraction the plan scales by).
+    """
     rows, width = attention_mask.shape
     part = -(-rows // max(1, groups))
     if budget is None:
@@ -124,5 +129,5 @@ def priced_pass(attention_mask: torch.Tensor, budget: int | None, groups: int = 
     lengths = attention_mask.sum(1)
     if passes is None:
         passes = micro_batch_count(lengths[:part].tolist(), budget)
-    passes = max(1.0, float(passes))
-    return -(-part // max(1, round(passes))), max(1, round(float(lengths.float().mean()))), passes
+    per = -(-part // max(1, round(float(passes))))
+    return per, max(1, round(float(lengths.float().mean()))), part / per

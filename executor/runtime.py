@@ -280,6 +280,7 @@ class Worker:
             seconds = report.timed(tr.task, t0 + logprob)
             rows = part["input_ids"].shape[0]
             micro = stats.pop("micro_batches", 1.0)
+            stepping = stats.pop("optimizer_seconds", 0.0)
             if logprob:
                 report.timed(Task.ACTOR_LOGPROB, t0, t0 + logprob)
             if self.rank != tr.ranks[tr.replica_of(self.rank)]:
@@ -288,7 +289,7 @@ class Worker:
                 n, width, passes = priced_pass(part["attention_mask"], self.token_budget)
                 report.work_timings[Task.ACTOR_LOGPROB] = [prefill_timing(n, width, logprob / passes)]
             mini = self.workload.mini_batches
-            n, width, passes = priced_pass(part["attention_mask"], self.token_budget, mini, micro)
-            report.work_timings[tr.task] = [train_timing(n * mini, width, seconds / passes,
-                                                         self.workload.ppo_epochs, mini)]
+            n, width, packs = priced_pass(part["attention_mask"], self.token_budget, mini, micro)
+            report.work_timings[tr.task] = [train_timing(n * mini, width, seconds, self.workload.ppo_epochs, mini,
+                                                         packs, stepping)]
             report.train_stats[tr.task] = {"n": rows, **stats}

@@ -174,7 +174,26 @@ def test_priced_pass_records_packed_work_at_the_planners_shape():
     lengths = mask.sum(1)
     assert priced_pass(mask, None) == (8, 72, 1.0)
     assert priced_pass(mask, None, groups=2) == (4, 72, 1.0)
-    rows, tokens, passes = priced_pass(mask, 80)
-    assert passes == micro_batch_count(lengths.tolist(), 80) and rows == -(-8 // int(passes))
+    rows, tokens, packs = priced_pass(mask, 80)
+    m = micro_batch_count(lengths.tolist(), 80)  # 3 micro-batches of 8 rows: priced as 3-row packs
+    assert m == 3 and rows == 3
+    assert packs == pytest.approx(8 / 3)  # the plan's scale (sequences / pack's), not the pass count
     assert tokens == round(float(lengths.float().mean()))
     assert priced_pass(mask, 80, groups=2, passes=2.0) == (2, tokens, 2.0)
+    assert priced_pass(mask, 80, groups=2, passes=3.0) == (2, tokens, 2.0)  # 4 rows in packs of 2
+
+
+def test_a_packed_steps_record_prices_back_to_the_step_it_took():
+    """A run records a packed step as one pack's pass plus the step's one optimizer step (the unit
+    a profiled training row times); the planner prices `packs` such passes and one step, so the
+    record priced back is the measured step. Hand-computed: 2 steps of 0.5 s, 0.05 s of Adam each,
+    2.5 packs: one pack = 0.45 / 2.5 + 0.05 = 0.23 s."""
+    from hetprof.executor.iteration_report import train_timing
+    from hetprof.planner.taskcosts import packed_seconds
+
+    row = train_timing(12, 70, 1.0, ppo_epochs=1, mini_batches=2, packs=2.5, optimizer_seconds=0.1)
+    assert (row["batch"], row["steps"], row["packs"]) == (6, 2, 2.5)
+    assert row["seconds"] == pytest.approx(0.23)
+    assert packed_seconds(row["seconds"], row["packs"], 0.05) == pytest.approx(0.5)
+    padded = train_timing(12, 70, 1.0, ppo_epochs=1, mini_batches=2, optimizer_seconds=0.1)
+    assert padded["seconds"] == pytest.approx(0.5) and padded["packs"] == 1.0
