@@ -151,6 +151,51 @@ def test_varlen_attention_splits_packed_rows_without_an_n_squared_mask(monkeypat
     assert torch.allclose(got, expected, atol=1e-5)
 
 
+def test_flash_varlen_call_hands_the_kernel_the_packed_rows_bounds(monkeypatch):
+    """The flash path's layout on the CPU, with a stand-in kernel that reads only what flash
+    attention's varlen API gives it ([N, heads, d] states, int32 cumulative bounds)."""
+    import torch.nn.functional as F
+
+    import hetprof.executor.varlen_attention as varlen
+
+    def kernel(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, softmax_scale, causal):
+        assert cu_q.dtype == torch.int32 and torch.equal(cu_q, cu_k) and max_q == max_k and causal
+        assert max_q == int((cu_q[1:] - cu_q[:-1]).max())
+        parts = [F.scaled_dot_product_attention(q[a:b].transpose(0, 1), k[a:b].transpose(0, 1),
+                                                v[a:b].transpose(0, 1), is_causal=True, scale=softmax_scale,
+                                                enable_gqa=True).transpose(0, 1)
+                 for a, b in zip(cu_q[:-1].tolist(), cu_q[1:].tolist(), strict=True)]
+        return torch.cat(parts)
+
+    monkeypatch.setattr(varlen, "flash_attn_varlen_func", kernel)
+    gen = torch.Generator().manual_seed(0)
+    query, key, value = (torch.randn(1, h, 23, 8, generator=gen) for h in (4, 2, 2))
+    positions = torch.cat([torch.arange(n) for n in (5, 11, 7)])[None]
+    module = torch.nn.Module().eval()
+    loop, _ = varlen.varlen_attention_forward(module, query, key, value, None, scaling=0.3, position_ids=positions)
+    flash = varlen.flash_varlen(query, key, value, varlen.sequence_starts(positions), 0.0, 0.3)
+    assert flash.shape == loop.shape == (1, 23, 4, 8) and torch.allclose(flash, loop, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_flash_varlen_kernel_equals_the_per_sequence_loop_on_a_gpu(monkeypatch):
+    import hetprof.executor.varlen_attention as varlen
+
+    if varlen.flash_attn_varlen_func is None:
+        pytest.skip("flash-attn is not installed (a GPU build's package)")
+    if not torch.cuda.is_available():
+        pytest.skip("flash attention's varlen kernel needs a CUDA GPU")
+    batch = ragged_batch()
+    packed = pack(batch.input_ids, batch.attention_mask)
+    model = build_causal_lm("tiny", seed=0).eval().to("cuda", torch.bfloat16)
+    ids, positions = packed.input_ids.cuda(), packed.position_ids.cuda()
+    with torch.no_grad():
+        flash = model(input_ids=ids, position_ids=positions, use_cache=False).logits.float()
+        monkeypatch.setattr(varlen, "flash_attn_varlen_func", None)  # the per-sequence SDPA loop
+        loop = model(input_ids=ids, position_ids=positions, use_cache=False).logits.float()
+    assert torch.allclose(flash, loop, atol=3e-2, rtol=3e-2)
+
+
 @settings(max_examples=60, deadline=None)
 @given(lengths=st.lists(st.integers(0, 300), min_size=3, max_size=40),
        shares=st.lists(st.floats(0.05, 1.0), min_size=1, max_size=3))
