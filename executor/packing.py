@@ -111,8 +111,14 @@ def packed_sequence_scores(model: torch.nn.Module, input_ids: torch.Tensor, atte
     return values.gather(1, last[:, None]).squeeze(1)
 
 
+# A packed batch whose mean length is within this fraction of the plan's is recorded at the plan's:
+# batch-to-batch spread of a few tokens is not other work, and the plan's length is the shape the
+# profiler measured (a row a few tokens off would be compared with the smooth fit, not that point).
+PRICED_LENGTH_TOLERANCE = 0.1
+
+
 def priced_pass(attention_mask: torch.Tensor, budget: int | None, groups: int = 1,
-                passes: float | None = None) -> tuple[int, int, float]:
+                passes: float | None = None, priced_length: float | None = None) -> tuple[int, int, float]:
     """(sequences, tokens, packs): the shape one of `groups` equal parts (a learner's mini-batches)
     of these rows is priced at (planner/taskcosts.py), and how many of that shape its time holds.
 
@@ -120,7 +126,8 @@ def priced_pass(attention_mask: torch.Tensor, budget: int | None, groups: int = 
     many as the budget fills for a part) are priced as one pack of ceil(part / passes) sequences at
     their mean length, times part / pack sequences; so a run's time over `packs` is one pack's time,
     the very quantity the plan multiplied (the learner's real pass count would leave out the pack
-    fraction the plan scales by).
+    fraction the plan scales by). The length is the plan's mean, `priced_length`, when the rows' mean
+    is within PRICED_LENGTH_TOLERANCE of it, else the rows' own.
     """
     rows, width = attention_mask.shape
     part = -(-rows // max(1, groups))
@@ -130,4 +137,7 @@ def priced_pass(attention_mask: torch.Tensor, budget: int | None, groups: int = 
     if passes is None:
         passes = micro_batch_count(lengths[:part].tolist(), budget)
     per = -(-part // max(1, round(float(passes))))
-    return per, max(1, round(float(lengths.float().mean()))), part / per
+    mean = float(lengths.float().mean())
+    if priced_length is not None and abs(mean - priced_length) <= PRICED_LENGTH_TOLERANCE * priced_length:
+        mean = priced_length
+    return per, max(1, round(mean)), part / per

@@ -226,6 +226,10 @@ def test_priced_pass_records_packed_work_at_the_planners_shape():
     assert tokens == round(float(lengths.float().mean()))
     assert priced_pass(mask, 80, groups=2, passes=2.0) == (2, tokens, 2.0)
     assert priced_pass(mask, 80, groups=2, passes=3.0) == (2, tokens, 2.0)  # 4 rows in packs of 2
+    # a batch a few tokens off the plan's mean length is recorded at the plan's (its profiled shape)
+    mean = float(lengths.float().mean())
+    assert priced_pass(mask, 80, priced_length=mean * 1.08)[1] == round(mean * 1.08)
+    assert priced_pass(mask, 80, priced_length=mean * 1.5)[1] == tokens  # far off: the batch's own
 
 
 def test_a_packed_steps_record_prices_back_to_the_step_it_took():
