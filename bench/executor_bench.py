@@ -7,6 +7,8 @@ Three ratios, each measured side by side in this one run:
   job was re-planned and run a second time (the loop `hetprof run --db` exists for);
   The run's own prefill, decode and training shapes (profiled exactly, thanks to --workload),
   re-timed right around each run, also give the ratio with the machine's drift since profiling taken out;
+  and the refit's plan over the very run it learned from (same layouts) checks that a run's records
+  and the plan's pricing describe the same work, with no drift between runs in it;
 - executor overhead = measured iteration / sum of the measured stage times (goal ≤ 1.10), i.e. what
   message passing, batching and bookkeeping add to generation, inference, training and sync;
 - weight-sync effective bandwidth / a plain gloo broadcast of the same bytes over the same group
@@ -399,6 +401,13 @@ def vllm_rows(args: argparse.Namespace, work: Path, iterations: int) -> None:
                   f"profile+fit+plan {run['prep_s']:.0f} s, run {run['run_s']:.0f} s")
 
 
+def _task_ratio(runs: list[dict], task: str) -> str:
+    """One task's time in the refit plan over its measured time in the run the refit learned from."""
+    measured, _ = runs[0]["per_task"].get(task, (None, None))
+    _, predicted = runs[1]["per_task"].get(task, (None, None))
+    return f"{predicted / measured:.2f}" if measured and predicted else "—"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer iterations and a smaller sync model")
@@ -452,6 +461,12 @@ def main() -> None:
         table.add_row("  the same, machine drift taken out", f"{run['measured'] / pred / run['drift']:.2f}" if pred else "—",
                       "0.85–1.15", f"profiled kernels re-timed around the run: {run['drift']:.2f}× "
                       f"their rows")
+    if len(runs) == 2 and runs[0]["layouts"] == runs[1]["layouts"] and runs[1]["predicted"]:
+        # the refit learned from run 1 and planned the same layouts: pricing run 1 back is a check of
+        # recording against pricing that no drift between runs enters
+        table.add_row("refit plan / run 1 it learned from", f"{runs[1]['predicted'] / runs[0]['measured']:.2f}",
+                      "0.85–1.15", f"{runs[1]['predicted'] * 1e3:.1f} vs {runs[0]['measured'] * 1e3:.1f} ms; "
+                      "training " + _task_ratio(runs, "actor_train"))
     table.add_row("executor overhead", f"{runs[0]['overhead']:.3f}", "≤ 1.10",
                   "iteration / sum of stage times (median, run 1)")
     table.add_row("weight-sync / plain broadcast bandwidth", f"{bw['sync_Bps'] / bw['plain_Bps']:.2f}", "≥ 0.8",

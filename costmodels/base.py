@@ -115,6 +115,12 @@ class CostModel(abc.ABC):
         include the step (the fitted model's profiled training steps do)."""
         return 0.0
 
+    def optimizer_step_in_phase_time(self, work: Work, placement: Placement) -> float:
+        """Seconds of one optimizer step that this model's training phase time already holds (what a
+        pricer scaling several passes' time takes off, as the learner steps once per mini-batch);
+        0 for a model whose phase is the passes only."""
+        return 0.0
+
     def reshard_time(self, model: ModelShape, link: LinkSpec, gen_tp: int, train_pieces: int,
                      dtype: str = "bf16") -> float:
         """Colocated (hybrid-engine) hand-off of new weights to the generator on the same GPUs: each

@@ -169,5 +169,12 @@ class FittedCostModel(CostModel):
             return 0.0
         return self.analytical.optimizer_step_time(work, placement)
 
+    def optimizer_step_in_phase_time(self, work, placement) -> float:
+        """A fitted training phase holds the Adam step its profiled rows timed with each pass; the
+        rows do not time it apart, so the roofline's step stands for it."""
+        if self.lookup("train", placement.device_type, work.dtype) is None:
+            return 0.0
+        return self.analytical.optimizer_step_time(work, placement)
+
     def dp_step_extra(self, device_type: str) -> float:
         return self.analytical.dp_step_extra(device_type)

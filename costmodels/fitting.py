@@ -28,7 +28,7 @@ from hetprof.costmodels.families import get_family
 from hetprof.costmodels.features import FEATURES, TASK_PHASE, RowError, phase_features, phase_from_row
 from hetprof.costmodels.heldout import HeldOut, choose_family, mape, nested_heldout
 from hetprof.costmodels.runcalibration import MIN_PROFILE_SHAPES, RunCalibration, calibrate, compute_targets
-from hetprof.costmodels.runrows import SOURCE, run_task_rows
+from hetprof.costmodels.runrows import SOURCE, packs_of, run_task_rows
 from hetprof.errors import ProfileDBError
 
 FORMAT = 1
@@ -120,6 +120,7 @@ class Group:
     runs: list[str] = dataclasses.field(default_factory=list)     # the run a run row came from ("" otherwise)
     dp: list[int] = dataclasses.field(default_factory=list)       # data-parallel degree of a run's training step
     hosts: list[int] = dataclasses.field(default_factory=list)    # hosts that run's replicas spanned
+    packs: list[float] = dataclasses.field(default_factory=list)  # packed passes sharing a run row's step
 
     @property
     def n_run_rows(self) -> int:
@@ -131,7 +132,8 @@ class Group:
         return dataclasses.replace(
             self, phases=[self.phases[i] for i in idx], seconds=self.seconds[idx],
             shapes=self.shapes.iloc[idx].reset_index(drop=True), sources=[self.sources[i] for i in idx],
-            runs=[self.runs[i] for i in idx], dp=[self.dp[i] for i in idx], hosts=[self.hosts[i] for i in idx])
+            runs=[self.runs[i] for i in idx], dp=[self.dp[i] for i in idx], hosts=[self.hosts[i] for i in idx],
+            packs=[self.packs[i] for i in idx])
 
 
 def task_groups(db: Any, task: str | None = None, device: str | None = None,
@@ -187,7 +189,7 @@ def _by_shape(part: pd.DataFrame):
 def _group(bench: str, dev: str, dtype: str, threads: int | None, part: pd.DataFrame,
            skipped: list[str] | None, stat: str, envelope: bool) -> Group | None:
     phases_, secs, shapes, noise, sources, bad = [], [], [], [], [], 0
-    runs, dps, hosts = [], [], []
+    runs, dps, hosts, packs = [], [], [], []
     for rows in _by_shape(part):
         first = rows.iloc[0].to_dict()
         try:
@@ -203,6 +205,7 @@ def _group(bench: str, dev: str, dtype: str, threads: int | None, part: pd.DataF
         runs.append(str(first.get("run_key")) if source == SOURCE else "")
         dps.append(_count(first.get("dp")))
         hosts.append(_count(first.get("dp_hosts")))
+        packs.append(packs_of(first))
         secs.append(STATS[stat](rows["seconds"].astype(float)))
         noise.append(repeat_noise(rows, STATS[stat]))
         shapes.append({"model": str(first.get("model", "")), "batch": ph.batch, "length": ph.tokens,
@@ -214,7 +217,7 @@ def _group(bench: str, dev: str, dtype: str, threads: int | None, part: pd.DataF
         secs_arr = monotone_envelope(phases_, secs_arr, [f"{s}:{r}" for s, r in zip(sources, runs, strict=True)])
     return Group(bench, dev, dtype, threads, phases_, secs_arr, len(part) - bad, pd.DataFrame(shapes),
                  float(np.nanmean(noise)) if not np.isnan(noise).all() else float("nan"),
-                 sources, runs, dps, hosts)
+                 sources, runs, dps, hosts, packs)
 
 
 def _count(value: Any) -> int:
@@ -295,7 +298,8 @@ def fit_group(group: Group, analytical: AnalyticalCostModel, seed: int = 0,
 
 def _run_calibration(runs: Group, family, params: dict[str, Any], points: dict, analytical: AnalyticalCostModel,
                      notes: list[str]) -> RunCalibration | None:
-    targets, usable = compute_targets(runs.phases, runs.seconds, runs.dp, runs.hosts, runs.device_type, analytical)
+    targets, usable = compute_targets(runs.phases, runs.seconds, runs.dp, runs.hosts, runs.device_type, analytical,
+                                      runs.packs)
     left_out = int((~usable).sum())
     if left_out:
         notes.append(f"{runs.task_type} on {runs.device_type}: {left_out} run shape(s) left out of the run factor "

@@ -52,11 +52,15 @@ class RunCalibration:
 
 
 def compute_targets(phases: list[Phase], seconds: np.ndarray, dp: list[int], hosts: list[int],
-                    device_type: str, cost_model) -> tuple[np.ndarray, np.ndarray]:
-    """Each run shape's compute time (its data-parallel term taken out) and whether it is usable."""
+                    device_type: str, cost_model, packs: list[float] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Each run shape's compute time (its data-parallel term taken out) and whether it is usable.
+
+    A packed step's row is one of its `packs` passes with the step's one optimizer step shared
+    among them, and so is the step's one all-reduce: a row holds 1/packs of it."""
     targets = np.asarray(seconds, float).copy()
     usable = np.ones(len(targets), bool)
     link, _ = cost_model.device_link(device_type)
+    shares = [1.0] * len(targets) if not packs else [1.0 / max(1.0, float(k)) for k in packs]
     for i, (phase, d, h) in enumerate(zip(phases, dp, hosts, strict=True)):
         if phase.kind != "train" or d <= 1:
             continue
@@ -64,7 +68,7 @@ def compute_targets(phases: list[Phase], seconds: np.ndarray, dp: list[int], hos
             usable[i] = False
             continue
         work = Work(TaskKind.TRAINING, phase.model, phase.batch, phase.tokens, 0.0, phase.dtype, recompute=phase.recompute)
-        targets[i] -= cost_model.dp_grad_sync_time(work, Placement(device_type, phase.tp), d, link)
+        targets[i] -= cost_model.dp_grad_sync_time(work, Placement(device_type, phase.tp), d, link) * shares[i]
         if not targets[i] > 0.1 * seconds[i]:
             usable[i] = False
     return targets, usable

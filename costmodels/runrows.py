@@ -8,7 +8,8 @@ and is compared with the profiler's rows. Rows carry `source = "run"` and their 
 which keeps them their own shapes per run: a decode step measured inside a run (the executor's loop
 around it, other workers on the host) is not the same target as the microbenchmark's, and
 `runcalibration` learns the difference. `dp` and `dp_hosts` say whether a training step also held
-a gradient all-reduce, and over which hosts.
+a gradient all-reduce, and over which hosts; `packs`, over how many packed passes the step (and so
+its all-reduce) is shared: a packed step's row is one pack's pass with one optimizer step.
 
 Skipped, and counted: pipeline-parallel tasks (a stage's share of layers is not in the record),
 and phases whose record lacks a field a task row needs.
@@ -50,7 +51,8 @@ def phase_row(record: Mapping[str, Any], work: Mapping[str, Any], phase: Mapping
         ("context_len" if kind == "decode" else "seq_len"): tokens, "dtype": phase.get("dtype") or "bf16",
         "with_head": bool(phase.get("with_head", True)), "tp": _tp(work, phase.get("device")),
         "threads": phase.get("threads"), "source": SOURCE, "run_key": str(record["run"]),
-        "dp": int(work.get("dp", 1) or 1), "dp_hosts": hosts_of(record.get("device_ids")), "seconds": seconds,
+        "dp": int(work.get("dp", 1) or 1), "dp_hosts": hosts_of(record.get("device_ids")),
+        "packs": packs_of(phase), "seconds": seconds,
     }
 
 
@@ -59,6 +61,15 @@ def _tp(work: Mapping[str, Any], device: Any) -> int:
     per_device = work.get("device_tp")
     tp = per_device.get(device) if isinstance(per_device, Mapping) else None
     return int(tp or work.get("tp", 1) or 1)
+
+
+def packs_of(phase: Mapping[str, Any]) -> float:
+    """Over how many packs a training row's optimizer step, and so its all-reduce, is shared (1: padded)."""
+    try:
+        packs = float(phase.get("packs", 1.0))
+    except (TypeError, ValueError):
+        return 1.0
+    return packs if packs >= 1.0 and packs < float("inf") else 1.0
 
 
 def hosts_of(device_ids: Any) -> int:

@@ -110,16 +110,24 @@ def prefill_timing(rows: int, width: int, seconds: float) -> dict[str, Any]:
     return {"kind": "prefill", "batch": int(rows), "tokens": int(width), "seconds": seconds, "with_head": True}
 
 
-def train_timing(rows: int, width: int, seconds: float, ppo_epochs: int, mini_batches: int) -> dict[str, Any]:
-    """A training task's time as the profiler's `task.train` row: one optimizer step of a mini-batch.
+def train_timing(rows: int, width: int, seconds: float, ppo_epochs: int, mini_batches: int, packs: float = 1.0,
+                 optimizer_seconds: float = 0.0) -> dict[str, Any]:
+    """A training task's time as the profiler's `task.train` row: one pass over a mini-batch's
+    pack (`packs` of them make the mini-batch) with one optimizer step.
 
     The learner takes ppo_epochs × mini_batches steps over this replica's slice, so the per-step
     time is the task's time over that count (a recompute of proximal log-probs in async runs is
-    folded in: it is part of what each step costs there).
+    folded in: it is part of what each step costs there). A packed step holds `packs` packs' passes
+    but one optimizer step (`optimizer_seconds` is all steps', measured), which is what a profiled
+    row holds for one pack; `packs` stays on the record, as the data-parallel all-reduce, once per
+    step, is shared by the packs too.
     """
     steps = max(1, ppo_epochs * mini_batches)
+    packs = max(1.0, float(packs))
+    step_s = max(0.0, min(optimizer_seconds, seconds)) / steps
+    one = (seconds / steps - step_s) / packs + step_s
     return {"kind": "train", "batch": -(-int(rows) // max(1, mini_batches)), "tokens": int(width),
-            "seconds": seconds / steps, "with_head": True, "steps": steps}
+            "seconds": one, "with_head": True, "steps": steps, "packs": packs}
 
 
 def _plain(value: Any) -> Any:

@@ -186,6 +186,7 @@ class Learner:
         orders = [torch.randperm(len(batch), generator=self._rng).to(device) for _ in range(self.ppo_epochs)]
         minis = [idx for order in orders for idx in torch.tensor_split(order, self.mini_batches)]
         pieces = self._micro_counts(batch.attention_mask, minis)
+        stepping = 0.0  # seconds in optimizer steps: a run records them apart from the passes
         for mini_idx, denom, count in zip(minis, self._denominators(batch.mask, minis), pieces, strict=True):
             mini = batch.select(mini_idx)
             self.optimizer.zero_grad(set_to_none=True)
@@ -194,7 +195,9 @@ class Learner:
                     for k, v in stats.items():
                         sums[k] += v
                         counts[k] += 1
+                t_step = time.perf_counter()
                 sums["grad_norm"] += self._step()
+                stepping += time.perf_counter() - t_step
                 counts["grad_norm"] += 1
                 continue
             micro_parts = self._micro_parts(mini, count)
@@ -208,13 +211,15 @@ class Learner:
                 for k, v in self._micro_step(mini.select(micro_idx), denom, sync=last).items():
                     sums[k] += v
                     counts[k] += 1
+            t_step = time.perf_counter()
             sums["grad_norm"] += self._step()
+            stepping += time.perf_counter() - t_step
             counts["grad_norm"] += 1
         self.updates += 1
         out = {k: v / counts[k] for k, v in sums.items()}
         out.update({"optimizer_steps": float(self.steps), "update_seconds": time.perf_counter() - start,
                     "micro_batches": sum(pieces) / max(1, len(pieces)),  # per optimizer step
-                    "logprob_seconds": logprob_seconds,
+                    "logprob_seconds": logprob_seconds, "optimizer_seconds": stepping,
                     "lr": float(self.optimizer.param_groups[0]["lr"])})
         if self.role == Role.ACTOR:
             out["reward_mean"] = float(batch.rewards.float().mean())

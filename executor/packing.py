@@ -111,12 +111,24 @@ def packed_sequence_scores(model: torch.nn.Module, input_ids: torch.Tensor, atte
     return values.gather(1, last[:, None]).squeeze(1)
 
 
+# A packed batch whose mean length is within this fraction of the plan's is recorded at the plan's:
+# batch-to-batch spread of a few tokens is not other work, and the plan's length is the shape the
+# profiler measured (a row a few tokens off would be compared with the smooth fit, not that point).
+PRICED_LENGTH_TOLERANCE = 0.1
+
+
 def priced_pass(attention_mask: torch.Tensor, budget: int | None, groups: int = 1,
-                passes: float | None = None) -> tuple[int, int, float]:
-    """(sequences, tokens, passes) that one of `groups` equal parts (a learner's mini-batches) of these
-    rows is priced as (planner/taskcosts.py), so a run's timings are recorded at the shape the plan
-    priced: padded, the part's rows at the batch's width in one pass; packed, `passes` micro-batches
-    (default: as many as the budget fills for a part) of an equal share of its rows at their mean length."""
+                passes: float | None = None, priced_length: float | None = None) -> tuple[int, int, float]:
+    """(sequences, tokens, packs): the shape one of `groups` equal parts (a learner's mini-batches)
+    of these rows is priced at (planner/taskcosts.py), and how many of that shape its time holds.
+
+    Padded: the part's rows at the batch's width, once. Packed: `passes` micro-batches (default: as
+    many as the budget fills for a part) are priced as one pack of ceil(part / passes) sequences at
+    their mean length, times part / pack sequences; so a run's time over `packs` is one pack's time,
+    the very quantity the plan multiplied (the learner's real pass count would leave out the pack
+    fraction the plan scales by). The length is the plan's mean, `priced_length`, when the rows' mean
+    is within PRICED_LENGTH_TOLERANCE of it, else the rows' own.
+    """
     rows, width = attention_mask.shape
     part = -(-rows // max(1, groups))
     if budget is None:
@@ -124,5 +136,8 @@ def priced_pass(attention_mask: torch.Tensor, budget: int | None, groups: int = 
     lengths = attention_mask.sum(1)
     if passes is None:
         passes = micro_batch_count(lengths[:part].tolist(), budget)
-    passes = max(1.0, float(passes))
-    return -(-part // max(1, round(passes))), max(1, round(float(lengths.float().mean()))), passes
+    per = -(-part // max(1, round(float(passes))))
+    mean = float(lengths.float().mean())
+    if priced_length is not None and abs(mean - priced_length) <= PRICED_LENGTH_TOLERANCE * priced_length:
+        mean = priced_length
+    return per, max(1, round(mean)), part / per

@@ -70,6 +70,7 @@ class Worker:
         self.is_leader = rank == topo.leader
         # packed passes are recorded at the shapes the plan priced them (executor/packing.priced_pass)
         self.token_budget = self.workload.training.max_tokens_per_microbatch
+        self.priced_length = self.workload.prompt_len.mean + self.workload.response_len.mean
         self.models = RankModels(self.workload, self.tasks, device, options, topo, groups, rank)
         self.exchange = Exchange(topo, rank, device, groups.messages, options.timeout_s,
                                  by_tokens=self.token_budget is not None)
@@ -226,7 +227,8 @@ class Worker:
             result = self.models.infer(task, part)
             report.timed(task, t0)
             if self.rank == tr.ranks[tr.replica_of(self.rank)]:  # a replica reports once, by its first rank
-                rows, width, passes = priced_pass(part["attention_mask"], self.token_budget)
+                rows, width, passes = priced_pass(part["attention_mask"], self.token_budget,
+                                                  priced_length=self.priced_length)
                 report.work_timings[task] = [prefill_timing(rows, width, report.task_seconds[task] / passes)]
                 self.exchange.to_leader(result, RESULT_KIND[task], b)
         if not self.is_leader:
@@ -280,15 +282,17 @@ class Worker:
             seconds = report.timed(tr.task, t0 + logprob)
             rows = part["input_ids"].shape[0]
             micro = stats.pop("micro_batches", 1.0)
+            stepping = stats.pop("optimizer_seconds", 0.0)
             if logprob:
                 report.timed(Task.ACTOR_LOGPROB, t0, t0 + logprob)
             if self.rank != tr.ranks[tr.replica_of(self.rank)]:
                 continue  # a replica's statistics are reported once, by its first rank
             if logprob:
-                n, width, passes = priced_pass(part["attention_mask"], self.token_budget)
+                n, width, passes = priced_pass(part["attention_mask"], self.token_budget,
+                                               priced_length=self.priced_length)
                 report.work_timings[Task.ACTOR_LOGPROB] = [prefill_timing(n, width, logprob / passes)]
             mini = self.workload.mini_batches
-            n, width, passes = priced_pass(part["attention_mask"], self.token_budget, mini, micro)
-            report.work_timings[tr.task] = [train_timing(n * mini, width, seconds / passes,
-                                                         self.workload.ppo_epochs, mini)]
+            n, width, packs = priced_pass(part["attention_mask"], self.token_budget, mini, micro, self.priced_length)
+            report.work_timings[tr.task] = [train_timing(n * mini, width, seconds, self.workload.ppo_epochs, mini,
+                                                         packs, stepping)]
             report.train_stats[tr.task] = {"n": rows, **stats}

@@ -163,7 +163,16 @@ class TaskCosts:
         # the packs hold `batch` sequences between them, not m × per: scale one pack's time by the
         # sequences, so whole-token work is exact and per-call costs are paid about m times
         _, per = self.packs(batch)
-        return self._composed(task, sig, tp, per, split, self.response, self.prompt) * batch / per
+        one = self._composed(task, sig, tp, per, split, self.response, self.prompt)
+        return packed_seconds(one, batch / per, self._step_in_pass(task, sig, tp, per, split))
+
+    def _step_in_pass(self, task: str, sig: tuple, tp: int, batch: int, split: tuple[int, ...]) -> float:
+        """The optimizer step a training pass's cost-model time already holds (a fitted model's rows
+        time one with each pass), the longest of the replica's stages; 0 for inference."""
+        if self.graph.kind_of(task) != TaskKind.TRAINING:
+            return 0.0
+        return max(self.cm.optimizer_step_in_phase_time(self.work(task, batch, split[s]), Placement(t, tp))
+                   for s, (types, _link) in enumerate(sig[0]) for t in types)
 
     def replica_lengths(self, batch: int) -> np.ndarray:
         """`batch` response lengths that follow the step's sampled distribution (evenly spaced
@@ -408,6 +417,13 @@ class TaskCosts:
         points = [float(merged[min(n - 1, math.ceil((j + 1) * n / k) - 1)]) for j in range(k)]
         points[-1] = seconds
         return tuple(points)
+
+
+def packed_seconds(one_pack: float, packs: float, step_in_pass: float = 0.0) -> float:
+    """`packs` packs' time from one pack's, `one_pack`, for one optimizer step: a training pass's
+    time holds one optimizer step (`step_in_pass`), and the learner steps once per mini-batch, not
+    once per pack, so the extra packs' steps come off."""
+    return one_pack * packs - max(0.0, packs - 1.0) * min(step_in_pass, one_pack)
 
 
 def _layer_fraction(model: ModelShape, layers: int, last: bool) -> float:

@@ -184,3 +184,19 @@ def test_malformed_phase_lists_are_skipped_not_fatal(tmp_path, bad):
     with ProfileDB(tmp_path / "db.sqlite") as db:
         assert run_task_rows(db).empty
     json.dumps(rec)  # still plain data
+
+
+def test_a_packed_steps_row_holds_its_share_of_the_all_reduce():
+    """A packed step's row is one of its packs' passes with a share of the step's one optimizer step
+    and one all-reduce; taking the whole all-reduce off each row would make the run look fast."""
+    from hetprof.costmodels.runcalibration import compute_targets
+    from hetprof.costmodels.runrows import packs_of
+
+    cm = AnalyticalCostModel(None)
+    link, _ = cm.device_link("cpu")
+    ph = Phase("train", TINY, TINY.layers, 6, 70, with_head=True, dtype="fp32")
+    dp_term = cm.dp_grad_sync_time(Work("training", TINY, 6, 70, 0.0, "fp32"), Placement("cpu"), 2, link)
+    rows = np.array([0.01 + dp_term / 3, 0.01 + dp_term])
+    targets, usable = compute_targets([ph, ph], rows, [2, 2], [1, 1], "cpu", cm, [3.0, 1.0])
+    assert usable.all() and targets == pytest.approx([0.01, 0.01])
+    assert [packs_of(p) for p in ({"packs": 8 / 3}, {}, {"packs": "x"}, {"packs": 0.5})] == [8 / 3, 1.0, 1.0, 1.0]

@@ -151,6 +151,51 @@ def test_varlen_attention_splits_packed_rows_without_an_n_squared_mask(monkeypat
     assert torch.allclose(got, expected, atol=1e-5)
 
 
+def test_flash_varlen_call_hands_the_kernel_the_packed_rows_bounds(monkeypatch):
+    """The flash path's layout on the CPU, with a stand-in kernel that reads only what flash
+    attention's varlen API gives it ([N, heads, d] states, int32 cumulative bounds)."""
+    import torch.nn.functional as F
+
+    import hetprof.executor.varlen_attention as varlen
+
+    def kernel(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, softmax_scale, causal):
+        assert cu_q.dtype == torch.int32 and torch.equal(cu_q, cu_k) and max_q == max_k and causal
+        assert max_q == int((cu_q[1:] - cu_q[:-1]).max())
+        parts = [F.scaled_dot_product_attention(q[a:b].transpose(0, 1), k[a:b].transpose(0, 1),
+                                                v[a:b].transpose(0, 1), is_causal=True, scale=softmax_scale,
+                                                enable_gqa=True).transpose(0, 1)
+                 for a, b in zip(cu_q[:-1].tolist(), cu_q[1:].tolist(), strict=True)]
+        return torch.cat(parts)
+
+    monkeypatch.setattr(varlen, "flash_attn_varlen_func", kernel)
+    gen = torch.Generator().manual_seed(0)
+    query, key, value = (torch.randn(1, h, 23, 8, generator=gen) for h in (4, 2, 2))
+    positions = torch.cat([torch.arange(n) for n in (5, 11, 7)])[None]
+    module = torch.nn.Module().eval()
+    loop, _ = varlen.varlen_attention_forward(module, query, key, value, None, scaling=0.3, position_ids=positions)
+    flash = varlen.flash_varlen(query, key, value, varlen.sequence_starts(positions), 0.0, 0.3)
+    assert flash.shape == loop.shape == (1, 23, 4, 8) and torch.allclose(flash, loop, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_flash_varlen_kernel_equals_the_per_sequence_loop_on_a_gpu(monkeypatch):
+    import hetprof.executor.varlen_attention as varlen
+
+    if varlen.flash_attn_varlen_func is None:
+        pytest.skip("flash-attn is not installed (a GPU build's package)")
+    if not torch.cuda.is_available():
+        pytest.skip("flash attention's varlen kernel needs a CUDA GPU")
+    batch = ragged_batch()
+    packed = pack(batch.input_ids, batch.attention_mask)
+    model = build_causal_lm("tiny", seed=0).eval().to("cuda", torch.bfloat16)
+    ids, positions = packed.input_ids.cuda(), packed.position_ids.cuda()
+    with torch.no_grad():
+        flash = model(input_ids=ids, position_ids=positions, use_cache=False).logits.float()
+        monkeypatch.setattr(varlen, "flash_attn_varlen_func", None)  # the per-sequence SDPA loop
+        loop = model(input_ids=ids, position_ids=positions, use_cache=False).logits.float()
+    assert torch.allclose(flash, loop, atol=3e-2, rtol=3e-2)
+
+
 @settings(max_examples=60, deadline=None)
 @given(lengths=st.lists(st.integers(0, 300), min_size=3, max_size=40),
        shares=st.lists(st.floats(0.05, 1.0), min_size=1, max_size=3))
@@ -174,7 +219,30 @@ def test_priced_pass_records_packed_work_at_the_planners_shape():
     lengths = mask.sum(1)
     assert priced_pass(mask, None) == (8, 72, 1.0)
     assert priced_pass(mask, None, groups=2) == (4, 72, 1.0)
-    rows, tokens, passes = priced_pass(mask, 80)
-    assert passes == micro_batch_count(lengths.tolist(), 80) and rows == -(-8 // int(passes))
+    rows, tokens, packs = priced_pass(mask, 80)
+    m = micro_batch_count(lengths.tolist(), 80)  # 3 micro-batches of 8 rows: priced as 3-row packs
+    assert m == 3 and rows == 3
+    assert packs == pytest.approx(8 / 3)  # the plan's scale (sequences / pack's), not the pass count
     assert tokens == round(float(lengths.float().mean()))
     assert priced_pass(mask, 80, groups=2, passes=2.0) == (2, tokens, 2.0)
+    assert priced_pass(mask, 80, groups=2, passes=3.0) == (2, tokens, 2.0)  # 4 rows in packs of 2
+    # a batch a few tokens off the plan's mean length is recorded at the plan's (its profiled shape)
+    mean = float(lengths.float().mean())
+    assert priced_pass(mask, 80, priced_length=mean * 1.08)[1] == round(mean * 1.08)
+    assert priced_pass(mask, 80, priced_length=mean * 1.5)[1] == tokens  # far off: the batch's own
+
+
+def test_a_packed_steps_record_prices_back_to_the_step_it_took():
+    """A run records a packed step as one pack's pass plus the step's one optimizer step (the unit
+    a profiled training row times); the planner prices `packs` such passes and one step, so the
+    record priced back is the measured step. Hand-computed: 2 steps of 0.5 s, 0.05 s of Adam each,
+    2.5 packs: one pack = 0.45 / 2.5 + 0.05 = 0.23 s."""
+    from hetprof.executor.iteration_report import train_timing
+    from hetprof.planner.taskcosts import packed_seconds
+
+    row = train_timing(12, 70, 1.0, ppo_epochs=1, mini_batches=2, packs=2.5, optimizer_seconds=0.1)
+    assert (row["batch"], row["steps"], row["packs"]) == (6, 2, 2.5)
+    assert row["seconds"] == pytest.approx(0.23)
+    assert packed_seconds(row["seconds"], row["packs"], 0.05) == pytest.approx(0.5)
+    padded = train_timing(12, 70, 1.0, ppo_epochs=1, mini_batches=2, optimizer_seconds=0.1)
+    assert padded["seconds"] == pytest.approx(0.5) and padded["packs"] == 1.0

@@ -91,3 +91,29 @@ def test_workload_grid_measures_the_packed_shapes_the_planner_prices(cm):
     unpacked = workload_points(dataclasses.replace(w, training=dataclasses.replace(w.training,
                                                                                   max_tokens_per_microbatch=None)), 4)
     assert set(unpacked["prefill"]) < set(points["prefill"]) and set(unpacked["train"]) <= set(points["train"])
+
+
+def test_a_packed_mini_batch_is_priced_with_one_optimizer_step():
+    """A fitted training pass holds one Adam step; the learner steps once per mini-batch of several
+    packs. Hand-computed per step: packs × pass − (packs − 1) × step."""
+    from hetprof.costmodels.analytical import AnalyticalCostModel
+    from hetprof.planner.taskcosts import packed_seconds
+
+    assert packed_seconds(0.1, 3.0, 0.02) == pytest.approx(3 * 0.08 + 0.02)
+    assert packed_seconds(0.1, 1.0, 0.02) == pytest.approx(0.1)  # one pack: its own step
+    step = 0.004
+
+    class StepInPass(AnalyticalCostModel):  # a model whose training passes hold a step, as fitted ones do
+        def optimizer_step_in_phase_time(self, work, placement) -> float:
+            return step
+
+    spec = workload()
+    sim = Simulator(cluster(), spec, StepInPass(None), executable=True)
+    plain = Simulator(cluster(), spec, AnalyticalCostModel(None), executable=True)
+    mini = 64 // spec.mini_batches
+    _, per = sim.costs.packs(mini)
+    assert mini / per > 1
+    steps = spec.mini_batches * spec.ppo_epochs
+    over = plain.replica_seconds("actor_train", A[:1], 1, 1, 64) - sim.replica_seconds("actor_train", A[:1], 1, 1, 64)
+    assert over == pytest.approx(steps * (mini / per - 1) * step)
+    assert sim.replica_seconds("ref_infer", A[:1], 1, 1, 64) == plain.replica_seconds("ref_infer", A[:1], 1, 1, 64)
