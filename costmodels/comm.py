@@ -131,3 +131,18 @@ def data_parallel_sync_time(sharding: str, layer_bytes: float, layers: int, root
     forward = gather + hidden * max(0.0, gather - per_fwd)
     backward = gather + hidden * max(0.0, gather + scatter - per_bwd) + scatter
     return micro * (root + forward + backward)
+
+
+def fsdp_forward_gather_time(layer_bytes: float, layers: int, root_bytes: float, n: int, alpha_s: float,
+                             beta_Bps: float, forward_s: float = 0.0, micro_batches: int = 1) -> float:
+    """Exposed seconds FSDP's parameter gathers add to a forward-only pass over `n` ranks' shards
+    (the log-prob pass on the trainer's FSDP shards): per micro-batch the root's and every layer's
+    all-gather, each layer's overlapping its neighbour's forward (prefetch), so a layer costs
+    max(compute, gather) and the first gathers are exposed. `forward_s` is the pass's compute."""
+    if n <= 1:
+        return 0.0
+    micro = max(1, micro_batches)
+    gather = collective_time("all_gather", layer_bytes, n, alpha_s, beta_Bps)
+    root = collective_time("all_gather", root_bytes, n, alpha_s, beta_Bps)
+    per_layer = forward_s / (micro * max(1, layers))
+    return micro * (root + gather + max(0, layers - 1) * max(0.0, gather - per_layer))

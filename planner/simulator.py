@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
@@ -384,7 +385,10 @@ class Simulator:
         model = self.graph.models[edge.model]
         if set(gen.devices()) <= set(train.devices()):  # colocated: reshard in place on every GPU
             pieces = shards * (train.dp if train.sharding == "fsdp" else 1)
-            seconds = self.cost_model.reshard_time(model, link, gen.tp, pieces, self.workload.precision)
+            # across hosts, every generator GPU of a host gathers through that host's network cards at once
+            per_host = Counter(self.devices[d].host for d in gen.devices())
+            flows = max(per_host.values()) if len(hosts) > 1 else 1
+            seconds = self.cost_model.reshard_time(model, link, gen.tp, pieces, self.workload.precision, flows)
         else:
             seconds = self.cost_model.weight_sync_time(model, link, receivers=gen.dp, dtype=self.workload.precision,
                                                        shards=shards)

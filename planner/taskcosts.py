@@ -358,6 +358,8 @@ class TaskCosts:
         if kind == TaskKind.TRAINING and layout.dp > 1:
             grad = self._grad_sync(layout, seconds)  # overlaps the passes' compute, not the Adam steps
             seconds += grad
+        elif kind == TaskKind.INFERENCE and layout.dp > 1 and layout.sharding == "fsdp":
+            seconds += self._grad_sync(layout, seconds)  # the log-prob pass gathers its leader's shards
         if kind == TaskKind.TRAINING:
             seconds += self._optimizer_steps(layout)
         if task == Task.ACTOR_TRAIN:  # the controller's per-step work runs serial with the actor's update
@@ -385,17 +387,20 @@ class TaskCosts:
         return one * self.workload.ppo_epochs * self.workload.mini_batches
 
     def _grad_sync(self, layout: TaskLayout, seconds: float) -> float:
-        """Data-parallel traffic per optimizer step (gradients; parameters too when sharded), over the
-        slowest link among the replicas; FSDP's overlaps the step's compute (`seconds` over all steps)."""
+        """Data-parallel traffic over the slowest link among the replicas. Training: per optimizer step
+        (gradients; parameters too when sharded), FSDP's overlapping the step's compute (`seconds` over
+        all steps). A forward-only pass on FSDP shards (the log-prob pass): one pass's gathers."""
         hosts = {self.devices[d].host for d in layout.devices()}
         link = self.links.slowest(hosts) or self.links.between(*(2 * sorted(hosts)[:1]))
-        first = self.devices[layout.replicas[0][0]].type
-        steps = self.workload.ppo_epochs * self.workload.mini_batches
-        batch = max(1, round(max(layout.shares) * self.sequences / self.workload.mini_batches))
+        place = Placement(self.devices[layout.replicas[0][0]].type, layout.tp, layout.pp)
+        training = self.graph.kind_of(layout.task) == TaskKind.TRAINING
+        steps = self.workload.ppo_epochs * self.workload.mini_batches if training else 1
+        batch = max(1, round(max(layout.shares) * self.sequences / steps))
         work = self.work(layout.task, batch, None, self.sequence_response, self.sequence_prompt)
-        per_step = self.cm.dp_grad_sync_time(work, Placement(first, layout.tp, layout.pp), layout.dp, link,
-                                             layout.sharding, seconds / steps if math.isfinite(seconds) else 0.0)
-        return per_step * steps
+        compute = seconds / steps if math.isfinite(seconds) else 0.0
+        if not training:
+            return self.cm.fsdp_gather_time(work, place, layout.dp, link, compute)
+        return self.cm.dp_grad_sync_time(work, place, layout.dp, link, layout.sharding, compute) * steps
 
     def _curve(self, kind: str, seconds: float, finish: list[tuple[float, ...]]) -> tuple[float, ...]:
         k = self.chunks

@@ -27,6 +27,13 @@ def test_each_generator_rank_gathers_the_rest_of_its_tp_shard():
     assert cm.reshard_time(M, LINK, 4, 4) == 0.0  # the trainer's piece is the generator's shard
 
 
+def test_gathers_that_share_a_hosts_network_cards_each_get_a_share_of_them():
+    cm = get_cost_model("analytical")
+    weights = M.weight_bytes("bf16")
+    # 8 GPUs of a host gather at once through its cards: α per step as before, 8× the bytes per β
+    assert cm.reshard_time(M, LINK, 4, 32, flows=8) == pytest.approx(7 * 1e-5 + 8 * 7 / 8 * weights / 4 / 1e10)
+
+
 def test_a_colocated_step_prices_the_reshard_and_a_split_one_the_broadcast(tmp_path):
     path = tmp_path / "cluster.yaml"
     path.write_text(yaml.safe_dump({"name": "two", "hosts": [{"name": "h", "gpus": {"type": "H100-SXM", "count": 8},
@@ -42,4 +49,7 @@ def test_a_colocated_step_prices_the_reshard_and_a_split_one_the_broadcast(tmp_p
     score = sim.evaluate(pinned_candidate(sim, from_data(PinnedLayout, {"groups": {"all": 16}, "tasks": tasks})))
     link = sim.links.slowest(set(sim.links.hosts))  # the two hosts' link
     model = sim.graph.model_of("actor_train")
-    assert score.transfer_s["weights:actor_train->actor_gen"] == pytest.approx(cm.reshard_time(model, link, 2, 16))
+    # FSDP over 16 -> TP2: each GPU gathers 1/2 of the weights from 8 ranks, the 8 GPUs of a host at once
+    # over its network cards (the pieces span both hosts)
+    by_hand = 7 * link.alpha_s + 8 * 7 / 8 * model.weight_bytes("bf16") / 2 / link.beta_Bps
+    assert score.transfer_s["weights:actor_train->actor_gen"] == pytest.approx(by_hand)
