@@ -168,7 +168,10 @@ class TaskCosts:
     def replica_lengths(self, batch: int) -> np.ndarray:
         """`batch` response lengths that follow the step's sampled distribution (evenly spaced
         quantiles), the longest being the step's longest: one replica draws it, and the step waits
-        for that replica, so a task of several replicas is priced by the one that holds it."""
+        for that replica, so a task of several replicas is priced by the one that holds it. Under
+        partial rollout every replica decodes the mean length: the same tokens, no tail."""
+        if self.workload.generation.partial_rollout:  # unfinished responses carry over: no tail to wait for
+            return np.full(batch, float(self.lengths.mean()) if len(self.lengths) else self.response)
         lengths = spread(self.lengths, batch, self.response)
         if len(self.lengths):
             lengths[-1] = self.lengths[-1]

@@ -109,6 +109,9 @@ class GenerationParams:
                               check=positive, expect="a positive integer")
     block_tokens: int = field(16, help="tokens per paged KV-cache block (vLLM's block_size)", check=positive,
                               expect="a positive integer")
+    partial_rollout: bool = field(False, help="async only: a weight sync interrupts unfinished responses and "
+                                  "resumes them after it (verl's partial_rollout), so generation never waits for "
+                                  "the step's longest response")
 
 
 @dataclasses.dataclass
@@ -159,6 +162,9 @@ class WorkloadSpec:
         if budget is not None and budget < longest:
             raise SpecError(None, "training.max_tokens_per_microbatch",
                             f"at least the longest sequence (prompt_len.cap + response_len.cap = {longest})", budget)
+        if self.generation.partial_rollout and self.mode != "async":
+            raise SpecError(None, "generation.partial_rollout", "false unless mode is async (a sync step has no "
+                            "weight sync to interrupt generation)", True)
         if self.sequences_per_step % self.mini_batches:
             raise SpecError(None, "mini_batches", f"a divisor of prompts × responses ({self.sequences_per_step})",
                             self.mini_batches)
