@@ -81,6 +81,9 @@ class Simulator:
         # Plan only layouts `hetprof run` carries out (hetprof/specs/executable.py); off, any layout
         # the model allows (what-if studies of other runtimes, the published systems' search spaces).
         self.executable = executable
+        if executable and workload.generation.partial_rollout:
+            raise InfeasibleError("generation.partial_rollout: `hetprof run` does not interrupt generation at a "
+                                  "weight sync; plan it with --any-layout (a what-if) or set it false")
         self.workload = workload
         self.cost_model = cost_model
         self.seed = seed

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from hetprof.costmodels import get_cost_model
-from hetprof.errors import SpecError
+from hetprof.errors import InfeasibleError, SpecError
 from hetprof.planner.simulator import Simulator
 from hetprof.specs import ClusterSpec, WorkloadSpec
 
@@ -37,3 +37,11 @@ def test_every_replica_decodes_the_steps_mean_length_under_partial_rollout(tmp_p
 def test_partial_rollout_is_refused_for_a_sync_workload_naming_the_field():
     with pytest.raises(SpecError, match=r"generation\.partial_rollout"):
         WorkloadSpec.from_dict({**WORKLOAD, "mode": "sync", "generation": {"partial_rollout": True}})
+
+
+def test_a_plan_for_hetprof_run_refuses_partial_rollout_it_does_not_carry_out(tmp_path):
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump({"name": "one", "hosts": [{"name": "h", "gpus": {"type": "H100-SXM", "count": 8}}]}))
+    workload = WorkloadSpec.from_dict({**WORKLOAD, "generation": {"partial_rollout": True}})
+    with pytest.raises(InfeasibleError, match=r"generation\.partial_rollout.*--any-layout"):
+        Simulator(ClusterSpec.load(path), workload, get_cost_model("analytical"), executable=True)
