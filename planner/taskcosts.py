@@ -359,10 +359,10 @@ class TaskCosts:
         seconds = max(replica_s) if replica_s else math.inf
         grad = 0.0
         if kind == TaskKind.TRAINING and layout.dp > 1:
-            grad = self._grad_sync(layout, seconds)  # overlaps the passes' compute, not the Adam steps
+            grad = self._dp_traffic(layout, seconds)  # overlaps the passes' compute, not the Adam steps
             seconds += grad
         elif kind == TaskKind.INFERENCE and layout.dp > 1 and layout.sharding == "fsdp":
-            seconds += self._grad_sync(layout, seconds)  # the log-prob pass gathers its leader's shards
+            seconds += self._dp_traffic(layout, seconds)  # the log-prob pass gathers its leader's shards
         if kind == TaskKind.TRAINING:
             seconds += self._optimizer_steps(layout)
         if task == Task.ACTOR_TRAIN:  # the controller's per-step work runs serial with the actor's update
@@ -389,7 +389,7 @@ class TaskCosts:
                                                               sharding=layout.sharding)) for t in types)
         return one * self.workload.ppo_epochs * self.workload.mini_batches
 
-    def _grad_sync(self, layout: TaskLayout, seconds: float) -> float:
+    def _dp_traffic(self, layout: TaskLayout, seconds: float) -> float:
         """Data-parallel traffic over the slowest link among the replicas. Training: per optimizer step
         (gradients; parameters too when sharded), FSDP's overlapping the step's compute (`seconds` over
         all steps). A forward-only pass on FSDP shards (the log-prob pass): one pass's gathers."""
@@ -398,7 +398,8 @@ class TaskCosts:
         place = Placement(self.devices[layout.replicas[0][0]].type, layout.tp, layout.pp)
         training = self.graph.kind_of(layout.task) == TaskKind.TRAINING
         steps = self.workload.ppo_epochs * self.workload.mini_batches if training else 1
-        batch = max(1, round(max(layout.shares) * self.sequences / steps))
+        per_call = self.workload.mini_batches if training else 1  # sequences of one optimizer step, or the pass
+        batch = max(1, round(max(layout.shares) * self.sequences / per_call))
         work = self.work(layout.task, batch, None, self.sequence_response, self.sequence_prompt)
         compute = seconds / steps if math.isfinite(seconds) else 0.0
         if not training:
