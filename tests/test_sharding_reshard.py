@@ -53,3 +53,22 @@ def test_a_colocated_step_prices_the_reshard_and_a_split_one_the_broadcast(tmp_p
     # over its network cards (the pieces span both hosts)
     by_hand = 7 * link.alpha_s + 8 * 7 / 8 * model.weight_bytes("bf16") / 2 / link.beta_Bps
     assert score.transfer_s["weights:actor_train->actor_gen"] == pytest.approx(by_hand)
+
+
+def test_within_one_host_the_reshard_shares_no_network_card(tmp_path):
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump({"name": "one", "hosts": [{"name": "h", "gpus": {"type": "H100-SXM", "count": 8}}]}))
+    workload = WorkloadSpec.from_dict({
+        "name": "w", "algorithm": "grpo", "models": {"actor": "qwen3-0.6b"}, "prompts_per_step": 16,
+        "responses_per_prompt": 4, "prompt_len": {"mean": 64, "max": 64}, "response_len": {"mean": 64, "max": 64},
+        "training": {"kl_coef": 0.0}})
+    cm = get_cost_model("analytical")
+    sim = Simulator(ClusterSpec.load(path), workload, cm, streaming=False, executable=False)
+    tasks = {"generation": {"group": "all", "tp": 2, "pp": 1}, "inference": {"group": "all", "tp": 1, "pp": 1},
+             "training": {"group": "all", "tp": 1, "pp": 1, "sharding": "fsdp"}}
+    score = sim.evaluate(pinned_candidate(sim, from_data(PinnedLayout, {"groups": {"all": 8}, "tasks": tasks})))
+    link = sim.links.between("h", "h")  # the host's own GPU link
+    model = sim.graph.model_of("actor_train")
+    # FSDP over 8 -> TP2: 3 of the 4 pieces of a TP shard come over NVLink, which each GPU has to itself
+    by_hand = 3 * link.alpha_s + 3 / 4 * model.weight_bytes("bf16") / 2 / link.beta_Bps
+    assert score.transfer_s["weights:actor_train->actor_gen"] == pytest.approx(by_hand)
