@@ -25,6 +25,7 @@ from hetprof.costmodels import LinkSpec
 from hetprof.errors import InfeasibleError
 from hetprof.planner.candidate import Candidate, TaskLayout
 from hetprof.planner.engines import default_backend
+from hetprof.planner.fits import check_fits
 from hetprof.planner.graph import Edge, build_graph
 from hetprof.planner.links import LinkTable, measured_device_link
 from hetprof.planner.schedule import Event, ScheduleInput, simulate, timeline
@@ -33,7 +34,6 @@ from hetprof.specs import FOLLOWS, GENERATION_BACKENDS, SHARDING, ClusterSpec, W
 from hetprof.specs.vocabulary import TaskKind
 
 OBJECTIVES = ("throughput", "cost", "throughput-under-budget")
-GB = 1e9
 CHUNKS = 8          # streaming granularity: a step's samples flow between groups in this many chunks
 MEMO_LIMIT = 20_000   # scores (and layout evaluations) kept before the memo is emptied
 
@@ -400,46 +400,5 @@ class Simulator:
 
     # ---- up-front feasibility -------------------------------------------------------------------
     def check_fits(self, max_tp: int = 8, max_pp: int = 4) -> None:
-        """Raise InfeasibleError if some task fits on no GPU type of the cluster at any allowed TP × PP.
-
-        TP stays within one host (as every RL system shards it); PP may span hosts.
-        """
-        per_host: dict[str, int] = {}
-        for h in self.cluster.expanded_hosts():
-            t = self.catalog.lookup(h.gpus.type).name
-            per_host[t] = max(per_host.get(t, 0), h.gpus.count)
-        counts = self.cluster.gpu_counts()
-        for task in self.tasks:
-            model = self.graph.model_of(task)
-            best: tuple[float, str] | None = None
-            fits = False
-            stages = min(max_pp, model.layers)
-            if self.executable and not executable.may_pipeline(task):
-                stages = 1
-            for t, host_gpus in per_host.items():
-                tps = [x for x in (1, 2, 4, 8, 16) if x <= min(max_tp, host_gpus)
-                       and (not self.executable or executable.tp_divides(model, x))]
-                for tp in tps:
-                    for pp in range(1, stages + 1):
-                        if tp * pp > counts[t]:
-                            break
-                        layers = -(-model.layers // pp)
-                        est = self.costs.memory(task, t, tp, layers, 1)
-                        need = est.total if self.graph.kind_of(task) != TaskKind.GENERATION else est.weights + est.activations
-                        if need <= self.catalog.lookup(t).memory_bytes:
-                            fits = True
-                            break
-                        if best is None or need / self.catalog.lookup(t).memory_bytes < best[0]:
-                            best = (need / self.catalog.lookup(t).memory_bytes,
-                                    f"{need / GB:.1f} GB per GPU on {t} ({self.catalog.lookup(t).memory_GB:.0f} GB) at TP{tp}×PP{pp}")
-                    if fits:
-                        break
-                if fits:
-                    break
-            if not fits:
-                limit = (f"no pipeline stages (`hetprof run` runs none for {task}; --any-layout plans without "
-                         f"its limits)" if stages == 1 and max_pp > 1 else f"PP ≤ {max_pp}")
-                raise InfeasibleError(
-                    f"{task} ({model.name}) fits on no GPU of cluster {self.cluster.name!r} with TP ≤ {max_tp} "
-                    f"(within a host) and {limit}: the closest needs {best[1] if best else 'more memory'}; "
-                    f"allow more --max-tp/--max-pp, add larger GPUs, or use a smaller model")
+        """Raise InfeasibleError if some task fits on no GPU type of the cluster (planner/fits.py)."""
+        check_fits(self, max_tp, max_pp)
