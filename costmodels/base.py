@@ -141,10 +141,12 @@ class CostModel(abc.ABC):
         return comm.collective_time("all_gather", shard, ranks, link.alpha_s, link.beta_Bps / max(1, flows))
 
     def weight_sync_time(self, model: ModelShape, link: LinkSpec, receivers: int = 1, dtype: str = "bf16",
-                         shards: int = 1) -> float:
-        """Trainer → generators: broadcast of the weights to `receivers`, `shards` streams in parallel."""
+                         shards: int = 1, flows: int = 1) -> float:
+        """Trainer → generators: broadcast of the weights to `receivers`, `shards` streams in parallel.
+        Each stream is one rank's and crosses that GPU's own network card: `flows` GPUs split a host's
+        `link` bandwidth (one card per GPU, the usual 8-GPU build), so a stream gets 1/flows of it."""
         size = model.weight_bytes(dtype) / max(1, shards)
-        return self.collective_time("broadcast", size, receivers + 1, link)
+        return comm.collective_time("broadcast", size, receivers + 1, link.alpha_s, link.beta_Bps / max(1, flows))
 
     def rollout_transfer_time(self, sequences: int, seq_len: float, link: LinkSpec,
                               bytes_per_token: int = comm.ROLLOUT_BYTES_PER_TOKEN) -> float:

@@ -392,11 +392,18 @@ class Simulator:
             per_host = Counter(self.devices[d].host for d in gen.devices())
             flows = max(per_host.values()) if len(hosts) > 1 else 1
             seconds = self.cost_model.reshard_time(model, link, gen.tp, pieces, self.workload.precision, flows)
-        else:
+        else:  # across hosts of a region each stream takes its GPU's share of the cards; a WAN link is its own limit
+            lan = len(hosts) > 1 and not self.links.spans_regions(hosts)
+            cards = max(self._host_gpus[h] for h in hosts) if lan else 1
             seconds = self.cost_model.weight_sync_time(model, link, receivers=gen.dp, dtype=self.workload.precision,
-                                                       shards=shards)
+                                                       shards=shards, flows=cards)
         self._edges[key] = seconds
         return seconds
+
+    @functools.cached_property
+    def _host_gpus(self) -> Counter:
+        """GPUs per host: they share its network cards."""
+        return Counter(dev.host for dev in self.devices.values())
 
     # ---- up-front feasibility -------------------------------------------------------------------
     def check_fits(self, max_tp: int = 8, max_pp: int = 4) -> None:
