@@ -242,7 +242,8 @@ class CostModel(abc.ABC):
     def max_concurrent_sequences(self, work: Work, placement: Placement) -> int:
         """How many sequences' KV caches fit next to the weights on one device of a generation replica."""
         return memory.max_concurrent_sequences(work.model, self._stage_layers(work, placement), placement.tp,
-                                               work.seq_len, work.dtype, self.catalog.lookup(placement.device_type).memory_bytes)
+                                               work.seq_len, work.dtype, self.catalog.lookup(placement.device_type).memory_bytes,
+                                               work.memory_utilization)
 
     def device_source(self, device_type: str) -> str:
         """Where this model's numbers for a device type come from when no phase was timed."""

@@ -92,9 +92,10 @@ def generation_workspace(model: ModelShape, tp: int, dtype: str = "bf16") -> flo
 
 
 def max_concurrent_sequences(model: ModelShape, layers: int, tp: int, seq_len: int, dtype: str,
-                             memory_bytes: float) -> int:
-    """How many sequences of `seq_len` tokens have room for their KV cache next to the weights."""
-    usable = memory_bytes * GPU_MEMORY_UTILIZATION
+                             memory_bytes: float, utilization: float = GPU_MEMORY_UTILIZATION) -> int:
+    """How many sequences of `seq_len` tokens have room for their KV cache next to the weights, within
+    `utilization` of the device (the share the engine is told it may use)."""
+    usable = memory_bytes * utilization
     free = usable - params_on_device(model, layers, tp) * DTYPE_BYTES[dtype] - generation_workspace(model, tp, dtype)
     per_seq = max(1, seq_len) * kv_bytes_per_token(model, layers, tp, dtype)
     return max(0, int(free // per_seq))

@@ -42,7 +42,8 @@ def device_demands(plan: Plan) -> tuple[dict[str, list[tuple[str, float, float]]
                 capacity = cluster.catalog.lookup(types[d]).memory_bytes
                 concurrent = batch
                 if kind == TaskKind.GENERATION:
-                    room = mem.max_concurrent_sequences(model, layers, tp, seq_len, dtype, capacity)
+                    room = mem.max_concurrent_sequences(model, layers, tp, seq_len, dtype, capacity,
+                                                        workload.generation.gpu_memory_utilization)
                     if room < 1:
                         problems.append(f"{d} ({types[d]}): {placement.task} has no room for even one "
                                         f"sequence's KV cache next to {layers} layers of {model.name} at TP{tp}")

@@ -113,6 +113,7 @@ class TaskCosts:
                     response_len=self.response if response_len is None else response_len,
                     dtype=self.dtype, layers=None if layers is None or layers == model.layers else layers,
                     recompute=self.workload.training.recompute, engine=self.backend,
+                    memory_utilization=self.workload.generation.gpu_memory_utilization,
                     token_budget=self.token_budget if self.graph.kind_of(task) != TaskKind.GENERATION else None)
 
     def longest_prompt(self, prompts: int) -> float:

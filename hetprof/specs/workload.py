@@ -109,6 +109,9 @@ class GenerationParams:
                               check=positive, expect="a positive integer")
     block_tokens: int = field(16, help="tokens per paged KV-cache block (vLLM's block_size)", check=positive,
                               expect="a positive integer")
+    gpu_memory_utilization: float = field(0.9, help="share of each generator GPU's memory the engine may use for "
+                                          "weights, workspace and KV cache (vLLM's gpu_memory_utilization)",
+                                          check=lambda x: 0 < x <= 1, expect="in (0, 1]")
     partial_rollout: bool = field(False, help="async only: a weight sync interrupts unfinished responses and "
                                   "resumes them after it (verl's partial_rollout), so generation never waits for "
                                   "the step's longest response")
