@@ -111,6 +111,15 @@ class CostModel(abc.ABC):
         return comm.fsdp_forward_gather_time(layer_bytes, layers, root_bytes, dp, link.alpha_s, link.beta_Bps,
                                              compute_s, micro)
 
+    def sequence_parallel_time(self, work: Work, placement: Placement, sp: int, link: LinkSpec) -> float:
+        """Seconds Ulysses sequence parallelism over `sp` ranks adds to a training or forward-only pass
+        of `work` (its all-to-alls over `link`, the GPUs' own link within a host)."""
+        model, tp = work.model, placement.tp
+        passes = 1 if work.kind != TaskKind.TRAINING else 3 if work.recompute else 2
+        return comm.ulysses_all_to_all_time(work.batch * work.seq_len, model.heads * model.head_dim // tp,
+                                            model.kv_heads * model.head_dim // tp, self._stage_layers(work, placement),
+                                            sp, passes, link.alpha_s, link.beta_Bps, DTYPE_BYTES[work.dtype])
+
     def _dp_messages(self, work: Work, placement: Placement) -> tuple[float, float, int, int]:
         """(one layer's bytes, the root's bytes, layers, micro-batches) of a replica-stage's DP collectives."""
         model, tp = work.model, placement.tp

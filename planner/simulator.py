@@ -84,6 +84,9 @@ class Simulator:
         if executable and workload.generation.partial_rollout:
             raise InfeasibleError("generation.partial_rollout: `hetprof run` does not interrupt generation at a "
                                   "weight sync; plan it with --any-layout (a what-if) or set it false")
+        if executable and workload.training.sequence_parallel > 1:
+            raise InfeasibleError("training.sequence_parallel: `hetprof run` does not split sequences over ranks; "
+                                  "plan it with --any-layout (a what-if) or set it 1")
         self.workload = workload
         self.cost_model = cost_model
         self.seed = seed

@@ -364,6 +364,8 @@ class TaskCosts:
             seconds += grad
         elif kind == TaskKind.INFERENCE and layout.dp > 1 and layout.sharding == "fsdp":
             seconds += self._dp_traffic(layout, seconds)  # the log-prob pass gathers its leader's shards
+        if kind != TaskKind.GENERATION and self.workload.training.sequence_parallel > 1:
+            seconds += self._ulysses(layout, self.workload.training.sequence_parallel, problems)
         if kind == TaskKind.TRAINING:
             seconds += self._optimizer_steps(layout)
         if task == Task.ACTOR_TRAIN:  # the controller's per-step work runs serial with the actor's update
@@ -389,6 +391,17 @@ class TaskCosts:
         one = max(self.cm.optimizer_step_time(work, Placement(t, layout.tp, layout.pp, dp=layout.dp,
                                                               sharding=layout.sharding)) for t in types)
         return one * self.workload.ppo_epochs * self.workload.mini_batches
+
+    def _ulysses(self, layout: TaskLayout, sp: int, problems: list[str]) -> float:
+        """Ulysses all-to-alls of the busiest replica's tokens (every epoch's) over its host's GPU link."""
+        if layout.dp % sp:
+            problems.append(f"{layout.task}: training.sequence_parallel {sp} does not divide its {layout.dp} replicas")
+        first = self.devices[layout.replicas[0][0]]
+        batch = max(1, round(max(layout.shares) * self.sequences))
+        epochs = self.workload.ppo_epochs if self.graph.kind_of(layout.task) == TaskKind.TRAINING else 1
+        work = self.work(layout.task, batch, None, self.sequence_response, self.sequence_prompt)
+        link = self.links.between(first.host, first.host)
+        return epochs * self.cm.sequence_parallel_time(work, Placement(first.type, layout.tp, layout.pp), sp, link)
 
     def _dp_traffic(self, layout: TaskLayout, seconds: float) -> float:
         """Data-parallel traffic over the slowest link among the replicas. Training: per optimizer step

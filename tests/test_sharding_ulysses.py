@@ -1,0 +1,66 @@
+"""Ulysses sequence parallelism (training.sequence_parallel): its all-to-alls by hand, and who refuses it."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from hetprof.costmodels import LinkSpec, comm, get_cost_model
+from hetprof.costmodels.data import Placement, Work
+from hetprof.errors import InfeasibleError, SpecError
+from hetprof.models import ModelShape
+from hetprof.specs import ClusterSpec, WorkloadSpec
+
+M = ModelShape("toy", "llama", 4, 64, 128, 4, 2, 16, 100, False)  # q 4×16 = 64, kv 2×16 = 32 wide
+LINK = LinkSpec(1e-5, 1e10)
+
+
+def test_four_all_to_alls_per_layer_and_pass_move_the_ranks_share_of_q_k_v_and_out():
+    # 1000 tokens × (64 + 64 + 32 + 32) × 2 bytes = 384 kB per rank; sp 4 sends 3/4 of it in 3 α-steps
+    per_pass = 4 * 3 * 1e-5 + 3 / 4 * 384_000 / 1e10
+    assert comm.ulysses_all_to_all_time(1000, 64, 32, 4, 4, 3, 1e-5, 1e10) == pytest.approx(4 * 3 * per_pass)
+    assert comm.ulysses_all_to_all_time(1000, 64, 32, 4, 1, 3, 1e-5, 1e10) == 0.0
+
+
+def test_training_pays_forward_backward_and_recompute_a_log_prob_pass_only_its_forward():
+    cm = get_cost_model("analytical")
+    place = Placement("H100-SXM", 1)
+    one = comm.ulysses_all_to_all_time(10 * 100, 64, 32, 4, 4, 1, 1e-5, 1e10)
+    train = Work("training", M, 10, 20, 80, recompute=True)
+    assert cm.sequence_parallel_time(train, place, 4, LINK) == pytest.approx(3 * one)
+    assert cm.sequence_parallel_time(Work("inference", M, 10, 20, 80), place, 4, LINK) == pytest.approx(one)
+
+
+def _workload(**training) -> WorkloadSpec:
+    return WorkloadSpec.from_dict({
+        "name": "w", "algorithm": "grpo", "models": {"actor": "qwen3-0.6b"}, "prompts_per_step": 8,
+        "responses_per_prompt": 2, "prompt_len": {"mean": 64, "max": 64}, "response_len": {"mean": 64, "max": 64},
+        "training": {"kl_coef": 0.0, **training}})
+
+
+def test_hetprof_run_refuses_it_and_a_packed_budget_may_hold_a_split_sequence(tmp_path):
+    from hetprof.planner.simulator import Simulator
+
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump({"name": "one", "hosts": [{"name": "h", "gpus": {"type": "H100-SXM", "count": 8}}]}))
+    with pytest.raises(InfeasibleError, match="training.sequence_parallel"):
+        Simulator(ClusterSpec.load(path), _workload(sequence_parallel=2), get_cost_model("analytical"), executable=True)
+    assert _workload(sequence_parallel=2, max_tokens_per_microbatch=64).training.sequence_parallel == 2
+    with pytest.raises(SpecError, match="max_tokens_per_microbatch"):
+        _workload(max_tokens_per_microbatch=64)  # 128 tokens do not fit one rank's 64 unsplit
+
+
+def test_a_degree_that_does_not_divide_the_replicas_is_a_layout_problem(tmp_path):
+    from hetprof.planner.pinned import PinnedLayout, pinned_candidate
+    from hetprof.planner.simulator import Simulator
+    from hetprof.specs.loader import from_data
+
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump({"name": "one", "hosts": [{"name": "h", "gpus": {"type": "H100-SXM", "count": 8}}]}))
+    sim = Simulator(ClusterSpec.load(path), _workload(sequence_parallel=3), get_cost_model("analytical"),
+                    streaming=False, executable=False)
+    tasks = {"generation": {"group": "all", "tp": 1, "pp": 1}, "inference": {"group": "all", "tp": 1, "pp": 1},
+             "training": {"group": "all", "tp": 1, "pp": 1, "sharding": "fsdp"}}
+    score = sim.evaluate(pinned_candidate(sim, from_data(PinnedLayout, {"groups": {"all": 8}, "tasks": tasks})))
+    assert not score.feasible
+    assert any("sequence_parallel 3 does not divide its 8 replicas" in v for v in score.violations)
