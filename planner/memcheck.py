@@ -33,6 +33,7 @@ def device_demands(plan: Plan) -> tuple[dict[str, list[tuple[str, float, float]]
         kind, role = TASKS[placement.task]
         # a follower runs on its leader's model: sharded as its leader shards it
         dp, sharding = sharded.get(FOLLOWS.get(placement.task), (placement.layout.dp, placement.layout.sharding))
+        dp = min(dp, workload.training.shard_group or dp)  # HSDP: each shard group holds a whole copy
         model = roles[role]
         tp = placement.layout.tp
         for k in placement.tasklets:

@@ -27,6 +27,7 @@ from hetprof.models import DTYPE_BYTES, ModelShape
 from hetprof.planner.candidate import TaskLayout, even_split
 from hetprof.planner.engines import ENGINES, EngineLimits, GenerationRequest, StepTable, arrival_order
 from hetprof.planner.graph import RLGraph
+from hetprof.planner.imbalance import longest_sequence_factor
 from hetprof.planner.links import LinkTable
 from hetprof.specs import Device, WorkloadSpec
 from hetprof.specs.vocabulary import Task, TaskKind
@@ -299,6 +300,7 @@ class TaskCosts:
     def memory(self, task: str, device_type: str, tp: int, layers: int, batch: int, dp: int = 1,
                sharding: str = "none") -> MemoryEstimate:
         """Peak bytes of one device of a replica; a training replica shards its state over `dp` as `sharding` says."""
+        dp = min(dp, self.workload.training.shard_group or dp)  # HSDP: a shard group holds one copy
         if sharding == "none" or dp == 1:
             dp, sharding = 1, "none"
         key = (task, device_type, tp, layers, batch, dp, sharding)
@@ -358,6 +360,9 @@ class TaskCosts:
                 f"{est.activations / GB:.1f}, KV cache {est.kv_cache / GB:.1f} GB with "
                 f"{layout.describe()} and {layers} of {model.layers} layers per stage")
         seconds = max(replica_s) if replica_s else math.inf
+        if kind == TaskKind.TRAINING and not self.padded and len(self.lengths):  # padded: priced at the longest
+            seconds *= longest_sequence_factor(self.lengths + self.prompt, self.workload.mini_batches,
+                                               layout.dp // self.workload.training.sequence_parallel)
         grad = 0.0
         if kind == TaskKind.TRAINING and layout.dp > 1:
             grad = self._dp_traffic(layout, seconds)  # overlaps the passes' compute, not the Adam steps
@@ -388,7 +393,8 @@ class TaskCosts:
         each over the optimizer shard its sharding leaves a rank."""
         work = self.work(layout.task, 1)
         types = {self.devices[d].type for d in layout.devices()}
-        one = max(self.cm.optimizer_step_time(work, Placement(t, layout.tp, layout.pp, dp=layout.dp,
+        dp = min(layout.dp, self.workload.training.shard_group or layout.dp)
+        one = max(self.cm.optimizer_step_time(work, Placement(t, layout.tp, layout.pp, dp=dp,
                                                               sharding=layout.sharding)) for t in types)
         return one * self.workload.ppo_epochs * self.workload.mini_batches
 

@@ -100,6 +100,9 @@ class TrainingParams:
                                    "attention heads by all-to-all in every layer (verl's "
                                    "ulysses_sequence_parallel_size); `hetprof run` does not do it",
                                    check=positive, expect="a positive integer")
+    shard_group: int | None = field(None, help="hybrid sharding (HSDP, verl's fsdp_size): a sharded trainer splits "
+                                    "its state over groups of this many replicas and replicates it across the "
+                                    "groups; none = over all of them", check=positive, expect="a positive integer")
     max_tokens_per_microbatch: int | None = field(
         None, help="pack sequences without padding into micro-batches of at most this many tokens, in "
         "training and in the reference/critic/reward/log-prob passes; none = padded micro-batches",
