@@ -264,7 +264,7 @@ class CostModel(abc.ABC):
             concurrent = min(work.batch, self.max_concurrent_sequences(work, placement))
         return memory.task_memory(work.kind, work.model, self._stage_layers(work, placement), placement.tp,
                                   work.batch, work.seq_len, work.dtype, work.recompute, concurrent,
-                                  placement.dp, placement.sharding, work.token_budget)
+                                  placement.dp, placement.sharding, work.token_budget, work.sp)
 
 
 def optimizer_shards(placement: Placement) -> int:

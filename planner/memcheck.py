@@ -51,7 +51,7 @@ def device_demands(plan: Plan) -> tuple[dict[str, list[tuple[str, float, float]]
                     concurrent = min(batch, max(room, 1))
                 budget = workload.training.max_tokens_per_microbatch if kind != TaskKind.GENERATION else None
                 est = mem.task_memory(kind, model, layers, tp, batch, seq_len, dtype, recompute, concurrent,
-                                      dp, sharding, budget)
+                                      dp, sharding, budget, workload.training.sequence_parallel)
                 demands.setdefault(d, []).append((placement.task, est.total, est.weights + est.grads + est.optimizer))
     return demands, problems
 

@@ -85,7 +85,7 @@ class TaskCosts:
         # that packs sequences instead; memory keeps the declared means either way. A workload with
         # `training.max_tokens_per_microbatch` runs packed: mean lengths in as many micro-batches as
         # its token budget fills (`packs`), memory bounded by the budget.
-        self.token_budget = workload.training.max_tokens_per_microbatch
+        self.token_budget, self.sp = workload.training.max_tokens_per_microbatch, workload.training.sequence_parallel
         self.runs_padded = padded
         self.padded = padded and self.token_budget is None
         self._packs: dict[int, tuple[int, int]] = {}
@@ -114,7 +114,7 @@ class TaskCosts:
                     response_len=self.response if response_len is None else response_len,
                     dtype=self.dtype, layers=None if layers is None or layers == model.layers else layers,
                     recompute=self.workload.training.recompute, engine=self.backend,
-                    memory_utilization=self.workload.generation.gpu_memory_utilization,
+                    memory_utilization=self.workload.generation.gpu_memory_utilization, sp=self.sp,
                     token_budget=self.token_budget if self.graph.kind_of(task) != TaskKind.GENERATION else None)
 
     def longest_prompt(self, prompts: int) -> float:

@@ -64,3 +64,19 @@ def test_a_degree_that_does_not_divide_the_replicas_is_a_layout_problem(tmp_path
     score = sim.evaluate(pinned_candidate(sim, from_data(PinnedLayout, {"groups": {"all": 8}, "tasks": tasks})))
     assert not score.feasible
     assert any("sequence_parallel 3 does not divide its 8 replicas" in v for v in score.violations)
+
+
+def test_a_sequence_longer_than_a_ranks_budget_splits_its_activations_over_the_group():
+    from hetprof.costmodels import memory
+
+    def act(batch: int, seq_len: int, sp: int) -> float:
+        return memory.task_memory("inference", M, 4, 1, batch, seq_len, "bf16", False, 1, sp=sp).activations
+
+    per_token = memory.activation_bytes_per_token_layer(M, 1) + M.vocab * memory.LOGIT_BYTES
+    # one 32768-token sequence a rank: alone it holds all of it; 4 ranks form micro-batches of 4 × 16384
+    # tokens (2 sequences) and each holds a quarter of one: 16384 tokens
+    assert act(1, 32768, 1) == pytest.approx(32768 * per_token)
+    assert act(1, 32768, 4) == pytest.approx(16384 * per_token)
+    # many short sequences fill the budget either way: 16 of 1000 alone, 65 of 1000 over 4 ranks
+    assert act(64, 1000, 1) == pytest.approx(16000 * per_token)
+    assert act(64, 1000, 4) == pytest.approx(65000 / 4 * per_token)
