@@ -31,6 +31,7 @@ from hetprof.planner.links import LinkTable, measured_device_link
 from hetprof.planner.schedule import Event, ScheduleInput, simulate, timeline
 from hetprof.planner.taskcosts import TaskCosts, TaskEval
 from hetprof.specs import FOLLOWS, GENERATION_BACKENDS, SHARDING, ClusterSpec, WorkloadSpec, executable
+from hetprof.specs.executable import workload_problems
 from hetprof.specs.vocabulary import TaskKind
 
 OBJECTIVES = ("throughput", "cost", "throughput-under-budget")
@@ -81,12 +82,8 @@ class Simulator:
         # Plan only layouts `hetprof run` carries out (hetprof/specs/executable.py); off, any layout
         # the model allows (what-if studies of other runtimes, the published systems' search spaces).
         self.executable = executable
-        if executable and workload.generation.partial_rollout:
-            raise InfeasibleError("generation.partial_rollout: `hetprof run` does not interrupt generation at a "
-                                  "weight sync; plan it with --any-layout (a what-if) or set it false")
-        if executable and workload.training.sequence_parallel > 1:
-            raise InfeasibleError("training.sequence_parallel: `hetprof run` does not split sequences over ranks; "
-                                  "plan it with --any-layout (a what-if) or set it 1")
+        for problem in workload_problems(workload) if executable else ():
+            raise InfeasibleError(f"{problem}; plan it with --any-layout (a what-if) or leave it out")
         self.workload = workload
         self.cost_model = cost_model
         self.seed = seed

@@ -80,3 +80,18 @@ def test_a_sequence_longer_than_a_ranks_budget_splits_its_activations_over_the_g
     # many short sequences fill the budget either way: 16 of 1000 alone, 65 of 1000 over 4 ranks
     assert act(64, 1000, 1) == pytest.approx(16000 * per_token)
     assert act(64, 1000, 4) == pytest.approx(65000 / 4 * per_token)
+
+
+def test_hetprof_run_refuses_a_what_if_plan_that_splits_sequences():
+    from hetprof.errors import ExecutionError
+    from hetprof.executor.handwritten_plan import handwritten_plan
+    from hetprof.executor.launch_checks import check_supported
+
+    cluster = {"name": "c", "hosts": [{"name": "h", "gpus": {"type": "cpu", "count": 2}}]}
+    data = _workload(sequence_parallel=2).to_dict()
+    plan = handwritten_plan(cluster, data, {"actor_gen": ["h:0"], "actor_train": ["h:0", "h:1"]})
+    with pytest.raises(ExecutionError, match=r"training\.sequence_parallel 2"):
+        check_supported(plan)
+    data["training"]["sequence_parallel"] = 1
+    plan = handwritten_plan(cluster, data, {"actor_gen": ["h:0"], "actor_train": ["h:0", "h:1"]})
+    assert check_supported(plan) == "gloo"
