@@ -96,18 +96,40 @@ class CostModel(abc.ABC):
         gradient (and, sharded, parameter) collectives `comm.data_parallel_sync_time` prices for
         `sharding` — FSDP's overlapped with the step's `compute_s` — plus the measured per-step cost
         beyond them (never below 0)."""
+        layer_bytes, root_bytes, layers, micro = self._dp_messages(work, placement)
+        backward = 3.0 if work.recompute else 2.0  # recomputation replays the forward inside the backward
+        sync = comm.data_parallel_sync_time(sharding, layer_bytes, layers, root_bytes, dp, link.alpha_s,
+                                            link.beta_Bps, compute_s / (1 + backward),
+                                            compute_s * backward / (1 + backward), micro)
+        return max(0.0, sync + self.dp_step_extra(placement.device_type))
+
+    def fsdp_gather_time(self, work: Work, placement: Placement, dp: int, link: LinkSpec,
+                         compute_s: float = 0.0) -> float:
+        """What FSDP's per-layer parameter gathers add to a forward-only pass of `compute_s` seconds
+        over the shards of `dp` ranks (the log-prob pass reads the trainer's FSDP shards)."""
+        layer_bytes, root_bytes, layers, micro = self._dp_messages(work, placement)
+        return comm.fsdp_forward_gather_time(layer_bytes, layers, root_bytes, dp, link.alpha_s, link.beta_Bps,
+                                             compute_s, micro)
+
+    def sequence_parallel_time(self, work: Work, placement: Placement, sp: int, link: LinkSpec) -> float:
+        """Seconds Ulysses sequence parallelism over `sp` ranks adds to a training or forward-only pass
+        of `work` (its all-to-alls over `link`, the GPUs' own link within a host)."""
+        model, tp = work.model, placement.tp
+        passes = 1 if work.kind != TaskKind.TRAINING else 3 if work.recompute else 2
+        return comm.ulysses_all_to_all_time(work.batch * work.seq_len, model.heads * model.head_dim // tp,
+                                            model.kv_heads * model.head_dim // tp, self._stage_layers(work, placement),
+                                            sp, passes, link.alpha_s, link.beta_Bps, DTYPE_BYTES[work.dtype])
+
+    def _dp_messages(self, work: Work, placement: Placement) -> tuple[float, float, int, int]:
+        """(one layer's bytes, the root's bytes, layers, micro-batches) of a replica-stage's DP collectives."""
         model, tp = work.model, placement.tp
         layers = self._stage_layers(work, placement)
         width = DTYPE_BYTES[work.dtype]
         layer_bytes = model.params_per_layer * width / tp
         root_bytes = (memory.params_on_device(model, layers, tp, with_embeddings=True)
                       - layers * model.params_per_layer / tp) * width
-        backward = 3.0 if work.recompute else 2.0  # recomputation replays the forward inside the backward
         micro = math.ceil(work.batch / memory.micro_batch(work.batch, work.seq_len))
-        sync = comm.data_parallel_sync_time(sharding, layer_bytes, layers, root_bytes, dp, link.alpha_s,
-                                            link.beta_Bps, compute_s / (1 + backward),
-                                            compute_s * backward / (1 + backward), micro)
-        return max(0.0, sync + self.dp_step_extra(placement.device_type))
+        return layer_bytes, root_bytes, layers, micro
 
     def optimizer_step_time(self, work: Work, placement: Placement) -> float:
         """Seconds of one optimizer step of a training replica-stage beyond its timed training phase,
@@ -122,21 +144,24 @@ class CostModel(abc.ABC):
         return 0.0
 
     def reshard_time(self, model: ModelShape, link: LinkSpec, gen_tp: int, train_pieces: int,
-                     dtype: str = "bf16") -> float:
+                     dtype: str = "bf16", flows: int = 1) -> float:
         """Colocated (hybrid-engine) hand-off of new weights to the generator on the same GPUs: each
         generator rank all-gathers its TP shard, weights/gen_tp, from the `train_pieces` pieces the
         trainer splits the model into (tp × pp, × dp under FSDP), of which it holds one already
         (verl's FSDP → vLLM resharding, NeMo-Aligner's PP-folding refit); nothing moves when the
-        trainer's piece is the shard itself."""
+        trainer's piece is the shard itself. Every rank gathers at once: `flows` gathers share
+        `link` (a host's network cards, when the pieces sit on other hosts), each at 1/flows of it."""
         shard = model.weight_bytes(dtype) / max(1, gen_tp)
         ranks = max(1, math.ceil(train_pieces / max(1, gen_tp)))
-        return self.collective_time("all_gather", shard, ranks, link)
+        return comm.collective_time("all_gather", shard, ranks, link.alpha_s, link.beta_Bps / max(1, flows))
 
     def weight_sync_time(self, model: ModelShape, link: LinkSpec, receivers: int = 1, dtype: str = "bf16",
-                         shards: int = 1) -> float:
-        """Trainer → generators: broadcast of the weights to `receivers`, `shards` streams in parallel."""
+                         shards: int = 1, flows: int = 1) -> float:
+        """Trainer → generators: broadcast of the weights to `receivers`, `shards` streams in parallel.
+        Each stream is one rank's and crosses that GPU's own network card: `flows` GPUs split a host's
+        `link` bandwidth (one card per GPU, the usual 8-GPU build), so a stream gets 1/flows of it."""
         size = model.weight_bytes(dtype) / max(1, shards)
-        return self.collective_time("broadcast", size, receivers + 1, link)
+        return comm.collective_time("broadcast", size, receivers + 1, link.alpha_s, link.beta_Bps / max(1, flows))
 
     def rollout_transfer_time(self, sequences: int, seq_len: float, link: LinkSpec,
                               bytes_per_token: int = comm.ROLLOUT_BYTES_PER_TOKEN) -> float:
@@ -232,7 +257,8 @@ class CostModel(abc.ABC):
     def max_concurrent_sequences(self, work: Work, placement: Placement) -> int:
         """How many sequences' KV caches fit next to the weights on one device of a generation replica."""
         return memory.max_concurrent_sequences(work.model, self._stage_layers(work, placement), placement.tp,
-                                               work.seq_len, work.dtype, self.catalog.lookup(placement.device_type).memory_bytes)
+                                               work.seq_len, work.dtype, self.catalog.lookup(placement.device_type).memory_bytes,
+                                               work.memory_utilization)
 
     def device_source(self, device_type: str) -> str:
         """Where this model's numbers for a device type come from when no phase was timed."""
@@ -244,7 +270,7 @@ class CostModel(abc.ABC):
             concurrent = min(work.batch, self.max_concurrent_sequences(work, placement))
         return memory.task_memory(work.kind, work.model, self._stage_layers(work, placement), placement.tp,
                                   work.batch, work.seq_len, work.dtype, work.recompute, concurrent,
-                                  placement.dp, placement.sharding, work.token_budget)
+                                  placement.dp, placement.sharding, work.token_budget, work.sp)
 
 
 def optimizer_shards(placement: Placement) -> int:

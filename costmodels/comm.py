@@ -131,3 +131,31 @@ def data_parallel_sync_time(sharding: str, layer_bytes: float, layers: int, root
     forward = gather + hidden * max(0.0, gather - per_fwd)
     backward = gather + hidden * max(0.0, gather + scatter - per_bwd) + scatter
     return micro * (root + forward + backward)
+
+
+def ulysses_all_to_all_time(tokens: float, q_dim: int, kv_dim: int, layers: int, sp: int, passes: int,
+                            alpha_s: float, beta_Bps: float, width: int = 2) -> float:
+    """Seconds Ulysses sequence parallelism adds to one rank holding `tokens` tokens (1/sp of each of
+    its group's sequences): per layer and pass, four all-to-alls (q, k and v to heads before attention,
+    the output back to sequence after), each `sp − 1` α-steps and (sp − 1)/sp of the rank's tensor over
+    β. A backward pass exchanges the same gradients, so training has 2 passes (3 with recomputation)."""
+    if sp <= 1 or tokens <= 0:
+        return 0.0
+    tensor = tokens * (2 * q_dim + 2 * kv_dim) * width  # q + out (q_dim each), k + v (kv_dim each)
+    per_pass = 4 * (sp - 1) * alpha_s + (sp - 1) / sp * tensor / beta_Bps
+    return layers * passes * per_pass
+
+
+def fsdp_forward_gather_time(layer_bytes: float, layers: int, root_bytes: float, n: int, alpha_s: float,
+                             beta_Bps: float, forward_s: float = 0.0, micro_batches: int = 1) -> float:
+    """Exposed seconds FSDP's parameter gathers add to a forward-only pass over `n` ranks' shards
+    (the log-prob pass on the trainer's FSDP shards): per micro-batch the root's and every layer's
+    all-gather, each layer's overlapping its neighbour's forward (prefetch), so a layer costs
+    max(compute, gather) and the first gathers are exposed. `forward_s` is the pass's compute."""
+    if n <= 1:
+        return 0.0
+    micro = max(1, micro_batches)
+    gather = collective_time("all_gather", layer_bytes, n, alpha_s, beta_Bps)
+    root = collective_time("all_gather", root_bytes, n, alpha_s, beta_Bps)
+    per_layer = forward_s / (micro * max(1, layers))
+    return micro * (root + gather + max(0, layers - 1) * max(0.0, gather - per_layer))

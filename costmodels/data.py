@@ -53,6 +53,8 @@ class Work:
     recompute: bool = False
     engine: str = "hf"  # generation: the engine making the calls (planner/engines.py), for its call cost
     token_budget: int | None = None  # packed micro-batches of at most this many tokens (None: padded)
+    sp: int = 1  # training / forward passes: Ulysses degree, each sequence split over sp ranks
+    memory_utilization: float = 0.9  # generation: share of the GPU the engine may fill (vLLM's gpu_memory_utilization)
 
     def __post_init__(self) -> None:
         if self.kind not in tuple(TaskKind):

@@ -92,9 +92,10 @@ def generation_workspace(model: ModelShape, tp: int, dtype: str = "bf16") -> flo
 
 
 def max_concurrent_sequences(model: ModelShape, layers: int, tp: int, seq_len: int, dtype: str,
-                             memory_bytes: float) -> int:
-    """How many sequences of `seq_len` tokens have room for their KV cache next to the weights."""
-    usable = memory_bytes * GPU_MEMORY_UTILIZATION
+                             memory_bytes: float, utilization: float = GPU_MEMORY_UTILIZATION) -> int:
+    """How many sequences of `seq_len` tokens have room for their KV cache next to the weights, within
+    `utilization` of the device (the share the engine is told it may use)."""
+    usable = memory_bytes * utilization
     free = usable - params_on_device(model, layers, tp) * DTYPE_BYTES[dtype] - generation_workspace(model, tp, dtype)
     per_seq = max(1, seq_len) * kv_bytes_per_token(model, layers, tp, dtype)
     return max(0, int(free // per_seq))
@@ -102,7 +103,7 @@ def max_concurrent_sequences(model: ModelShape, layers: int, tp: int, seq_len: i
 
 def task_memory(kind: str, model: ModelShape, layers: int, tp: int, batch: int, seq_len: int, dtype: str,
                 recompute: bool, concurrent: int, dp: int = 1, sharding: str = "none",
-                token_budget: int | None = None) -> MemoryEstimate:
+                token_budget: int | None = None, sp: int = 1) -> MemoryEstimate:
     """Peak bytes on one device of a (tp-sharded, `layers`-layer) replica during its phase.
 
     `concurrent` is the number of sequences whose KV cache generation holds at once (ignored by
@@ -110,6 +111,9 @@ def task_memory(kind: str, model: ModelShape, layers: int, tp: int, batch: int, 
     weights of an inference pass run on such a replica (the log-prob pass on an FSDP trainer's
     model holds its parameter shard and gathers a layer at a time, as the trainer's forward does).
     `token_budget` prices packed micro-batches: at most that many tokens at once, whatever the lengths.
+    Under Ulysses sequence parallelism over `sp` ranks a micro-batch is formed for the group (`sp`
+    replicas' sequences, `sp` budgets) and each rank holds 1/sp of its tokens: the same as one budget
+    when many sequences fill it, but one sequence longer than the budget splits over the ranks.
     """
     width = DTYPE_BYTES[dtype]
     params = params_on_device(model, layers, tp)
@@ -122,8 +126,9 @@ def task_memory(kind: str, model: ModelShape, layers: int, tp: int, batch: int, 
         kv = concurrent * seq_len * kv_bytes_per_token(model, layers, tp, dtype)
         act = generation_workspace(model, tp, dtype)
     else:
-        tokens = (micro_batch(batch, seq_len) * seq_len if token_budget is None
-                  else min(token_budget, batch * seq_len))
+        group = max(1, sp)
+        tokens = (micro_batch(batch * group, seq_len, MICRO_BATCH_TOKENS * group) * seq_len if token_budget is None
+                  else min(token_budget * group, batch * group * seq_len)) / group
         per_layer = activation_bytes_per_token_layer(model, tp, dtype)
         logits = tokens * model.vocab * LOGIT_BYTES / tp
         if kind == TaskKind.INFERENCE:

@@ -18,7 +18,7 @@ import torch
 from hetprof.errors import ExecutionError, HetprofError, SpecError
 from hetprof.executor.data import Prompt
 from hetprof.specs import RUNNABLE_BACKENDS, ClusterSpec, Plan, WorkloadSpec
-from hetprof.specs.executable import layout_problems
+from hetprof.specs.executable import layout_problems, workload_problems
 from hetprof.specs.overrides import apply_overrides, from_override
 
 # What `hetprof run --set` may change: how the run trains and what it reads, never what the plan
@@ -89,6 +89,9 @@ def check_supported(plan: Plan, cuda_available: bool | None = None) -> str:
     differently, a TP degree that does not divide the heads, KV heads and FFN width; and here two
     replicas of one task on one device, and a GPU plan on a machine without CUDA.
     """
+    for problem in workload_problems(plan.workload_spec()):
+        raise ExecutionError(f"{problem}; it is refused rather than ignored — the plan is a what-if "
+                             f"(made with --any-layout): replan without it")
     roles = plan.workload_spec().roles()
     for t in plan.tasks:
         splits = [tuple(k.layer_end - k.layer_start for k in sorted(t.tasklets, key=lambda k: k.stage) if k.replica == r)

@@ -33,6 +33,7 @@ def device_demands(plan: Plan) -> tuple[dict[str, list[tuple[str, float, float]]
         kind, role = TASKS[placement.task]
         # a follower runs on its leader's model: sharded as its leader shards it
         dp, sharding = sharded.get(FOLLOWS.get(placement.task), (placement.layout.dp, placement.layout.sharding))
+        dp = min(dp, workload.training.shard_group or dp)  # HSDP: each shard group holds a whole copy
         model = roles[role]
         for k in placement.tasklets:
             tp = placement.layout.tp_of(k.replica)  # a generation task's replicas may differ in TP
@@ -42,14 +43,15 @@ def device_demands(plan: Plan) -> tuple[dict[str, list[tuple[str, float, float]]
                 capacity = cluster.catalog.lookup(types[d]).memory_bytes
                 concurrent = batch
                 if kind == TaskKind.GENERATION:
-                    room = mem.max_concurrent_sequences(model, layers, tp, seq_len, dtype, capacity)
+                    room = mem.max_concurrent_sequences(model, layers, tp, seq_len, dtype, capacity,
+                                                        workload.generation.gpu_memory_utilization)
                     if room < 1:
                         problems.append(f"{d} ({types[d]}): {placement.task} has no room for even one "
                                         f"sequence's KV cache next to {layers} layers of {model.name} at TP{tp}")
                     concurrent = min(batch, max(room, 1))
                 budget = workload.training.max_tokens_per_microbatch if kind != TaskKind.GENERATION else None
                 est = mem.task_memory(kind, model, layers, tp, batch, seq_len, dtype, recompute, concurrent,
-                                      dp, sharding, budget)
+                                      dp, sharding, budget, workload.training.sequence_parallel)
                 demands.setdefault(d, []).append((placement.task, est.total, est.weights + est.grads + est.optimizer))
     return demands, problems
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
@@ -24,15 +25,16 @@ from hetprof.costmodels import LinkSpec
 from hetprof.errors import InfeasibleError
 from hetprof.planner.candidate import Candidate, TaskLayout
 from hetprof.planner.engines import default_backend
+from hetprof.planner.fits import check_fits
 from hetprof.planner.graph import Edge, build_graph
 from hetprof.planner.links import LinkTable, measured_device_link
 from hetprof.planner.schedule import Event, ScheduleInput, simulate, timeline
 from hetprof.planner.taskcosts import TaskCosts, TaskEval
 from hetprof.specs import FOLLOWS, GENERATION_BACKENDS, SHARDING, ClusterSpec, WorkloadSpec, executable
+from hetprof.specs.executable import workload_problems
 from hetprof.specs.vocabulary import TaskKind
 
 OBJECTIVES = ("throughput", "cost", "throughput-under-budget")
-GB = 1e9
 CHUNKS = 8          # streaming granularity: a step's samples flow between groups in this many chunks
 MEMO_LIMIT = 20_000   # scores (and layout evaluations) kept before the memo is emptied
 
@@ -80,6 +82,8 @@ class Simulator:
         # Plan only layouts `hetprof run` carries out (hetprof/specs/executable.py); off, any layout
         # the model allows (what-if studies of other runtimes, the published systems' search spaces).
         self.executable = executable
+        for problem in workload_problems(workload) if executable else ():
+            raise InfeasibleError(f"{problem}; plan it with --any-layout (a what-if) or leave it out")
         self.workload = workload
         self.cost_model = cost_model
         self.seed = seed
@@ -387,56 +391,26 @@ class Simulator:
         model = self.graph.models[edge.model]
         if set(gen.devices()) <= set(train.devices()):  # colocated: reshard in place on every GPU
             pieces = shards * (train.dp if train.sharding == "fsdp" else 1)
+            # across hosts, every generator GPU of a host gathers through that host's network cards at once;
             # the smallest-TP generator gathers the largest shard, so it finishes last
-            seconds = self.cost_model.reshard_time(model, link, min(gen.tp_degrees()), pieces, self.workload.precision)
-        else:
+            per_host = Counter(self.devices[d].host for d in gen.devices())
+            flows = max(per_host.values()) if len(hosts) > 1 else 1
+            seconds = self.cost_model.reshard_time(model, link, min(gen.tp_degrees()), pieces, self.workload.precision,
+                                                   flows)
+        else:  # across hosts of a region each stream takes its GPU's share of the cards; a WAN link is its own limit
+            lan = len(hosts) > 1 and not self.links.spans_regions(hosts)
+            cards = max(self._host_gpus[h] for h in hosts) if lan else 1
             seconds = self.cost_model.weight_sync_time(model, link, receivers=gen.dp, dtype=self.workload.precision,
-                                                       shards=shards)
+                                                       shards=shards, flows=cards)
         self._edges[key] = seconds
         return seconds
 
+    @functools.cached_property
+    def _host_gpus(self) -> Counter:
+        """GPUs per host: they share its network cards."""
+        return Counter(dev.host for dev in self.devices.values())
+
     # ---- up-front feasibility -------------------------------------------------------------------
     def check_fits(self, max_tp: int = 8, max_pp: int = 4) -> None:
-        """Raise InfeasibleError if some task fits on no GPU type of the cluster at any allowed TP × PP.
-
-        TP stays within one host (as every RL system shards it); PP may span hosts.
-        """
-        per_host: dict[str, int] = {}
-        for h in self.cluster.expanded_hosts():
-            t = self.catalog.lookup(h.gpus.type).name
-            per_host[t] = max(per_host.get(t, 0), h.gpus.count)
-        counts = self.cluster.gpu_counts()
-        for task in self.tasks:
-            model = self.graph.model_of(task)
-            best: tuple[float, str] | None = None
-            fits = False
-            stages = min(max_pp, model.layers)
-            if self.executable and not executable.may_pipeline(task):
-                stages = 1
-            for t, host_gpus in per_host.items():
-                tps = [x for x in (1, 2, 4, 8, 16) if x <= min(max_tp, host_gpus)
-                       and (not self.executable or executable.tp_divides(model, x))]
-                for tp in tps:
-                    for pp in range(1, stages + 1):
-                        if tp * pp > counts[t]:
-                            break
-                        layers = -(-model.layers // pp)
-                        est = self.costs.memory(task, t, tp, layers, 1)
-                        need = est.total if self.graph.kind_of(task) != TaskKind.GENERATION else est.weights + est.activations
-                        if need <= self.catalog.lookup(t).memory_bytes:
-                            fits = True
-                            break
-                        if best is None or need / self.catalog.lookup(t).memory_bytes < best[0]:
-                            best = (need / self.catalog.lookup(t).memory_bytes,
-                                    f"{need / GB:.1f} GB per GPU on {t} ({self.catalog.lookup(t).memory_GB:.0f} GB) at TP{tp}×PP{pp}")
-                    if fits:
-                        break
-                if fits:
-                    break
-            if not fits:
-                limit = (f"no pipeline stages (`hetprof run` runs none for {task}; --any-layout plans without "
-                         f"its limits)" if stages == 1 and max_pp > 1 else f"PP ≤ {max_pp}")
-                raise InfeasibleError(
-                    f"{task} ({model.name}) fits on no GPU of cluster {self.cluster.name!r} with TP ≤ {max_tp} "
-                    f"(within a host) and {limit}: the closest needs {best[1] if best else 'more memory'}; "
-                    f"allow more --max-tp/--max-pp, add larger GPUs, or use a smaller model")
+        """Raise InfeasibleError if some task fits on no GPU type of the cluster (planner/fits.py)."""
+        check_fits(self, max_tp, max_pp)

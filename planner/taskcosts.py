@@ -23,11 +23,13 @@ import numpy as np
 
 from hetprof.catalog import builtin
 from hetprof.costmodels import MemoryEstimate, Placement, Work
-from hetprof.models import DTYPE_BYTES, ModelShape
+from hetprof.models import DTYPE_BYTES
 from hetprof.planner.candidate import TaskLayout, even_split
 from hetprof.planner.engines import ENGINES, EngineLimits, GenerationRequest, StepTable, arrival_order
 from hetprof.planner.graph import RLGraph
+from hetprof.planner.imbalance import longest_sequence_factor
 from hetprof.planner.links import LinkTable
+from hetprof.planner.passtime import finish_curve, layer_fraction, packed_seconds
 from hetprof.specs import Device, WorkloadSpec
 from hetprof.specs.vocabulary import Task, TaskKind
 from hetprof.tokenbudget import packed_shape, spread
@@ -84,7 +86,7 @@ class TaskCosts:
         # that packs sequences instead; memory keeps the declared means either way. A workload with
         # `training.max_tokens_per_microbatch` runs packed: mean lengths in as many micro-batches as
         # its token budget fills (`packs`), memory bounded by the budget.
-        self.token_budget = workload.training.max_tokens_per_microbatch
+        self.token_budget, self.sp = workload.training.max_tokens_per_microbatch, workload.training.sequence_parallel
         self.runs_padded = padded
         self.padded = padded and self.token_budget is None
         self._packs: dict[int, tuple[int, int]] = {}
@@ -113,6 +115,7 @@ class TaskCosts:
                     response_len=self.response if response_len is None else response_len,
                     dtype=self.dtype, layers=None if layers is None or layers == model.layers else layers,
                     recompute=self.workload.training.recompute, engine=self.backend,
+                    memory_utilization=self.workload.generation.gpu_memory_utilization, sp=self.sp,
                     token_budget=self.token_budget if self.graph.kind_of(task) != TaskKind.GENERATION else None)
 
     def longest_prompt(self, prompts: int) -> float:
@@ -177,7 +180,10 @@ class TaskCosts:
     def replica_lengths(self, batch: int) -> np.ndarray:
         """`batch` response lengths that follow the step's sampled distribution (evenly spaced
         quantiles), the longest being the step's longest: one replica draws it, and the step waits
-        for that replica, so a task of several replicas is priced by the one that holds it."""
+        for that replica, so a task of several replicas is priced by the one that holds it. Under
+        partial rollout every replica decodes the mean length: the same tokens, no tail."""
+        if self.workload.generation.partial_rollout:  # unfinished responses carry over: no tail to wait for
+            return np.full(batch, float(self.lengths.mean()) if len(self.lengths) else self.response)
         lengths = spread(self.lengths, batch, self.response)
         if len(self.lengths):
             lengths[-1] = self.lengths[-1]
@@ -273,7 +279,7 @@ class TaskCosts:
         times = []
         for s, (types, link) in enumerate(stages):
             t_s = max(self.stage_time(task, t, tp, link, split[s], batch, response, prompt) for t in types)
-            times.append(t_s * _layer_fraction(model, split[s], last=s == len(stages) - 1))
+            times.append(t_s * layer_fraction(model, split[s], last=s == len(stages) - 1))
         pp = len(stages)
         m = max(1, min(batch, 2 * pp))
         pipe = sum(times) / m + (m - 1) * max(times) / m
@@ -304,6 +310,7 @@ class TaskCosts:
     def memory(self, task: str, device_type: str, tp: int, layers: int, batch: int, dp: int = 1,
                sharding: str = "none") -> MemoryEstimate:
         """Peak bytes of one device of a replica; a training replica shards its state over `dp` as `sharding` says."""
+        dp = min(dp, self.workload.training.shard_group or dp)  # HSDP: a shard group holds one copy
         if sharding == "none" or dp == 1:
             dp, sharding = 1, "none"
         key = (task, device_type, tp, layers, batch, dp, sharding)
@@ -365,15 +372,22 @@ class TaskCosts:
                 f"{est.activations / GB:.1f}, KV cache {est.kv_cache / GB:.1f} GB with "
                 f"{layout.describe()} and {layers} of {model.layers} layers per stage")
         seconds = max(replica_s) if replica_s else math.inf
+        if kind == TaskKind.TRAINING and not self.padded and len(self.lengths):  # padded: priced at the longest
+            seconds *= longest_sequence_factor(self.lengths + self.prompt, self.workload.mini_batches,
+                                               layout.dp // self.workload.training.sequence_parallel)
         grad = 0.0
         if kind == TaskKind.TRAINING and layout.dp > 1:
-            grad = self._grad_sync(layout, seconds)  # overlaps the passes' compute, not the Adam steps
+            grad = self._dp_traffic(layout, seconds)  # overlaps the passes' compute, not the Adam steps
             seconds += grad
+        elif kind == TaskKind.INFERENCE and layout.dp > 1 and layout.sharding == "fsdp":
+            seconds += self._dp_traffic(layout, seconds)  # the log-prob pass gathers its leader's shards
+        if kind != TaskKind.GENERATION and self.workload.training.sequence_parallel > 1:
+            seconds += self._ulysses(layout, self.workload.training.sequence_parallel, problems)
         if kind == TaskKind.TRAINING:
             seconds += self._optimizer_steps(layout)
         if task == Task.ACTOR_TRAIN:  # the controller's per-step work runs serial with the actor's update
             seconds += self._step_overhead(layout)
-        curve = self._curve(kind, seconds, finish)
+        curve = finish_curve(kind, seconds, finish, self.chunks)
         vector = np.zeros(len(self.links.hosts))
         for host, fraction in host_fraction.items():
             vector[self.links.index[host]] = fraction
@@ -391,49 +405,35 @@ class TaskCosts:
         each over the optimizer shard its sharding leaves a rank."""
         work = self.work(layout.task, 1)
         types = {self.devices[d].type for d in layout.devices()}
-        one = max(self.cm.optimizer_step_time(work, Placement(t, layout.tp, layout.pp, dp=layout.dp,
+        dp = min(layout.dp, self.workload.training.shard_group or layout.dp)
+        one = max(self.cm.optimizer_step_time(work, Placement(t, layout.tp, layout.pp, dp=dp,
                                                               sharding=layout.sharding)) for t in types)
         return one * self.workload.ppo_epochs * self.workload.mini_batches
 
-    def _grad_sync(self, layout: TaskLayout, seconds: float) -> float:
-        """Data-parallel traffic per optimizer step (gradients; parameters too when sharded), over the
-        slowest link among the replicas; FSDP's overlaps the step's compute (`seconds` over all steps)."""
+    def _ulysses(self, layout: TaskLayout, sp: int, problems: list[str]) -> float:
+        """Ulysses all-to-alls of the busiest replica's tokens (every epoch's) over its host's GPU link."""
+        if layout.dp % sp:
+            problems.append(f"{layout.task}: training.sequence_parallel {sp} does not divide its {layout.dp} replicas")
+        first = self.devices[layout.replicas[0][0]]
+        batch = max(1, round(max(layout.shares) * self.sequences))
+        epochs = self.workload.ppo_epochs if self.graph.kind_of(layout.task) == TaskKind.TRAINING else 1
+        work = self.work(layout.task, batch, None, self.sequence_response, self.sequence_prompt)
+        link = self.links.between(first.host, first.host)
+        return epochs * self.cm.sequence_parallel_time(work, Placement(first.type, layout.tp, layout.pp), sp, link)
+
+    def _dp_traffic(self, layout: TaskLayout, seconds: float) -> float:
+        """Data-parallel traffic over the slowest link among the replicas. Training: per optimizer step
+        (gradients; parameters too when sharded), FSDP's overlapping the step's compute (`seconds` over
+        all steps). A forward-only pass on FSDP shards (the log-prob pass): one pass's gathers."""
         hosts = {self.devices[d].host for d in layout.devices()}
         link = self.links.slowest(hosts) or self.links.between(*(2 * sorted(hosts)[:1]))
-        first = self.devices[layout.replicas[0][0]].type
-        steps = self.workload.ppo_epochs * self.workload.mini_batches
-        batch = max(1, round(max(layout.shares) * self.sequences / self.workload.mini_batches))
+        place = Placement(self.devices[layout.replicas[0][0]].type, layout.tp, layout.pp)
+        training = self.graph.kind_of(layout.task) == TaskKind.TRAINING
+        steps = self.workload.ppo_epochs * self.workload.mini_batches if training else 1
+        per_call = self.workload.mini_batches if training else 1  # sequences of one optimizer step, or the pass
+        batch = max(1, round(max(layout.shares) * self.sequences / per_call))
         work = self.work(layout.task, batch, None, self.sequence_response, self.sequence_prompt)
-        per_step = self.cm.dp_grad_sync_time(work, Placement(first, layout.tp, layout.pp), layout.dp, link,
-                                             layout.sharding, seconds / steps if math.isfinite(seconds) else 0.0)
-        return per_step * steps
-
-    def _curve(self, kind: str, seconds: float, finish: list[tuple[float, ...]]) -> tuple[float, ...]:
-        k = self.chunks
-        if kind != TaskKind.GENERATION or not math.isfinite(seconds) or not any(finish):
-            return tuple(seconds * (j + 1) / k for j in range(k))
-        merged = np.sort(np.concatenate([np.asarray(f) for f in finish if f]))
-        n = len(merged)
-        points = [float(merged[min(n - 1, math.ceil((j + 1) * n / k) - 1)]) for j in range(k)]
-        points[-1] = seconds
-        return tuple(points)
-
-
-def packed_seconds(one_pack: float, packs: float, step_in_pass: float = 0.0) -> float:
-    """`packs` packs' time from one pack's, `one_pack`, for one optimizer step: a training pass's
-    time holds one optimizer step (`step_in_pass`), and the learner steps once per mini-batch, not
-    once per pack, so the extra packs' steps come off."""
-    return one_pack * packs - max(0.0, packs - 1.0) * min(step_in_pass, one_pack)
-
-
-def _layer_fraction(model: ModelShape, layers: int, last: bool) -> float:
-    """Share of a stage's cost-model time that is its own: the LM head runs only on the last stage.
-
-    The cost model prices every call with the head included; a middle stage's share is its layers'
-    share of the per-token FLOPs.
-    """
-    if last:
-        return 1.0
-    body = layers * model.matmul_flops_per_token_per_layer()
-    head = 2.0 * model.vocab * model.hidden
-    return body / (body + head)
+        compute = seconds / steps if math.isfinite(seconds) else 0.0
+        if not training:
+            return self.cm.fsdp_gather_time(work, place, layout.dp, link, compute)
+        return self.cm.dp_grad_sync_time(work, place, layout.dp, link, layout.sharding, compute) * steps

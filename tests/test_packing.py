@@ -238,7 +238,7 @@ def test_a_packed_steps_record_prices_back_to_the_step_it_took():
     record priced back is the measured step. Hand-computed: 2 steps of 0.5 s, 0.05 s of Adam each,
     2.5 packs: one pack = 0.45 / 2.5 + 0.05 = 0.23 s."""
     from hetprof.executor.iteration_report import train_timing
-    from hetprof.planner.taskcosts import packed_seconds
+    from hetprof.planner.passtime import packed_seconds
 
     row = train_timing(12, 70, 1.0, ppo_epochs=1, mini_batches=2, packs=2.5, optimizer_seconds=0.1)
     assert (row["batch"], row["steps"], row["packs"]) == (6, 2, 2.5)

@@ -97,7 +97,7 @@ def test_a_packed_mini_batch_is_priced_with_one_optimizer_step():
     """A fitted training pass holds one Adam step; the learner steps once per mini-batch of several
     packs. Hand-computed per step: packs × pass − (packs − 1) × step."""
     from hetprof.costmodels.analytical import AnalyticalCostModel
-    from hetprof.planner.taskcosts import packed_seconds
+    from hetprof.planner.passtime import packed_seconds
 
     assert packed_seconds(0.1, 3.0, 0.02) == pytest.approx(3 * 0.08 + 0.02)
     assert packed_seconds(0.1, 1.0, 0.02) == pytest.approx(0.1)  # one pack: its own step

@@ -22,6 +22,18 @@ UNPIPELINED = {
 }
 
 
+def workload_problems(workload) -> list[str]:
+    """What `hetprof run` does not carry out in a workload (`workload`: a WorkloadSpec); a plan made
+    with --any-layout prices it as a what-if."""
+    out = []
+    if workload.generation.partial_rollout:
+        out.append("generation.partial_rollout: `hetprof run` does not interrupt generation at a weight sync")
+    if workload.training.sequence_parallel > 1:
+        out.append(f"training.sequence_parallel {workload.training.sequence_parallel}: `hetprof run` does not "
+                   f"split sequences over ranks")
+    return out
+
+
 def may_pipeline(task: str) -> bool:
     """Whether the executor runs `task` in pipeline stages."""
     return task not in UNPIPELINED

@@ -95,6 +95,14 @@ class TrainingParams:
     recompute: bool = field(False, help="activation recomputation in training")
     use_rollout_logprobs: bool = field(False, help="train on the generator's own log-probs as the old log-probs "
                                        "(skip the actor's log-prob recompute pass)")
+    sequence_parallel: int = field(1, help="Ulysses sequence parallelism: each sequence of the training and log-prob "
+                                   "passes split over this many of their data-parallel ranks, which exchange "
+                                   "attention heads by all-to-all in every layer (verl's "
+                                   "ulysses_sequence_parallel_size); `hetprof run` does not do it",
+                                   check=positive, expect="a positive integer")
+    shard_group: int | None = field(None, help="hybrid sharding (HSDP, verl's fsdp_size): a sharded trainer splits "
+                                    "its state over groups of this many replicas and replicates it across the "
+                                    "groups; none = over all of them", check=positive, expect="a positive integer")
     max_tokens_per_microbatch: int | None = field(
         None, help="pack sequences without padding into micro-batches of at most this many tokens, in "
         "training and in the reference/critic/reward/log-prob passes; none = padded micro-batches",
@@ -109,6 +117,12 @@ class GenerationParams:
                               check=positive, expect="a positive integer")
     block_tokens: int = field(16, help="tokens per paged KV-cache block (vLLM's block_size)", check=positive,
                               expect="a positive integer")
+    gpu_memory_utilization: float = field(0.9, help="share of each generator GPU's memory the engine may use for "
+                                          "weights, workspace and KV cache (vLLM's gpu_memory_utilization)",
+                                          check=lambda x: 0 < x <= 1, expect="in (0, 1]")
+    partial_rollout: bool = field(False, help="async only: a weight sync interrupts unfinished responses and "
+                                  "resumes them after it (verl's partial_rollout), so generation never waits for "
+                                  "the step's longest response")
 
 
 @dataclasses.dataclass
@@ -156,9 +170,14 @@ class WorkloadSpec:
             raise SpecError(None, "prompts_per_step", f"prompts × responses at most {MAX_SEQUENCES:,}",
                             self.sequences_per_step)
         budget, longest = self.training.max_tokens_per_microbatch, self.prompt_len.cap + self.response_len.cap
-        if budget is not None and budget < longest:
+        sp = self.training.sequence_parallel  # a sequence split over sp ranks puts longest/sp tokens on each
+        if budget is not None and budget * sp < longest:
             raise SpecError(None, "training.max_tokens_per_microbatch",
-                            f"at least the longest sequence (prompt_len.cap + response_len.cap = {longest})", budget)
+                            f"at least the longest sequence over training.sequence_parallel ((prompt_len.cap + "
+                            f"response_len.cap) / {sp} = {longest / sp:g})", budget)
+        if self.generation.partial_rollout and self.mode != "async":
+            raise SpecError(None, "generation.partial_rollout", "false unless mode is async (a sync step has no "
+                            "weight sync to interrupt generation)", True)
         if self.sequences_per_step % self.mini_batches:
             raise SpecError(None, "mini_batches", f"a divisor of prompts × responses ({self.sequences_per_step})",
                             self.mini_batches)
