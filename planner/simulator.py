@@ -388,6 +388,10 @@ class Simulator:
         else:
             seconds = self.cost_model.weight_sync_time(model, link, receivers=gen.dp, dtype=self.workload.precision,
                                                        shards=shards)
+        if self.graph.kind_of(edge.dst) == TaskKind.GENERATION:  # the engine then takes them in (its slowest kind)
+            seconds += max(self.cost_model.engine_reload_time(self.backend, self.devices[d].type, self.workload.precision,
+                                                              model.weight_bytes(self.workload.precision))
+                           for d in gen.devices())
         self._edges[key] = seconds
         return seconds
 
