@@ -12,7 +12,7 @@ from hetprof.costmodels import Placement, Work, calloverhead, enginereload, fitt
 from hetprof.costmodels.base import generation_phases
 from hetprof.costmodels.data import Phase
 from hetprof.costmodels.fitted import FittedCostModel
-from hetprof.profiler.suites.vllmgen import call_prompts, row_params
+from hetprof.profiler.suites.vllmgen import call_prompts, reload_sample, row_params
 from hetprof.profiler.taskmodels import plan_model
 from hetprof.profiles import DeviceInfo, ProfileDB
 
@@ -102,8 +102,7 @@ def test_a_vllm_plan_prices_the_profiled_reload_into_its_weight_sync_and_an_hf_p
         add_rows(db, models=("tiny",), tasks=("prefill", "decode"), repeats=3)
         dev = db.add_device(DeviceInfo(name="synthetic cpu", kind="cpu", catalog_type="cpu", host="synth"))
         db.add_benchmark(enginereload.BENCHMARK, dev, "synth", {"model": "tiny", "backend": "vllm"},
-                         [{"params": {"weight_bytes": TINY.weight_bytes("fp32"), "threads": 1, "backend": "vllm",
-                                      "dtype": "fp32"}, "metrics": {"seconds": 0.05}}] * 3)
+                         [reload_sample(plan_model(TINY, "fp32", None), TINY.weight_bytes("fp32"), 1, 0.05)] * 3)
         fitting.store(db, fitting.fit_database(db, stat="median", envelope=False))
         cm = FittedCostModel(db)
     assert cm.engine_reload_time("vllm", "cpu", "fp32", TINY.weight_bytes("fp32")) == pytest.approx(0.05)

@@ -53,6 +53,12 @@ def row_params(tm: taskmodels.TaskModel, batch: int, length: int, threads: int) 
             "new_tokens": GENERATE_NEW_TOKENS, "backend": BACKEND}
 
 
+def reload_sample(tm: taskmodels.TaskModel, weight_bytes: int, threads: int, seconds: float) -> dict:
+    """One timed weight reload: what `hetprof fit` reads from it (costmodels/enginereload.py)."""
+    return {"params": {"model": tm.shape.name, "dtype": tm.dtype, "weight_bytes": weight_bytes, "threads": threads,
+                       "backend": BACKEND}, "metrics": {"seconds": seconds}}
+
+
 @register_suite
 class VLLMGenerateSuite(Suite):
     name = "vllmgen"
@@ -107,8 +113,7 @@ class VLLMGenerateSuite(Suite):
             del llm
         ctx.record(RELOAD_BENCHMARK, {"model": tm.shape.name, "dtype": tm.dtype, "threads": ctx.threads,
                                       "backend": BACKEND},
-                   [{"params": {"weight_bytes": weight_bytes, "threads": ctx.threads, "backend": BACKEND},
-                     "metrics": {"seconds": t}} for t in reloads],
+                   [reload_sample(tm, weight_bytes, ctx.threads, t) for t in reloads],
                    f"{tm.shape.name} on vLLM: weight reload and check {statistics.median(reloads) * 1e3:.2f} ms")
         med = statistics.median(s["metrics"]["seconds"] for s in samples)
         ctx.record(BENCHMARK, {"model": tm.shape.name, "dtype": tm.dtype, "layers_run": tm.layers_run,
