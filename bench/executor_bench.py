@@ -21,7 +21,7 @@ Three ratios, each measured side by side in this one run:
     .venv/bin/python bench/executor_bench.py --max-tokens 512   # packed micro-batches of ≤ 512 tokens
 
 The vLLM rows (`--vllm`): measured / predicted iteration of the demo's GRPO job on tiny-2x run with
-`--backend vllm`, after `hetprof profile --workload` (tasks, dptrain, and vLLM's own calls: vllmgen)
+`--backend vllm` (and of its generation stage and weight sync, which includes the engine's reload), after `hetprof profile --workload` (tasks, dptrain, and vLLM's own calls: vllmgen)
 and `hetprof fit`; and vLLM's generation tokens/s over `hf`'s on that job's per-replica batch, the
 two engines' calls alternated in this one process.
 """
@@ -390,10 +390,12 @@ def vllm_rows(args: argparse.Namespace, work: Path, iterations: int) -> None:
     pred = run["predicted"]
     table.add_row("measured / predicted iteration, --backend vllm", f"{run['measured'] / pred:.2f}" if pred else "—",
                   "0.85–1.15", f"median {run['measured'] * 1e3:.1f} ms vs plan {pred * 1e3 if pred else float('nan'):.1f} ms")
-    gen = run["per_task"].get("actor_gen", (None, None))
-    table.add_row("  its generation stage, measured / predicted",
-                  f"{gen[0] / gen[1]:.2f}" if gen[0] and gen[1] else "—", "0.85–1.15",
-                  f"{gen[0] * 1e3 if gen[0] else float('nan'):.1f} vs {gen[1] * 1e3 if gen[1] else float('nan'):.1f} ms")
+    for task, label in (("actor_gen", "generation stage"), ("weight_sync", "weight sync (with vLLM's reload)")):
+        measured, predicted = run["per_task"].get(task, (None, None))
+        table.add_row(f"  its {label}, measured / predicted",
+                      f"{measured / predicted:.2f}" if measured and predicted else "—", "0.85–1.15",
+                      f"{measured * 1e3 if measured else float('nan'):.1f} vs "
+                      f"{predicted * 1e3 if predicted else float('nan'):.1f} ms")
     table.add_row("vLLM / hf generation tokens/s", f"{rates['vllm'] / rates['hf']:.2f}", "—",
                   f"{rates['vllm']:.0f} vs {rates['hf']:.0f} tokens/s, one replica's batch, alternated")
     console.print(table)

@@ -85,6 +85,12 @@ class CostModel(abc.ABC):
         (calloverhead.py); a model that has not measured whole calls adds nothing."""
         return 0.0
 
+    def engine_reload_time(self, engine: str, device_type: str, dtype: str, weight_bytes: float) -> float:
+        """Seconds `engine` takes, after a sync, to take in `weight_bytes` of new weights beyond moving
+        them (enginereload.py); 0 for an engine that computes with the synced tensors in place, or
+        a model that has not measured it."""
+        return 0.0
+
     def dp_step_extra(self, device_type: str) -> float:
         """Seconds a data-parallel optimizer step costs beyond its all-reduce on this device type
         (measured by the profiler's `dptrain` suite; 0 where a model has no measurement)."""

@@ -16,7 +16,7 @@ import warnings
 from typing import Any
 
 from hetprof.catalog import Catalog, canonical_name
-from hetprof.costmodels import calloverhead, pointcorrections
+from hetprof.costmodels import calloverhead, enginereload, pointcorrections
 from hetprof.costmodels.analytical import AnalyticalCostModel
 from hetprof.costmodels.base import CostModel
 from hetprof.costmodels.data import LinkSpec, Phase, PhaseTime
@@ -42,6 +42,8 @@ class LoadedModel:
     call: calloverhead.CallOverhead | None = dataclasses.field(default=None, repr=False, compare=False)  # decode only
     engine_calls: dict[str, calloverhead.CallOverhead] = dataclasses.field(default_factory=dict, repr=False,
                                                                           compare=False)  # decode only
+    engine_reloads: dict[str, enginereload.EngineReload] = dataclasses.field(default_factory=dict, repr=False,
+                                                                            compare=False)  # decode only
 
     def predict(self, x: list[float]) -> float:
         # a shape the profiler measured is answered with its measurement (pointcorrections.py)
@@ -81,12 +83,13 @@ def validate_entry(entry: dict[str, Any]) -> LoadedModel:
     points = pointcorrections.load(params.get("points"), len(FEATURES))
     call = calloverhead.load(params.get("call_overhead"))
     engine_calls = calloverhead.load_by_engine(params.get("engine_call_overhead"))
-    if (call is not None or engine_calls) and task_type != "task.decode":
-        raise ValueError("call_overhead belongs to a task.decode entry")
+    reloads = enginereload.load_by_engine(params.get("engine_reload"))
+    if (call is not None or engine_calls or reloads) and task_type != "task.decode":
+        raise ValueError("call_overhead and engine_reload belong to a task.decode entry")
     mape = (entry.get("metrics") or {}).get("heldout_mape")
     return LoadedModel(str(entry.get("id", "")), task_type, device, dtype, family, model,
                        float(mape) if isinstance(mape, (int, float)) else None, str(entry.get("snapshot") or ""),
-                       float(factor), points, call, engine_calls)
+                       float(factor), points, call, engine_calls, reloads)
 
 
 class FittedCostModel(CostModel):
@@ -148,6 +151,11 @@ class FittedCostModel(CostModel):
             return 0.0
         call = model.engine_calls.get(engine, model.call)
         return call.seconds(batch, prompt) if call is not None else 0.0
+
+    def engine_reload_time(self, engine: str, device_type: str, dtype: str, weight_bytes: float) -> float:
+        model = self.lookup("decode", device_type, dtype)
+        reload = model.engine_reloads.get(engine) if model is not None else None
+        return reload.seconds(weight_bytes) if reload is not None else 0.0
 
     def device_link(self, device_type: str) -> tuple[LinkSpec, str]:
         return self.analytical.device_link(device_type)

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from hetprof.catalog import canonical_name
-from hetprof.costmodels import calloverhead, pointcorrections
+from hetprof.costmodels import calloverhead, enginereload, pointcorrections
 from hetprof.costmodels.analytical import AnalyticalCostModel
 from hetprof.costmodels.base import generation_phases
 from hetprof.costmodels.data import Phase
@@ -69,6 +69,7 @@ class TaskFit:
     points: list[list[float]] = dataclasses.field(default_factory=list, repr=False)  # pointcorrections.py
     call: calloverhead.CallOverhead | None = None  # decode fits: whole generation calls beyond the phases
     engine_calls: dict[str, calloverhead.CallOverhead] = dataclasses.field(default_factory=dict)  # other engines'
+    engine_reloads: dict[str, enginereload.EngineReload] = dataclasses.field(default_factory=dict)  # decode fits
 
     @property
     def run_factor(self) -> float:
@@ -90,7 +91,9 @@ class TaskFit:
                 "range": self.shape_range, "target": self.stat, "run_factor": self.run_factor,
                 "points": self.points, **({"call_overhead": self.call.to_json()} if self.call is not None else {}),
                 **({"engine_call_overhead": {e: c.to_json() for e, c in self.engine_calls.items()}}
-                   if self.engine_calls else {})}
+                   if self.engine_calls else {}),
+                **({"engine_reload": {e: r.to_json() for e, r in self.engine_reloads.items()}}
+                   if self.engine_reloads else {})}
 
     def metrics(self) -> dict[str, float]:
         m = {"n_rows": self.n_rows, "n_run_rows": self.n_run_rows, "n_samples": self.n_samples, "heldout_mape": self.heldout.mape,
@@ -337,7 +340,19 @@ def fit_database(db: Any, task: str | None = None, device: str | None = None, se
             skipped.extend(fit.notes)
         fits.append(fit)
     learn_call_overheads(db, fits, stat, skipped)
+    learn_engine_reloads(db, fits)
     return fits
+
+
+def learn_engine_reloads(db: Any, fits: list[TaskFit]) -> None:
+    """Give each decode fit what an engine's weight reload after a sync took on its device type,
+    dtype and thread count (`task.weight_reload` rows, enginereload.py)."""
+    rows = db.samples(benchmark=enginereload.BENCHMARK)
+    if not len(rows) or "catalog_type" not in rows:
+        return
+    rows["device_type"] = rows["catalog_type"].map(lambda c: canonical_name(c) if isinstance(c, str) else None)
+    for dec in (f for f in fits if f.task_type == "task.decode"):
+        dec.engine_reloads = enginereload.learn_by_engine(rows, dec.device_type, dec.dtype, dec.threads)
 
 
 def learn_call_overheads(db: Any, fits: list[TaskFit], stat: str = DEFAULT_STAT,

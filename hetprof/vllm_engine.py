@@ -31,6 +31,8 @@ from hetprof.errors import ExecutionError
 CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 DEFAULT_CPU_KV_CACHE_GIB = 1.0
 VLLM_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+# mixed into vLLM's workers, which import it by path: the weight reload after a sync (vllm_worker.py)
+WORKER_EXTENSION = "hetprof.vllm_worker.WeightUpdateExtension"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,3 +135,23 @@ def start_engine(model: torch.nn.Module, folder: str, settings: EngineSettings, 
 
     write_checkpoint(model, folder)
     return LLM(model=folder, **{**settings.kwargs, **engine_kwargs})
+
+
+def reload_weights(llm: Any, model: torch.nn.Module, folder: str) -> None:
+    """Push `model`'s weights into a running engine started with WORKER_EXTENSION: a safetensors file
+    in `folder`, reloaded in place by every engine worker; the prompt cache is dropped, since its KV
+    was computed with the old weights."""
+    path = os.path.join(folder, "sync.safetensors")
+    write_weights(model, path, tied_head=True)
+    llm.collective_rpc("hetprof_load_weights", args=(path,))
+    llm.reset_prefix_cache()
+
+
+def probe_logprobs(llm: Any, ids: list[int]) -> list[float]:
+    """The engine's log-prob of each token of `ids` after the first (prompt log-probs, temperature 1)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    out = llm.generate([TokensPrompt(prompt_token_ids=list(ids))],
+                       SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False), use_tqdm=False)[0]
+    return [float(step[t].logprob) for step, t in zip(out.prompt_logprobs[1:], ids[1:], strict=True)]

@@ -402,6 +402,10 @@ class Simulator:
             cards = max(self._host_gpus[h] for h in hosts) if lan else 1
             seconds = self.cost_model.weight_sync_time(model, link, receivers=gen.dp, dtype=self.workload.precision,
                                                        shards=shards, flows=cards)
+        if self.graph.kind_of(edge.dst) == TaskKind.GENERATION:  # the engine then takes them in (its slowest kind)
+            seconds += max(self.cost_model.engine_reload_time(self.backend, self.devices[d].type, self.workload.precision,
+                                                              model.weight_bytes(self.workload.precision))
+                           for d in gen.devices())
         self._edges[key] = seconds
         return seconds
 

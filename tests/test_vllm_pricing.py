@@ -8,11 +8,11 @@ import json
 import pytest
 from costmodels_synth import MODELS, add_rows, true_seconds
 
-from hetprof.costmodels import Placement, Work, calloverhead, fitting
+from hetprof.costmodels import Placement, Work, calloverhead, enginereload, fitting
 from hetprof.costmodels.base import generation_phases
 from hetprof.costmodels.data import Phase
 from hetprof.costmodels.fitted import FittedCostModel
-from hetprof.profiler.suites.vllmgen import call_prompts, row_params
+from hetprof.profiler.suites.vllmgen import call_prompts, reload_sample, row_params
 from hetprof.profiler.taskmodels import plan_model
 from hetprof.profiles import DeviceInfo, ProfileDB
 
@@ -79,3 +79,42 @@ def test_vllmgen_rows_are_the_hf_generate_rows_tagged_with_the_engine():
     assert params["backend"] == "vllm" and params["new_tokens"] == 4 and params["seq_len"] == 64
     prompts = call_prompts(TINY.vocab, 4, 64, torch.Generator().manual_seed(0))
     assert [len(p) for p in prompts] == [64, 56, 64, 56] and min(min(p) for p in prompts) >= 3
+
+
+def test_engine_reload_is_the_median_per_size_interpolated_and_proportional_past_the_largest():
+    learned = enginereload.learn([(1e6, 0.02), (1e6, 0.04), (1e6, 0.03), (3e6, 0.07), (5e6, float("nan"))])
+    assert learned.points == ((1e6, 0.03), (3e6, 0.07))
+    assert learned.seconds(5e5) == pytest.approx(0.03)     # below the smallest size: its time
+    assert learned.seconds(2e6) == pytest.approx(0.05)     # between sizes: linear
+    assert learned.seconds(6e6) == pytest.approx(0.14)     # past the largest: time ∝ bytes
+    raw = json.loads(json.dumps({"vllm": learned.to_json()}))
+    assert enginereload.load_by_engine(raw) == {"vllm": learned} and enginereload.load_by_engine(None) == {}
+    with pytest.raises(ValueError, match=r"engine_reload\.vllm\.points"):
+        enginereload.load_by_engine({"vllm": {"points": [[1e6, -1.0]]}})
+
+
+def test_a_vllm_plan_prices_the_profiled_reload_into_its_weight_sync_and_an_hf_plan_does_not(tmp_path):
+    from hetprof.planner.candidate import TaskLayout
+    from hetprof.planner.simulator import Simulator
+    from hetprof.specs import ClusterSpec, WorkloadSpec
+
+    with ProfileDB(tmp_path / "db.sqlite") as db:
+        add_rows(db, models=("tiny",), tasks=("prefill", "decode"), repeats=3)
+        dev = db.add_device(DeviceInfo(name="synthetic cpu", kind="cpu", catalog_type="cpu", host="synth"))
+        db.add_benchmark(enginereload.BENCHMARK, dev, "synth", {"model": "tiny", "backend": "vllm"},
+                         [reload_sample(plan_model(TINY, "fp32", None), TINY.weight_bytes("fp32"), 1, 0.05)] * 3)
+        fitting.store(db, fitting.fit_database(db, stat="median", envelope=False))
+        cm = FittedCostModel(db)
+    assert cm.engine_reload_time("vllm", "cpu", "fp32", TINY.weight_bytes("fp32")) == pytest.approx(0.05)
+    assert cm.engine_reload_time("hf", "cpu", "fp32", TINY.weight_bytes("fp32")) == 0.0
+    cluster = ClusterSpec.from_dict({"name": "c", "hosts": [{"name": "h", "gpus": {"type": "cpu", "count": 2}}]})
+    wl = WorkloadSpec.from_dict({"models": {"actor": "tiny"}, "prompts_per_step": 4, "responses_per_prompt": 2,
+                                 "prompt_len": {"mean": 16}, "response_len": {"mean": 4}, "precision": "fp32"})
+    train = TaskLayout("actor_train", 1, 1, (("h:0",),), (1.0,), ((TINY.layers,),))
+    gen = TaskLayout("actor_gen", 1, 1, (("h:1",),), (1.0,), ((TINY.layers,),))
+    sync = {}
+    for backend in ("hf", "vllm"):
+        sim = Simulator(cluster, wl, cm, backend=backend)
+        (edge,) = [e for e in sim.graph.backward_edges() if e.dst == "actor_gen"]
+        sync[backend] = sim._weight_sync_seconds(edge, train, gen)
+    assert sync["vllm"] - sync["hf"] == pytest.approx(0.05)

@@ -12,6 +12,10 @@ sync `weights_arrived` writes it to a safetensors file beside the engine's check
 engine reload it through vLLM's worker-extension RPC (`collective_rpc`, on every TP worker), and checks that the engine's log-probs of a fixed probe
 sequence equal the trainer's recompute on that copy — the proof the weights really arrived.
 
+In a run's worker the engine's processes are guarded from before they start (hetprof.process_guard:
+they die with the worker, even one killed during the engine's start), and once the engine is up
+each also watches its parent chain (vllm_worker.py).
+
 Behaviour log-probs come from vLLM's sampler in `processed_logprobs` mode: after temperature (and
 top-p, when it is below 1), which at temperature 1 and top-p 1 equals the trainer's recompute.
 """
@@ -31,7 +35,15 @@ from hetprof.executor.backends.base import GenerationBackend, Rollout, check_sam
 from hetprof.executor.modeling import unwrap
 from hetprof.executor.tokenizer import Tokenizer
 from hetprof.generation import pad_left
-from hetprof.vllm_engine import engine_settings, start_engine, vllm_available, write_weights
+from hetprof.process_guard import guard_children
+from hetprof.vllm_engine import (
+    WORKER_EXTENSION,
+    engine_settings,
+    probe_logprobs,
+    reload_weights,
+    start_engine,
+    vllm_available,
+)
 
 # The probe a weight sync is checked with: a fixed prompt and response of token ids (any ids of the
 # vocabulary do: the check compares two computations of the same log-probs, not their values).
@@ -40,9 +52,6 @@ PROBE_PROMPT, PROBE_RESPONSE = 24, 8
 # dtype: the two use different kernels (vLLM's GEMMs and attention vs torch's), which in fp32 agree
 # to ~1e-5 and in 16-bit to a few hundredths; stale weights move log-probs by far more.
 LOGPROB_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.1, torch.float16: 0.05}
-
-# vLLM imports it by path inside its workers: see vllm_worker.py
-WORKER_EXTENSION = "hetprof.executor.backends.vllm_worker.WeightUpdateExtension"
 
 
 @register_backend("vllm")
@@ -67,6 +76,8 @@ class VLLMBackend(GenerationBackend):
                                    cpu_core=cpu_core, seed=seed, worker_extension=WORKER_EXTENSION,
                                    own_process=own_process)
         self._dir = tempfile.TemporaryDirectory(prefix="hetprof-vllm-")
+        # a run's worker: its engine processes die with it even if it is killed while they start
+        self._guard = guard_children() if torch.distributed.is_initialized() else None
         self.llm = start_engine(self.model, self._dir.name, settings, **engine_kwargs)
         try:  # the engine's own process (a run's worker): it must not outlive this one
             self.engine_pids = self.llm.collective_rpc("hetprof_exit_with_parent", args=(os.getpid(),))
@@ -135,10 +146,7 @@ class VLLMBackend(GenerationBackend):
 
     def weights_arrived(self) -> dict[str, float]:
         """Push the generator's copy into the engine, then check the engine computes with it."""
-        path = os.path.join(self._dir.name, "sync.safetensors")
-        write_weights(self.model, path, tied_head=True)
-        self.llm.collective_rpc("hetprof_load_weights", args=(path,))
-        self.llm.reset_prefix_cache()  # cached prompt KV was computed with the old weights
+        reload_weights(self.llm, self.model, self._dir.name)
         gap, limit = self.logprob_gap(), LOGPROB_TOLERANCE.get(self.dtype, 0.1)
         if gap > limit:
             raise ExecutionError(f"weight sync: vLLM's log-probs of the probe sequence differ from the trainer's "
@@ -148,12 +156,7 @@ class VLLMBackend(GenerationBackend):
 
     def probe_logprobs(self, ids: Sequence[int]) -> list[float]:
         """vLLM's log-prob of each token of `ids` after the first (its prompt log-probs, temperature 1)."""
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
-        out = self.llm.generate([TokensPrompt(prompt_token_ids=list(ids))],
-                                SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False), use_tqdm=False)[0]
-        return [float(step[t].logprob) for step, t in zip(out.prompt_logprobs[1:], ids[1:], strict=True)]
+        return probe_logprobs(self.llm, ids)
 
     @torch.no_grad()
     def logprob_gap(self) -> float:
@@ -172,3 +175,6 @@ class VLLMBackend(GenerationBackend):
             engine.shutdown()  # the engine's process, if it has one, ends here rather than at exit
         del self.llm
         self._dir.cleanup()
+        if self._guard is not None:  # nothing left to guard
+            self._guard.kill()
+            self._guard.wait()

@@ -9,6 +9,12 @@ its own) and is started once per model;
 each timed call generates GENERATE_NEW_TOKENS tokens for every prompt (no early stop), as the `hf`
 rows do. Points: the tasks suite's `generate` grid plus the job's shapes (`--workload`).
 
+It also times the engine's weight reload after a sync, as the backend does it (`task.weight_reload`
+rows tagged `backend: vllm`, with the weights' bytes): write the weights, have the engine reload them
+in place, and check one probe sequence's log-probs against a forward of the model. A run pays this
+on every sync on top of moving the bytes, so `hetprof fit` learns it as its own term of the sync
+(costmodels/enginereload.py) rather than inside the generation call.
+
 Runs last: a CPU engine binds this process's threads to one core for the rest of the run.
 """
 
@@ -26,7 +32,9 @@ from hetprof.profiler.suites.tasks import GENERATE_NEW_TOKENS, TIMERS, default_d
 from hetprof.profiler.timing import measure
 
 BENCHMARK = "task.generate"
+RELOAD_BENCHMARK = "task.weight_reload"
 BACKEND = "vllm"
+PROBE_TOKENS = 32  # the backend's weight-sync probe: 24 prompt + 8 response tokens
 KV_CACHE_GIB = 0.5  # room for the largest grid point (64 × 300 tokens of a tiny preset) many times over
 
 
@@ -43,6 +51,12 @@ def row_params(tm: taskmodels.TaskModel, batch: int, length: int, threads: int) 
     """A sample's params: the `hf` generate row's, plus the engine that made the call."""
     return {**tm.shape_params(), "batch": batch, "seq_len": length, "threads": threads,
             "new_tokens": GENERATE_NEW_TOKENS, "backend": BACKEND}
+
+
+def reload_sample(tm: taskmodels.TaskModel, weight_bytes: int, threads: int, seconds: float) -> dict:
+    """One timed weight reload: what `hetprof fit` reads from it (costmodels/enginereload.py)."""
+    return {"params": {"model": tm.shape.name, "dtype": tm.dtype, "weight_bytes": weight_bytes, "threads": threads,
+                       "backend": BACKEND}, "metrics": {"seconds": seconds}}
 
 
 @register_suite
@@ -76,16 +90,18 @@ class VLLMGenerateSuite(Suite):
     def _model(self, ctx: ProfileContext, tm: taskmodels.TaskModel, points: list[tuple[int, int]]) -> None:
         import torch
 
-        from hetprof.vllm_engine import engine_settings, start_engine
+        from hetprof.vllm_engine import WORKER_EXTENSION, engine_settings, start_engine
 
         device = torch.device(ctx.device)
         model = taskmodels.build(tm, device)
         # the engine core in its own process, as in a run's worker: each call then pays the messages
         # between the two processes that the run's calls pay
         settings = engine_settings(model.config, next(model.parameters()).dtype, device, kv_cache_gib=KV_CACHE_GIB,
-                                   own_process=True)
+                                   own_process=True, worker_extension=WORKER_EXTENSION)
         with tempfile.TemporaryDirectory(prefix="hetprof-vllmgen-") as folder:
             llm = start_engine(model, folder, settings)
+            reloads = measure(self._reload(llm, model, folder), device, ctx.policy)
+            weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
             del model
             samples = []
             gen = torch.Generator().manual_seed(0)
@@ -95,10 +111,31 @@ class VLLMGenerateSuite(Suite):
                             for t in times]
                 ctx.advance(1)
             del llm
+        ctx.record(RELOAD_BENCHMARK, {"model": tm.shape.name, "dtype": tm.dtype, "threads": ctx.threads,
+                                      "backend": BACKEND},
+                   [reload_sample(tm, weight_bytes, ctx.threads, t) for t in reloads],
+                   f"{tm.shape.name} on vLLM: weight reload and check {statistics.median(reloads) * 1e3:.2f} ms")
         med = statistics.median(s["metrics"]["seconds"] for s in samples)
         ctx.record(BENCHMARK, {"model": tm.shape.name, "dtype": tm.dtype, "layers_run": tm.layers_run,
                                "threads": ctx.threads, "backend": BACKEND}, samples,
                    f"{tm.shape.name} on vLLM: {len(points)} points, median call {med * 1e3:.2f} ms")
+
+    @staticmethod
+    def _reload(llm: Any, model: Any, folder: str):
+        """What the backend does once a sync has landed: reload the weights, then check a probe."""
+        import torch
+
+        from hetprof.vllm_engine import probe_logprobs, reload_weights
+
+        ids = (torch.arange(PROBE_TOKENS) % max(1, model.config.vocab_size - 3) + 3).tolist()
+
+        def reload() -> None:
+            reload_weights(llm, model, folder)
+            probe_logprobs(llm, ids)
+            with torch.no_grad():
+                model(torch.tensor([ids]))
+
+        return reload
 
     @staticmethod
     def _call(llm: Any, prompts: list[list[int]]):

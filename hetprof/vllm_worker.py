@@ -1,6 +1,6 @@
 """The code vLLM runs inside its workers to take new weights (named by import path, as vLLM asks).
 
-Kept apart from `vllm.py` so that vLLM's worker processes import only this small module.
+Kept apart from `vllm_engine.py` and the executor's backend so that vLLM's worker processes import only this small module.
 """
 
 from __future__ import annotations

@@ -1,0 +1,63 @@
+"""Helper processes that cannot outlive the process that started them, however it dies.
+
+A run's worker starts a vLLM engine: processes of vLLM's own, started by vLLM, over tens of seconds
+on CPU. A worker killed in that time (SIGKILL runs no clean-up) would leave them running, holding
+cores and memory. `guard_children()`, called before they start, closes that window: it makes the
+caller the leader of a new process group — every process started after it inherits the group,
+from its first instruction, whatever starts it — and starts a guardian in a session of its own that
+waits for the caller to die and then kills the whole group. Membership is given at creation, so no
+helper can escape between its start and a watch being set up; the kernel does not hand out a
+process group's id as a new pid while a member lives, so the guardian's kill reaches only the group.
+
+Run as a program (`python -m hetprof.process_guard PID START`), this module is the guardian.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+
+POLL_S = 0.2
+
+
+def start_time(pid: int) -> int | None:
+    """The kernel's start time of `pid` (clock ticks since boot; None: gone, a zombie, or not Linux),
+    which tells a process apart from a later one given the same pid."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] == "Z" else int(fields[19])
+
+
+def guard_children() -> subprocess.Popen | None:
+    """Put this process in a process group of its own and start a guardian that kills the group
+    once this process is gone; call it before starting the processes to guard. None where the
+    guard cannot work (no /proc: not Linux)."""
+    me = os.getpid()
+    started = start_time(me)
+    if started is None:
+        return None
+    if os.getpgid(0) != me:
+        os.setpgid(0, 0)
+    return subprocess.Popen([sys.executable, "-m", "hetprof.process_guard", str(me), str(started)],
+                            start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+
+
+def watch(pid: int, started: int) -> None:
+    """Wait until `pid` (started at `started`) has died, then kill its process group."""
+    while start_time(pid) == started:
+        time.sleep(POLL_S)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3 or not all(a.isdigit() for a in sys.argv[1:]):
+        sys.exit("usage: python -m hetprof.process_guard PID START_TIME")
+    watch(int(sys.argv[1]), int(sys.argv[2]))
