@@ -102,16 +102,17 @@ class HetRLSearch(Search):
         totals = [len(by_type[t]) for t in types]
         groupings = all_groupings(sim)
         exact = arm_count(groupings, totals) <= self.config.enumerate_limit
-        cuts, pools, pairs = region_cuts(sim, by_type, types), sub_pools(sim, types), pool_pairs(sim, types)
+        cuts, pools = region_cuts(sim, by_type, types), sub_pools(sim, types)
         if not exact:
             # parts of sub-pools only where GPUs are priced: they crowd a throughput search's arms
             parts = self.ctx.objective != "throughput"
-            structured = structured_arms(groupings, types, totals, cuts, pools, parts, pairs)
+            structured = structured_arms(groupings, types, totals, cuts, pools, parts, pool_pairs(sim, types))
             return _Problem(types, by_type, totals, groupings, exact), structured, structured
         # enumeration names every count split, but not where a sub-pool's GPUs come from: those
-        # arms join the rest, sampled like them, after the structured arms a budget takes first
-        pooled = [a for a in structured_arms(groupings, types, totals, cuts, pools, pairs=pairs)
-                  if a.region or a.regions]
+        # arms join the rest, sampled like them, after the structured arms a budget takes first.
+        # Pairs of pools are left out: on a cluster this small evolution's swaps move a group
+        # between regions in a few steps, and more arms only thin the sample.
+        pooled = [a for a in structured_arms(groupings, types, totals, cuts, pools) if a.region]
         arms = enumerate_arms(groupings, types, totals) + pooled
         structured = structured_arms(groupings, types, totals, cuts)
         return _Problem(types, by_type, totals, groupings, exact), arms, structured
