@@ -72,6 +72,7 @@ class HetRLConfig(SearchConfig):
     milp_arms: bool = knob(True, "seed arms from the restricted MILP on problems too large to enumerate")
     milp_from: int = knob(MILP_FROM, "the least stage budget (evaluations) at which the MILP is asked", 1)
     sub_pools: bool = knob(True, "objective cost: also search each one-region and one-GPU-type sub-cluster alone")
+    pool_pairs: bool = knob(True, "arms with generation on one region's pool and the rest on another's")
 
 
 @dataclasses.dataclass
@@ -106,7 +107,8 @@ class HetRLSearch(Search):
         if not exact:
             # parts of sub-pools only where GPUs are priced: they crowd a throughput search's arms
             parts = self.ctx.objective != "throughput"
-            structured = structured_arms(groupings, types, totals, cuts, pools, parts, pool_pairs(sim, types))
+            pairs = pool_pairs(sim, types) if self.config.pool_pairs else []
+            structured = structured_arms(groupings, types, totals, cuts, pools, parts, pairs)
             return _Problem(types, by_type, totals, groupings, exact), structured, structured
         # enumeration names every count split, but not where a sub-pool's GPUs come from: those
         # arms join the rest, sampled like them, after the structured arms a budget takes first.
