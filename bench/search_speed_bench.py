@@ -93,7 +93,8 @@ def main() -> None:
         print(json.dumps(child(args.child, args.max_evals, args.seed, args.like_old)))
         return
     if not Path(args.old_python).exists():
-        raise SystemExit(f"--old-python: {args.old_python} does not exist")
+        print(f"--old-python {args.old_python} does not exist: this checkout against itself")
+        args.old_python = sys.executable
     print(f"load average before: {load_average()}")
     header = f"{'row':34} {'evals old/new':>13} {'eval/CPU-s old':>14} {'new':>8} {'new÷old':>8} " \
              f"{'s/iter old':>10} {'new':>8}  same plan  {'s/iter, new with all its arms':>29}"
