@@ -1,11 +1,11 @@
-"""hetrl's pair-of-pools arms: generation in one region's pool, the rest in another's."""
+"""hetrl's one-region arms: generation and the rest on two regions' pools, or training on one and the rest everywhere else."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from hetprof.costmodels import get_cost_model
-from hetprof.planner.search.arms import pool_pairs, structured_arms
+from hetprof.planner.search.arms import one_region_pools, pool_pairs, structured_arms
 from hetprof.planner.search.evolution import initial_orders
 from hetprof.planner.search.space import all_groupings, devices_by_type, gpu_types
 from hetprof.planner.simulator import Simulator
@@ -57,3 +57,19 @@ def test_a_pair_arm_seeds_each_group_in_its_own_region():
         assert {sim.devices[d].region for d in orders[0]} == {"west"}
         assert {sim.devices[d].region for d in orders[1]} == {"east"}
         assert len(orders[2]) == 4              # the west L40S and the L4 stay idle
+
+
+def test_a_trainer_arm_keeps_training_in_one_region_and_hands_the_rest_everything_else():
+    sim = _sim()
+    types, by_type = gpu_types(sim), devices_by_type(sim)
+    arms = structured_arms(all_groupings(sim), types, [len(by_type[t]) for t in types],
+                           trainers=one_region_pools(sim, types))
+    trained = [a for a in arms if a.regions]
+    assert trained and all("actor_train" in a.grouping[1] and a.regions[0] is None for a in trained)
+    # training on the west A100s; generation on every other GPU, the east A100s included
+    arm = next(a for a in trained if a.regions[1] == "west" and a.counts == ((2, 2, 2), (2, 0, 0)))
+    for variant in range(4):
+        orders = initial_orders(arm, by_type, variant, np.random.default_rng(0), lambda d: sim.devices[d].region)
+        assert {sim.devices[d].host for d in orders[1]} == {"a100-w"}
+        assert {sim.devices[d].host for d in orders[0]} == {"a100-e", "l40s-w", "l4-n"}
+        assert orders[2] == ()

@@ -79,15 +79,16 @@ def initial_orders(arm: Arm, by_type: dict[str, tuple[str, ...]], variant: int, 
 def _by_group_region(pool: list[str], want: list[int], regions: Sequence[str | None],
                      region_of: Callable[[str], str]) -> list[str]:
     """The pool reordered so that, cut in group order, each group's block comes from its own
-    region first (a pair-of-pools arm); the idle GPUs are what is left, in locality order."""
+    region first (a pair-of-pools arm); groups with a region choose before groups without, and
+    the idle GPUs are what is left, in locality order."""
     left = list(pool)
-    out: list[str] = []
-    for g, n in enumerate(want[:-1]):
-        mine = [d for d in left if region_of(d) == regions[g]][:n]
-        mine += [d for d in left if d not in mine][:n - len(mine)]
-        out.extend(mine)
+    picked: dict[int, list[str]] = {}
+    for g in sorted(range(len(want) - 1), key=lambda g: regions[g] is None):
+        mine = [d for d in left if regions[g] is not None and region_of(d) == regions[g]][:want[g]]
+        mine += [d for d in left if d not in mine][:want[g] - len(mine)]
+        picked[g] = mine
         left = [d for d in left if d not in mine]
-    return out + left
+    return [d for g in range(len(want) - 1) for d in picked[g]] + left
 
 
 class ArmEvolution:
