@@ -7,6 +7,7 @@ that use it so the searches and the tests can call it on plain functions.
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 from collections.abc import Sequence
 
@@ -111,13 +112,28 @@ def balance_shares(seconds_at: Sequence, total: int, iterations: int = 60) -> li
         if hi - lo <= 1e-9 * hi:
             break
     counts = [c.capacity(hi) for c in curves]
-    while sum(counts) < total:          # rounding on the interpolated curve: top up the fastest finisher
-        i = min(range(n), key=lambda j: (curves[j].at(counts[j] + 1), j))
-        counts[i] += 1
-    surplus = sum(counts) - total
-    while surplus > 0:
-        # take the surplus from whoever is slowest at its current load
-        i = max((j for j in range(n) if counts[j] > 0), key=lambda j: (curves[j].at(counts[j]), -j))
-        counts[i] -= 1
-        surplus -= 1
+    _settle(curves, counts, total)
     return counts
+
+
+def _settle(curves: Sequence[Curve], counts: list[int], total: int) -> None:
+    """Round `counts` to sum to `total` in place, one sequence at a time: a shortfall goes to the
+    replica finishing its next sequence first, a surplus comes from the one slowest at its current
+    load (ties to the lowest index). Heaps keep each step O(log n) on replica-rich layouts."""
+    short = total - sum(counts)
+    if short > 0:                       # rounding on the interpolated curve: top up the fastest finisher
+        heap = [(c.at(k + 1), j) for j, (c, k) in enumerate(zip(curves, counts, strict=True))]
+        heapq.heapify(heap)
+        for _ in range(short):
+            _, i = heapq.heappop(heap)
+            counts[i] += 1
+            heapq.heappush(heap, (curves[i].at(counts[i] + 1), i))
+    surplus = -short
+    if surplus > 0:                     # take the surplus from whoever is slowest at its current load
+        heap = [(-c.at(k), j) for j, (c, k) in enumerate(zip(curves, counts, strict=True)) if k > 0]
+        heapq.heapify(heap)
+        for _ in range(surplus):
+            _, i = heapq.heappop(heap)
+            counts[i] -= 1
+            if counts[i] > 0:
+                heapq.heappush(heap, (-curves[i].at(counts[i]), i))

@@ -189,6 +189,10 @@ class TaskCosts:
             lengths[-1] = self.lengths[-1]
         return lengths
 
+    def stage_signature(self, devices: Sequence[str], tp: int, pp: int) -> tuple:
+        """What decides a replica's seconds: replicas with equal signatures cost the same at any batch."""
+        return self._stage_signature(devices, tp, pp)
+
     def _stage_signature(self, devices: Sequence[str], tp: int, pp: int) -> tuple:
         """(types, tp link) per stage and the link across each stage boundary: what decides a replica's time."""
         key = (tuple(devices), tp, pp)

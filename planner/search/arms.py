@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hetprof.planner.search.space import Grouping
+from hetprof.specs.vocabulary import Task
 
 if TYPE_CHECKING:
     from hetprof.planner.simulator import Simulator
@@ -38,13 +39,15 @@ class Arm:
     counts: tuple[tuple[int, ...], ...]
     types: tuple[str, ...]
     region: str | None = None
+    regions: tuple[str | None, ...] = ()    # per group, where its GPUs come from (a pair of pools)
 
     @property
     def label(self) -> str:
         groups = []
-        for tasks, c in zip(self.grouping, self.counts, strict=True):
+        for g, (tasks, c) in enumerate(zip(self.grouping, self.counts, strict=True)):
             gpus = ",".join(f"{n}x{t}" for n, t in zip(c, self.types, strict=True) if n)
-            groups.append(f"{'+'.join(tasks)}[{gpus}]")
+            where = f"@{self.regions[g]}" if self.regions and self.regions[g] else ""
+            groups.append(f"{'+'.join(tasks)}[{gpus}]{where}")
         return " | ".join(groups) + (f" @{self.region}" if self.region else "")
 
 
@@ -89,9 +92,9 @@ def region_cuts(sim: Simulator, by_type: dict[str, tuple[str, ...]], types: Sequ
 
 
 def _add(arms: dict[tuple, Arm], grouping: Grouping, counts: tuple[tuple[int, ...], ...],
-         types: Sequence[str], region: str | None = None) -> None:
+         types: Sequence[str], region: str | None = None, regions: tuple[str | None, ...] = ()) -> None:
     if all(sum(c) > 0 for c in counts):
-        arms.setdefault((grouping, counts, region), Arm(grouping, counts, tuple(types), region))
+        arms.setdefault((grouping, counts, region, regions), Arm(grouping, counts, tuple(types), region, regions))
 
 
 def _whole_kinds(grouping: Grouping, totals: Sequence[int]) -> list[tuple[tuple[int, ...], ...]]:
@@ -146,6 +149,43 @@ def sub_pools(sim: Simulator, types: Sequence[str]) -> list[tuple[tuple[int, ...
     return list(out)
 
 
+def one_region_pools(sim: Simulator, types: Sequence[str]) -> list[tuple[tuple[int, ...], str]]:
+    """Each region's GPUs, and each GPU type's within a region that has several, as counts per type
+    with their region; none on a one-region cluster."""
+    count: dict[tuple[str, str], int] = {}
+    for d in sim.devices.values():
+        count[d.type, d.region] = count.get((d.type, d.region), 0) + 1
+    regions = sorted({r for _, r in count})
+    if len(regions) < 2:
+        return []
+    pools = [(tuple(count.get((t, r), 0) for t in types), r) for r in regions]
+    pools += [(tuple(count.get((u, r), 0) if u == t else 0 for u in types), r) for r in regions for t in types
+              if count.get((t, r)) and sum(1 for (_, rr) in count if rr == r) > 1]
+    return pools
+
+
+def pool_pairs(sim: Simulator, types: Sequence[str]) -> list[tuple[tuple[tuple[int, ...], str], ...]]:
+    """Ordered pairs of disjoint one-region pools (a region, or a GPU type within it): generation
+    on the first, everything else on the second, the rest idle — the disaggregated plan of a
+    geo-distributed cluster, where each stage stays inside one datacenter and only weights and
+    rollouts cross the WAN. Largest pairs first, then by the link between their regions (the
+    weights cross it every step)."""
+    host_of: dict[str, str] = {}
+    for d in sim.devices.values():
+        host_of.setdefault(d.region, d.host)
+    pools = one_region_pools(sim, types)
+
+    def disjoint(a: tuple[tuple[int, ...], str], b: tuple[tuple[int, ...], str]) -> bool:
+        return a[1] != b[1] or not any(x and y for x, y in zip(a[0], b[0], strict=True))
+
+    def rank(pair: tuple) -> tuple:
+        (ca, ra), (cb, rb) = pair
+        link = sim.links.between(host_of[ra], host_of[rb])
+        return -sum(ca) - sum(cb), -link.beta_Bps, ra, rb, ca, cb
+
+    return sorted(((a, b) for a in pools for b in pools if a is not b and disjoint(a, b)), key=rank)
+
+
 def _interleave(lists: Sequence[Sequence[Arm]]) -> list[Arm]:
     """Round-robin over the lists, first occurrences only: every prefix mixes every kind of arm."""
     out: dict[Arm, None] = {}
@@ -158,11 +198,17 @@ def _interleave(lists: Sequence[Sequence[Arm]]) -> list[Arm]:
 
 def structured_arms(groupings: Sequence[Grouping], types: Sequence[str], totals: Sequence[int],
                     cuts: Sequence[Sequence[int]] | None = None,
-                    pools: Sequence[tuple[tuple[int, ...], str | None]] = (), parts: bool = False) -> list[Arm]:
+                    pools: Sequence[tuple[tuple[int, ...], str | None]] = (), parts: bool = False,
+                    pairs: Sequence[tuple[tuple[tuple[int, ...], str], ...]] = (),
+                    trainers: Sequence[tuple[tuple[int, ...], str]] = ()) -> list[Arm]:
     """Arms a person would try first: whole GPU kinds per group, even splits of every kind, (two
     groups) one kind split in quarters or at a region boundary (`cuts`, from `region_cuts`), and
     every task on one sub-pool (`pools`, from `sub_pools`) or generation apart from the rest on it,
-    and (`parts`, for objectives that price GPUs) every task on half or three quarters of one.
+    and (`parts`, for objectives that price GPUs) every task on half or three quarters of one,
+    and generation alone on the first pool of a pair, the rest on the second (`pairs`, from `pool_pairs`),
+    and (`trainers`, from `one_region_pools`) the group holding the actor's training on one
+    region's pool with the other group on every GPU outside it: training's gradient traffic stays
+    in one datacenter while generation uses the whole rest of the cluster.
 
     A region-aligned split is the disaggregated plan a geo-distributed cluster invites, e.g.
     generation on one region's L40S and every other kind, training on another region's L40S
@@ -176,7 +222,18 @@ def structured_arms(groupings: Sequence[Grouping], types: Sequence[str], totals:
     quarters: dict[tuple, Arm] = {}
     regional: dict[tuple, Arm] = {}
     pooled: dict[tuple, Arm] = {}
+    paired: dict[tuple, Arm] = {}
+    trained: dict[tuple, Arm] = {}
+    by_size = sorted(trainers, key=lambda p: (-sum(p[0]), p[1], p[0]))
+    for pool, region in by_size:
+        for grouping in groupings:
+            if len(grouping) == 2 and Task.ACTOR_TRAIN in grouping[1]:
+                rest = tuple(n - m for n, m in zip(totals, pool, strict=True))
+                _add(trained, grouping, (rest, pool), types, None, (None, region))
     for grouping in groupings:
+        if len(grouping) == 2 and grouping[0] == (Task.ACTOR_GEN,):
+            for (gen, gen_region), (rest, rest_region) in pairs:
+                _add(paired, grouping, (gen, rest), types, None, (gen_region, rest_region))
         for counts in _whole_kinds(grouping, totals):
             _add(whole, grouping, counts, types)
         _add(even, grouping, _even(grouping, totals), types)
@@ -197,7 +254,9 @@ def structured_arms(groupings: Sequence[Grouping], types: Sequence[str], totals:
                 if parts and len(grouping) == 1:    # every task on part of the pool: cheaper, often as fast
                     for share in PART_SHARES:
                         _add(pooled, grouping, (tuple(int(n * share) for n in pool),), types, region)
-    return _interleave([list(d.values()) for d in (whole, regional, pooled, even, quarters)])
+    one_region = _interleave([list(paired.values()), list(trained.values())])  # one share of the prefix between them
+    return _interleave([list(whole.values()), list(regional.values()), list(pooled.values()), one_region,
+                        list(even.values()), list(quarters.values())])
 
 
 def affordable_arms(arms: list[Arm], first: list[Arm], evals: int, seed: int) -> list[Arm]:

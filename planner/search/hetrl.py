@@ -35,6 +35,8 @@ from hetprof.planner.search.arms import (
     affordable_arms,
     arm_count,
     enumerate_arms,
+    one_region_pools,
+    pool_pairs,
     region_cuts,
     structured_arms,
     sub_pools,
@@ -71,6 +73,8 @@ class HetRLConfig(SearchConfig):
     milp_arms: bool = knob(True, "seed arms from the restricted MILP on problems too large to enumerate")
     milp_from: int = knob(MILP_FROM, "the least stage budget (evaluations) at which the MILP is asked", 1)
     sub_pools: bool = knob(True, "objective cost: also search each one-region and one-GPU-type sub-cluster alone")
+    pool_pairs: bool = knob(True, "arms with generation on one region's pool and the rest on another's, and "
+                                  "with training on one region's pool and the rest on every other GPU")
 
 
 @dataclasses.dataclass
@@ -105,10 +109,14 @@ class HetRLSearch(Search):
         if not exact:
             # parts of sub-pools only where GPUs are priced: they crowd a throughput search's arms
             parts = self.ctx.objective != "throughput"
-            structured = structured_arms(groupings, types, totals, cuts, pools, parts)
+            pairs = pool_pairs(sim, types) if self.config.pool_pairs else []
+            trainers = one_region_pools(sim, types) if self.config.pool_pairs else []
+            structured = structured_arms(groupings, types, totals, cuts, pools, parts, pairs, trainers)
             return _Problem(types, by_type, totals, groupings, exact), structured, structured
         # enumeration names every count split, but not where a sub-pool's GPUs come from: those
-        # arms join the rest, sampled like them, after the structured arms a budget takes first
+        # arms join the rest, sampled like them, after the structured arms a budget takes first.
+        # Pairs of pools are left out: on a cluster this small evolution's swaps move a group
+        # between regions in a few steps, and more arms only thin the sample.
         pooled = [a for a in structured_arms(groupings, types, totals, cuts, pools) if a.region]
         arms = enumerate_arms(groupings, types, totals) + pooled
         structured = structured_arms(groupings, types, totals, cuts)

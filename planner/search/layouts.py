@@ -217,8 +217,13 @@ def balance_layers(sim: Simulator, task: str, replica: tuple[str, ...], tp: int,
     return tuple(split)
 
 
-def _replica_key(sim: Simulator, replica: tuple[str, ...], tp: int, pp: int) -> tuple:
+def _replica_key(sim: Simulator, replica: tuple[str, ...], tp: int, pp: int, memo: dict | None = None) -> tuple:
     """Replicas with equal device types and equal stage-to-stage links behave identically."""
+    if memo is not None:
+        hit = memo.get(("kind", replica, tp, pp))
+        if hit is None:
+            hit = memo[("kind", replica, tp, pp)] = _replica_key(sim, replica, tp, pp)
+        return hit
     types = tuple(sim.devices[d].type for d in replica)
     hops = []
     for s in range(1, pp):
@@ -226,6 +231,21 @@ def _replica_key(sim: Simulator, replica: tuple[str, ...], tp: int, pp: int) -> 
         hops.append((a.host == b.host, a.region == b.region))
     hosts = tuple(len({sim.devices[d].host for d in replica[s * tp:(s + 1) * tp]}) for s in range(pp))
     return types, tuple(hops), hosts
+
+
+def _curve(sim: Simulator, task: str, replica: tuple[str, ...], tp: int, pp: int, split: tuple[int, ...], total: int,
+           shards: Sharded, memo: dict) -> Curve:
+    """The time curve of `replica`, shared with every replica that is priced exactly alike: the same
+    stage signature (what decides its seconds), the same stage GPU types (what decides its memory),
+    and shards that size its memory alike (sharding none holds the same at any dp). A curve is
+    the same numbers whichever such replica built it, so sharing changes no layout, only the work."""
+    first_types = tuple(sim.devices[replica[s * tp]].type for s in range(pp))
+    held = (1, "none") if shards[1] == "none" or shards[0] == 1 else shards
+    key = ("exact-curve", task, sim.costs.stage_signature(replica, tp, pp), first_types, tp, pp, split, total, held)
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = Curve(_Timer(sim, task, replica, tp, pp, split, shards), total)
+    return hit
 
 
 class _Timer:
@@ -325,7 +345,7 @@ def _layout_at(sim: Simulator, task: str, replicas: list[tuple[str, ...]], tp: i
     # one split — the one balanced for the first (by the locality-first order, the most common) kind.
     shared = sim.executable and pp > 1 and TASKS[task][0] == TaskKind.TRAINING
     for r in replicas:
-        kind = _replica_key(sim, replicas[0] if shared else r, tp, pp)
+        kind = _replica_key(sim, replicas[0] if shared else r, tp, pp, memo)
         skey = ("split", task, kind, tp, pp, nominal, shards)
         if skey not in memo:
             memo[skey] = balance_layers(sim, task, replicas[0] if shared else r, tp, pp, nominal, shards)
@@ -333,9 +353,14 @@ def _layout_at(sim: Simulator, task: str, replicas: list[tuple[str, ...]], tp: i
         splits.append(split)
         tkey = ("curve", task, kind, tp, pp, split, total, shards)
         if tkey not in memo:
-            memo[tkey] = Curve(_Timer(sim, task, r, tp, pp, split, shards), total)
+            memo[tkey] = _curve(sim, task, r, tp, pp, split, total, shards, memo)
         timers.append(memo[tkey])
-    counts = balance_shares(timers, total)
+    # Shares depend only on the sequence of curves (each kept alive by the memo, so ids are stable):
+    # mutations that move GPUs of one type between groups rebuild the same sequence again and again.
+    ckey = ("shares", *map(id, timers))
+    if ckey not in memo:
+        memo[ckey] = balance_shares(timers, total)
+    counts = memo[ckey]
     if counts is None:
         return None
     keep = [i for i, c in enumerate(counts) if c > 0]

@@ -1,0 +1,75 @@
+"""hetrl's one-region arms: generation and the rest on two regions' pools, or training on one and the rest everywhere else."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hetprof.costmodels import get_cost_model
+from hetprof.planner.search.arms import one_region_pools, pool_pairs, structured_arms
+from hetprof.planner.search.evolution import initial_orders
+from hetprof.planner.search.space import all_groupings, devices_by_type, gpu_types
+from hetprof.planner.simulator import Simulator
+from hetprof.specs import ClusterSpec, WorkloadSpec
+
+
+def _sim() -> Simulator:
+    hosts = [("a100-e", "A100-40GB", "east"), ("l40s-w", "L40S", "west"), ("a100-w", "A100-40GB", "west"),
+             ("l4-n", "L4", "north")]
+    cluster = ClusterSpec.from_dict({
+        "name": "three-regions", "hosts": [{"name": n, "gpus": {"type": t, "count": 2}, "region": r}
+                                           for n, t, r in hosts],
+        "network": {"intra_region": {"latency": "0.1ms", "bandwidth": "100Gbps"},
+                    "links": [{"between": ["east", "west"], "latency": "30ms", "bandwidth": "5Gbps"},
+                              {"between": ["east", "north"], "latency": "60ms", "bandwidth": "1Gbps"},
+                              {"between": ["west", "north"], "latency": "50ms", "bandwidth": "2Gbps"}]}})
+    work = WorkloadSpec.from_dict({
+        "name": "w", "algorithm": "grpo", "mode": "async", "models": {"actor": "qwen3-0.6b"}, "prompts_per_step": 8,
+        "responses_per_prompt": 4, "prompt_len": {"mean": 128}, "response_len": {"mean": 192}})
+    return Simulator(cluster, work, get_cost_model("analytical"))
+
+
+def test_pairs_are_disjoint_one_region_pools_largest_and_best_linked_first():
+    sim = _sim()
+    types = gpu_types(sim)                      # A100-40GB, L4, L40S
+    pairs = pool_pairs(sim, types)
+    for (ca, ra), (cb, rb) in pairs:
+        assert ra != rb or not any(x and y for x, y in zip(ca, cb, strict=True))
+    # the largest pairs hold the whole west region (4 GPUs) and another region (2): east first, over the faster link
+    assert pairs[:2] == [(((2, 0, 0), "east"), ((2, 0, 2), "west")), (((2, 0, 2), "west"), ((2, 0, 0), "east"))]
+    assert set(pairs[2:4]) == {(((2, 0, 2), "west"), ((0, 2, 0), "north")), (((0, 2, 0), "north"), ((2, 0, 2), "west"))}
+    sizes = [sum(a[0]) + sum(b[0]) for a, b in pairs]
+    assert sizes == sorted(sizes, reverse=True)
+    # within one region, its two GPU types pair with each other
+    assert (((2, 0, 0), "west"), ((0, 0, 2), "west")) in pairs
+
+
+def test_a_pair_arm_seeds_each_group_in_its_own_region():
+    sim = _sim()
+    types, by_type = gpu_types(sim), devices_by_type(sim)
+    arms = structured_arms(all_groupings(sim), types, [len(by_type[t]) for t in types],
+                           pairs=pool_pairs(sim, types))
+    paired = [a for a in arms if a.regions]
+    assert paired and all(a.grouping[0] == ("actor_gen",) for a in paired)
+    arm = next(a for a in paired if a.regions == ("west", "east") and a.counts == ((2, 0, 0), (2, 0, 0)))
+    assert "@west" in arm.label and "@east" in arm.label
+    for variant in range(4):
+        orders = initial_orders(arm, by_type, variant, np.random.default_rng(0), lambda d: sim.devices[d].region)
+        assert {sim.devices[d].region for d in orders[0]} == {"west"}
+        assert {sim.devices[d].region for d in orders[1]} == {"east"}
+        assert len(orders[2]) == 4              # the west L40S and the L4 stay idle
+
+
+def test_a_trainer_arm_keeps_training_in_one_region_and_hands_the_rest_everything_else():
+    sim = _sim()
+    types, by_type = gpu_types(sim), devices_by_type(sim)
+    arms = structured_arms(all_groupings(sim), types, [len(by_type[t]) for t in types],
+                           trainers=one_region_pools(sim, types))
+    trained = [a for a in arms if a.regions]
+    assert trained and all("actor_train" in a.grouping[1] and a.regions[0] is None for a in trained)
+    # training on the west A100s; generation on every other GPU, the east A100s included
+    arm = next(a for a in trained if a.regions[1] == "west" and a.counts == ((2, 2, 2), (2, 0, 0)))
+    for variant in range(4):
+        orders = initial_orders(arm, by_type, variant, np.random.default_rng(0), lambda d: sim.devices[d].region)
+        assert {sim.devices[d].host for d in orders[1]} == {"a100-w"}
+        assert {sim.devices[d].host for d in orders[0]} == {"a100-e", "l40s-w", "l4-n"}
+        assert orders[2] == ()
