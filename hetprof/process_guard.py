@@ -21,6 +21,8 @@ import subprocess
 import sys
 import time
 
+from hetprof.processes import child_env, python_argv, safe_cwd
+
 POLL_S = 0.2
 
 
@@ -45,8 +47,10 @@ def guard_children() -> subprocess.Popen | None:
         return None
     if os.getpgid(0) != me:
         os.setpgid(0, 0)
-    return subprocess.Popen([sys.executable, "-m", "hetprof.process_guard", str(me), str(started)],
-                            start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    # started like every hetprof helper (hetprof/processes.py): no current folder on its path
+    return subprocess.Popen(python_argv("-m", "hetprof.process_guard", str(me), str(started)), cwd=safe_cwd(),
+                            env=child_env(), start_new_session=True, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL)
 
 
 def watch(pid: int, started: int) -> None:
