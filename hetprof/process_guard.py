@@ -26,15 +26,21 @@ from hetprof.processes import child_env, python_argv, safe_cwd
 POLL_S = 0.2
 
 
+def proc_stat(pid: int) -> list[str] | None:
+    """The fields of `/proc/PID/stat` after the command name (state first; None: gone or not Linux).
+    Split after the last ')' because the command name may itself hold spaces and parentheses."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
 def start_time(pid: int) -> int | None:
     """The kernel's start time of `pid` (clock ticks since boot; None: gone, a zombie, or not Linux),
     which tells a process apart from a later one given the same pid."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return None if fields[0] == "Z" else int(fields[19])
+    fields = proc_stat(pid)
+    return None if fields is None or fields[0] == "Z" else int(fields[19])
 
 
 def guard_children() -> subprocess.Popen | None:

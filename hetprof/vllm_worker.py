@@ -13,6 +13,8 @@ import time
 
 import torch
 
+from hetprof.process_guard import proc_stat
+
 PARENT_POLL_S = 0.5
 MAX_CHAIN = 4  # processes from the model runner up to the worker, the worker excluded
 
@@ -68,8 +70,5 @@ def parent_of(pid: int) -> int | None:
     """The parent pid of `pid` (None when it is gone or cannot be read: not Linux)."""
     if pid == os.getpid():
         return os.getppid()
-    try:
-        stat = open(f"/proc/{pid}/stat").read()  # noqa: SIM115 (one read)
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[1])
+    fields = proc_stat(pid)
+    return None if fields is None else int(fields[1])
