@@ -6,14 +6,30 @@ instead of a search that finds no plan.
 
 from __future__ import annotations
 
+from typing import Protocol
+
+from hetprof.catalog import Catalog
 from hetprof.errors import InfeasibleError
-from hetprof.specs import executable
+from hetprof.planner.graph import RLGraph
+from hetprof.planner.taskcosts import TaskCosts
+from hetprof.specs import ClusterSpec, executable
 from hetprof.specs.vocabulary import TaskKind
 
 GB = 1e9
 
 
-def check_fits(sim, max_tp: int = 8, max_pp: int = 4) -> None:  # sim: the planner.simulator.Simulator
+class FitsView(Protocol):
+    """What the check reads of a simulator; a protocol so this module need not import the simulator."""
+
+    cluster: ClusterSpec
+    catalog: Catalog
+    graph: RLGraph
+    tasks: list[str]
+    costs: TaskCosts
+    executable: bool
+
+
+def check_fits(sim: FitsView, max_tp: int = 8, max_pp: int = 4) -> None:
     """Raise InfeasibleError if some task fits on no GPU type of the cluster at any allowed TP × PP.
 
     TP stays within one host (as every RL system shards it); PP may span hosts.
