@@ -80,10 +80,16 @@ class StepConstants:
     overhead_s: float = 0.0
     source: str = "not priced"
     per_sequence_s: float = 0.0
+    dispatch_s_per_slot: float = 0.0
+    dispatch_source: str | None = None
 
     def seconds(self, sequences: int) -> float:
         """A step of `sequences` sequences: the fixed part and the per-sequence part."""
         return self.overhead_s + self.per_sequence_s * sequences
+
+    def dispatch_seconds(self, slots: float) -> float:
+        """Handing one pass a padded batch of `slots` token slots (sequences × padded length)."""
+        return self.dispatch_s_per_slot * slots
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,8 +189,9 @@ class Catalog:
         inter_host = self.inter_host
         if spec.network is not None and spec.network.inter_host is not None:
             inter_host = _curve(spec.network.inter_host, None, file, "network.inter_host")
-        step = self.step if spec.step is None else StepConstants(spec.step.overhead_s, spec.step.source,
-                                                                     spec.step.per_sequence_s)
+        step = self.step if spec.step is None else StepConstants(
+            spec.step.overhead_s, spec.step.source, spec.step.per_sequence_s, spec.step.dispatch_s_per_slot,
+            spec.step.dispatch_source)
         specs = dict(self._specs)
         for name, entry in spec.gpus.items():
             canon = self.canonical_name(name) or name

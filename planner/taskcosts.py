@@ -25,13 +25,14 @@ from hetprof.catalog import builtin
 from hetprof.costmodels import MemoryEstimate, Placement, Work
 from hetprof.models import DTYPE_BYTES
 from hetprof.planner.candidate import TaskLayout, even_split
+from hetprof.planner.controller import controller_seconds
 from hetprof.planner.engines import ENGINES, EngineLimits, GenerationRequest, StepTable, arrival_order
 from hetprof.planner.graph import RLGraph
 from hetprof.planner.imbalance import longest_sequence_factor
 from hetprof.planner.links import LinkTable
 from hetprof.planner.passtime import finish_curve, layer_fraction, packed_seconds
 from hetprof.specs import Device, WorkloadSpec
-from hetprof.specs.vocabulary import Task, TaskKind
+from hetprof.specs.vocabulary import TaskKind
 from hetprof.tokenbudget import packed_shape, spread
 
 GB = 1e9
@@ -389,20 +390,13 @@ class TaskCosts:
             seconds += self._ulysses(layout, self.workload.training.sequence_parallel, problems)
         if kind == TaskKind.TRAINING:
             seconds += self._optimizer_steps(layout)
-        if task == Task.ACTOR_TRAIN:  # the controller's per-step work runs serial with the actor's update
-            seconds += self._step_overhead(layout)
+        seconds += controller_seconds(self.catalog, self.workload, task, kind,
+                                      {self.devices[d].type for d in layout.devices()})
         curve = finish_curve(kind, seconds, finish, self.chunks)
         vector = np.zeros(len(self.links.hosts))
         for host, fraction in host_fraction.items():
             vector[self.links.index[host]] = fraction
         return TaskEval(seconds, tuple(replica_s), curve, memory, host_fraction, tuple(problems), grad, vector)
-
-    def _step_overhead(self, layout: TaskLayout) -> float:
-        """The catalog's per-step controller seconds, on a GPU cluster: a GPU RL framework's figure;
-        the CPU pseudo-device runs `hetprof run`'s in-process controller, which its runs measure."""
-        if all(self.catalog.lookup(self.devices[d].type).vendor == "generic" for d in layout.devices()):
-            return 0.0
-        return self.catalog.step.seconds(self.sequences)
 
     def _optimizer_steps(self, layout: TaskLayout) -> float:
         """The step's Adam updates (one per mini-batch and epoch) on the slowest GPU type of the layout,

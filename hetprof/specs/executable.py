@@ -31,6 +31,8 @@ def workload_problems(workload) -> list[str]:
     if workload.training.sequence_parallel > 1:
         out.append(f"training.sequence_parallel {workload.training.sequence_parallel}: `hetprof run` does not "
                    f"split sequences over ranks")
+    if workload.training.padded_dispatch:
+        out.append("training.padded_dispatch: `hetprof run` hands passes their samples unpadded, in process")
     return out
 
 

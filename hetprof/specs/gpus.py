@@ -73,6 +73,15 @@ class StepSpec:
     per_sequence_s: float = field(0.0, help="seconds added per sequence of the step (reward scoring, "
                                   "detokenising, moving samples)", check=non_negative,
                                   expect="a non-negative number of seconds")
+    dispatch_s_per_slot: float = field(0.0, help="seconds a controller takes to hand a pass its batch, per token "
+                                       "slot of the batch padded to the longest prompt and response allowed "
+                                       "(workloads with training.padded_dispatch)", check=non_negative,
+                                       expect="a non-negative number of seconds")
+    dispatch_source: str | None = field(None, help="a key of `sources:` or a citation for dispatch_s_per_slot")
+
+    def validate(self) -> None:
+        if self.dispatch_s_per_slot > 0 and not (self.dispatch_source or "").strip():
+            raise SpecError(None, "dispatch_source", "the source of dispatch_s_per_slot", self.dispatch_source)
 
 
 @dataclasses.dataclass

@@ -103,6 +103,9 @@ class TrainingParams:
     shard_group: int | None = field(None, help="hybrid sharding (HSDP, verl's fsdp_size): a sharded trainer splits "
                                     "its state over groups of this many replicas and replicates it across the "
                                     "groups; none = over all of them", check=positive, expect="a positive integer")
+    padded_dispatch: bool = field(False, help="a single controller hands every pass its batch padded to prompt_len.max "
+                                  "+ response_len.max through an object store (verl's DataProto put per "
+                                  "data-parallel rank), inside the pass's time; `hetprof run` does not")
     max_tokens_per_microbatch: int | None = field(
         None, help="pack sequences without padding into micro-batches of at most this many tokens, in "
         "training and in the reference/critic/reward/log-prob passes; none = padded micro-batches",
