@@ -73,3 +73,15 @@ def test_a_trainer_arm_keeps_training_in_one_region_and_hands_the_rest_everythin
         assert {sim.devices[d].host for d in orders[1]} == {"a100-w"}
         assert {sim.devices[d].host for d in orders[0]} == {"a100-e", "l40s-w", "l4-n"}
         assert orders[2] == ()
+
+
+def test_training_pools_come_most_flops_first_so_a_small_budget_tries_the_fastest_trainer():
+    sim = _sim()
+    types, by_type = gpu_types(sim), devices_by_type(sim)
+    pools = one_region_pools(sim, types)
+    # west (2 A100 + 2 L40S) holds the most bf16 FLOPs, then its two L40S, then two A100s, then the L4s
+    assert pools[0] == ((2, 0, 2), "west") and pools[1] == ((0, 0, 2), "west")
+    assert pools[-1] == ((0, 2, 0), "north")
+    arms = structured_arms(all_groupings(sim), types, [len(by_type[t]) for t in types], trainers=pools)
+    first = next(a for a in arms if a.regions)
+    assert first.regions == (None, "west") and first.counts[1] == (2, 0, 2)

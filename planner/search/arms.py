@@ -151,7 +151,8 @@ def sub_pools(sim: Simulator, types: Sequence[str]) -> list[tuple[tuple[int, ...
 
 def one_region_pools(sim: Simulator, types: Sequence[str]) -> list[tuple[tuple[int, ...], str]]:
     """Each region's GPUs, and each GPU type's within a region that has several, as counts per type
-    with their region; none on a one-region cluster."""
+    with their region, most bf16 FLOPs first (training is compute-bound: the pool that would train
+    fastest is offered first); none on a one-region cluster."""
     count: dict[tuple[str, str], int] = {}
     for d in sim.devices.values():
         count[d.type, d.region] = count.get((d.type, d.region), 0) + 1
@@ -161,7 +162,8 @@ def one_region_pools(sim: Simulator, types: Sequence[str]) -> list[tuple[tuple[i
     pools = [(tuple(count.get((t, r), 0) for t in types), r) for r in regions]
     pools += [(tuple(count.get((u, r), 0) if u == t else 0 for u in types), r) for r in regions for t in types
               if count.get((t, r)) and sum(1 for (_, rr) in count if rr == r) > 1]
-    return pools
+    flops = [sim.catalog.lookup(t).peak_flops("bf16") for t in types]
+    return sorted(pools, key=lambda p: (-sum(n * f for n, f in zip(p[0], flops, strict=True)), p[1], p[0]))
 
 
 def pool_pairs(sim: Simulator, types: Sequence[str]) -> list[tuple[tuple[tuple[int, ...], str], ...]]:
@@ -206,7 +208,7 @@ def structured_arms(groupings: Sequence[Grouping], types: Sequence[str], totals:
     every task on one sub-pool (`pools`, from `sub_pools`) or generation apart from the rest on it,
     and (`parts`, for objectives that price GPUs) every task on half or three quarters of one,
     and generation alone on the first pool of a pair, the rest on the second (`pairs`, from `pool_pairs`),
-    and (`trainers`, from `one_region_pools`) the group holding the actor's training on one
+    and (`trainers`, from `one_region_pools`, tried in that order) the group holding the actor's training on one
     region's pool with the other group on every GPU outside it: training's gradient traffic stays
     in one datacenter while generation uses the whole rest of the cluster.
 
@@ -224,8 +226,7 @@ def structured_arms(groupings: Sequence[Grouping], types: Sequence[str], totals:
     pooled: dict[tuple, Arm] = {}
     paired: dict[tuple, Arm] = {}
     trained: dict[tuple, Arm] = {}
-    by_size = sorted(trainers, key=lambda p: (-sum(p[0]), p[1], p[0]))
-    for pool, region in by_size:
+    for pool, region in trainers:
         for grouping in groupings:
             if len(grouping) == 2 and Task.ACTOR_TRAIN in grouping[1]:
                 rest = tuple(n - m for n, m in zip(totals, pool, strict=True))
