@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from hetprof.costmodels import get_cost_model
-from hetprof.planner.search.arms import one_region_pools, pool_pairs, structured_arms
+from hetprof.planner.search.arms import host_splits, one_region_pools, pool_pairs, structured_arms
 from hetprof.planner.search.evolution import initial_orders
 from hetprof.planner.search.space import all_groupings, devices_by_type, gpu_types
 from hetprof.planner.simulator import Simulator
@@ -85,3 +85,17 @@ def test_training_pools_come_most_flops_first_so_a_small_budget_tries_the_fastes
     arms = structured_arms(all_groupings(sim), types, [len(by_type[t]) for t in types], trainers=pools)
     first = next(a for a in arms if a.regions)
     assert first.regions == (None, "west") and first.counts[1] == (2, 0, 2)
+
+
+def test_a_one_region_cluster_gets_generation_on_whole_hosts_of_one_type_most_bandwidth_first():
+    cluster = ClusterSpec.from_dict({
+        "name": "one-region", "hosts": [{"name": "a100", "gpus": {"type": "A100-40GB", "count": 2}, "region": "dc",
+                                         "count": 3},
+                                        {"name": "l4", "gpus": {"type": "L4", "count": 2}, "region": "dc"}],
+        "network": {"intra_region": {"latency": "0.1ms", "bandwidth": "100Gbps"}}})
+    sim = Simulator(cluster, _sim().workload, get_cost_model("analytical"))
+    types = gpu_types(sim)                      # A100-40GB, L4
+    splits = host_splits(sim, types)
+    # two of three A100 hosts, then one (the L4 host is the whole type: no boundary inside it)
+    assert splits == [(((4, 0), "dc"), ((2, 2), "dc")), (((2, 0), "dc"), ((4, 2), "dc"))]
+    assert host_splits(_sim(), gpu_types(_sim())) == []      # several regions: pool pairs name these
