@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from hetprof.costmodels import get_cost_model
-from hetprof.planner.search.arms import one_region_pools, pool_pairs, structured_arms
+from hetprof.planner.search.arms import host_splits, one_region_pools, pool_pairs, structured_arms
 from hetprof.planner.search.evolution import initial_orders
 from hetprof.planner.search.space import all_groupings, devices_by_type, gpu_types
 from hetprof.planner.simulator import Simulator
@@ -73,3 +73,29 @@ def test_a_trainer_arm_keeps_training_in_one_region_and_hands_the_rest_everythin
         assert {sim.devices[d].host for d in orders[1]} == {"a100-w"}
         assert {sim.devices[d].host for d in orders[0]} == {"a100-e", "l40s-w", "l4-n"}
         assert orders[2] == ()
+
+
+def test_training_pools_come_most_flops_first_so_a_small_budget_tries_the_fastest_trainer():
+    sim = _sim()
+    types, by_type = gpu_types(sim), devices_by_type(sim)
+    pools = one_region_pools(sim, types)
+    # west (2 A100 + 2 L40S) holds the most bf16 FLOPs, then its two L40S, then two A100s, then the L4s
+    assert pools[0] == ((2, 0, 2), "west") and pools[1] == ((0, 0, 2), "west")
+    assert pools[-1] == ((0, 2, 0), "north")
+    arms = structured_arms(all_groupings(sim), types, [len(by_type[t]) for t in types], trainers=pools)
+    first = next(a for a in arms if a.regions)
+    assert first.regions == (None, "west") and first.counts[1] == (2, 0, 2)
+
+
+def test_a_one_region_cluster_gets_generation_on_whole_hosts_of_one_type_most_bandwidth_first():
+    cluster = ClusterSpec.from_dict({
+        "name": "one-region", "hosts": [{"name": "a100", "gpus": {"type": "A100-40GB", "count": 2}, "region": "dc",
+                                         "count": 3},
+                                        {"name": "l4", "gpus": {"type": "L4", "count": 2}, "region": "dc"}],
+        "network": {"intra_region": {"latency": "0.1ms", "bandwidth": "100Gbps"}}})
+    sim = Simulator(cluster, _sim().workload, get_cost_model("analytical"))
+    types = gpu_types(sim)                      # A100-40GB, L4
+    splits = host_splits(sim, types)
+    # two of three A100 hosts, then one (the L4 host is the whole type: no boundary inside it)
+    assert splits == [(((4, 0), "dc"), ((2, 2), "dc")), (((2, 0), "dc"), ((4, 2), "dc"))]
+    assert host_splits(_sim(), gpu_types(_sim())) == []      # several regions: pool pairs name these

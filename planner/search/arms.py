@@ -151,7 +151,8 @@ def sub_pools(sim: Simulator, types: Sequence[str]) -> list[tuple[tuple[int, ...
 
 def one_region_pools(sim: Simulator, types: Sequence[str]) -> list[tuple[tuple[int, ...], str]]:
     """Each region's GPUs, and each GPU type's within a region that has several, as counts per type
-    with their region; none on a one-region cluster."""
+    with their region, most bf16 FLOPs first (training is compute-bound: the pool that would train
+    fastest is offered first); none on a one-region cluster."""
     count: dict[tuple[str, str], int] = {}
     for d in sim.devices.values():
         count[d.type, d.region] = count.get((d.type, d.region), 0) + 1
@@ -161,7 +162,8 @@ def one_region_pools(sim: Simulator, types: Sequence[str]) -> list[tuple[tuple[i
     pools = [(tuple(count.get((t, r), 0) for t in types), r) for r in regions]
     pools += [(tuple(count.get((u, r), 0) if u == t else 0 for u in types), r) for r in regions for t in types
               if count.get((t, r)) and sum(1 for (_, rr) in count if rr == r) > 1]
-    return pools
+    flops = [sim.catalog.lookup(t).peak_flops("bf16") for t in types]
+    return sorted(pools, key=lambda p: (-sum(n * f for n, f in zip(p[0], flops, strict=True)), p[1], p[0]))
 
 
 def pool_pairs(sim: Simulator, types: Sequence[str]) -> list[tuple[tuple[tuple[int, ...], str], ...]]:
@@ -186,6 +188,30 @@ def pool_pairs(sim: Simulator, types: Sequence[str]) -> list[tuple[tuple[tuple[i
     return sorted(((a, b) for a in pools for b in pools if a is not b and disjoint(a, b)), key=rank)
 
 
+def host_splits(sim: Simulator, types: Sequence[str]) -> list[tuple[tuple[tuple[int, ...], str], ...]]:
+    """On a one-region cluster, the disaggregated plans a pair of pools names elsewhere: generation
+    alone on whole hosts of one GPU type (a block at every host boundary of its locality order), the
+    rest of the cluster on everything else — pair-shaped, as `pool_pairs` gives them. Blocks with the
+    most HBM bandwidth first (decoding is memory-bound). None where the cluster spans regions."""
+    regions = {d.region for d in sim.devices.values()}
+    if len(regions) != 1:
+        return []
+    (region,) = regions
+    by_type: dict[str, list[str]] = {}
+    for d in sorted(sim.devices, key=lambda d: (sim.devices[d].host, sim.devices[d].index)):
+        by_type.setdefault(sim.devices[d].type, []).append(d)
+    totals = [len(by_type.get(t, ())) for t in types]
+    out = []
+    for i, t in enumerate(types):
+        pool, bandwidth = by_type.get(t, []), sim.catalog.lookup(t).hbm_Bps
+        for c in range(1, len(pool)):
+            if sim.devices[pool[c]].host != sim.devices[pool[c - 1]].host:
+                gen = tuple(c if j == i else 0 for j in range(len(types)))
+                rest = tuple(n - g for n, g in zip(totals, gen, strict=True))
+                out.append((-c * bandwidth, (gen, region), (rest, region)))
+    return [(gen, rest) for _, gen, rest in sorted(out)]
+
+
 def _interleave(lists: Sequence[Sequence[Arm]]) -> list[Arm]:
     """Round-robin over the lists, first occurrences only: every prefix mixes every kind of arm."""
     out: dict[Arm, None] = {}
@@ -205,8 +231,9 @@ def structured_arms(groupings: Sequence[Grouping], types: Sequence[str], totals:
     groups) one kind split in quarters or at a region boundary (`cuts`, from `region_cuts`), and
     every task on one sub-pool (`pools`, from `sub_pools`) or generation apart from the rest on it,
     and (`parts`, for objectives that price GPUs) every task on half or three quarters of one,
-    and generation alone on the first pool of a pair, the rest on the second (`pairs`, from `pool_pairs`),
-    and (`trainers`, from `one_region_pools`) the group holding the actor's training on one
+    and generation alone on the first pool of a pair, the rest on the second (`pairs`, from `pool_pairs`
+    or, on one region, `host_splits`),
+    and (`trainers`, from `one_region_pools`, tried in that order) the group holding the actor's training on one
     region's pool with the other group on every GPU outside it: training's gradient traffic stays
     in one datacenter while generation uses the whole rest of the cluster.
 
@@ -224,8 +251,7 @@ def structured_arms(groupings: Sequence[Grouping], types: Sequence[str], totals:
     pooled: dict[tuple, Arm] = {}
     paired: dict[tuple, Arm] = {}
     trained: dict[tuple, Arm] = {}
-    by_size = sorted(trainers, key=lambda p: (-sum(p[0]), p[1], p[0]))
-    for pool, region in by_size:
+    for pool, region in trainers:
         for grouping in groupings:
             if len(grouping) == 2 and Task.ACTOR_TRAIN in grouping[1]:
                 rest = tuple(n - m for n, m in zip(totals, pool, strict=True))

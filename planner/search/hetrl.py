@@ -8,7 +8,7 @@ number of evaluations, the best 1/η survive, survivors get η times more. Insid
 resumes, its TPE sampler proposes arms from everything recorded, and optuna-dashboard shows it.
 
 Small problems enumerate every arm; larger ones start from structured arms (whole GPU kinds per
-group, even splits, region-aligned splits, and sub-pools — a region, a GPU type, a type within a
+group, even splits, region-aligned splits, generation on whole hosts of one type, and sub-pools — a region, a GPU type, a type within a
 region — with the rest of the cluster idle) and add TPE-proposed arms in further brackets. On
 larger problems the arm level also asks the restricted MILP (`milp_arms`): after a bracket has
 ranked the groupings it is solved for the best few, and each shortlisted solution enters the next
@@ -35,6 +35,7 @@ from hetprof.planner.search.arms import (
     affordable_arms,
     arm_count,
     enumerate_arms,
+    host_splits,
     one_region_pools,
     pool_pairs,
     region_cuts,
@@ -109,7 +110,7 @@ class HetRLSearch(Search):
         if not exact:
             # parts of sub-pools only where GPUs are priced: they crowd a throughput search's arms
             parts = self.ctx.objective != "throughput"
-            pairs = pool_pairs(sim, types) if self.config.pool_pairs else []
+            pairs = (pool_pairs(sim, types) or host_splits(sim, types)) if self.config.pool_pairs else []
             trainers = one_region_pools(sim, types) if self.config.pool_pairs else []
             structured = structured_arms(groupings, types, totals, cuts, pools, parts, pairs, trainers)
             return _Problem(types, by_type, totals, groupings, exact), structured, structured
