@@ -95,3 +95,30 @@ def test_generate_rows_time_whole_calls(task_rows):
     assert (calls["seconds"] > 0).all()
     # blocks profiled without the LM head have no logits to sample from: no calls timed
     assert not TIMERS["generate"].applies(taskmodels.plan_model(PRESETS["qwen3-8b"], "bf16", None))
+
+
+def _cache(root, name: str, size: str, shared: str) -> None:
+    index = root / name
+    index.mkdir()
+    (index / "size").write_text(size + "\n")
+    (index / "shared_cpu_list").write_text(shared + "\n")
+
+
+def test_core_cache_is_the_largest_cache_one_core_has_alone(tmp_path):
+    from hetprof.profiler.timing import core_cache_bytes
+
+    _cache(tmp_path, "index0", "48K", "0")
+    _cache(tmp_path, "index2", "2048K", "0")
+    _cache(tmp_path, "index3", "491520K", "0-1")  # the shared L3 is not the core's own
+    assert core_cache_bytes(str(tmp_path)) == 2048 * 1024
+    assert core_cache_bytes(str(tmp_path / "absent")) == 2 * 1024 * 1024  # no sysfs: a server core's L2
+
+
+def test_cpu_flusher_evicts_only_when_asked():
+    from hetprof.profiler.timing import Flusher, core_cache_bytes
+
+    assert Flusher(torch.device("cpu")).buffer is None  # the other suites' operands outsize the caches
+    flush = Flusher(torch.device("cpu"), cpu_caches=True)
+    assert flush.buffer.numel() * 4 == 2 * core_cache_bytes()
+    flush()
+    assert float(flush.buffer[-1]) == 1.0

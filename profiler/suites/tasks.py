@@ -13,6 +13,11 @@ These rows are what the fitted cost models learn from, so the sweep spans batch 
 lengths wide enough for a regression to have range, and every point keeps all its repeats. On the
 CPU the default is one thread, because a `cpu` worker slot of a cluster spec is one core and the
 executor's CPU workers run single-threaded; the thread count is recorded with every sample.
+
+Forward-only rows run under `torch.no_grad()`, the mode the executor's generation and inference
+passes run in (`inference_mode` skips autograd's version counting and times a small model's pass
+about 5% faster than a run computes it), and every repeat starts with the core's caches evicted
+(`Flusher(cpu_caches=True)`): in a run a pass follows other tasks' work, never its own repeat.
 """
 
 from __future__ import annotations
@@ -97,7 +102,7 @@ class Prefill(TaskTimer):
 
         x = taskmodels.inputs(tm, batch, length, device, gen)
         model.eval()
-        with torch.inference_mode():
+        with torch.no_grad():
             return measure(lambda: model(**x, use_cache=True), device, ctx.policy, flush=flush)
 
 
@@ -109,7 +114,7 @@ class Decode(TaskTimer):
         import torch
 
         model.eval()
-        with torch.inference_mode():
+        with torch.no_grad():
             cache = model(**taskmodels.inputs(tm, batch, length, device, gen), use_cache=True).past_key_values
             step = taskmodels.inputs(tm, batch, 1, device, gen, padded=False)
             step["attention_mask"] = taskmodels.padding_mask(batch, length + 1).to(device)  # the prefill's rows, grown by one
@@ -259,7 +264,7 @@ class TasksSuite(Suite):
 
         dtype = ctx.options.get("dtype") or default_dtype(ctx.device)
         device = torch.device(ctx.device)
-        flush = Flusher(device)
+        flush = Flusher(device, cpu_caches=True)  # a run's pass follows other work (timing.py)
         gen = torch.Generator().manual_seed(0)
         for shape in ctx.models:
             tm = taskmodels.plan_model(shape, dtype, ctx.options.get("layers_run"))
