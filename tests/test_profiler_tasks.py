@@ -122,3 +122,36 @@ def test_cpu_flusher_evicts_only_when_asked():
     assert flush.buffer.numel() * 4 == 2 * core_cache_bytes()
     flush()
     assert float(flush.buffer[-1]) == 1.0
+
+
+def test_response_columns_score_the_last_response_tokens():
+    from hetprof.profiler.suites.tasks import response_columns
+
+    # length 6, response 2: tokens 4 and 5 are scored by shifted columns 3 and 4
+    assert response_columns(2, 6, 2).tolist() == [[0, 0, 0, 1, 1]] * 2
+    assert response_columns(1, 3, 9).tolist() == [[1, 1]]  # a response longer than the row: every column
+
+
+def test_packed_inference_points_time_the_runs_packed_pass(monkeypatch):
+    """At a `--workload` packed inference point the prefill row times `packed_token_logprobs` (the
+    function a run's reference and log-prob passes call) on one pack, scoring the response columns."""
+    import hetprof.profiler.suites.tasks as tasks
+    from hetprof.profiler.timing import Flusher
+
+    calls = []
+
+    def spy(model, ids, mask, temperature=1.0, **kw):
+        calls.append((tuple(ids.shape), int(mask.sum()), int(kw["needed"].sum())))
+
+    monkeypatch.setattr(tasks, "packed_token_logprobs", spy)
+    tm = taskmodels.plan_model(PRESETS["tiny"], "fp32", None)
+    model = taskmodels.build(tm, "cpu")
+    ctx = ProfileContext(db=None, host="t", device="cpu", device_id=None, quick=True, threads=1,
+                         options={"workload_points": {"prefill": [(3, 10)], "packed_prefill": [(3, 10, 4)]}})
+    cpu = torch.device("cpu")
+    gen = torch.Generator().manual_seed(0)
+    times = tasks.TIMERS["prefill"].time_point(ctx, model, tm, 3, 10, {}, cpu, Flusher(cpu), gen)
+    runs = ctx.policy.warmup + len(times)
+    assert calls == [((3, 10), 30, 12)] * runs  # one pack of 3 × 10 tokens, 3 × 4 response columns
+    tasks.TIMERS["prefill"].time_point(ctx, model, tm, 4, 10, {}, cpu, Flusher(cpu), gen)  # not packed
+    assert len(calls) == runs

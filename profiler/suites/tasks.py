@@ -27,11 +27,12 @@ import statistics
 from typing import Any
 
 from hetprof.generation import sample_continuations
+from hetprof.packedpass import packed_token_logprobs
 from hetprof.profiler import taskmodels
 from hetprof.profiler.context import ProfileContext
 from hetprof.profiler.registry import Suite, register_suite
 from hetprof.profiler.timing import Flusher, measure
-from hetprof.profiler.workloadgrid import merge_points
+from hetprof.profiler.workloadgrid import PACKED_PREFILL, merge_points
 from hetprof.sampling import next_tokens
 
 # (batch sizes, sequence/context lengths) per task, for (device kind, quick?)
@@ -95,15 +96,50 @@ class TaskTimer:
 
 
 class Prefill(TaskTimer):
+    """A forward over whole prompts or sequences. At a packed inference point of `--workload` (a
+    token-budget workload's reference or log-prob pass) it times what that pass runs,
+    `hetprof.packedpass.packed_token_logprobs` over one pack of `batch` sequences scoring their
+    response tokens; elsewhere a padded batch's forward, as generation's prefill runs it."""
+
     task = "prefill"
 
     def time_point(self, ctx, model, tm, batch, length, variant, device, flush, gen) -> list[float]:
         import torch
 
-        x = taskmodels.inputs(tm, batch, length, device, gen)
+        response = packed_responses(ctx).get((batch, length))
         model.eval()
+        if response is not None and tm.with_head:
+            return _packed_pass(ctx, model, tm, batch, length, response, device, flush, gen)
+        x = taskmodels.inputs(tm, batch, length, device, gen)
         with torch.no_grad():
             return measure(lambda: model(**x, use_cache=True), device, ctx.policy, flush=flush)
+
+
+def packed_responses(ctx: ProfileContext) -> dict[tuple[int, int], int]:
+    """(batch, length) -> response tokens of the packed inference passes `--workload` asked for."""
+    points = (ctx.options.get("workload_points") or {}).get(PACKED_PREFILL, [])
+    return {(b, n): r for b, n, r in points}
+
+
+def response_columns(batch: int, length: int, response: int) -> Any:
+    """The shifted columns that score the last `response` tokens of each length-`length` sequence
+    (column t scores token t+1): what a reference or log-prob pass reads."""
+    import torch
+
+    needed = torch.zeros(batch, length - 1, dtype=torch.long)
+    needed[:, max(0, length - 1 - response):] = 1
+    return needed
+
+
+def _packed_pass(ctx, model, tm, batch, length, response, device, flush, gen) -> list[float]:
+    import torch
+
+    ids = torch.randint(0, tm.shape.vocab, (batch, length), generator=gen).to(device)
+    mask = torch.ones_like(ids)
+    needed = response_columns(batch, length, response).to(device)
+    with torch.no_grad():
+        return measure(lambda: packed_token_logprobs(model, ids, mask, needed=needed), device, ctx.policy,
+                       flush=flush)
 
 
 class Decode(TaskTimer):
