@@ -16,8 +16,9 @@ executor's CPU workers run single-threaded; the thread count is recorded with ev
 
 Forward-only rows run under `torch.no_grad()`, the mode the executor's generation and inference
 passes run in (`inference_mode` skips autograd's version counting and times a small model's pass
-about 5% faster than a run computes it), and every repeat starts with the core's caches evicted
-(`Flusher(cpu_caches=True)`): in a run a pass follows other tasks' work, never its own repeat.
+about 5% faster than a run computes it), and every repeat but a decode step's starts with the
+core's caches evicted (`Flusher(cpu_caches=True)`): in a run a pass or a call follows other tasks'
+work, never its own repeat, while a call's decode steps follow each other.
 """
 
 from __future__ import annotations
@@ -160,8 +161,11 @@ class Decode(TaskTimer):
                 out = model(**step, past_key_values=cache, use_cache=True)
                 return sample(out)
 
-            # each timed step appends one token; cropping back (untimed) keeps the context fixed
-            return measure(one_step, device, ctx.policy, setup=lambda: _crop(cache, length), flush=flush)
+            # each timed step appends one token; cropping back (untimed) keeps the context fixed. A
+            # call's decode steps run back to back, each finding the last one's data in the core's
+            # caches: no CPU eviction between them (the GPU's L2 flush stays, as for every row).
+            cold = flush if device.type == "cuda" else None
+            return measure(one_step, device, ctx.policy, setup=lambda: _crop(cache, length), flush=cold)
 
 
 def _sampler(tm: Any, batch: int, device: Any, gen: Any):
