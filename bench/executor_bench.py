@@ -148,7 +148,7 @@ def probe_drift(db: Path, points: list[tuple[str, int, int]]) -> float:
         "ctx = ProfileContext(db=None, host='probe', device='cpu', device_id=None, quick=False, threads=1)\n"
         "cpu = torch.device('cpu')\n"
         f"points = {points!r}\n"
-        "print(json.dumps([statistics.median(TIMERS[k].time_point(ctx, model, tm, b, n, {}, cpu, Flusher(cpu),"
+        "print(json.dumps([statistics.median(TIMERS[k].time_point(ctx, model, tm, b, n, {}, cpu, Flusher(cpu, cpu_caches=True),"
         " torch.Generator().manual_seed(0))) for k, b, n in points]))\n")
     now = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                     check=True).stdout.strip().splitlines()[-1])

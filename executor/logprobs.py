@@ -10,28 +10,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hetprof.executor.packing import micro_batches_by_tokens, pack, shifted_targets, unpack
 from hetprof.generation import position_ids
+from hetprof.packedpass import entropy_from_logits, logits_to_logprobs, packed_token_logprobs
 
-
-def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    # Temperature 0 means greedy sampling, whose behaviour log-probs the generator reports at T = 1.
-    logits = logits.float()
-    return logits / temperature if temperature > 0 and temperature != 1.0 else logits
-
-
-def logits_to_logprobs(logits: torch.Tensor, targets: torch.Tensor,
-                       temperature: float = 1.0) -> torch.Tensor:
-    """log softmax(logits / T)[target], in fp32, without materialising the full log-softmax."""
-    logits = _scaled(logits, temperature)
-    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    return picked - torch.logsumexp(logits, dim=-1)
-
-
-def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """Entropy of softmax(logits / T) per position, in fp32."""
-    logp = torch.log_softmax(_scaled(logits, temperature), dim=-1)
-    return -(logp.exp() * logp).sum(-1)
+__all__ = ["entropy_from_logits", "first_response_column", "forward_logits", "logits_to_logprobs", "masked_mean",
+           "packed_token_logprobs", "token_logprobs"]
 
 
 def forward_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -94,38 +77,3 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> 
     if dim is None:
         return (x * mask).sum() / mask.sum().clamp(min=1.0)
     return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1.0)
-
-
-def packed_token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                          temperature: float = 1.0, with_entropy: bool = False, max_tokens: int | None = None,
-                          needed: torch.Tensor | None = None, entropy_grad: bool = True):
-    """`token_logprobs` through packed forwards of at most `max_tokens` tokens (None: one forward).
-
-    Same [B, T-1] result in every column `needed` marks (default: every column whose token and next
-    token are both attended); other columns are 0. The LM head runs only on the needed positions.
-    """
-    n, width = input_ids.shape
-    groups = ([list(range(n))] if max_tokens is None
-              else micro_batches_by_tokens(attention_mask.sum(1).tolist(), max_tokens))
-    lp = torch.zeros(n, width - 1, device=input_ids.device)
-    ent = torch.zeros_like(lp) if with_entropy else None
-    parts = []
-    for group in groups:
-        rows = torch.tensor(group, dtype=torch.long, device=input_ids.device)
-        packed = pack(input_ids[rows], attention_mask[rows])
-        where, targets = shifted_targets(packed, needed[rows] if needed is not None else None)
-        logits = model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
-                       logits_to_keep=where).logits[0]
-        g_lp = unpack(logits_to_logprobs(logits, targets, temperature), packed, width - 1, where)
-        g_ent = None
-        if with_entropy:
-            g_ent = unpack(entropy_from_logits(logits if entropy_grad else logits.detach(), temperature),
-                           packed, width - 1, where)
-        parts.append((rows, g_lp, g_ent))
-    if len(parts) == 1 and len(parts[0][0]) == n:  # one group in batch order: keep the autograd graph simple
-        return (parts[0][1], parts[0][2]) if with_entropy else parts[0][1]
-    lp = lp.index_put((torch.cat([p[0] for p in parts]),), torch.cat([p[1] for p in parts]))
-    if with_entropy:
-        ent = ent.index_put((torch.cat([p[0] for p in parts]),), torch.cat([p[2] for p in parts]))
-        return lp, ent
-    return lp

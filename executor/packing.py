@@ -1,83 +1,23 @@
-"""Packed sequences: a padded batch's real tokens laid end to end, and token-budget micro-batches.
+"""Packed sequences beyond the log-prob pass: per-position values and sequence scores through packed
+forwards, and the shape a packed pass is recorded at.
 
 A padded [B, T] batch spends compute on T − len(row) pad tokens per row; with long-tailed response
-lengths the longest row sets T and most of the batch is padding. Packing keeps only attended tokens,
-concatenated into one row of N = Σ len tokens, with position ids restarting at 0 for each sequence.
-The executor's attention (executor/varlen_attention.py) splits a packed row at each restart and
-attends within each sequence (flash attention's varlen kernels do the same from these positions),
-so each sequence sees exactly what it sees padded. Per-token results (log-probs,
-entropies, values) are scattered back to the padded layout, so losses and advantages stay in the
-trainer's shifted [B, T-1] space and are computed by the same code as unpadded batches.
-
-Positions follow `hetprof.generation.position_ids` (the count of attended tokens before a token),
-so a left-padded row and its packed copy see the same RoPE phases.
+lengths the longest row sets T and most of the batch is padding. Packing keeps only attended tokens
+in one row with position ids restarting per sequence (`hetprof.packedpass`, which the profiler's
+packed inference rows time as well), the attention keeps each sequence to itself
+(hetprof/varlen_attention.py), and per-token results go back to the padded layout, so losses and
+advantages stay in the trainer's shifted [B, T-1] space.
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
+from hetprof.packedpass import PackedRows, pack, shifted_targets, unpack
 from hetprof.tokenbudget import micro_batch_count, micro_batches_by_tokens
 
 __all__ = ["PackedRows", "micro_batch_count", "micro_batches_by_tokens", "pack", "packed_sequence_scores",
            "packed_values", "shifted_targets", "unpack"]
-
-
-@dataclasses.dataclass(frozen=True)
-class PackedRows:
-    """The attended tokens of a padded batch, end to end in one row."""
-
-    input_ids: torch.Tensor      # [1, N]
-    position_ids: torch.Tensor   # [1, N], restarting at 0 per sequence
-    rows: torch.Tensor           # [N] padded row of each packed token
-    columns: torch.Tensor        # [N] padded column of each packed token
-    next_is_same: torch.Tensor   # [N] bool: the following packed token is this token's successor
-    shape: tuple[int, int]       # the padded (B, T)
-
-    @property
-    def tokens(self) -> int:
-        return int(self.input_ids.shape[1])
-
-
-def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> PackedRows:
-    """The attended tokens of `input_ids` [B, T] concatenated row by row into one packed row."""
-    mask = attention_mask.bool()
-    rows, columns = mask.nonzero(as_tuple=True)  # row-major: each row's tokens in order
-    positions = (mask.long().cumsum(-1) - 1)[rows, columns]
-    same_row = rows[1:] == rows[:-1]
-    adjacent = columns[1:] == columns[:-1] + 1
-    next_is_same = torch.cat([same_row & adjacent, same_row.new_zeros(1)]) if len(rows) else same_row
-    return PackedRows(input_ids=input_ids[rows, columns][None], position_ids=positions[None], rows=rows,
-                      columns=columns, next_is_same=next_is_same, shape=tuple(input_ids.shape))
-
-
-def unpack(values: torch.Tensor, packed: PackedRows, width: int | None = None,
-           where: torch.Tensor | None = None) -> torch.Tensor:
-    """Per-token `values` [K] back in the padded layout [B, width] (zeros elsewhere).
-
-    `where` [N] (bool) says which packed tokens `values` belongs to (default: all N).
-    """
-    b, t = packed.shape
-    out = values.new_zeros(b, t if width is None else width)
-    rows, cols = (packed.rows, packed.columns) if where is None else (packed.rows[where], packed.columns[where])
-    return out.index_put((rows, cols), values)
-
-
-def shifted_targets(packed: PackedRows, needed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Which packed tokens predict a token of their own sequence, and that token.
-
-    Column t of the shifted space is "emit token t+1", so packed token j scores packed token j+1 when
-    both are consecutive tokens of one row. `needed` [B, T-1] restricts this to the columns a caller
-    reads (e.g. the response mask), which lets the LM head skip the rest.
-    """
-    keep = packed.next_is_same.clone()
-    if needed is not None:
-        cols = packed.columns.clamp(max=needed.shape[1] - 1)
-        keep &= needed.bool()[packed.rows, cols] & (packed.columns < needed.shape[1])
-    where = keep.nonzero().squeeze(1)
-    return where, packed.input_ids[0, where + 1]
 
 
 def packed_values(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,

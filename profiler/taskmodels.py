@@ -46,6 +46,8 @@ def build(task: TaskModel, device: Any, *, seed: int = 0) -> Any:
     import torch
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
+    from hetprof.varlen_attention import VARLEN_ATTENTION
+
     cfg = dict(task.shape.to_hf_config())
     model_type = cfg.pop("model_type")
     cfg.pop("architectures", None)
@@ -55,7 +57,8 @@ def build(task: TaskModel, device: Any, *, seed: int = 0) -> Any:
     config = AutoConfig.for_model(model_type, **cfg)
     torch.manual_seed(seed)
     cls = AutoModelForCausalLM if task.with_head else AutoModel
-    model = cls.from_config(config, attn_implementation="sdpa")  # the executor's attention kernel
+    # the executor's attention: transformers' sdpa, packed rows split per sequence
+    model = cls.from_config(config, attn_implementation=VARLEN_ATTENTION)
     return model.to(device=device, dtype=getattr(torch, TORCH_DTYPES[task.dtype]))
 
 

@@ -3,8 +3,9 @@
 Why a module of its own: every suite needs the same discipline (DESIGN §3, after nccl-tests and
 mamf-finder). On a GPU the host clock measures launch overhead, not the kernel, so repeats are
 timed with CUDA events; the L2 cache is flushed between repeats so a small operand cannot be read
-from cache and look faster than memory allows. On the CPU a monotonic clock is right, and the
-operands a suite uses are either compute-bound or sized well above the last-level cache.
+from cache and look faster than memory allows. On the CPU a monotonic clock is right; the RL task
+rows evict the core's own caches between repeats (a run's pass follows other work), and the other
+suites' operands are either compute-bound or sized well above the last-level cache.
 """
 
 from __future__ import annotations
@@ -31,9 +32,15 @@ class TimingPolicy:
 
 
 class Flusher:
-    """Evicts the GPU's L2 cache by overwriting a buffer twice its size (a no-op on the CPU)."""
+    """Evicts the GPU's L2 cache by overwriting a buffer twice its size; on the CPU, with
+    `cpu_caches`, the core's private caches (twice the largest per-core cache), else nothing.
 
-    def __init__(self, device: Any):
+    Why on the CPU: a run executes a pass once, between other tasks that fill the core's caches with
+    their own weights and activations, while a tight loop of repeats finds the previous repeat's
+    data still cached — a small model's pass then times faster than the run ever sees it.
+    """
+
+    def __init__(self, device: Any, cpu_caches: bool = False):
         import torch
 
         self.buffer = None
@@ -41,10 +48,36 @@ class Flusher:
             props = torch.cuda.get_device_properties(device)
             size = max(int(getattr(props, "L2_cache_size", 0)) * 2, 64 * 1024 * 1024)
             self.buffer = torch.empty(size // 4, dtype=torch.float32, device=device)
+        elif cpu_caches:
+            self.buffer = torch.empty(2 * core_cache_bytes() // 4, dtype=torch.float32)
 
     def __call__(self) -> None:
         if self.buffer is not None:
             self.buffer.fill_(1.0)
+
+
+# When sysfs does not say: a server core's L2 (2 MiB on recent Xeons, 1 MiB on EPYC).
+DEFAULT_CORE_CACHE_BYTES = 2 * 1024 * 1024
+CPU_CACHE_DIR = "/sys/devices/system/cpu/cpu0/cache"
+
+
+def core_cache_bytes(cache_dir: str = CPU_CACHE_DIR) -> int:
+    """Bytes of the largest cache one core has to itself (sysfs `shared_cpu_list` names one CPU),
+    i.e. the L2 of current x86 parts: the shared L3 is other processes' as much as ours."""
+    from pathlib import Path
+
+    sizes = []
+    for index in Path(cache_dir).glob("index*"):
+        try:
+            shared = (index / "shared_cpu_list").read_text().strip()
+            size = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        if "," in shared or "-" in shared:
+            continue
+        units = {"K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}
+        sizes.append(int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size))
+    return max(sizes, default=DEFAULT_CORE_CACHE_BYTES)
 
 
 def measure(fn: Callable[[], Any], device: Any, policy: TimingPolicy, *,

@@ -25,6 +25,9 @@ from hetprof.tokenbudget import packed_shape
 # The planner's default seed for the step's sampled response lengths (planner/simulator.py).
 LENGTH_SEED = 0
 
+# The key of `workload_points` naming the prefill points a packed inference pass runs at.
+PACKED_PREFILL = "packed_prefill"
+
 # Above this many devices, data-parallel degrees are sampled (powers of two and the total).
 DENSE_DEGREES = 8
 
@@ -39,10 +42,11 @@ def dp_degrees(devices: int) -> list[int]:
     return sorted(out)
 
 
-def workload_points(workload: WorkloadSpec, devices: int) -> dict[str, list[tuple[int, int]]]:
+def workload_points(workload: WorkloadSpec, devices: int) -> dict[str, list[tuple[int, ...]]]:
     """(batch, length) points per task kernel (prefill, decode, train, generate) for `workload` on up to
     `devices` devices; lengths in tokens, as the executor pads them (a batch is as wide as its
-    longest prompt plus its longest response)."""
+    longest prompt plus its longest response). Under `PACKED_PREFILL`, (batch, length, response)
+    of the packed inference passes among the prefill points."""
     prompt_mean = max(1, round(workload.prompt_len.mean))
     prompt_max = max(prompt_mean, workload.prompt_len.cap)
     resp_mean = max(1, round(workload.response_len.mean))
@@ -64,6 +68,8 @@ def workload_points(workload: WorkloadSpec, devices: int) -> dict[str, list[tupl
     return {
         # generation's prefill over prompts, and the inference forward over whole sequences
         "prefill": sorted({(b, n) for b in batches for n in sorted({*gen[b], *sequences})} | packed_infer),
+        # which of them a packed inference pass runs, with its response tokens (the columns it scores)
+        PACKED_PREFILL: sorted((b, n, resp_mean) for b, n in packed_infer),
         "decode": [(b, n) for b in batches
                    for n in sorted({*contexts, *(p + 1 for p in gen[b]), *(p + max(1, resp_mean // 2) for p in gen[b])})],
         "train": sorted({(b, n) for b in train_batches for n in sequences} | packed_train),

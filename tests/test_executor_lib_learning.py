@@ -14,8 +14,8 @@ from hetprof.distributed import file_init_method, leave_process_group
 from hetprof.executor.algorithms import RLBatch, get_algorithm
 from hetprof.executor.backends import get_backend
 from hetprof.executor.data import PromptSource
-from hetprof.executor.learner import Learner
-from hetprof.executor.logprobs import token_logprobs
+from hetprof.executor.learner import Learner, forward_module
+from hetprof.executor.logprobs import first_response_column, token_logprobs
 from hetprof.executor.modeling import build_causal_lm, build_value_model
 from hetprof.executor.rewards import get_reward
 from hetprof.executor.tokenizer import CharTokenizer
@@ -147,6 +147,11 @@ def _ddp_update(rank: int, path: str, rows: list[list[int]]) -> None:
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     learner = Learner(ddp, torch.optim.SGD(ddp.parameters(), lr=1.0), get_algorithm("grpo")(kl_coef=0.0),
                       mini_batches=1, micro_batches=3, max_grad_norm=None)
+    # the no-grad log-prob pass skips DDP's per-forward bookkeeping and computes what the module does
+    assert forward_module(ddp) is model and forward_module(model) is model
+    with torch.no_grad():
+        plain = token_logprobs(model, mine.input_ids, mine.attention_mask, from_column=first_response_column(mine.mask))
+    assert torch.equal(learner.proximal_logprobs(mine), plain)
     learner.update(mine)  # rank 1's 2 rows in 3 pieces: one piece is empty and must still join DDP
     if rank == 0:
         torch.save([p.detach() for p in model.parameters()], path + ".out")

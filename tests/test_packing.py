@@ -131,7 +131,7 @@ def test_budget_below_the_longest_sequence_is_refused_by_name():
 
 
 def test_varlen_attention_splits_packed_rows_without_an_n_squared_mask(monkeypatch):
-    import hetprof.executor.varlen_attention as varlen
+    import hetprof.varlen_attention as varlen
 
     batch = ragged_batch()
     packed = pack(batch.input_ids, batch.attention_mask)
@@ -156,7 +156,7 @@ def test_flash_varlen_call_hands_the_kernel_the_packed_rows_bounds(monkeypatch):
     attention's varlen API gives it ([N, heads, d] states, int32 cumulative bounds)."""
     import torch.nn.functional as F
 
-    import hetprof.executor.varlen_attention as varlen
+    import hetprof.varlen_attention as varlen
 
     def kernel(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, softmax_scale, causal):
         assert cu_q.dtype == torch.int32 and torch.equal(cu_q, cu_k) and max_q == max_k and causal
@@ -179,7 +179,7 @@ def test_flash_varlen_call_hands_the_kernel_the_packed_rows_bounds(monkeypatch):
 
 @pytest.mark.gpu
 def test_flash_varlen_kernel_equals_the_per_sequence_loop_on_a_gpu(monkeypatch):
-    import hetprof.executor.varlen_attention as varlen
+    import hetprof.varlen_attention as varlen
 
     if varlen.flash_attn_varlen_func is None:
         pytest.skip("flash-attn is not installed (a GPU build's package)")

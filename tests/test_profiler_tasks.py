@@ -95,3 +95,63 @@ def test_generate_rows_time_whole_calls(task_rows):
     assert (calls["seconds"] > 0).all()
     # blocks profiled without the LM head have no logits to sample from: no calls timed
     assert not TIMERS["generate"].applies(taskmodels.plan_model(PRESETS["qwen3-8b"], "bf16", None))
+
+
+def _cache(root, name: str, size: str, shared: str) -> None:
+    index = root / name
+    index.mkdir()
+    (index / "size").write_text(size + "\n")
+    (index / "shared_cpu_list").write_text(shared + "\n")
+
+
+def test_core_cache_is_the_largest_cache_one_core_has_alone(tmp_path):
+    from hetprof.profiler.timing import core_cache_bytes
+
+    _cache(tmp_path, "index0", "48K", "0")
+    _cache(tmp_path, "index2", "2048K", "0")
+    _cache(tmp_path, "index3", "491520K", "0-1")  # the shared L3 is not the core's own
+    assert core_cache_bytes(str(tmp_path)) == 2048 * 1024
+    assert core_cache_bytes(str(tmp_path / "absent")) == 2 * 1024 * 1024  # no sysfs: a server core's L2
+
+
+def test_cpu_flusher_evicts_only_when_asked():
+    from hetprof.profiler.timing import Flusher, core_cache_bytes
+
+    assert Flusher(torch.device("cpu")).buffer is None  # the other suites' operands outsize the caches
+    flush = Flusher(torch.device("cpu"), cpu_caches=True)
+    assert flush.buffer.numel() * 4 == 2 * core_cache_bytes()
+    flush()
+    assert float(flush.buffer[-1]) == 1.0
+
+
+def test_response_columns_score_the_last_response_tokens():
+    from hetprof.profiler.suites.tasks import response_columns
+
+    # length 6, response 2: tokens 4 and 5 are scored by shifted columns 3 and 4
+    assert response_columns(2, 6, 2).tolist() == [[0, 0, 0, 1, 1]] * 2
+    assert response_columns(1, 3, 9).tolist() == [[1, 1]]  # a response longer than the row: every column
+
+
+def test_packed_inference_points_time_the_runs_packed_pass(monkeypatch):
+    """At a `--workload` packed inference point the prefill row times `packed_token_logprobs` (the
+    function a run's reference and log-prob passes call) on one pack, scoring the response columns."""
+    import hetprof.profiler.suites.tasks as tasks
+    from hetprof.profiler.timing import Flusher
+
+    calls = []
+
+    def spy(model, ids, mask, temperature=1.0, **kw):
+        calls.append((tuple(ids.shape), int(mask.sum()), int(kw["needed"].sum())))
+
+    monkeypatch.setattr(tasks, "packed_token_logprobs", spy)
+    tm = taskmodels.plan_model(PRESETS["tiny"], "fp32", None)
+    model = taskmodels.build(tm, "cpu")
+    ctx = ProfileContext(db=None, host="t", device="cpu", device_id=None, quick=True, threads=1,
+                         options={"workload_points": {"prefill": [(3, 10)], "packed_prefill": [(3, 10, 4)]}})
+    cpu = torch.device("cpu")
+    gen = torch.Generator().manual_seed(0)
+    times = tasks.TIMERS["prefill"].time_point(ctx, model, tm, 3, 10, {}, cpu, Flusher(cpu), gen)
+    runs = ctx.policy.warmup + len(times)
+    assert calls == [((3, 10), 30, 12)] * runs  # one pack of 3 × 10 tokens, 3 × 4 response columns
+    tasks.TIMERS["prefill"].time_point(ctx, model, tm, 4, 10, {}, cpu, Flusher(cpu), gen)  # not packed
+    assert len(calls) == runs

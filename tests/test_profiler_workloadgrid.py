@@ -40,3 +40,13 @@ def test_every_role_model_once():
 
 def test_merge_keeps_the_grid_and_drops_duplicates_and_shapes_past_the_positions():
     assert merge_points([(1, 8), (2, 8)], [(2, 8), (4, 100), (4, 600)], 512) == [(1, 8), (2, 8), (4, 100)]
+
+
+def test_packed_inference_points_are_named_with_their_response_tokens():
+    w = WorkloadSpec.load(ROOT / "examples" / "workloads" / "grpo-tiny.yaml")
+    assert workload_points(w, 2)["packed_prefill"] == []  # a padded workload runs no packed pass
+    data = w.to_dict()
+    data["training"]["max_tokens_per_microbatch"] = 512
+    pts = workload_points(WorkloadSpec.from_dict(data), 2)
+    packed = pts["packed_prefill"]
+    assert packed and all((b, n) in pts["prefill"] and r == 3 for b, n, r in packed)  # response mean 3

@@ -13,6 +13,12 @@ These rows are what the fitted cost models learn from, so the sweep spans batch 
 lengths wide enough for a regression to have range, and every point keeps all its repeats. On the
 CPU the default is one thread, because a `cpu` worker slot of a cluster spec is one core and the
 executor's CPU workers run single-threaded; the thread count is recorded with every sample.
+
+Forward-only rows run under `torch.no_grad()`, the mode the executor's generation and inference
+passes run in (`inference_mode` skips autograd's version counting and times a small model's pass
+about 5% faster than a run computes it), and every repeat but a decode step's starts with the
+core's caches evicted (`Flusher(cpu_caches=True)`): in a run a pass or a call follows other tasks'
+work, never its own repeat, while a call's decode steps follow each other.
 """
 
 from __future__ import annotations
@@ -22,11 +28,12 @@ import statistics
 from typing import Any
 
 from hetprof.generation import sample_continuations
+from hetprof.packedpass import packed_token_logprobs
 from hetprof.profiler import taskmodels
 from hetprof.profiler.context import ProfileContext
 from hetprof.profiler.registry import Suite, register_suite
 from hetprof.profiler.timing import Flusher, measure
-from hetprof.profiler.workloadgrid import merge_points
+from hetprof.profiler.workloadgrid import PACKED_PREFILL, merge_points
 from hetprof.sampling import next_tokens
 
 # (batch sizes, sequence/context lengths) per task, for (device kind, quick?)
@@ -90,15 +97,50 @@ class TaskTimer:
 
 
 class Prefill(TaskTimer):
+    """A forward over whole prompts or sequences. At a packed inference point of `--workload` (a
+    token-budget workload's reference or log-prob pass) it times what that pass runs,
+    `hetprof.packedpass.packed_token_logprobs` over one pack of `batch` sequences scoring their
+    response tokens; elsewhere a padded batch's forward, as generation's prefill runs it."""
+
     task = "prefill"
 
     def time_point(self, ctx, model, tm, batch, length, variant, device, flush, gen) -> list[float]:
         import torch
 
-        x = taskmodels.inputs(tm, batch, length, device, gen)
+        response = packed_responses(ctx).get((batch, length))
         model.eval()
-        with torch.inference_mode():
+        if response is not None and tm.with_head:
+            return _packed_pass(ctx, model, tm, batch, length, response, device, flush, gen)
+        x = taskmodels.inputs(tm, batch, length, device, gen)
+        with torch.no_grad():
             return measure(lambda: model(**x, use_cache=True), device, ctx.policy, flush=flush)
+
+
+def packed_responses(ctx: ProfileContext) -> dict[tuple[int, int], int]:
+    """(batch, length) -> response tokens of the packed inference passes `--workload` asked for."""
+    points = (ctx.options.get("workload_points") or {}).get(PACKED_PREFILL, [])
+    return {(b, n): r for b, n, r in points}
+
+
+def response_columns(batch: int, length: int, response: int) -> Any:
+    """The shifted columns that score the last `response` tokens of each length-`length` sequence
+    (column t scores token t+1): what a reference or log-prob pass reads."""
+    import torch
+
+    needed = torch.zeros(batch, length - 1, dtype=torch.long)
+    needed[:, max(0, length - 1 - response):] = 1
+    return needed
+
+
+def _packed_pass(ctx, model, tm, batch, length, response, device, flush, gen) -> list[float]:
+    import torch
+
+    ids = torch.randint(0, tm.shape.vocab, (batch, length), generator=gen).to(device)
+    mask = torch.ones_like(ids)
+    needed = response_columns(batch, length, response).to(device)
+    with torch.no_grad():
+        return measure(lambda: packed_token_logprobs(model, ids, mask, needed=needed), device, ctx.policy,
+                       flush=flush)
 
 
 class Decode(TaskTimer):
@@ -109,7 +151,7 @@ class Decode(TaskTimer):
         import torch
 
         model.eval()
-        with torch.inference_mode():
+        with torch.no_grad():
             cache = model(**taskmodels.inputs(tm, batch, length, device, gen), use_cache=True).past_key_values
             step = taskmodels.inputs(tm, batch, 1, device, gen, padded=False)
             step["attention_mask"] = taskmodels.padding_mask(batch, length + 1).to(device)  # the prefill's rows, grown by one
@@ -119,8 +161,11 @@ class Decode(TaskTimer):
                 out = model(**step, past_key_values=cache, use_cache=True)
                 return sample(out)
 
-            # each timed step appends one token; cropping back (untimed) keeps the context fixed
-            return measure(one_step, device, ctx.policy, setup=lambda: _crop(cache, length), flush=flush)
+            # each timed step appends one token; cropping back (untimed) keeps the context fixed. A
+            # call's decode steps run back to back, each finding the last one's data in the core's
+            # caches: no CPU eviction between them (the GPU's L2 flush stays, as for every row).
+            cold = flush if device.type == "cuda" else None
+            return measure(one_step, device, ctx.policy, setup=lambda: _crop(cache, length), flush=cold)
 
 
 def _sampler(tm: Any, batch: int, device: Any, gen: Any):
@@ -259,7 +304,7 @@ class TasksSuite(Suite):
 
         dtype = ctx.options.get("dtype") or default_dtype(ctx.device)
         device = torch.device(ctx.device)
-        flush = Flusher(device)
+        flush = Flusher(device, cpu_caches=True)  # a run's pass follows other work (timing.py)
         gen = torch.Generator().manual_seed(0)
         for shape in ctx.models:
             tm = taskmodels.plan_model(shape, dtype, ctx.options.get("layers_run"))

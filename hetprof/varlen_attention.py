@@ -1,9 +1,10 @@
 """Variable-length attention for packed sequences: each sequence attends only to itself, at its own cost.
 
-A packed row (executor/packing.py) holds several sequences end to end, marked by position ids that
+A packed row (hetprof/packedpass.py) holds several sequences end to end, marked by position ids that
 restart at 0. transformers' `sdpa` keeps them apart with an N × N block-diagonal mask over the
 whole row, so attention costs N² — more than the padded batch it replaces when a pack is long.
-This implementation (registered as `VARLEN_ATTENTION`, the executor's default) splits the row at
+This implementation (registered as `VARLEN_ATTENTION`, the executor's default and the model the
+profiler's task rows run) splits the row at
 each restart and runs causal SDPA per sequence: Σ len² work, the CPU counterpart of flash
 attention's varlen kernels. Inputs with a padding mask, a cache or one sequence take transformers'
 own SDPA path unchanged, so unpacked forwards compute exactly what `sdpa` computes. On a GPU with

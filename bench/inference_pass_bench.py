@@ -1,0 +1,149 @@
+"""A run's packed inference pass against the profiler rows that price it, side by side in one process.
+
+The reference and log-prob passes of `bench/executor_bench.py --quick --max-tokens 512` (one
+replica's 32 sequences of the tiny GRPO job, ~70 tokens, packs of ≤ 512 tokens) are timed as a run
+times them: once, right after other work (a generation call and a packed training step). Beside
+them, each round and in the same process:
+- the packed pass's pieces: packing, the forward, the response tokens' log-probs and the scatter back;
+- the old prefill row: a padded forward of one pack's shape under `inference_mode`, back to back;
+- the profiler's packed inference row: `packed_token_logprobs` on one pack under `no_grad`, after
+  evicting the core's caches (`Flusher(cpu_caches=True)`), as `hetprof profile --workload` times it.
+A row prices the pass as row × sequences / pack size (planner/taskcosts.py). Times are the thread's
+CPU seconds, so other tenants of a shared machine do not enter them; each ratio is the median of
+per-round ratios.
+
+    .venv/bin/python bench/inference_pass_bench.py [--rounds 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from hetprof.executor.data import PromptSource
+from hetprof.executor.modeling import build_causal_lm
+from hetprof.executor.tokenizer import CharTokenizer
+from hetprof.generation import sample_continuations
+from hetprof.hostmemory import keep_freed_memory
+from hetprof.models import PRESETS
+from hetprof.packedpass import logits_to_logprobs, pack, packed_token_logprobs, shifted_targets, unpack
+from hetprof.profiler import taskmodels
+from hetprof.profiler.suites.tasks import response_columns
+from hetprof.profiler.timing import Flusher
+from hetprof.tokenbudget import micro_batches_by_tokens
+
+BUDGET, RESPONSE, SEQUENCES = 512, 3, 32
+
+
+def replica_batch(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One replica's left-padded sequences: the built-in prompts, RESPONSE sampled tokens each."""
+    tok = CharTokenizer()
+    prompts = [tok.encode(p.text) for p in PromptSource.builtin(8, seed=0).batch(0)]
+    rows = [p for p in prompts for _ in range(8)][:SEQUENCES]
+    width = max(map(len, rows)) + RESPONSE
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask, response = torch.zeros_like(ids), torch.zeros_like(ids)
+    for i, p in enumerate(rows):
+        ids[i, width - RESPONSE - len(p):width - RESPONSE] = torch.tensor(p)
+        ids[i, width - RESPONSE:] = torch.randint(3, 60, (RESPONSE,), generator=gen)
+        mask[i, width - RESPONSE - len(p):] = 1
+        response[i, width - RESPONSE:] = 1
+    return ids, mask, response[:, 1:]
+
+
+def cpu_seconds(fn) -> float:
+    start = time.thread_time()
+    fn()
+    return time.thread_time() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=60)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    keep_freed_memory()
+    gen = torch.Generator().manual_seed(0)
+    ids, mask, needed = replica_batch(gen)
+    model, actor = build_causal_lm("tiny", seed=0).eval(), build_causal_lm("tiny", seed=1)
+    opt = torch.optim.AdamW(actor.parameters(), lr=1e-5)
+    groups = [torch.tensor(g) for g in micro_batches_by_tokens(mask.sum(1).tolist(), BUDGET)]
+    per = max(len(g) for g in groups)
+    length = round(float(mask.sum(1).float().mean()))
+    tm = taskmodels.plan_model(PRESETS["tiny"], "fp32", None)
+    row_model = taskmodels.build(tm, "cpu").eval()
+    padded = taskmodels.inputs(tm, per, length, "cpu", gen)
+    one_pack = torch.randint(0, tm.shape.vocab, (per, length), generator=gen)
+    pack_needed = response_columns(per, length, RESPONSE)
+    flush = Flusher(torch.device("cpu"), cpu_caches=True)
+
+    def other_work() -> None:  # what precedes an inference pass in a run: generation, then training
+        with torch.no_grad():
+            actor.eval()
+            sample_continuations(actor, [r[m.bool()].tolist() for r, m in zip(ids, mask, strict=True)], RESPONSE,
+                                 temperature=1.0, top_p=1.0, generator=gen, pad_id=0, eos_id=-1)
+        actor.train()
+        opt.zero_grad()
+        lp = packed_token_logprobs(actor, ids, mask, max_tokens=BUDGET, needed=needed)
+        (-(lp * needed).sum()).backward()
+        opt.step()
+
+    def run_pass() -> None:
+        with torch.no_grad():
+            packed_token_logprobs(model, ids, mask, max_tokens=BUDGET, needed=needed)
+
+    def old_row() -> None:
+        with torch.inference_mode():
+            row_model(**padded, use_cache=True)
+
+    def new_row() -> None:
+        with torch.no_grad():
+            packed_token_logprobs(row_model, one_pack, torch.ones_like(one_pack), needed=pack_needed)
+
+    packs = [pack(ids[g], mask[g]) for g in groups]
+    targets = [shifted_targets(p, needed[g]) for p, g in zip(packs, groups, strict=True)]
+
+    def pieces() -> dict[str, float]:
+        with torch.no_grad():
+            out = {"packing (pack, targets)": cpu_seconds(lambda: [shifted_targets(pack(ids[g], mask[g]), needed[g])
+                                                                   for g in groups])}
+            logits = []
+            out["forward"] = cpu_seconds(lambda: logits.extend(
+                model(input_ids=p.input_ids, position_ids=p.position_ids, use_cache=False,
+                      logits_to_keep=w).logits[0] for p, (w, _) in zip(packs, targets, strict=True)))
+            out["log-probs and scatter back"] = cpu_seconds(lambda: [
+                unpack(logits_to_logprobs(lg, t), p, ids.shape[1] - 1, w)
+                for lg, p, (w, t) in zip(logits, packs, targets, strict=True)])
+        return out
+
+    scale = SEQUENCES / per
+    times: dict[str, list[float]] = {}
+    for _ in range(args.rounds):
+        other_work()
+        got = {"run's pass, after other work": cpu_seconds(run_pass)}
+        got.update(pieces())
+        old_row()
+        got["old row (padded forward, inference_mode, warm) × packs"] = cpu_seconds(old_row) * scale
+        new_row()
+        flush()
+        got["packed inference row (no_grad, caches evicted) × packs"] = cpu_seconds(new_row) * scale
+        for key, seconds in got.items():
+            times.setdefault(key, []).append(seconds)
+    run = times["run's pass, after other work"]
+    print(f"{SEQUENCES} sequences of {length} tokens in {len(groups)} packs of ≤ {BUDGET} tokens "
+          f"(priced as {scale:.2f} packs of {per}); CPU ms, medians of {args.rounds} rounds")
+    parts = ("packing (pack, targets)", "forward", "log-probs and scatter back")
+    for key, values in times.items():
+        if key in parts:
+            share = statistics.median(b / a for a, b in zip(run, values, strict=True))
+            print(f"    {key:56s} {statistics.median(values) * 1e3:7.2f}   {share:5.1%} of the pass")
+        else:
+            ratio = statistics.median(a / b for a, b in zip(run, values, strict=True))
+            print(f"  {key:58s} {statistics.median(values) * 1e3:7.2f}   run's pass / this {ratio:5.2f}")
+
+
+if __name__ == "__main__":
+    main()
