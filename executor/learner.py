@@ -28,15 +28,11 @@ import torch.distributed as dist
 from torch import nn
 
 from hetprof.executor.algorithms.base import Algorithm, RLBatch
-from hetprof.executor.logprobs import (
-    entropy_from_logits,
-    first_response_column,
-    logits_to_logprobs,
-    packed_token_logprobs,
-    token_logprobs,
-)
-from hetprof.executor.packing import micro_batch_count, micro_batches_by_tokens, packed_values
+from hetprof.executor.logprobs import first_response_column, token_logprobs
+from hetprof.executor.packing import packed_values
+from hetprof.packedpass import entropy_from_logits, logits_to_logprobs, packed_token_logprobs
 from hetprof.specs.vocabulary import Role
+from hetprof.tokenbudget import micro_batch_count, micro_batches_by_tokens
 
 
 class Learner:

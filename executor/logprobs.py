@@ -11,10 +11,7 @@ import torch
 from torch import nn
 
 from hetprof.generation import position_ids
-from hetprof.packedpass import entropy_from_logits, logits_to_logprobs, packed_token_logprobs
-
-__all__ = ["entropy_from_logits", "first_response_column", "forward_logits", "logits_to_logprobs", "masked_mean",
-           "packed_token_logprobs", "token_logprobs"]
+from hetprof.packedpass import entropy_from_logits, logits_to_logprobs
 
 
 def forward_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,

@@ -13,11 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from hetprof.packedpass import PackedRows, pack, shifted_targets, unpack
+from hetprof.packedpass import pack, unpack
 from hetprof.tokenbudget import micro_batch_count, micro_batches_by_tokens
-
-__all__ = ["PackedRows", "micro_batch_count", "micro_batches_by_tokens", "pack", "packed_sequence_scores",
-           "packed_values", "shifted_targets", "unpack"]
 
 
 def packed_values(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,

@@ -204,7 +204,8 @@ class RankModels:
 
     @torch.no_grad()
     def infer(self, task: str, part: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        from hetprof.executor.logprobs import logits_to_logprobs, token_logprobs
+        from hetprof.executor.logprobs import token_logprobs
+        from hetprof.packedpass import logits_to_logprobs
 
         ids, mask = part["input_ids"], part["attention_mask"]
         if task == Task.ACTOR_LOGPROB:
@@ -233,8 +234,8 @@ class RankModels:
 
     def _infer_packed(self, task: str, ids: torch.Tensor, mask: torch.Tensor, budget: int,
                       response_mask: torch.Tensor | None) -> dict[str, torch.Tensor]:
-        from hetprof.executor.logprobs import packed_token_logprobs
         from hetprof.executor.packing import packed_sequence_scores, packed_values
+        from hetprof.packedpass import packed_token_logprobs
 
         if task == Task.REF_INFER:
             # only response columns are read (KL terms), so the LM head skips the prompts

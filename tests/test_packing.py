@@ -15,18 +15,12 @@ from hetprof.errors import SpecError
 from hetprof.executor.algorithms import RLBatch, get_algorithm
 from hetprof.executor.batch_split import token_share_slices
 from hetprof.executor.learner import Learner
-from hetprof.executor.logprobs import packed_token_logprobs, token_logprobs
+from hetprof.executor.logprobs import token_logprobs
 from hetprof.executor.modeling import build_causal_lm, build_reward_model, build_value_model
-from hetprof.executor.packing import (
-    micro_batch_count,
-    micro_batches_by_tokens,
-    pack,
-    packed_sequence_scores,
-    packed_values,
-    priced_pass,
-    unpack,
-)
+from hetprof.executor.packing import packed_sequence_scores, packed_values, priced_pass
+from hetprof.packedpass import pack, packed_token_logprobs, unpack
 from hetprof.specs.workload import WorkloadSpec
+from hetprof.tokenbudget import micro_batch_count, micro_batches_by_tokens
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
