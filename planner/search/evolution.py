@@ -4,9 +4,10 @@ An arm fixes the task grouping and how many GPUs of each kind each group gets. A
 the rest: per group an ordered device list (which concrete GPUs — hosts, regions — and, through
 the order, which tasklet sits on which GPU) plus each task's TP×PP. Mutations are the moves
 HetRL names: swapping GPUs of one kind across groups (alone or a host's worth at once, which
-moves a group between hosts or regions), swapping GPUs across tasklets inside a group, and
-changing a task's parallel shape. Layer splits and batch shares follow from the genome by
-balancing (`search.layouts`), so evolution never wastes evaluations on unbalanced variants.
+moves a group between hosts or regions), swapping GPUs across tasklets inside a group,
+changing a task's parallel shape, and giving a group's tasks one shape together. Layer splits
+and batch shares follow from the genome by balancing (`search.layouts`), so evolution never
+wastes evaluations on unbalanced variants.
 
 The state is plain data and every random choice comes from the arm's own seeded generator, so
 an arm advanced in a worker process gives the same result as in the parent.
@@ -23,6 +24,7 @@ import numpy as np
 
 from hetprof.planner.search.arms import Arm
 from hetprof.planner.search.space import Assembler, ShapeChoice
+from hetprof.specs.vocabulary import TASK_KIND, Task, TaskKind
 
 if TYPE_CHECKING:
     from hetprof.planner.candidate import Candidate
@@ -108,6 +110,7 @@ class ArmEvolution:
         self.best_value = math.inf
         self.best_candidate: Candidate | None = None
         self.exhausted = False
+        self.pending: list[Genome] = []     # group-coherent neighbours of a new best, tried next
 
     # ---- genomes --------------------------------------------------------------------------------
     def _repair(self, orders: tuple[tuple[str, ...], ...], shapes: dict[str, ShapeChoice] | None,
@@ -140,7 +143,8 @@ class ArmEvolution:
         ops: list[Callable[[], bool]] = [lambda: self._swap_across(orders, touched, block=False),
                                          lambda: self._swap_across(orders, touched, block=True),
                                          lambda: self._swap_tasklets(orders, touched),
-                                         lambda: self._reshape(orders, shapes)]
+                                         lambda: self._reshape(orders, shapes),
+                                         lambda: self._cohere(orders, shapes)]
         moves = 1 + int(self.rng.integers(0, 2))
         done = 0
         for _ in range(8 * moves):
@@ -204,6 +208,40 @@ class ArmEvolution:
         shapes[task] = allowed[int(self.rng.integers(0, len(allowed)))]
         return True
 
+    def _cohere(self, orders: list[list[str]], shapes: dict[str, ShapeChoice]) -> bool:
+        """Give every task of one group the same TP×PP (generation may keep its own).
+
+        Shapes picked one task at a time can each be fastest alone yet together overflow the
+        shared GPUs' memory; a group-wide shape is several coordinated reshapes in one move.
+        """
+        groups = [g for g, ts in enumerate(self.arm.grouping) if len(ts) >= 2]
+        if not groups:
+            return False
+        g = groups[int(self.rng.integers(0, len(groups)))]
+        tasks = list(self.arm.grouping[g])
+        keep_generation = bool(self.rng.random() < 0.5)
+        if keep_generation:
+            tasks = [t for t in tasks if TASK_KIND[Task(t)] != TaskKind.GENERATION] or tasks
+        return set_common_shape(tasks, shapes, lambda t: self.assembler.shapes_for(t, orders[g]), self.rng)
+
+    def coherent_neighbours(self, genome: Genome) -> list[Genome]:
+        """Every group-coherent reshape of a genome: per shared group and common shape, the group's
+        tasks (all, or all but generation) set to it; the moves alone are too rare to chain."""
+        out: list[Genome] = []
+        for g, tasks in enumerate(self.arm.grouping):
+            rest = [t for t in tasks if TASK_KIND[Task(t)] != TaskKind.GENERATION]
+            for names in [tuple(tasks)] + ([tuple(rest)] if len(rest) < len(tasks) else []):
+                if len(names) < 2:
+                    continue
+                common = set.intersection(*(set(self.assembler.shapes_for(t, genome.orders[g])) for t in names))
+                for shape in sorted(common):
+                    shapes = genome.shape_map()
+                    shapes.update((t, shape) for t in names)
+                    child = Genome(genome.orders, tuple(sorted(shapes.items())))
+                    if child != genome and child not in self.seen and child not in out:
+                        out.append(child)
+        return out[::-1]
+
     # ---- search ---------------------------------------------------------------------------------
     def candidate(self, genome: Genome) -> Candidate | None:
         return self.assembler.assemble(self.arm.grouping, genome.orders, genome.shape_map())
@@ -226,7 +264,9 @@ class ArmEvolution:
         spent = 0
         misses = 0
         while spent < n and not self.exhausted and not stop():
-            if self.variant < SEED_VARIANTS and len(self.population) < 2:
+            if self.pending:
+                genome = self.pending.pop()
+            elif self.variant < SEED_VARIANTS and len(self.population) < 2:
                 genome = self.seed_genome()
             elif self.population:
                 genome = self.mutate(self._parent())
@@ -245,6 +285,7 @@ class ArmEvolution:
             self.evaluations += 1
             if value < self.best_value and cand is not None:
                 self.best_value, self.best_candidate = value, cand
+                self.pending = self.coherent_neighbours(genome)
             self._insert(value, genome)
 
     @property
@@ -273,6 +314,21 @@ class ArmEvolution:
             if value < self.best_value:
                 self.best_value, self.best_candidate = value, cand
             self.adopt(genome_from_candidate(cand, all_devices), ledger)
+
+
+def set_common_shape(tasks: Sequence[str], shapes: dict[str, ShapeChoice],
+                     allowed: Callable[[str], Sequence[ShapeChoice]], rng: np.random.Generator) -> bool:
+    """Set `tasks` to one shape all of them allow, other than a shape they already all share."""
+    common = set(allowed(tasks[0]))
+    for task in tasks[1:]:
+        common &= set(allowed(task))
+    choices = sorted(s for s in common if any(shapes.get(t) != s for t in tasks))
+    if not choices:
+        return False
+    pick = choices[int(rng.integers(0, len(choices)))]
+    for task in tasks:
+        shapes[task] = pick
+    return True
 
 
 def genome_from_candidate(candidate: Candidate, all_devices: Sequence[str]) -> Genome:

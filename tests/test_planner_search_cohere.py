@@ -1,0 +1,83 @@
+"""hetrl's group-coherent reshape: every task of a group moved to one TP×PP in one mutation."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hetprof.costmodels import get_cost_model
+from hetprof.planner.search.arms import Arm
+from hetprof.planner.search.evolution import ArmEvolution, set_common_shape
+from hetprof.planner.search.space import Assembler, devices_by_type, gpu_types
+from hetprof.planner.simulator import Simulator
+from hetprof.specs import ClusterSpec, WorkloadSpec
+
+
+def test_common_shape_is_one_every_task_allows_and_not_the_one_they_share():
+    allowed = {"a": [(1, 1), (2, 1), (4, 1)], "b": [(2, 1), (4, 1), (2, 2)], "c": [(1, 1), (2, 1), (4, 1)]}
+    seen = set()
+    for seed in range(20):
+        shapes = {"a": (1, 1), "b": (2, 2), "c": (4, 1), "gen": (2, 2)}
+        assert set_common_shape(["a", "b", "c"], shapes, allowed.__getitem__, np.random.default_rng(seed))
+        pick = shapes["a"]
+        assert shapes["b"] == shapes["c"] == pick and pick in {(2, 1), (4, 1)}
+        assert shapes["gen"] == (2, 2)          # a task not named keeps its shape
+        seen.add(pick)
+    assert seen == {(2, 1), (4, 1)}
+    # the only common shape, already shared: no move
+    shapes = {"a": (2, 1), "b": (2, 1)}
+    assert not set_common_shape(["a", "b"], shapes, {"a": [(2, 1)], "b": [(2, 1), (1, 1)]}.__getitem__,
+                                np.random.default_rng(0))
+
+
+def _sim() -> Simulator:
+    cluster = ClusterSpec.from_dict({
+        "name": "one-host", "hosts": [{"name": "h", "gpus": {"type": "A100-40GB", "count": 4}, "region": "east"}],
+        "network": {"intra_region": {"latency": "0.1ms", "bandwidth": "100Gbps"}}})
+    work = WorkloadSpec.from_dict({
+        "name": "w", "algorithm": "grpo", "mode": "sync", "models": {"actor": "qwen3-0.6b"}, "prompts_per_step": 8,
+        "responses_per_prompt": 4, "prompt_len": {"mean": 128}, "response_len": {"mean": 192}})
+    return Simulator(cluster, work, get_cost_model("analytical"))
+
+
+def test_cohere_gives_a_shared_group_one_shape_its_devices_allow():
+    sim = _sim()
+    types, by_type = gpu_types(sim), devices_by_type(sim)
+    arm = Arm((tuple(sim.tasks),), ((4,),), tuple(types))
+    assembler = Assembler(sim, 8, 4)
+    order = [list(by_type[types[0]]), []]
+    coherent = 0
+    for seed in range(8):
+        evo = ArmEvolution(arm, 0, seed, assembler, by_type)
+        shapes = {t: (1, 1) for t in sim.tasks}
+        assert evo._cohere(order, shapes)
+        rest = {s for t, s in shapes.items() if t != "actor_gen"}
+        assert len(rest) == 1 and rest != {(1, 1)}
+        assert all(shapes[t] in assembler.shapes_for(t, order[0]) for t in sim.tasks)
+        coherent += shapes["actor_gen"] != (1, 1)   # generation joins the common shape half the time
+        again = {t: (1, 1) for t in sim.tasks}
+        ArmEvolution(arm, 0, seed, assembler, by_type)._cohere(order, again)
+        assert again == shapes                      # same seed, same move
+    assert 0 < coherent < 8
+
+
+def test_a_new_best_queues_its_group_coherent_neighbours_and_they_are_tried_next():
+    sim = _sim()
+    types, by_type = gpu_types(sim), devices_by_type(sim)
+    arm = Arm((tuple(sim.tasks),), ((4,),), tuple(types))
+    assembler = Assembler(sim, 8, 4)
+    evo = ArmEvolution(arm, 0, 0, assembler, by_type)
+    genome = evo.seed_genome()
+    near = evo.coherent_neighbours(genome)
+    order = genome.orders[0]
+    common = set.intersection(*(set(assembler.shapes_for(t, order)) for t in sim.tasks))
+    assert near and len(set(near)) == len(near) and genome not in near
+    for child in near:
+        assert child.orders == genome.orders
+        rest = {s for t, s in child.shapes if t != "actor_gen"}
+        assert len(rest) == 1 and rest <= common
+    assert evo.coherent_neighbours(genome) == near          # deterministic
+    evo.advance(1, lambda cand: 1.0, lambda: False)         # the first genome is a new best
+    assert evo.pending == evo.coherent_neighbours(evo.population[0][1])
+    tried = evo.pending[-1]
+    evo.advance(1, lambda cand: 2.0, lambda: False)
+    assert tried in evo.seen
