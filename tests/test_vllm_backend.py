@@ -26,13 +26,17 @@ TOK = CharTokenizer()
 def test_cpu_settings_fit_one_slot():
     config = hf_config("tiny-2x")
     settings = engine_settings(config, torch.float32, torch.device("cpu"), kv_cache_gib=0.5, cpu_core=1)
-    assert settings.env["VLLM_CPU_OMP_THREADS_BIND"] == "1"
     assert settings.env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"  # no process group here: in-process
+    assert settings.core is None  # an engine in the caller's process leaves its threads alone
     assert settings.kwargs["kv_cache_memory_bytes"] == 2**29 and settings.kwargs["dtype"] == "float32"
     assert settings.kwargs["max_model_len"] == 512
     # a run's worker is a torch.distributed rank: its engine core gets a process of its own
     own = engine_settings(config, torch.float32, torch.device("cpu"), cpu_core=0, own_process=True)
     assert own.env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
+    # one thread, bound to the slot's core, and the model run in the engine core's own process: not
+    # the default extra worker, which busy-polls for a second after every call
+    assert own.env["OMP_NUM_THREADS"] == "1" and own.core == 0
+    assert own.kwargs["distributed_executor_backend"].endswith("UniProcExecutor")
     with pytest.raises(ExecutionError, match="tensor_parallel_size 1"):
         engine_settings(config, torch.float32, torch.device("cpu"), tensor_parallel_size=2)
 
