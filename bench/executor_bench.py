@@ -22,14 +22,18 @@ Three ratios, each measured side by side in this one run:
 
 The vLLM rows (`--vllm`): measured / predicted iteration of the demo's GRPO job on tiny-2x run with
 `--backend vllm` (and of its generation stage and weight sync, which includes the engine's reload), after `hetprof profile --workload` (tasks, dptrain, and vLLM's own calls: vllmgen)
-and `hetprof fit`; and vLLM's generation tokens/s over `hf`'s on that job's per-replica batch, the
-two engines' calls alternated in this one process.
+and `hetprof fit`; the run's generation stage over the same call made alone on one engine just
+after; and vLLM's generation tokens/s over `hf`'s on that job's per-replica batch, the two engines'
+calls alternated in this one process. The planned job is run `--vllm-runs` times (default 3): each
+row is the median over the runs, with their range beside it, since one run swings by more than the
+goal's width.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -331,8 +335,13 @@ def sync_bandwidth(total_mb: float, repeats: int, work: Path, bucket_mb: float =
 VLLM_WORKLOAD = ROOT / "examples" / "workloads" / "grpo-tiny-vllm.yaml"
 
 
-def vllm_run(work: Path, iterations: int, slots: int, quick: bool) -> dict:
-    """Profile (with vLLM's own calls) → fit → plan for `--backend vllm` → run; the planned-run row."""
+# Runs of the vLLM plan the rows take the median of: one run's median iteration swings between runs
+# (each starts its own engines) by more than the goal's width on a shared 2-core machine.
+VLLM_RUNS = 3
+
+
+def vllm_run(work: Path, iterations: int, slots: int, quick: bool, runs: int = VLLM_RUNS) -> list[dict]:
+    """Profile (with vLLM's own calls) → fit → plan for `--backend vllm` → run it `runs` times."""
     db, cluster = work / "profiles.db", work / "cluster.yaml"
     cluster.write_text(f"name: bench-cpu\nhosts:\n  - name: localhost\n    gpus: {{type: cpu, count: {slots}}}\n")
     workload = truthful_workload(work, slots, VLLM_WORKLOAD)
@@ -346,13 +355,14 @@ def vllm_run(work: Path, iterations: int, slots: int, quick: bool) -> dict:
     hetprof("plan", "--cluster", str(cluster), "--workload", str(workload), "--cost-model", "fitted", "--backend",
             "vllm", "--search", "hetrl", "--seed", "0", "--max-tp", "1", "--max-pp", "1",
             "--out", str(work / "plan.json"), db=db, cwd=work)
-    return _run(work, db, iterations, "profile (vLLM calls included)", time.perf_counter() - t0)
+    prep = time.perf_counter() - t0
+    return [_run(work, db, iterations, "profile (vLLM calls included)", prep) for _ in range(runs)]
 
 
 def generation_rates(workload: Path, slots: int, rounds: int) -> dict[str, float]:
     """Generated tokens/s of each engine on the job's per-replica batch (its prompts, its response
     cap), calls alternated so both see the same machine; vLLM's engine core in its own process, as
-    in a run."""
+    in a run. Also `vllm_call_s`: vLLM's median call, the run's generation call made alone."""
     from hetprof.executor.backends import get_backend
     from hetprof.executor.data import PromptSource
     from hetprof.executor.modeling import build_causal_lm
@@ -377,30 +387,49 @@ def generation_rates(workload: Path, slots: int, rounds: int) -> dict[str, float
                 seconds[name].append(time.perf_counter() - t0)
                 tokens[name] += int(out.lengths.sum())
     engines["vllm"].close()
-    return {name: tokens[name] / sum(seconds[name]) for name in engines}
+    return {**{name: tokens[name] / sum(seconds[name]) for name in engines},
+            "vllm_call_s": statistics.median(seconds["vllm"])}
+
+
+def median_and_spread(values: list[float]) -> tuple[float, str]:
+    """The median of per-run ratios, and their range as text ("—" for a single run)."""
+    return statistics.median(values), (f"{min(values):.2f}–{max(values):.2f}" if len(values) > 1 else "—")
 
 
 def vllm_rows(args: argparse.Namespace, work: Path, iterations: int) -> None:
-    console.print(f"vLLM: profile → fit → plan --backend vllm → run ({iterations} iterations)…")
-    run = vllm_run(work, iterations, args.slots, args.quick)
+    console.print(f"vLLM: profile → fit → plan --backend vllm → run ({args.vllm_runs} × {iterations} iterations)…")
+    runs = vllm_run(work, iterations, args.slots, args.quick, args.vllm_runs)
     rates = generation_rates(work / f"workload-{VLLM_WORKLOAD.stem}.yaml", args.slots, 5 if args.quick else 15)
-    table = Table(title=f"executor benchmark, vLLM rows ({'quick' if args.quick else 'full'}; {os.cpu_count()} cores)")
+    table = Table(title=f"executor benchmark, vLLM rows ({'quick' if args.quick else 'full'}; {os.cpu_count()} cores; "
+                        f"median of {len(runs)} runs, their range in brackets)")
     for col in ("ratio", "value", "goal", "measured from"):
         table.add_column(col, justify="left" if col in ("ratio", "measured from") else "right")
-    pred = run["predicted"]
-    table.add_row("measured / predicted iteration, --backend vllm", f"{run['measured'] / pred:.2f}" if pred else "—",
-                  "0.85–1.15", f"median {run['measured'] * 1e3:.1f} ms vs plan {pred * 1e3 if pred else float('nan'):.1f} ms")
+    pred = runs[0]["predicted"]
+    value, spread = median_and_spread([r["measured"] / pred for r in runs] if pred else [math.nan])
+    table.add_row("measured / predicted iteration, --backend vllm", f"{value:.2f} ({spread})", "0.85–1.15",
+                  f"median {statistics.median(r['measured'] for r in runs) * 1e3:.1f} ms vs plan "
+                  f"{pred * 1e3 if pred else math.nan:.1f} ms")
     for task, label in (("actor_gen", "generation stage"), ("weight_sync", "weight sync (with vLLM's reload)")):
-        measured, predicted = run["per_task"].get(task, (None, None))
-        table.add_row(f"  its {label}, measured / predicted",
-                      f"{measured / predicted:.2f}" if measured and predicted else "—", "0.85–1.15",
-                      f"{measured * 1e3 if measured else float('nan'):.1f} vs "
-                      f"{predicted * 1e3 if predicted else float('nan'):.1f} ms")
+        measured = [r["per_task"][task][0] for r in runs if task in r["per_task"]]
+        predicted = runs[0]["per_task"].get(task, (None, None))[1]
+        if not measured or not predicted:
+            table.add_row(f"  its {label}, measured / predicted", "—", "0.85–1.15", "not in the run's records")
+            continue
+        value, spread = median_and_spread([m / predicted for m in measured])
+        table.add_row(f"  its {label}, measured / predicted", f"{value:.2f} ({spread})", "0.85–1.15",
+                      f"{statistics.median(measured) * 1e3:.1f} vs {predicted * 1e3:.1f} ms")
+    gen = [r["per_task"]["actor_gen"][0] for r in runs if "actor_gen" in r["per_task"]]
+    if gen:  # the run's generation against the same call made alone minutes later: no pricing in it
+        value, spread = median_and_spread([g / rates["vllm_call_s"] for g in gen])
+        table.add_row("  its generation stage / the same call alone", f"{value:.2f} ({spread})", "≈ 1",
+                      f"{statistics.median(gen) * 1e3:.1f} vs {rates['vllm_call_s'] * 1e3:.1f} ms, the job's batch "
+                      "on one engine after the runs")
     table.add_row("vLLM / hf generation tokens/s", f"{rates['vllm'] / rates['hf']:.2f}", "—",
                   f"{rates['vllm']:.0f} vs {rates['hf']:.0f} tokens/s, one replica's batch, alternated")
     console.print(table)
-    console.print(f"reward {run['reward_first']:.3f} → {run['reward_last']:.3f}; "
-                  f"profile+fit+plan {run['prep_s']:.0f} s, run {run['run_s']:.0f} s")
+    walls = " + ".join(f"{r['run_s']:.0f}" for r in runs)
+    console.print(f"reward {runs[0]['reward_first']:.3f} → {runs[0]['reward_last']:.3f}; profile+fit+plan "
+                  f"{runs[0]['prep_s']:.0f} s, runs {walls} s")
 
 
 def _task_ratio(runs: list[dict], task: str) -> str:
@@ -422,6 +451,8 @@ def main() -> None:
                         help="only the executor overhead with TensorBoard on vs off (no profiling)")
     parser.add_argument("--ab-pairs", type=int, default=2, help="on/off run pairs of --tensorboard-ab")
     parser.add_argument("--vllm", action="store_true", help="only the vLLM rows (needs make install-vllm)")
+    parser.add_argument("--vllm-runs", type=int, default=VLLM_RUNS,
+                        help=f"runs of the vLLM plan its rows take the median of (default {VLLM_RUNS})")
     parser.add_argument("--max-tokens", type=int, help="run packed: the workload's training.max_tokens_per_microbatch")
     parser.add_argument("--keep", type=Path, help="work in this new or empty folder and keep it (database, plans, run logs)")
     args = parser.parse_args()

@@ -3,8 +3,12 @@ the checkpoint folder it starts from. Shared by the executor's `vllm` backend an
 `vllmgen` suite, so the profiler times the engine the executor runs.
 
 On a GPU the engine gets a share of the device's memory. On a `cpu` worker slot (one core, see
-the cluster spec) it gets what the slot has: a fixed KV-cache size, OpenMP threads bound to the
-slot's core, and the model's own dtype when the CPU kernels take it.
+the cluster spec) it gets what the slot has: a fixed KV-cache size, one thread, its process bound
+to the slot's core, and the model's own dtype when the CPU kernels take it. There the model runs
+inside the engine core's process (vLLM's single-process executor), not in the extra worker
+process vLLM's CPU build starts by default: that worker busy-polls its request queue for a second
+after every call and assumes a core of its own for the engine core beside it, so in a run, where
+each core also trains, it takes CPU from the slot's training and from the other slot's engine.
 
 Where the engine core runs: in a process of its own when the caller is a rank of a torch.distributed
 job (a run's worker), because vLLM builds its process groups on an already initialised default
@@ -33,14 +37,18 @@ DEFAULT_CPU_KV_CACHE_GIB = 1.0
 VLLM_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 # mixed into vLLM's workers, which import it by path: the weight reload after a sync (vllm_worker.py)
 WORKER_EXTENSION = "hetprof.vllm_worker.WeightUpdateExtension"
+# by path, so that vLLM's CPU platform keeps it (it swaps the name "uni" for its multi-process executor)
+SINGLE_PROCESS_EXECUTOR = "vllm.v1.executor.uniproc_executor.UniProcExecutor"
 
 
 @dataclasses.dataclass(frozen=True)
 class EngineSettings:
-    """Keyword arguments for `vllm.LLM` and the environment variables to set before it starts."""
+    """Keyword arguments for `vllm.LLM`, the environment variables to set before it starts, and the
+    CPU core its process is bound to once started (None: left where the OS puts it)."""
 
     kwargs: dict
     env: dict[str, str]
+    core: int | None = None
 
 
 def slot_core(local_rank: int | None = None) -> int:
@@ -92,8 +100,11 @@ def engine_settings(config, dtype: torch.dtype, device: torch.device, *, tensor_
     kwargs["enable_chunked_prefill"] = False
     gib = DEFAULT_CPU_KV_CACHE_GIB if kv_cache_gib is None else kv_cache_gib
     kwargs["kv_cache_memory_bytes"] = int(gib * 2**30)
+    kwargs["distributed_executor_backend"] = SINGLE_PROCESS_EXECUTOR
     core = slot_core() if cpu_core is None else cpu_core
-    return EngineSettings(kwargs, {**env, "VLLM_CPU_OMP_THREADS_BIND": str(core)})
+    # one thread (read by the engine core's process as it starts); an engine inside the caller's
+    # process runs on the caller's threads and binds nothing
+    return EngineSettings(kwargs, {**env, "OMP_NUM_THREADS": "1"}, core if own_process else None)
 
 
 def vllm_available() -> bool:
@@ -129,12 +140,16 @@ def write_weights(model: torch.nn.Module, path: str, *, tied_head: bool = False)
 
 def start_engine(model: torch.nn.Module, folder: str, settings: EngineSettings, **engine_kwargs: Any) -> Any:
     """A `vllm.LLM` on a checkpoint of `model` written to `folder`, with `settings` (environment first:
-    vLLM reads it as the engine starts, in this process)."""
+    vLLM reads it as the engine starts, in this process), its process bound to the settings' core
+    (the engine needs WORKER_EXTENSION for that)."""
     os.environ.update(settings.env)
     from vllm import LLM
 
     write_checkpoint(model, folder)
-    return LLM(model=folder, **{**settings.kwargs, **engine_kwargs})
+    llm = LLM(model=folder, **{**settings.kwargs, **engine_kwargs})
+    if settings.core is not None:
+        llm.collective_rpc("hetprof_bind_to_core", args=(settings.core,))
+    return llm
 
 
 def reload_weights(llm: Any, model: torch.nn.Module, folder: str) -> None:

@@ -38,12 +38,19 @@ class WeightUpdateExtension:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
+    def hetprof_bind_to_core(self, core: int) -> None:
+        """Keep every thread of this process (the engine's) on one CPU core: a `cpu` slot's. Threads
+        started later inherit it from the thread that starts them."""
+        for tid in os.listdir("/proc/self/task"):
+            with contextlib.suppress(OSError):  # a thread that ended meanwhile
+                os.sched_setaffinity(int(tid), {core})
+
     def hetprof_exit_with_parent(self, parent: int) -> int:
         """Make the engine's processes end when the run's worker that started them dies (even by
-        SIGKILL, which runs no clean-up in the worker). On CPU vLLM runs its model runner (where this
-        runs) in a child of its engine core, itself a child of the worker: a watch here checks every
-        link of that chain, and once one breaks kills the processes between here and the worker and
-        exits. Returns this process's pid."""
+        SIGKILL, which runs no clean-up in the worker). The model runner (where this runs) is the
+        engine core's process, a child of the worker, or with vLLM's multi-process executor a child of
+        that: a watch here checks every link of that chain, and once one breaks kills the processes
+        between here and the worker and exits. Returns this process's pid."""
         me = os.getpid()
         if me == parent:  # an engine inside the caller's own process needs no watch
             return me

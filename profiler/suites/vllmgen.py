@@ -4,7 +4,7 @@ The `hf` backend's calls are the tasks suite's `generate` rows; a vLLM engine ru
 its own kernels, scheduler and sampler, at a different cost, so `hetprof fit` learns what a vLLM call
 costs beyond the fitted phases from these rows alone (costmodels/calloverhead.py, per backend). The
 engine is set up as the executor's `vllm` backend sets it up on a worker slot (hetprof.vllm_engine:
-KV-cache size, OpenMP threads bound to one core, the model's dtype, the engine core in a process of
+KV-cache size, one thread bound to one core, the model's dtype, the engine core in a process of
 its own) and is started once per model;
 each timed call generates GENERATE_NEW_TOKENS tokens for every prompt (no early stop), as the `hf`
 rows do. Points: the tasks suite's `generate` grid plus the job's shapes (`--workload`).
@@ -106,7 +106,10 @@ class VLLMGenerateSuite(Suite):
             samples = []
             gen = torch.Generator().manual_seed(0)
             for batch, length in points:
-                times = measure(self._call(llm, call_prompts(tm.shape.vocab, batch, length, gen)), device, ctx.policy)
+                # an empty prefix cache before each call, as a run's call meets it (new prompts, and the
+                # cache dropped at every weight sync): repeating the same prompts would hit the cache
+                times = measure(self._call(llm, call_prompts(tm.shape.vocab, batch, length, gen)), device, ctx.policy,
+                                setup=llm.reset_prefix_cache)
                 samples += [{"params": row_params(tm, batch, length, ctx.threads), "metrics": {"seconds": t}}
                             for t in times]
                 ctx.advance(1)
