@@ -31,20 +31,40 @@ def memory_bytes() -> int | None:
         return None
 
 
-def last_level_cache_bytes() -> int | None:
-    """The largest cache the kernel reports for cpu0 (the L3 on most servers)."""
-    best = None
-    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+CPU_CACHE_DIR = "/sys/devices/system/cpu/cpu0/cache"
+# When sysfs does not say: a server core's L2 (2 MiB on recent Xeons, 1 MiB on EPYC).
+DEFAULT_CORE_CACHE_BYTES = 2 * 1024 * 1024
+
+
+def cpu_caches(cache_dir: str = CPU_CACHE_DIR) -> list[tuple[int, bool]]:
+    """(bytes, private to one core?) of each cache the kernel reports for cpu0."""
+    out = []
+    for index in sorted(Path(cache_dir).glob("index*")):
         try:
             text = (index / "size").read_text().strip().upper()
         except OSError:
             continue
         scale = {"K": 1024, "M": 1024**2, "G": 1024**3}.get(text[-1:], 1)
         digits = text.rstrip("KMG")
-        if digits.isdigit():
-            size = int(digits) * scale
-            best = size if best is None or size > best else best
-    return best
+        if not digits.isdigit():
+            continue
+        try:
+            shared = (index / "shared_cpu_list").read_text().strip()
+        except OSError:
+            shared = ""
+        out.append((int(digits) * scale, bool(shared) and "," not in shared and "-" not in shared))
+    return out
+
+
+def last_level_cache_bytes() -> int | None:
+    """The largest cache the kernel reports for cpu0 (the L3 on most servers)."""
+    return max((size for size, _ in cpu_caches()), default=None)
+
+
+def core_cache_bytes(cache_dir: str = CPU_CACHE_DIR) -> int:
+    """Bytes of the largest cache one core has to itself (sysfs `shared_cpu_list` names one CPU),
+    i.e. the L2 of current x86 parts: the shared L3 is other processes' as much as ours."""
+    return max((size for size, private in cpu_caches(cache_dir) if private), default=DEFAULT_CORE_CACHE_BYTES)
 
 
 def cpu_info() -> dict[str, Any]:

@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from hetprof.profiler.hostinfo import core_cache_bytes
+
 
 @dataclasses.dataclass(frozen=True)
 class TimingPolicy:
@@ -54,30 +56,6 @@ class Flusher:
     def __call__(self) -> None:
         if self.buffer is not None:
             self.buffer.fill_(1.0)
-
-
-# When sysfs does not say: a server core's L2 (2 MiB on recent Xeons, 1 MiB on EPYC).
-DEFAULT_CORE_CACHE_BYTES = 2 * 1024 * 1024
-CPU_CACHE_DIR = "/sys/devices/system/cpu/cpu0/cache"
-
-
-def core_cache_bytes(cache_dir: str = CPU_CACHE_DIR) -> int:
-    """Bytes of the largest cache one core has to itself (sysfs `shared_cpu_list` names one CPU),
-    i.e. the L2 of current x86 parts: the shared L3 is other processes' as much as ours."""
-    from pathlib import Path
-
-    sizes = []
-    for index in Path(cache_dir).glob("index*"):
-        try:
-            shared = (index / "shared_cpu_list").read_text().strip()
-            size = (index / "size").read_text().strip()
-        except OSError:
-            continue
-        if "," in shared or "-" in shared:
-            continue
-        units = {"K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}
-        sizes.append(int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size))
-    return max(sizes, default=DEFAULT_CORE_CACHE_BYTES)
 
 
 def measure(fn: Callable[[], Any], device: Any, policy: TimingPolicy, *,

@@ -105,7 +105,7 @@ def _cache(root, name: str, size: str, shared: str) -> None:
 
 
 def test_core_cache_is_the_largest_cache_one_core_has_alone(tmp_path):
-    from hetprof.profiler.timing import core_cache_bytes
+    from hetprof.profiler.hostinfo import core_cache_bytes
 
     _cache(tmp_path, "index0", "48K", "0")
     _cache(tmp_path, "index2", "2048K", "0")
@@ -115,7 +115,8 @@ def test_core_cache_is_the_largest_cache_one_core_has_alone(tmp_path):
 
 
 def test_cpu_flusher_evicts_only_when_asked():
-    from hetprof.profiler.timing import Flusher, core_cache_bytes
+    from hetprof.profiler.hostinfo import core_cache_bytes
+    from hetprof.profiler.timing import Flusher
 
     assert Flusher(torch.device("cpu")).buffer is None  # the other suites' operands outsize the caches
     flush = Flusher(torch.device("cpu"), cpu_caches=True)
