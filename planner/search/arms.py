@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from hetprof.planner.search.space import Grouping
+from hetprof.planner.search.space import Grouping, devices_by_type
 from hetprof.specs.vocabulary import Task
 
 if TYPE_CHECKING:
@@ -197,9 +197,7 @@ def host_splits(sim: Simulator, types: Sequence[str]) -> list[tuple[tuple[tuple[
     if len(regions) != 1:
         return []
     (region,) = regions
-    by_type: dict[str, list[str]] = {}
-    for d in sorted(sim.devices, key=lambda d: (sim.devices[d].host, sim.devices[d].index)):
-        by_type.setdefault(sim.devices[d].type, []).append(d)
+    by_type = devices_by_type(sim)  # locality order: one region, so host then index
     totals = [len(by_type.get(t, ())) for t in types]
     out = []
     for i, t in enumerate(types):
