@@ -15,8 +15,8 @@ CPU the default is one thread, because a `cpu` worker slot of a cluster spec is 
 executor's CPU workers run single-threaded; the thread count is recorded with every sample.
 
 Forward-only rows run under `torch.no_grad()`, the mode the executor's generation and inference
-passes run in (`inference_mode` skips autograd's version counting and times a small model's pass
-about 5% faster than a run computes it), and every repeat but a decode step's starts with the
+passes run in (`inference_mode` skips autograd's version counting, so it would time a small model's pass
+faster than a run computes it; DESIGN §10 has by how much), and every repeat but a decode step's starts with the
 core's caches evicted (`Flusher(cpu_caches=True)`): in a run a pass or a call follows other tasks'
 work, never its own repeat, while a call's decode steps follow each other.
 """
