@@ -140,6 +140,9 @@ class HeldOut:
     source: str
     factors: dict[str, float]
     priced: tuple[Priced, ...]
+    train_committed: float = math.nan  # median |ln ratio| of the fitted-on cases at the committed catalog
+    train_fitted: float = math.nan     # ... and at the fold's fit
+    held_committed: float = math.nan   # the held-out cases' median at the committed catalog
 
     @property
     def median_abs_ln(self) -> float:
@@ -157,7 +160,10 @@ def leave_one_source_out(cases: Sequence[Case], trials: int, seed: int = 0,
         train = [c for c in cases if c.source.id != source]
         held = [c for c in cases if c.source.id == source]
         factors = fit(train, trials, seed, data)
-        folds.append(HeldOut(source, factors, tuple(price_all(held, catalog_with(factors, data)))))
+        fitted, committed = catalog_with(factors, data), catalog_with(dict(NEUTRAL), data)
+        folds.append(HeldOut(source, factors, tuple(price_all(held, fitted)),
+                             median_abs_ln(price_all(train, committed)), median_abs_ln(price_all(train, fitted)),
+                             median_abs_ln(price_all(held, committed))))
     return folds
 
 

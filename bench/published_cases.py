@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from pathlib import Path
 
 from hetprof.errors import InfeasibleError, SpecError
@@ -22,6 +23,8 @@ from hetprof.specs import GENERATION_BACKENDS, ClusterSpec, WorkloadSpec
 from hetprof.specs.loader import field, from_data, positive, read_file
 
 CASES_DIR = Path(__file__).resolve().parent / "published"
+# A run's wall clock as sources print it: "3d 17h 5m", "21h 40m", "17h 22m".
+DURATION = re.compile(r"^\s*(?:(\d+)\s*d)?\s*(?:(\d+)\s*h)?\s*(?:(\d+)\s*m)?\s*$")
 # Phases a source may publish, each the task kinds the simulator times for it.
 PHASES = {"generation": ("generation",), "logprob": ("inference",), "training": ("training",)}
 
@@ -48,11 +51,43 @@ class Published:
                                     expect="a positive number")
     run_steps: int | None = field(None, help="steps of that run", check=positive, expect="a positive integer")
     phases: dict[str, float] = field(default_factory=dict, help="seconds per phase: " + ", ".join(PHASES))
+    run_totals: dict[int, str] = field(default_factory=dict,
+                                       help="the run's wall clock after each published step count, quoted "
+                                            "('100: 13h 44m'): the step's mean over each window between them")
 
     def seconds(self) -> float:
         if self.step_s is not None:
             return float(self.step_s)
         return float(self.run_hours) * 3600.0 / float(self.run_steps)
+
+    def validate(self) -> None:
+        done = 0.0
+        for steps in sorted(self.run_totals):
+            seconds = duration_s(self.run_totals[steps])
+            if steps <= 0 or seconds is None or seconds <= done:
+                raise SpecError(None, f"run_totals.{steps}", "a positive step count mapped to the run's time "
+                                "then, such as '1d 3h 43m', growing with the steps", self.run_totals[steps])
+            done = seconds
+
+    def windows(self) -> list[tuple[int, int, float]]:
+        """(first step, last step, wall seconds per step) between consecutive published run totals: a
+        source's step column is a mean over the whole run, and these show whether its steps changed
+        as it went (the run clock also holds what the step column leaves out, such as validation)."""
+        out, before, before_s = [], 0, 0.0
+        for steps in sorted(self.run_totals):
+            seconds = duration_s(self.run_totals[steps]) or 0.0
+            out.append((before + 1, steps, (seconds - before_s) / (steps - before)))
+            before, before_s = steps, seconds
+        return out
+
+
+def duration_s(text: str) -> float | None:
+    """Seconds of a run time printed as days, hours and minutes ('1d 3h 43m'); None if it is not one."""
+    match = DURATION.match(str(text))
+    if not match or not any(match.groups()):
+        return None
+    days, hours, minutes = (int(g or 0) for g in match.groups())
+    return ((days * 24 + hours) * 60 + minutes) * 60.0
 
 
 @dataclasses.dataclass

@@ -50,6 +50,27 @@ def test_run_hours_become_seconds_per_step():
     assert pub.seconds() == pytest.approx(230 * 3600 / 250)
 
 
+def test_run_totals_become_per_step_windows():
+    pub = cases_mod.Published(figure="step 790.10 s", step_s=790.1,
+                              run_totals={200: "1d 3h 43m", 100: "13h 44m", 400: "3d 17h 5m"})
+    pub.validate()
+    assert cases_mod.duration_s("3d 17h 5m") == (3 * 24 * 60 + 17 * 60 + 5) * 60
+    # 13h 44m over steps 1-100; 13h 59m over 101-200; 2d 13h 22m over 201-400
+    assert pub.windows() == [(1, 100, 494.4), (101, 200, 503.4), (201, 400, pytest.approx(1104.6))]
+    assert cases_mod.Published(figure="x", step_s=1.0).windows() == []
+
+
+@pytest.mark.parametrize("totals", [{100: "13 hours"}, {100: "2h", 200: "1h 30m"}, {0: "1h"}])
+def test_bad_run_totals_are_refused_with_their_field(tmp_path, totals):
+    folder = _copy_case(tmp_path)
+    data = yaml.safe_load((folder / "case.yaml").read_text())
+    data["published"]["run_totals"] = totals
+    (folder / "case.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(SpecError) as err:
+        cases_mod.load_case(folder)
+    assert "published.run_totals." in str(err.value) and "case.yaml" in str(err.value)
+
+
 def _copy_case(tmp_path: Path) -> Path:
     src = next(c.folder for c in CASES if c.name == "nemo-llama3.1-8b-grpo-sync-16xh100")  # preset model only
     dst = tmp_path / "cases" / src.name
