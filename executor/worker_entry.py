@@ -55,11 +55,11 @@ def _worker(options: RunOptions, host: str) -> None:
     keep_freed_memory()  # the allocator the profiler measured under (hostmemory.py says why)
     plan = load_plan(options.plan_path, options.overrides)
     backend = check_supported(plan)
-    local = host_devices(plan, host)
+    local, cluster = host_devices(plan, host), plan.cluster_spec()
     device_id = local[int(os.environ["LOCAL_RANK"])]
-    if device_kind(plan.cluster_spec(), device_id) == "cpu":
+    if device_kind(cluster, device_id) == "cpu":
         torch.set_num_threads(1)  # a `cpu` slot is one core, as the profiler measured it
-        slots = [d for d in local if device_kind(plan.cluster_spec(), d) == "cpu"]
+        slots = [d for d in local if device_kind(cluster, d) == "cpu"]
         bind_to_slot(slots.index(device_id), len(slots))  # before gloo starts its threads (cpuslots.py says why)
         device = torch.device("cpu")
     else:
