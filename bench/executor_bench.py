@@ -142,6 +142,8 @@ def probe_drift(db: Path, points: list[tuple[str, int, int]]) -> float:
         "torch.set_num_threads(1)\n"
         "from hetprof.hostmemory import keep_freed_memory\n"
         "keep_freed_memory()\n"
+        "from hetprof.cpuslots import bind_to_slot\n"
+        "bind_to_slot(0, 1)\n"
         "from hetprof.models import PRESETS\n"
         "from hetprof.profiler import taskmodels\n"
         "from hetprof.profiler.context import ProfileContext\n"

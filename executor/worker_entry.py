@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from hetprof.cpuslots import bind_to_slot
 from hetprof.distributed import leave_process_group
 from hetprof.errors import ExecutionError
 from hetprof.executor.launch_checks import check_supported, device_kind, host_devices, load_plan
@@ -54,9 +55,12 @@ def _worker(options: RunOptions, host: str) -> None:
     keep_freed_memory()  # the allocator the profiler measured under (hostmemory.py says why)
     plan = load_plan(options.plan_path, options.overrides)
     backend = check_supported(plan)
-    device_id = host_devices(plan, host)[int(os.environ["LOCAL_RANK"])]
-    if device_kind(plan.cluster_spec(), device_id) == "cpu":
+    local, cluster = host_devices(plan, host), plan.cluster_spec()
+    device_id = local[int(os.environ["LOCAL_RANK"])]
+    if device_kind(cluster, device_id) == "cpu":
         torch.set_num_threads(1)  # a `cpu` slot is one core, as the profiler measured it
+        slots = [d for d in local if device_kind(cluster, d) == "cpu"]
+        bind_to_slot(slots.index(device_id), len(slots))  # before gloo starts its threads (cpuslots.py says why)
         device = torch.device("cpu")
     else:
         device = torch.device("cuda", int(device_id.rsplit(":", 1)[1]))

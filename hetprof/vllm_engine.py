@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from hetprof.cpuslots import slot_core
 from hetprof.errors import ExecutionError
 
 # vLLM's CPU attention backend (vllm/v1/attention/backends/cpu_attn.py: get_supported_head_sizes)
@@ -49,14 +50,6 @@ class EngineSettings:
     kwargs: dict
     env: dict[str, str]
     core: int | None = None
-
-
-def slot_core(local_rank: int | None = None) -> int:
-    """The CPU core a worker slot owns: its index among this host's workers (torchrun's LOCAL_RANK),
-    mapped onto the cores this process may run on."""
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-    index = int(os.environ.get("LOCAL_RANK", "0")) if local_rank is None else local_rank
-    return cores[index % len(cores)]
 
 
 def check_head_dim(config) -> None:

@@ -15,6 +15,7 @@ import gc
 import time
 from typing import Any
 
+from hetprof.cpuslots import bind_to_slot
 from hetprof.distributed import leave_process_group
 from hetprof.hostmemory import keep_freed_memory
 from hetprof.processes import skip_teardown_at_exit
@@ -29,6 +30,8 @@ def worker(rank: int, world: int, init_method: str, backend: str, points: list[d
     keep_freed_memory()
     torch.set_num_threads(threads)
     cuda = backend == "nccl"
+    if not cuda:  # each rank on its slot's core, as a run's data-parallel workers (cpuslots.py)
+        bind_to_slot(rank, world)
     device = torch.device(f"cuda:{rank}" if cuda else "cpu")
     if cuda:
         torch.cuda.set_device(device)

@@ -23,10 +23,12 @@ work, never its own repeat, while a call's decode steps follow each other.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import statistics
 from typing import Any
 
+from hetprof.cpuslots import on_slot_core
 from hetprof.generation import sample_continuations
 from hetprof.packedpass import packed_token_logprobs
 from hetprof.profiler import taskmodels
@@ -304,6 +306,13 @@ class TasksSuite(Suite):
 
         dtype = ctx.options.get("dtype") or default_dtype(ctx.device)
         device = torch.device(ctx.device)
+        # a slot's rows are timed on a core of their own, as a run's worker runs (hetprof/cpuslots.py)
+        with on_slot_core(0, 1) if device.type == "cpu" else contextlib.nullcontext():
+            self._models(ctx, dtype, device)
+
+    def _models(self, ctx: ProfileContext, dtype: str, device: Any) -> None:
+        import torch
+
         flush = Flusher(device, cpu_caches=True)  # a run's pass follows other work (timing.py)
         gen = torch.Generator().manual_seed(0)
         for shape in ctx.models:
