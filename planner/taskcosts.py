@@ -29,6 +29,7 @@ from hetprof.planner.controller import controller_seconds
 from hetprof.planner.engines import ENGINES, EngineLimits, GenerationRequest, StepTable, arrival_order
 from hetprof.planner.graph import RLGraph
 from hetprof.planner.imbalance import longest_sequence_factor
+from hetprof.planner.layoutcomms import dp_traffic, optimizer_steps, ulysses_seconds
 from hetprof.planner.links import LinkTable
 from hetprof.planner.passtime import finish_curve, layer_fraction, packed_seconds
 from hetprof.specs import Device, WorkloadSpec
@@ -382,14 +383,14 @@ class TaskCosts:
                                                layout.dp // self.workload.training.sequence_parallel)
         grad = 0.0
         if kind == TaskKind.TRAINING and layout.dp > 1:
-            grad = self._dp_traffic(layout, seconds)  # overlaps the passes' compute, not the Adam steps
+            grad = dp_traffic(self, layout, seconds)  # overlaps the passes' compute, not the Adam steps
             seconds += grad
         elif kind == TaskKind.INFERENCE and layout.dp > 1 and layout.sharding == "fsdp":
-            seconds += self._dp_traffic(layout, seconds)  # the log-prob pass gathers its leader's shards
+            seconds += dp_traffic(self, layout, seconds)  # the log-prob pass gathers its leader's shards
         if kind != TaskKind.GENERATION and self.workload.training.sequence_parallel > 1:
-            seconds += self._ulysses(layout, self.workload.training.sequence_parallel, problems)
+            seconds += ulysses_seconds(self, layout, self.workload.training.sequence_parallel, problems)
         if kind == TaskKind.TRAINING:
-            seconds += self._optimizer_steps(layout)
+            seconds += optimizer_steps(self, layout)
         seconds += controller_seconds(self.catalog, self.workload, task, kind,
                                       {self.devices[d].type for d in layout.devices()})
         curve = finish_curve(kind, seconds, finish, self.chunks)
@@ -397,41 +398,3 @@ class TaskCosts:
         for host, fraction in host_fraction.items():
             vector[self.links.index[host]] = fraction
         return TaskEval(seconds, tuple(replica_s), curve, memory, host_fraction, tuple(problems), grad, vector)
-
-    def _optimizer_steps(self, layout: TaskLayout) -> float:
-        """The step's Adam updates (one per mini-batch and epoch) on the slowest GPU type of the layout,
-        each over the optimizer shard its sharding leaves a rank."""
-        work = self.work(layout.task, 1)
-        types = {self.devices[d].type for d in layout.devices()}
-        dp = min(layout.dp, self.workload.training.shard_group or layout.dp)
-        one = max(self.cm.optimizer_step_time(work, Placement(t, layout.tp, layout.pp, dp=dp,
-                                                              sharding=layout.sharding)) for t in types)
-        return one * self.workload.ppo_epochs * self.workload.mini_batches
-
-    def _ulysses(self, layout: TaskLayout, sp: int, problems: list[str]) -> float:
-        """Ulysses all-to-alls of the busiest replica's tokens (every epoch's) over its host's GPU link."""
-        if layout.dp % sp:
-            problems.append(f"{layout.task}: training.sequence_parallel {sp} does not divide its {layout.dp} replicas")
-        first = self.devices[layout.replicas[0][0]]
-        batch = max(1, round(max(layout.shares) * self.sequences))
-        epochs = self.workload.ppo_epochs if self.graph.kind_of(layout.task) == TaskKind.TRAINING else 1
-        work = self.work(layout.task, batch, None, self.sequence_response, self.sequence_prompt)
-        link = self.links.between(first.host, first.host)
-        return epochs * self.cm.sequence_parallel_time(work, Placement(first.type, layout.tp, layout.pp), sp, link)
-
-    def _dp_traffic(self, layout: TaskLayout, seconds: float) -> float:
-        """Data-parallel traffic over the slowest link among the replicas. Training: per optimizer step
-        (gradients; parameters too when sharded), FSDP's overlapping the step's compute (`seconds` over
-        all steps). A forward-only pass on FSDP shards (the log-prob pass): one pass's gathers."""
-        hosts = {self.devices[d].host for d in layout.devices()}
-        link = self.links.slowest(hosts) or self.links.between(*(2 * sorted(hosts)[:1]))
-        place = Placement(self.devices[layout.replicas[0][0]].type, layout.tp, layout.pp)
-        training = self.graph.kind_of(layout.task) == TaskKind.TRAINING
-        steps = self.workload.ppo_epochs * self.workload.mini_batches if training else 1
-        per_call = self.workload.mini_batches if training else 1  # sequences of one optimizer step, or the pass
-        batch = max(1, round(max(layout.shares) * self.sequences / per_call))
-        work = self.work(layout.task, batch, None, self.sequence_response, self.sequence_prompt)
-        compute = seconds / steps if math.isfinite(seconds) else 0.0
-        if not training:
-            return self.cm.fsdp_gather_time(work, place, layout.dp, link, compute)
-        return self.cm.dp_grad_sync_time(work, place, layout.dp, link, layout.sharding, compute) * steps
