@@ -34,7 +34,7 @@ from hetprof.planner.links import LinkTable
 from hetprof.planner.passtime import finish_curve, layer_fraction, packed_seconds
 from hetprof.specs import Device, WorkloadSpec
 from hetprof.specs.vocabulary import TaskKind
-from hetprof.tokenbudget import packed_shape, spread
+from hetprof.tokenbudget import pack_groups, spread
 
 GB = 1e9
 EVAL_MEMO_LIMIT = 20_000
@@ -91,7 +91,7 @@ class TaskCosts:
         self.token_budget, self.sp = workload.training.max_tokens_per_microbatch, workload.training.sequence_parallel
         self.runs_padded = padded
         self.padded = padded and self.token_budget is None
-        self._packs: dict[int, tuple[int, int]] = {}
+        self._packs: dict[int, tuple[tuple[int, float, int], ...]] = {}
         self.engine = ENGINES.get(backend)
         self.backend = backend
         self._longest: dict[int, float] = {}
@@ -146,30 +146,30 @@ class TaskCosts:
             hit = self._longest_response[k] = self.workload.response_len.expected_longest(k)
         return hit
 
-    def packs(self, sequences: int) -> tuple[int, int]:
-        """(micro-batches, sequences per micro-batch) of a packed pass over `sequences` sequences: the
-        executor's own grouping (hetprof.tokenbudget) over lengths that follow the step's distribution."""
+    def packs(self, sequences: int) -> tuple[tuple[int, float, int], ...]:
+        """The packs of a packed pass over `sequences` sequences, as (sequences per pack, mean tokens
+        per sequence, packs) groups: the executor's own packing (hetprof.tokenbudget) of lengths
+        that follow the step's distribution."""
         k = max(1, int(sequences))
         hit = self._packs.get(k)
         if hit is None:
-            hit = self._packs[k] = packed_shape(self.prompt, self.lengths, k, self.token_budget)
+            hit = self._packs[k] = pack_groups(self.prompt, self.lengths, k, self.token_budget)
         return hit
 
     def _packed_call(self, task: str, sig: tuple, tp: int, batch: int, split: tuple[int, ...]) -> float:
         """A forward (inference) or forward + backward (training) pass over `batch` sequences: with a
-        token budget, the `packs(batch)` micro-batches at the mean lengths; else one call at the
-        priced widths. Pipelined replicas run fixed-shape padded micro-batches (executor/learner.py), so a
-        plan for `hetprof run` prices them padded."""
+        token budget, each of the `packs(batch)` packs at its own sequences and tokens; else one call
+        at the priced widths. Pipelined replicas run fixed-shape padded micro-batches
+        (executor/learner.py), so a plan for `hetprof run` prices them padded."""
         if self.token_budget is None:
             return self._composed(task, sig, tp, batch, split, self.sequence_response, self.sequence_prompt)
         if self.runs_padded and len(sig[0]) > 1:
             return self._composed(task, sig, tp, batch, split, self.padded_response(self.sequences),
                                   self.generation_prompt(self.sequences))
-        # the packs hold `batch` sequences between them, not m × per: scale one pack's time by the
-        # sequences, so whole-token work is exact and per-call costs are paid about m times
-        _, per = self.packs(batch)
-        one = self._composed(task, sig, tp, per, split, self.response, self.prompt)
-        return packed_seconds(one, batch / per, self._step_in_pass(task, sig, tp, per, split))
+        groups = self.packs(batch)
+        times = [(self._composed(task, sig, tp, n, split, length - self.prompt, self.prompt), count)
+                 for n, length, count in groups]
+        return packed_seconds(times, self._step_in_pass(task, sig, tp, groups[0][0], split))
 
     def _step_in_pass(self, task: str, sig: tuple, tp: int, batch: int, split: tuple[int, ...]) -> float:
         """The optimizer step a training pass's cost-model time already holds (a fitted model's rows
