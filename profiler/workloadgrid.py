@@ -25,6 +25,10 @@ from hetprof.tokenbudget import mean_pack, pack_groups, packed_shape
 # The planner's default seed for the step's sampled response lengths (planner/simulator.py).
 LENGTH_SEED = 0
 
+# A long-tailed batch packs into many pack sizes (23 for 1,024 lognormal responses in 32k-token
+# packs): the grid measures the sizes that hold the most packs, and the fit prices the rest.
+PACK_SHAPES_PER_BATCH = 3
+
 # The key of `workload_points` naming the prefill points a packed inference pass runs at.
 PACKED_PREFILL = "packed_prefill"
 
@@ -90,12 +94,13 @@ def packed_points(workload: WorkloadSpec, batches: list[int],
     whole = max(1, round(prompt + workload.response_len.mean))
 
     def shapes(sizes: list[int]) -> set[tuple[int, int]]:
-        """Each batch's packs as the planner prices them, its fullest pack at the mean length (the
-        bench's drift probe), and the average pack a run records."""
+        """Each batch's most common packs as the planner prices them, its fullest pack at the mean
+        length (the bench's drift probe), and the average pack a run records."""
         out: set[tuple[int, int]] = set()
         for b in sizes:
             groups = pack_groups(prompt, responses, b, budget)
-            out |= {(n, max(1, round(length))) for n, length, _ in groups}
+            common = sorted(groups, key=lambda g: -g[2])[:PACK_SHAPES_PER_BATCH]
+            out |= {(n, max(1, round(length))) for n, length, _ in common}
             out.add((packed_shape(prompt, responses, b, budget)[1], whole))
             out.add(mean_pack(b, sum(count for _, _, count in groups), prompt + workload.response_len.mean))
         return out
