@@ -7,8 +7,12 @@ them, each round and in the same process:
 - the packed pass's pieces: packing, the forward, the response tokens' log-probs and the scatter back;
 - the old prefill row: a padded forward of one pack's shape under `inference_mode`, back to back;
 - the profiler's packed inference row: `packed_token_logprobs` on one pack under `no_grad`, after
-  evicting the core's caches (`Flusher(cpu_caches=True)`), as `hetprof profile --workload` times it.
-A row prices the pass as row × sequences / pack size (planner/taskcosts.py). Times are the thread's
+  evicting the core's caches (`Flusher(cpu_caches=True)`), as `hetprof profile --workload` times it;
+- the same row after evicting the last-level cache too (a buffer twice its size written first):
+  whether the profiler's flush should reach past the core's own caches; and generation's prefill
+  after training steps against the same call after each flush (`prefill_flushes`).
+The planner prices the pass as its whole packs, each at its own row (planner/taskcosts.py); the old
+row is scaled as sequences / pack size, as it was priced. Times are the thread's
 CPU seconds, so other tenants of a shared machine do not enter them; each ratio is the median of
 per-round ratios.
 
@@ -31,6 +35,7 @@ from hetprof.hostmemory import keep_freed_memory
 from hetprof.models import PRESETS
 from hetprof.packedpass import logits_to_logprobs, pack, packed_token_logprobs, shifted_targets, unpack
 from hetprof.profiler import taskmodels
+from hetprof.profiler.hostinfo import last_level_cache_bytes
 from hetprof.profiler.suites.tasks import response_columns
 from hetprof.profiler.timing import Flusher
 from hetprof.tokenbudget import micro_batches_by_tokens
@@ -76,9 +81,12 @@ def main() -> None:
     tm = taskmodels.plan_model(PRESETS["tiny"], "fp32", None)
     row_model = taskmodels.build(tm, "cpu").eval()
     padded = taskmodels.inputs(tm, per, length, "cpu", gen)
-    one_pack = torch.randint(0, tm.shape.vocab, (per, length), generator=gen)
-    pack_needed = response_columns(per, length, RESPONSE)
+    sizes = sorted({len(g) for g in groups}, reverse=True)
+    counts = {n: sum(len(g) == n for g in groups) for n in sizes}
+    one_pack = {n: torch.randint(0, tm.shape.vocab, (n, length), generator=gen) for n in sizes}
+    pack_needed = {n: response_columns(n, length, RESPONSE) for n in sizes}
     flush = Flusher(torch.device("cpu"), cpu_caches=True)
+    llc = torch.empty(2 * (last_level_cache_bytes() or 64 * 1024**2) // 4, dtype=torch.float32)
 
     def other_work() -> None:  # what precedes an inference pass in a run: generation, then training
         with torch.no_grad():
@@ -99,9 +107,18 @@ def main() -> None:
         with torch.inference_mode():
             row_model(**padded, use_cache=True)
 
-    def new_row() -> None:
+    def new_row(n: int) -> None:
         with torch.no_grad():
-            packed_token_logprobs(row_model, one_pack, torch.ones_like(one_pack), needed=pack_needed)
+            packed_token_logprobs(row_model, one_pack[n], torch.ones_like(one_pack[n]), needed=pack_needed[n])
+
+    def packed_rows(evict) -> float:
+        """The whole packs' rows, each timed after `evict`, as the planner sums them."""
+        total = 0.0
+        for n in sizes:
+            new_row(n)
+            evict()
+            total += cpu_seconds(lambda n=n: new_row(n)) * counts[n]
+        return total
 
     packs = [pack(ids[g], mask[g]) for g in groups]
     targets = [shifted_targets(p, needed[g]) for p, g in zip(packs, groups, strict=True)]
@@ -127,14 +144,13 @@ def main() -> None:
         got.update(pieces())
         old_row()
         got["old row (padded forward, inference_mode, warm) × packs"] = cpu_seconds(old_row) * scale
-        new_row()
-        flush()
-        got["packed inference row (no_grad, caches evicted) × packs"] = cpu_seconds(new_row) * scale
+        got["packed inference rows (no_grad, core's caches evicted), whole packs"] = packed_rows(flush)
+        got["the same, last-level cache evicted too"] = packed_rows(lambda: (flush(), llc.fill_(1.0)))
         for key, seconds in got.items():
             times.setdefault(key, []).append(seconds)
     run = times["run's pass, after other work"]
     print(f"{SEQUENCES} sequences of {length} tokens in {len(groups)} packs of ≤ {BUDGET} tokens "
-          f"(priced as {scale:.2f} packs of {per}); CPU ms, medians of {args.rounds} rounds")
+          f"({', '.join(f'{counts[n]} × {n}' for n in sizes)} sequences); CPU ms, medians of {args.rounds} rounds")
     parts = ("packing (pack, targets)", "forward", "log-probs and scatter back")
     for key, values in times.items():
         if key in parts:
@@ -143,6 +159,45 @@ def main() -> None:
         else:
             ratio = statistics.median(a / b for a, b in zip(run, values, strict=True))
             print(f"  {key:58s} {statistics.median(values) * 1e3:7.2f}   run's pass / this {ratio:5.2f}")
+    prefill_flushes(args.rounds)
+
+
+def prefill_flushes(rounds: int) -> None:
+    """Generation's prefill (one replica's 32 × 70 tokens, a fresh KV cache) after a run's training
+    steps, against the same call after each flush a profiler could run before a repeat."""
+    gen = torch.Generator().manual_seed(1)
+    model, actor = build_causal_lm("tiny", seed=0).eval(), build_causal_lm("tiny", seed=1)
+    opt = torch.optim.AdamW(actor.parameters(), lr=1e-5)
+    ids = torch.randint(3, 60, (SEQUENCES, 70), generator=gen)
+    mask = torch.ones_like(ids)
+    core = Flusher(torch.device("cpu"), cpu_caches=True)
+    llc = torch.empty(2 * (last_level_cache_bytes() or 64 * 1024**2) // 4, dtype=torch.float32)
+
+    def prefill() -> None:
+        with torch.no_grad():
+            model(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1)
+
+    def train() -> None:  # a learner's packed steps, as precede the next iteration's generation
+        for _ in range(8):
+            opt.zero_grad()
+            (-packed_token_logprobs(actor, ids, mask, max_tokens=BUDGET).sum()).backward()
+            opt.step()
+
+    evictions = {"warm (back to back)": lambda: None, "core's caches evicted (the profiler's)": core,
+                 "last-level cache evicted too": lambda: (core(), llc.fill_(1.0))}
+    times: dict[str, list[float]] = {}
+    for _ in range(rounds):
+        train()
+        times.setdefault("after 8 training steps (a run's)", []).append(cpu_seconds(prefill))
+        for key, evict in evictions.items():
+            prefill()
+            evict()
+            times.setdefault(key, []).append(cpu_seconds(prefill))
+    run = times["after 8 training steps (a run's)"]
+    print(f"generation's prefill, {SEQUENCES} × 70 tokens; CPU ms, medians of {rounds} rounds")
+    for key, values in times.items():
+        ratio = statistics.median(a / b for a, b in zip(run, values, strict=True))
+        print(f"  {key:58s} {statistics.median(values) * 1e3:7.2f}   run's prefill / this {ratio:5.2f}")
 
 
 if __name__ == "__main__":

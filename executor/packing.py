@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from hetprof.packedpass import pack, unpack
-from hetprof.tokenbudget import micro_batch_count, micro_batches_by_tokens
+from hetprof.tokenbudget import mean_pack, micro_batch_count, micro_batches_by_tokens
 
 
 def packed_values(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -57,14 +57,14 @@ PRICED_LENGTH_TOLERANCE = 0.1
 def priced_pass(attention_mask: torch.Tensor, budget: int | None, groups: int = 1,
                 passes: float | None = None, priced_length: float | None = None) -> tuple[int, int, float]:
     """(sequences, tokens, packs): the shape one of `groups` equal parts (a learner's mini-batches)
-    of these rows is priced at (planner/taskcosts.py), and how many of that shape its time holds.
+    of these rows is recorded at, and how many passes of that shape its time holds.
 
-    Padded: the part's rows at the batch's width, once. Packed: `passes` micro-batches (default: as
-    many as the budget fills for a part) are priced as one pack of ceil(part / passes) sequences at
-    their mean length, times part / pack sequences; so a run's time over `packs` is one pack's time,
-    the very quantity the plan multiplied (the learner's real pass count would leave out the pack
-    fraction the plan scales by). The length is the plan's mean, `priced_length`, when the rows' mean
-    is within PRICED_LENGTH_TOLERANCE of it, else the rows' own.
+    Padded: the part's rows at the batch's width, once. Packed: the `passes` packs the part really
+    ran (default: as many as the budget fills for it), recorded as their average pack
+    (hetprof.tokenbudget.mean_pack), so a run's time over `packs` is one pack's time at one pack's
+    tokens: the unit the planner prices each of its whole packs at (planner/taskcosts.py). The
+    length is the plan's mean, `priced_length`, when the rows' mean is within
+    PRICED_LENGTH_TOLERANCE of it, else the rows' own.
     """
     rows, width = attention_mask.shape
     part = -(-rows // max(1, groups))
@@ -73,8 +73,8 @@ def priced_pass(attention_mask: torch.Tensor, budget: int | None, groups: int = 
     lengths = attention_mask.sum(1)
     if passes is None:
         passes = micro_batch_count(lengths[:part].tolist(), budget)
-    per = -(-part // max(1, round(float(passes))))
     mean = float(lengths.float().mean())
     if priced_length is not None and abs(mean - priced_length) <= PRICED_LENGTH_TOLERANCE * priced_length:
         mean = priced_length
-    return per, max(1, round(mean)), part / per
+    per, tokens = mean_pack(part, passes, mean)
+    return per, tokens, max(1.0, float(passes))

@@ -68,7 +68,7 @@ class Worker:
         self.k = self.workload.staleness if self.workload.mode == "async" else 0
         self.tasks = topo.tasks_on(rank)
         self.is_leader = rank == topo.leader
-        # packed passes are recorded at the shapes the plan priced them (executor/packing.priced_pass)
+        # a packed pass is recorded as its average pack, the unit the plan prices (executor/packing.priced_pass)
         self.token_budget = self.workload.training.max_tokens_per_microbatch
         self.priced_length = self.workload.prompt_len.mean + self.workload.response_len.mean
         self.models = RankModels(self.workload, self.tasks, device, options, topo, groups, rank)

@@ -1,7 +1,8 @@
 """Token-budget micro-batches: which sequences share one packed forward of at most N tokens.
 
-The executor packs by these groups (executor/packing.py) and the planner counts them to price a
-packed step (planner/taskcosts.py); both call this one function so the count priced is the count run.
+The executor packs by these groups (executor/learner.py, hetprof/packedpass.py) and the planner
+packs a sample of the workload's lengths with them to price a packed step (planner/taskcosts.py);
+both call this one function so the packs priced are the packs run.
 The profiler's workload grid (profiler/workloadgrid.py) measures the shapes that count implies.
 """
 
@@ -80,11 +81,39 @@ def spread(sorted_lengths: np.ndarray, k: int, default: float = 0.0) -> np.ndarr
     return sorted_lengths[idx]
 
 
-def packed_shape(prompt: float, sorted_responses: np.ndarray, sequences: int, budget: int) -> tuple[int, int]:
-    """(micro-batches, sequences per micro-batch) of a packed pass over `sequences` sequences whose
-    responses follow `sorted_responses` after a `prompt`-token prompt: how the planner prices it and
-    the profiler measures it (each micro-batch as that many sequences at the mean lengths)."""
+def sample_lengths(prompt: float, sorted_responses: np.ndarray, sequences: int) -> list[int]:
+    """Whole-token lengths of `sequences` sequences: a `prompt`-token prompt and responses that follow
+    the sorted sample `sorted_responses` (the deterministic stand-in for a step's real lengths)."""
     k = max(1, int(sequences))
-    lengths = np.rint(prompt + spread(sorted_responses, k)).astype(int).tolist()
-    m = min(micro_batch_count(lengths, budget), k)
-    return m, math.ceil(k / m)
+    return np.rint(prompt + spread(sorted_responses, k)).astype(int).tolist()
+
+
+def pack_groups(prompt: float, sorted_responses: np.ndarray, sequences: int,
+                budget: int) -> tuple[tuple[int, float, int], ...]:
+    """The packs `micro_batches_by_tokens` makes of `sample_lengths`, grouped by how many sequences
+    they hold: (sequences per pack, mean tokens per sequence in those packs, packs), most sequences
+    first. A packed pass runs whole packs, so the planner prices each group's packs at their own
+    tokens: the per-pass cost is paid as many times as the executor runs a pass."""
+    lengths = sample_lengths(prompt, sorted_responses, sequences)
+    tokens: dict[int, list[int]] = {}
+    for group in micro_batches_by_tokens(lengths, budget):
+        tokens.setdefault(len(group), []).append(sum(lengths[i] for i in group))
+    return tuple((n, sum(t) / (n * len(t)), len(t)) for n, t in sorted(tokens.items(), reverse=True))
+
+
+def packed_shape(prompt: float, sorted_responses: np.ndarray, sequences: int, budget: int) -> tuple[int, int]:
+    """(packs, sequences in the fullest pack) of a packed pass over `sequences` sequences whose
+    responses follow `sorted_responses` after a `prompt`-token prompt (see `pack_groups`)."""
+    groups = pack_groups(prompt, sorted_responses, sequences, budget)
+    m = sum(count for _, _, count in groups)
+    return m, math.ceil(max(1, int(sequences)) / m)
+
+
+def mean_pack(sequences: int, packs: float, length: float) -> tuple[int, int]:
+    """(sequences, tokens per sequence) of the average of `packs` packs holding `sequences` sequences
+    of mean `length` tokens: a whole sequence count, and the length that gives it the average pack's
+    tokens. A run records a packed pass's time over its packs at this shape, so the row is one pack's
+    time at one pack's tokens, the unit the planner prices each pack at."""
+    packs = max(1.0, float(packs))
+    per = max(1, round(sequences / packs))
+    return per, max(1, round(length * sequences / (packs * per)))

@@ -7,6 +7,7 @@ where layouts meet the cost model.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -14,11 +15,15 @@ from hetprof.models import ModelShape
 from hetprof.specs.vocabulary import TaskKind
 
 
-def packed_seconds(one_pack: float, packs: float, step_in_pass: float = 0.0) -> float:
-    """`packs` packs' time from one pack's, `one_pack`, for one optimizer step: a training pass's
-    time holds one optimizer step (`step_in_pass`), and the learner steps once per mini-batch, not
-    once per pack, so the extra packs' steps come off."""
-    return one_pack * packs - max(0.0, packs - 1.0) * min(step_in_pass, one_pack)
+def packed_seconds(packs: Sequence[tuple[float, float]], step_in_pass: float = 0.0) -> float:
+    """One optimizer step's packed passes from (one pack's time, how many such packs) pairs: a
+    training pass's time holds one optimizer step (`step_in_pass`), and the learner steps once per
+    mini-batch, not once per pack, so every pack's step but one comes off."""
+    count = sum(n for _, n in packs)
+    if not count:
+        return 0.0
+    total = sum(seconds * n for seconds, n in packs)
+    return total - (count - 1) * min(step_in_pass, min(seconds for seconds, _ in packs))
 
 
 def layer_fraction(model: ModelShape, layers: int, last: bool) -> float:

@@ -29,11 +29,12 @@ from hetprof.planner.controller import controller_seconds
 from hetprof.planner.engines import ENGINES, EngineLimits, GenerationRequest, StepTable, arrival_order
 from hetprof.planner.graph import RLGraph
 from hetprof.planner.imbalance import longest_sequence_factor
+from hetprof.planner.layoutcomms import dp_traffic, optimizer_steps, ulysses_seconds
 from hetprof.planner.links import LinkTable
 from hetprof.planner.passtime import finish_curve, layer_fraction, packed_seconds
 from hetprof.specs import Device, WorkloadSpec
 from hetprof.specs.vocabulary import TaskKind
-from hetprof.tokenbudget import packed_shape, spread
+from hetprof.tokenbudget import pack_groups, spread
 
 GB = 1e9
 EVAL_MEMO_LIMIT = 20_000
@@ -90,7 +91,7 @@ class TaskCosts:
         self.token_budget, self.sp = workload.training.max_tokens_per_microbatch, workload.training.sequence_parallel
         self.runs_padded = padded
         self.padded = padded and self.token_budget is None
-        self._packs: dict[int, tuple[int, int]] = {}
+        self._packs: dict[int, tuple[tuple[int, float, int], ...]] = {}
         self.engine = ENGINES.get(backend)
         self.backend = backend
         self._longest: dict[int, float] = {}
@@ -145,30 +146,30 @@ class TaskCosts:
             hit = self._longest_response[k] = self.workload.response_len.expected_longest(k)
         return hit
 
-    def packs(self, sequences: int) -> tuple[int, int]:
-        """(micro-batches, sequences per micro-batch) of a packed pass over `sequences` sequences: the
-        executor's own grouping (hetprof.tokenbudget) over lengths that follow the step's distribution."""
+    def packs(self, sequences: int) -> tuple[tuple[int, float, int], ...]:
+        """The packs of a packed pass over `sequences` sequences, as (sequences per pack, mean tokens
+        per sequence, packs) groups: the executor's own packing (hetprof.tokenbudget) of lengths
+        that follow the step's distribution."""
         k = max(1, int(sequences))
         hit = self._packs.get(k)
         if hit is None:
-            hit = self._packs[k] = packed_shape(self.prompt, self.lengths, k, self.token_budget)
+            hit = self._packs[k] = pack_groups(self.prompt, self.lengths, k, self.token_budget)
         return hit
 
     def _packed_call(self, task: str, sig: tuple, tp: int, batch: int, split: tuple[int, ...]) -> float:
         """A forward (inference) or forward + backward (training) pass over `batch` sequences: with a
-        token budget, the `packs(batch)` micro-batches at the mean lengths; else one call at the
-        priced widths. Pipelined replicas run fixed-shape padded micro-batches (executor/learner.py), so a
-        plan for `hetprof run` prices them padded."""
+        token budget, each of the `packs(batch)` packs at its own sequences and tokens; else one call
+        at the priced widths. Pipelined replicas run fixed-shape padded micro-batches
+        (executor/learner.py), so a plan for `hetprof run` prices them padded."""
         if self.token_budget is None:
             return self._composed(task, sig, tp, batch, split, self.sequence_response, self.sequence_prompt)
         if self.runs_padded and len(sig[0]) > 1:
             return self._composed(task, sig, tp, batch, split, self.padded_response(self.sequences),
                                   self.generation_prompt(self.sequences))
-        # the packs hold `batch` sequences between them, not m × per: scale one pack's time by the
-        # sequences, so whole-token work is exact and per-call costs are paid about m times
-        _, per = self.packs(batch)
-        one = self._composed(task, sig, tp, per, split, self.response, self.prompt)
-        return packed_seconds(one, batch / per, self._step_in_pass(task, sig, tp, per, split))
+        groups = self.packs(batch)
+        times = [(self._composed(task, sig, tp, n, split, length - self.prompt, self.prompt), count)
+                 for n, length, count in groups]
+        return packed_seconds(times, self._step_in_pass(task, sig, tp, groups[0][0], split))
 
     def _step_in_pass(self, task: str, sig: tuple, tp: int, batch: int, split: tuple[int, ...]) -> float:
         """The optimizer step a training pass's cost-model time already holds (a fitted model's rows
@@ -382,14 +383,14 @@ class TaskCosts:
                                                layout.dp // self.workload.training.sequence_parallel)
         grad = 0.0
         if kind == TaskKind.TRAINING and layout.dp > 1:
-            grad = self._dp_traffic(layout, seconds)  # overlaps the passes' compute, not the Adam steps
+            grad = dp_traffic(self, layout, seconds)  # overlaps the passes' compute, not the Adam steps
             seconds += grad
         elif kind == TaskKind.INFERENCE and layout.dp > 1 and layout.sharding == "fsdp":
-            seconds += self._dp_traffic(layout, seconds)  # the log-prob pass gathers its leader's shards
+            seconds += dp_traffic(self, layout, seconds)  # the log-prob pass gathers its leader's shards
         if kind != TaskKind.GENERATION and self.workload.training.sequence_parallel > 1:
-            seconds += self._ulysses(layout, self.workload.training.sequence_parallel, problems)
+            seconds += ulysses_seconds(self, layout, self.workload.training.sequence_parallel, problems)
         if kind == TaskKind.TRAINING:
-            seconds += self._optimizer_steps(layout)
+            seconds += optimizer_steps(self, layout)
         seconds += controller_seconds(self.catalog, self.workload, task, kind,
                                       {self.devices[d].type for d in layout.devices()})
         curve = finish_curve(kind, seconds, finish, self.chunks)
@@ -397,41 +398,3 @@ class TaskCosts:
         for host, fraction in host_fraction.items():
             vector[self.links.index[host]] = fraction
         return TaskEval(seconds, tuple(replica_s), curve, memory, host_fraction, tuple(problems), grad, vector)
-
-    def _optimizer_steps(self, layout: TaskLayout) -> float:
-        """The step's Adam updates (one per mini-batch and epoch) on the slowest GPU type of the layout,
-        each over the optimizer shard its sharding leaves a rank."""
-        work = self.work(layout.task, 1)
-        types = {self.devices[d].type for d in layout.devices()}
-        dp = min(layout.dp, self.workload.training.shard_group or layout.dp)
-        one = max(self.cm.optimizer_step_time(work, Placement(t, layout.tp, layout.pp, dp=dp,
-                                                              sharding=layout.sharding)) for t in types)
-        return one * self.workload.ppo_epochs * self.workload.mini_batches
-
-    def _ulysses(self, layout: TaskLayout, sp: int, problems: list[str]) -> float:
-        """Ulysses all-to-alls of the busiest replica's tokens (every epoch's) over its host's GPU link."""
-        if layout.dp % sp:
-            problems.append(f"{layout.task}: training.sequence_parallel {sp} does not divide its {layout.dp} replicas")
-        first = self.devices[layout.replicas[0][0]]
-        batch = max(1, round(max(layout.shares) * self.sequences))
-        epochs = self.workload.ppo_epochs if self.graph.kind_of(layout.task) == TaskKind.TRAINING else 1
-        work = self.work(layout.task, batch, None, self.sequence_response, self.sequence_prompt)
-        link = self.links.between(first.host, first.host)
-        return epochs * self.cm.sequence_parallel_time(work, Placement(first.type, layout.tp, layout.pp), sp, link)
-
-    def _dp_traffic(self, layout: TaskLayout, seconds: float) -> float:
-        """Data-parallel traffic over the slowest link among the replicas. Training: per optimizer step
-        (gradients; parameters too when sharded), FSDP's overlapping the step's compute (`seconds` over
-        all steps). A forward-only pass on FSDP shards (the log-prob pass): one pass's gathers."""
-        hosts = {self.devices[d].host for d in layout.devices()}
-        link = self.links.slowest(hosts) or self.links.between(*(2 * sorted(hosts)[:1]))
-        place = Placement(self.devices[layout.replicas[0][0]].type, layout.tp, layout.pp)
-        training = self.graph.kind_of(layout.task) == TaskKind.TRAINING
-        steps = self.workload.ppo_epochs * self.workload.mini_batches if training else 1
-        per_call = self.workload.mini_batches if training else 1  # sequences of one optimizer step, or the pass
-        batch = max(1, round(max(layout.shares) * self.sequences / per_call))
-        work = self.work(layout.task, batch, None, self.sequence_response, self.sequence_prompt)
-        compute = seconds / steps if math.isfinite(seconds) else 0.0
-        if not training:
-            return self.cm.fsdp_gather_time(work, place, layout.dp, link, compute)
-        return self.cm.dp_grad_sync_time(work, place, layout.dp, link, layout.sharding, compute) * steps

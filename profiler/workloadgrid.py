@@ -7,8 +7,8 @@ predicted from rows at the job's own shapes, as the simulator asks for them: per
 for every data-parallel degree the cluster allows, the prompt block (mean and longest), the whole
 sequence (prompt + response) that inference and training see, decode contexts across the response,
 and training's mini-batch rows. A workload with `training.max_tokens_per_microbatch` runs packed
-micro-batches, priced as so many sequences at the mean lengths (hetprof.tokenbudget.packed_shape):
-those rows are measured too. Each point is measured like any grid point, so the rows also serve
+micro-batches, priced pack by pack at each pack's sequences and tokens (hetprof.tokenbudget.pack_groups)
+and recorded by a run at its average pack (hetprof.tokenbudget.mean_pack): those rows are measured too. Each point is measured like any grid point, so the rows also serve
 other workloads; `hetprof profile --workload W.yaml` is all a user has to add.
 """
 
@@ -20,10 +20,14 @@ import numpy as np
 
 from hetprof.models import ModelShape
 from hetprof.specs import WorkloadSpec
-from hetprof.tokenbudget import packed_shape
+from hetprof.tokenbudget import mean_pack, pack_groups, packed_shape
 
 # The planner's default seed for the step's sampled response lengths (planner/simulator.py).
 LENGTH_SEED = 0
+
+# A long-tailed batch packs into many pack sizes (23 for 1,024 lognormal responses in 32k-token
+# packs): the grid measures the sizes that hold the most packs, and the fit prices the rest.
+PACK_SHAPES_PER_BATCH = 3
 
 # The key of `workload_points` naming the prefill points a packed inference pass runs at.
 PACKED_PREFILL = "packed_prefill"
@@ -90,7 +94,16 @@ def packed_points(workload: WorkloadSpec, batches: list[int],
     whole = max(1, round(prompt + workload.response_len.mean))
 
     def shapes(sizes: list[int]) -> set[tuple[int, int]]:
-        return {(packed_shape(prompt, responses, b, budget)[1], whole) for b in sizes}
+        """Each batch's most common packs as the planner prices them, its fullest pack at the mean
+        length (the bench's drift probe), and the average pack a run records."""
+        out: set[tuple[int, int]] = set()
+        for b in sizes:
+            groups = pack_groups(prompt, responses, b, budget)
+            common = sorted(groups, key=lambda g: -g[2])[:PACK_SHAPES_PER_BATCH]
+            out |= {(n, max(1, round(length))) for n, length, _ in common}
+            out.add((packed_shape(prompt, responses, b, budget)[1], whole))
+            out.add(mean_pack(b, sum(count for _, _, count in groups), prompt + workload.response_len.mean))
+        return out
 
     return shapes(batches), shapes(train_batches)
 

@@ -208,22 +208,22 @@ def test_token_shares_cut_consecutive_slices_near_each_replicas_token_share(leng
         assert abs(running[cut] - target) == abs(running[best] - target)  # no cut in reach comes closer
 
 
-def test_priced_pass_records_packed_work_at_the_planners_shape():
+def test_priced_pass_records_packed_work_as_its_average_pack():
     mask = ragged_batch().attention_mask  # 8 rows, 72 wide, lengths 43..64 and short ones
     lengths = mask.sum(1)
     assert priced_pass(mask, None) == (8, 72, 1.0)
     assert priced_pass(mask, None, groups=2) == (4, 72, 1.0)
     rows, tokens, packs = priced_pass(mask, 80)
-    m = micro_batch_count(lengths.tolist(), 80)  # 3 micro-batches of 8 rows: priced as 3-row packs
-    assert m == 3 and rows == 3
-    assert packs == pytest.approx(8 / 3)  # the plan's scale (sequences / pack's), not the pass count
-    assert tokens == round(float(lengths.float().mean()))
-    assert priced_pass(mask, 80, groups=2, passes=2.0) == (2, tokens, 2.0)
-    assert priced_pass(mask, 80, groups=2, passes=3.0) == (2, tokens, 2.0)  # 4 rows in packs of 2
-    # a batch a few tokens off the plan's mean length is recorded at the plan's (its profiled shape)
+    m = micro_batch_count(lengths.tolist(), 80)  # 3 packs of the 8 rows: the passes the run made
+    assert m == 3 and packs == 3.0
     mean = float(lengths.float().mean())
-    assert priced_pass(mask, 80, priced_length=mean * 1.08)[1] == round(mean * 1.08)
-    assert priced_pass(mask, 80, priced_length=mean * 1.5)[1] == tokens  # far off: the batch's own
+    # the average pack, 8/3 rows: recorded as 3 rows holding a third of the batch's tokens
+    assert rows == 3 and tokens == round(mean * 8 / 9)
+    assert priced_pass(mask, 80, groups=2, passes=2.0) == (2, round(mean), 2.0)  # 4 rows in 2 packs
+    assert priced_pass(mask, 80, groups=2, passes=3.0) == (1, round(mean * 4 / 3), 3.0)
+    # a batch a few tokens off the plan's mean length is recorded at the plan's (its profiled shape)
+    assert priced_pass(mask, 80, groups=2, passes=2.0, priced_length=mean * 1.08)[1] == round(mean * 1.08)
+    assert priced_pass(mask, 80, groups=2, passes=2.0, priced_length=mean * 1.5)[1] == round(mean)  # far off
 
 
 def test_a_packed_steps_record_prices_back_to_the_step_it_took():
@@ -237,6 +237,6 @@ def test_a_packed_steps_record_prices_back_to_the_step_it_took():
     row = train_timing(12, 70, 1.0, ppo_epochs=1, mini_batches=2, packs=2.5, optimizer_seconds=0.1)
     assert (row["batch"], row["steps"], row["packs"]) == (6, 2, 2.5)
     assert row["seconds"] == pytest.approx(0.23)
-    assert packed_seconds(row["seconds"], row["packs"], 0.05) == pytest.approx(0.5)
+    assert packed_seconds([(row["seconds"], row["packs"])], 0.05) == pytest.approx(0.5)
     padded = train_timing(12, 70, 1.0, ppo_epochs=1, mini_batches=2, optimizer_seconds=0.1)
     assert padded["seconds"] == pytest.approx(0.5) and padded["packs"] == 1.0

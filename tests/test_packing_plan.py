@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from hetprof.costmodels import get_cost_model
+from hetprof.costmodels.analytical import AnalyticalCostModel
 from hetprof.costmodels.memory import task_memory
 from hetprof.models import resolve_model
 from hetprof.planner.simulator import Simulator
-from hetprof.profiler.workloadgrid import workload_points
+from hetprof.profiler.workloadgrid import PACK_SHAPES_PER_BATCH, workload_points
 from hetprof.specs import ClusterSpec, WorkloadSpec
-from hetprof.tokenbudget import micro_batches_by_tokens, packed_shape, spread
+from hetprof.tokenbudget import mean_pack, micro_batches_by_tokens, pack_groups, packed_shape, spread
 
 A = tuple(f"a:{i}" for i in range(4))
 BUDGET = 8192
@@ -49,17 +51,63 @@ def test_packed_shape_counts_the_executors_micro_batches():
     assert packed_shape(100, responses, 3, 100)[0] == 3  # never more packs than sequences
 
 
+def test_pack_groups_are_the_executors_packs_of_a_length_sample():
+    """Hand-packed, first fit decreasing into 1000 tokens: 1000 | 600 160 150 | 140 130 120 110."""
+    responses = np.sort(np.array([10, 20, 30, 500, 40, 50, 60, 900]))
+    assert pack_groups(100, responses, 8, 1000) == ((4, 125.0, 1), (3, 910 / 3, 1), (1, 1000.0, 1))
+    # eight 300-token sequences in 1000 tokens: packs of 3, 3 and 2
+    assert pack_groups(100, np.full(8, 200.0), 8, 1000) == ((3, 300.0, 2), (2, 300.0, 1))
+
+
+def test_a_run_records_its_average_pack():
+    """8 sequences of 300 tokens in 3 packs: one pack is 800 tokens, recorded as 3 sequences of 267."""
+    assert mean_pack(8, 3, 300.0) == (3, 267)
+    assert mean_pack(8, 2, 300.0) == (4, 300)  # even packs: the sequences' own length
+    assert mean_pack(2, 3, 300.0) == (1, 200)  # a filler pass of no sequences shares the time
+
+
+def fixed_lengths(budget: int = 1000) -> WorkloadSpec:
+    """300-token sequences (100 prompt, 200 response): three fit a 1000-token pack."""
+    return WorkloadSpec.from_dict({
+        "name": "fixed", "algorithm": "grpo", "mode": "sync", "models": {"actor": "qwen3-0.6b"},
+        "prompts_per_step": 4, "responses_per_prompt": 4, "mini_batches": 2,
+        "prompt_len": {"mean": 100, "max": 100}, "response_len": {"mean": 200, "max": 200},
+        "training": {"max_tokens_per_microbatch": budget}})
+
+
+class PerCallAndToken(AnalyticalCostModel):
+    """10 ms per call plus 10 µs per token; a training pass holds a 2 ms optimizer step."""
+
+    def _task_time(self, work, placement):
+        return SimpleNamespace(seconds=0.01 + 1e-5 * work.batch * (work.prompt_len + work.response_len))
+
+    def optimizer_step_in_phase_time(self, work, placement) -> float:
+        return 0.002
+
+
+def test_a_packed_pass_is_priced_as_the_whole_packs_the_executor_runs():
+    """8 sequences of 300 tokens run as packs of 3, 3 and 2: 3 calls of 10 ms and 2400 tokens of
+    10 µs = 54 ms (8/3 packs of 3 sequences would be 50.7 ms). A training mini-batch of 8 is the same
+    three packs with one optimizer step: 54 − 2 × 2 = 50 ms, twice per step (2 mini-batches)."""
+    spec = fixed_lengths()
+    sim = Simulator(cluster(), spec, PerCallAndToken(None), executable=True)
+    assert sim.costs.packs(8) == ((3, 300.0, 2), (2, 300.0, 1))
+    assert sim.replica_seconds("ref_infer", A[:1], 1, 1, 8) == pytest.approx(0.054)
+    assert sim.replica_seconds("actor_train", A[:1], 1, 1, 16) == pytest.approx(2 * 0.050 * spec.ppo_epochs)
+
+
 def test_runnable_plan_prices_packed_passes_at_mean_lengths_in_the_budgets_micro_batches(cm):
     packed = Simulator(cluster(), workload(), cm, executable=True)
     padded = Simulator(cluster(), workload(None), cm, executable=True)
     costs = packed.costs
-    m, per = costs.packs(64)
-    assert m > 1  # 64 sequences of ~384 tokens need several 8192-token packs
+    groups = costs.packs(64)
+    assert sum(count for _, _, count in groups) > 1  # 64 sequences of ~384 tokens need several 8192-token packs
+    assert sum(n * count for n, _, count in groups) == 64
     sig = costs._stage_signature(A[:1], 1, 1)
     split = (costs.graph.model_of("ref_infer").layers,)
-    call = costs._composed("ref_infer", sig, 1, per, split, costs.response, costs.prompt)
-    assert packed.replica_seconds("ref_infer", A[:1], 1, 1, 64) == pytest.approx(call * 64 / per)
-    assert m * per >= 64 > (m - 1) * per
+    calls = sum(count * costs._composed("ref_infer", sig, 1, n, split, length - costs.prompt, costs.prompt)
+                for n, length, count in groups)
+    assert packed.replica_seconds("ref_infer", A[:1], 1, 1, 64) == pytest.approx(calls)
     # the padded plan prices the step's longest response, several times the mean here
     for task in ("ref_infer", "actor_train"):
         assert packed.replica_seconds(task, A[:1], 1, 1, 64) < 0.6 * padded.replica_seconds(task, A[:1], 1, 1, 64)
@@ -84,10 +132,13 @@ def test_workload_grid_measures_the_packed_shapes_the_planner_prices(cm):
     w = workload(5000)
     costs = Simulator(cluster(), w, cm, executable=True).costs
     points = workload_points(w, 4)
-    whole = round(w.prompt_len.mean + w.response_len.mean)
     for per_replica in (64, 32, 16):  # dp 1, 2, 4
-        assert (costs.packs(per_replica)[1], whole) in points["prefill"]
-        assert (costs.packs(per_replica // w.mini_batches)[1], whole) in points["train"]
+        for batch, kind in ((per_replica, "prefill"), (per_replica // w.mini_batches, "train")):
+            groups = costs.packs(batch)
+            common = sorted(groups, key=lambda g: -g[2])[:PACK_SHAPES_PER_BATCH]
+            assert {(n, round(length)) for n, length, _ in common} <= set(points[kind])  # what the plan prices
+            packs = sum(count for _, _, count in groups)
+            assert mean_pack(batch, packs, w.prompt_len.mean + w.response_len.mean) in points[kind]  # a run's row
     unpacked = workload_points(dataclasses.replace(w, training=dataclasses.replace(w.training,
                                                                                   max_tokens_per_microbatch=None)), 4)
     assert set(unpacked["prefill"]) < set(points["prefill"]) and set(unpacked["train"]) <= set(points["train"])
@@ -96,11 +147,11 @@ def test_workload_grid_measures_the_packed_shapes_the_planner_prices(cm):
 def test_a_packed_mini_batch_is_priced_with_one_optimizer_step():
     """A fitted training pass holds one Adam step; the learner steps once per mini-batch of several
     packs. Hand-computed per step: packs × pass − (packs − 1) × step."""
-    from hetprof.costmodels.analytical import AnalyticalCostModel
     from hetprof.planner.passtime import packed_seconds
 
-    assert packed_seconds(0.1, 3.0, 0.02) == pytest.approx(3 * 0.08 + 0.02)
-    assert packed_seconds(0.1, 1.0, 0.02) == pytest.approx(0.1)  # one pack: its own step
+    assert packed_seconds([(0.1, 3)], 0.02) == pytest.approx(3 * 0.08 + 0.02)
+    assert packed_seconds([(0.1, 1)], 0.02) == pytest.approx(0.1)  # one pack: its own step
+    assert packed_seconds([(0.1, 2), (0.05, 1)], 0.02) == pytest.approx(0.25 - 2 * 0.02)
     step = 0.004
 
     class StepInPass(AnalyticalCostModel):  # a model whose training passes hold a step, as fitted ones do
@@ -111,9 +162,9 @@ def test_a_packed_mini_batch_is_priced_with_one_optimizer_step():
     sim = Simulator(cluster(), spec, StepInPass(None), executable=True)
     plain = Simulator(cluster(), spec, AnalyticalCostModel(None), executable=True)
     mini = 64 // spec.mini_batches
-    _, per = sim.costs.packs(mini)
-    assert mini / per > 1
+    packs = sum(count for _, _, count in sim.costs.packs(mini))
+    assert packs > 1
     steps = spec.mini_batches * spec.ppo_epochs
     over = plain.replica_seconds("actor_train", A[:1], 1, 1, 64) - sim.replica_seconds("actor_train", A[:1], 1, 1, 64)
-    assert over == pytest.approx(steps * (mini / per - 1) * step)
+    assert over == pytest.approx(steps * (packs - 1) * step)
     assert sim.replica_seconds("ref_infer", A[:1], 1, 1, 64) == plain.replica_seconds("ref_infer", A[:1], 1, 1, 64)
