@@ -66,6 +66,7 @@ STAGE_EVALS = 400           # the first stage's evaluation budget; every later s
 MILP_FROM = 3200            # stages with at least this budget ask the MILP for arms ...
 MILP_GROUPINGS = 2          # ... for the best-ranked groupings not solved yet
 MILP_MAX = 3                # groupings the MILP is solved for in one run, at most
+SCREEN_ARMS = 243           # structured arms whose first seed is scored before the first stage (the 3200-eval stage's count)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,6 +180,8 @@ class HetRLSearch(Search):
         best_arm: ArmEvolution | None = None
         budget = STAGE_EVALS
         try:
+            if not problem.exact:
+                arms = structured = self._screen(structured, problem, ledger, pool)
             # Stages of doubling evaluation budgets, each a full run of the bracket sequence over
             # the arms it can afford; arms keep their populations from stage to stage. The work
             # depends on neither budget: --max-evals N and a clock that allows N evaluations do
@@ -244,6 +247,27 @@ class HetRLSearch(Search):
             items += self._tpe_items(study, problem, ledger)
         return brackets, best_arm
 
+    def _screen(self, structured: list[Arm], problem: _Problem, ledger: Ledger, pool: EvaluationPool) -> list[Arm]:
+        """The first SCREEN_ARMS structured arms, each scored on its first seed placement, ranked by
+        it ahead of the rest: stages afford the arms in list order, and a good arm deep in the list
+        (a region's pool for a grouping named late) would otherwise wait for a late stage."""
+        head = structured[:SCREEN_ARMS]
+        states = [self._state(arm, problem, ledger) for arm in head]
+        pool.advance(states, 1, ledger.deadline, lambda: ledger.exhausted)
+        order = sorted(range(len(head)), key=lambda i: (states[i].value, i))
+        return [head[i] for i in order] + structured[SCREEN_ARMS:]
+
+    def _state(self, arm: Arm, problem: _Problem, ledger: Ledger) -> ArmEvolution:
+        """The arm's evolution: continued when met before, else started warmed (`_warm`)."""
+        state = self._states.get(arm)
+        if state is None:
+            state = ArmEvolution(arm, len(self._states), self.ctx.seed, self._assembler, problem.by_type)
+            self._states[arm] = state
+            self._warm(state, ledger, problem)
+        else:
+            state.seed_from(self._seeds.pop(arm, []), ledger, problem.all_devices)
+        return state
+
     def _open(self, items: list[tuple[Any, Arm | None]], problem: _Problem, ledger: Ledger, study: ArmStudy,
               carry: ArmEvolution | None) -> tuple[list, list[ArmEvolution]]:
         """A bracket's arms as evolution states and trials. An arm met before (an earlier stage)
@@ -258,13 +282,7 @@ class HetRLSearch(Search):
                     study.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
                 continue
             taken.add(arm)
-            state = self._states.get(arm)
-            if state is None:
-                state = ArmEvolution(arm, len(self._states), self.ctx.seed, self._assembler, problem.by_type)
-                self._states[arm] = state
-                self._warm(state, ledger, problem)
-            else:
-                state.seed_from(self._seeds.pop(arm, []), ledger, problem.all_devices)
+            state = self._state(arm, problem, ledger)
             trial = trial if trial is not None else PendingTrial(arm)
             trial.set_user_attr("arm", arm.label)
             trial.set_user_attr("process", study.process)
