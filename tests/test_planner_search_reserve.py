@@ -78,3 +78,23 @@ def test_work_bounded_by_the_deadline_is_no_step():
     ledger.bounded()
     assert not ledger.exhausted
     assert ledger.reserve_s < 0.1
+
+
+def test_the_milp_arms_keep_the_whole_shortlist_within_what_is_left(monkeypatch):
+    import time
+
+    from hetprof.errors import InfeasibleError
+    from hetprof.planner.search import milp_arms
+
+    seen = []
+
+    def fake_solve(sim, grouping, ledger, limits, **kw):
+        seen.append(limits)
+        raise InfeasibleError("no MILP in this test")
+
+    monkeypatch.setattr(milp_arms, "solve_restricted", fake_solve)
+    ctx = SearchContext(sim=SlowSim(FakeClock(), [0.0]), time_budget_s=60.0)
+    ranked = [types.SimpleNamespace(value=1.0, index=0, arm=types.SimpleNamespace(grouping=(("actor_gen",),)))]
+    milp_arms.MilpArms(ctx, ("A100-40GB",)).arms(ranked, 1, time.perf_counter() + 7.0)
+    (limits,) = seen
+    assert limits.shortlist > 1 and limits.total_s is not None and limits.total_s <= 7.0
