@@ -33,8 +33,8 @@ ROWS = ["multi-region:8b:grpo:sync"]
 
 def child(row: str, evals: int, seed: int, like_old: bool) -> dict:
     """One search in this process (whichever checkout this interpreter imports): its speed and its
-    plan. `like_old` switches off the arms the baseline checkout does not have (pairs of pools), so
-    both walk the same space and must agree on every plan."""
+    plan. `like_old` switches off the arms the baseline checkout does not have (pairs of pools) and
+    the screening of arms, so both walk the same space in the same order and must agree on every plan."""
     from hetprof.costmodels import get_cost_model
     from hetprof.planner.search import SearchContext, get_search
     from hetprof.planner.search.hetrl import HetRLConfig
@@ -50,7 +50,8 @@ def child(row: str, evals: int, seed: int, like_old: bool) -> dict:
     import optuna  # noqa: F401  (imported before the clock starts, as every search needs it)
 
     knobs = {f.name for f in dataclasses.fields(HetRLConfig)}
-    config = HetRLConfig(pool_pairs=False) if like_old and "pool_pairs" in knobs else None
+    off = {k: v for k, v in (("pool_pairs", False), ("screen_arms", 0)) if k in knobs}
+    config = HetRLConfig(**off) if like_old and off else None
     ctx = SearchContext(sim=sim, seed=seed, time_budget_s=3600.0, workers=1, max_evals=evals, config=config)
     cpu0, wall0 = time.process_time(), time.perf_counter()
     res = search(ctx).run()

@@ -66,3 +66,21 @@ def test_a_row_of_each_kind_runs_on_a_tiny_budget(key):
     assert ("arealhex" in row) == (key[3] == "async")
     found = [row[n] for n in baselines if row[n] == row[n]]
     assert found and row["best"] == min(found)
+
+
+def test_an_anytime_row_takes_medians_and_the_evaluations_to_within_5_percent():
+    import types
+
+    def res(iter_s: float, evals: int, trace: list[tuple[int, float]]):
+        return types.SimpleNamespace(score=types.SimpleNamespace(iteration_s=iter_s), evaluations=evals,
+                                     objective_value=iter_s, trace=[{"evals": n, "best": b} for n, b in trace])
+
+    short = [(res(12.0, 900, []), 9.8), (res(10.0, 1000, []), 9.9), (res(11.0, 950, []), 9.7)]
+    long = [(res(10.0, 6000, [(1, 30.0), (400, 10.4), (900, 10.0)]), 59.0),
+            (res(10.0, 6100, [(5, 20.0), (2000, 10.0)]), 59.5),
+            (res(10.0, 5900, [(3, 10.5), (50, 10.0)]), 58.0)]
+    row = bench.anytime_row(("multi-region", "8b", "ppo", "sync"), True, short, long)
+    assert row["ratio"] == pytest.approx(1.1)
+    assert row["evals_short"] == 950 and row["evals_long"] == 6000
+    assert row["evals_to_5pct"] == 400          # of 400, 2000 and 3
+    assert row["seconds_short"] == 9.9 and row["load"] is True

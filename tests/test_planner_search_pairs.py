@@ -99,3 +99,27 @@ def test_a_one_region_cluster_gets_generation_on_whole_hosts_of_one_type_most_ba
     # two of three A100 hosts, then one (the L4 host is the whole type: no boundary inside it)
     assert splits == [(((4, 0), "dc"), ((2, 2), "dc")), (((2, 0), "dc"), ((4, 2), "dc"))]
     assert host_splits(_sim(), gpu_types(_sim())) == []      # several regions: pool pairs name these
+
+
+def test_screening_scores_each_head_arm_once_and_ranks_them_by_it():
+    import math
+
+    from hetprof.planner.search import SearchContext
+    from hetprof.planner.search.base import Ledger
+    from hetprof.planner.search.hetrl import HetRLConfig, HetRLSearch
+    from hetprof.planner.search.parallel import EvaluationPool
+    from hetprof.planner.search.space import Assembler
+
+    ctx = SearchContext(sim=_sim(), max_evals=10_000, config=HetRLConfig(enumerate_limit=0, screen_arms=12))
+    search = HetRLSearch(ctx)
+    problem, _, structured = search._problem()
+    search._assembler, search._states, search._seeds = Assembler(ctx.sim), {}, {}
+    search._resumed = {}
+    ledger = Ledger(ctx)
+    ranked = search._screen(structured, problem, ledger, EvaluationPool(ledger, 1, 8, 4))
+    head = structured[:12]
+    assert sorted(ranked[:12], key=head.index) == head and ranked[12:] == structured[12:]
+    values = [search._states[a].value for a in ranked[:12]]
+    assert values == sorted(values) and math.isfinite(values[0])
+    assert all(search._states[a].evaluations <= 1 for a in head)
+    assert ledger.evaluations == sum(search._states[a].evaluations for a in head) >= 10

@@ -23,8 +23,12 @@ if TYPE_CHECKING:
 
 # Objective values within this relative distance count as equal; the cheaper plan then wins.
 TIE = 1e-9
-RESERVE_S = 10.0        # most of the time budget kept back from a clock-paced search's steps ...
-RESERVE_SHARE = 0.05    # ... and at most this share of it
+# The clock reserve: a search looks at the clock between steps, so it stops early enough for one
+# more step and its closing work to end within the budget (`Ledger.reserve_s`).
+STEP_MARGIN = 2.0       # the reserve holds this many of the longest recent steps ...
+STEP_DECAY = 0.99       # ... each step's weight shrinking by this at every later look (a cold start fades)
+RESERVE_FLOOR_S = 0.05  # ... plus the search's closing work and this
+RESERVE_SHARE = 0.25    # ... and at most this share of the budget
 PROGRESS_EVERY_S = 0.25  # a progress callback hears of evaluations at most this often (improvements at once)
 
 
@@ -144,13 +148,15 @@ class Ledger:
     either the evaluation budget or the wall-clock budget is spent.
     """
 
-    def __init__(self, ctx: SearchContext, max_evals: int | None = None) -> None:
+    def __init__(self, ctx: SearchContext, max_evals: int | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self.ctx = ctx
-        self.started = time.perf_counter()
-        # Part of the budget is kept back: a search checks the clock between steps, and one step
-        # (balancing a new layout over 64+ GPUs on a loaded machine) can take a second or more,
-        # after which the search still records its study and builds the result.
-        self.deadline = self.started + ctx.time_budget_s - min(RESERVE_S, RESERVE_SHARE * ctx.time_budget_s)
+        self.clock = clock
+        self.started = clock()
+        self.end = self.started + ctx.time_budget_s    # when the time budget is spent
+        self.closing_s = 0.0    # what the search does after its last step (recording), as it measured it
+        self._step_s = 0.0      # the longest recent step, decayed (`reserve_s`)
+        self._looked: float | None = None   # when `exhausted` last said go on
         self.max_evals = max_evals if max_evals is not None else ctx.max_evals
         self.evaluations = 0
         self.best: Candidate | None = None
@@ -178,7 +184,7 @@ class Ledger:
         PROGRESS_EVERY_S (the callback only displays; the search never depends on it)."""
         if self.ctx.progress is None:
             return
-        t = time.perf_counter()
+        t = self.clock()
         if now or t - self._told >= PROGRESS_EVERY_S:
             self._told = t
             self.ctx.progress(Progress(self.evaluations, self.best_value, t - self.started, self.max_evals,
@@ -201,13 +207,36 @@ class Ledger:
 
     @property
     def elapsed(self) -> float:
-        return time.perf_counter() - self.started
+        return self.clock() - self.started
+
+    @property
+    def reserve_s(self) -> float:
+        """Seconds kept back from the budget: room for the step running when the clock is next
+        looked at (STEP_MARGIN of the longest recent one: a step is the work a search does between
+        two looks, one evaluation or one bracket's recording) and for the closing work. Measured,
+        not fixed: a step over 256 GPUs on a loaded machine takes seconds, one over 64 milliseconds."""
+        return min(RESERVE_SHARE * self.ctx.time_budget_s, RESERVE_FLOOR_S + STEP_MARGIN * self._step_s + self.closing_s)
+
+    @property
+    def deadline(self) -> float:
+        """When the last step may start (the clock `exhausted` reads)."""
+        return self.end - self.reserve_s
+
+    def bounded(self) -> None:
+        """The work since the last look kept to the deadline itself (a solve under its time limit,
+        workers that read the clock): not a step the reserve must make room for."""
+        self._looked = self.clock()
 
     @property
     def exhausted(self) -> bool:
         if self.max_evals is not None and self.evaluations >= self.max_evals:
             return True
-        return time.perf_counter() >= self.deadline
+        now = self.clock()
+        if self._looked is not None:
+            self._step_s = max(now - self._looked, self._step_s * STEP_DECAY)
+        done = now >= self.deadline
+        self._looked = None if done else now
+        return done
 
     def result(self, search: str, **extra: Any) -> SearchResult:
         if self.best is None or self.best_score is None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from collections.abc import Iterator, Sequence
 
 from hetprof.errors import InfeasibleError
@@ -60,7 +61,7 @@ class ExhaustiveSearch(Search):
 
     def run(self) -> SearchResult:
         ledger = Ledger(self.ctx, max_evals=None)
-        ledger.deadline = float("inf") if self.config.no_deadline else ledger.deadline
+        ledger.end = math.inf if self.config.no_deadline else ledger.end
         limit = self.config.max_candidates
         if self.config.restricted:
             n = self._restricted(ledger, limit)

@@ -14,12 +14,18 @@ larger problems the arm level also asks the restricted MILP (`milp_arms`): after
 ranked the groupings it is solved for the best few, and each shortlisted solution enters the next
 bracket as an arm seeded with it; evolution then refines those arms beyond the restricted space.
 
+Screening: stages afford arms in list order, and the arms that win are often deep in it (a
+region's pool for a grouping named late). Before the first stage the first `screen_arms` structured
+arms are each scored on one seed placement and every stage takes them in that rank: a few hundred
+evaluations put the likely winners in the first stage instead of the fourth.
+
 Pacing: the search runs in *stages* of doubling evaluation budgets (400, 800, 1600, …), each a
 full sequence of brackets over the arms its budget affords, every arm keeping its population from
 stage to stage. Nothing in that sequence reads the clock or the total budget, so `--max-evals N`
 is exactly the first N evaluations of any longer run, a loaded machine does the same work more
-slowly, and the time budget only cuts the sequence short (the ledger keeps a margin back for
-recording the study). Quality therefore follows evaluations, never seconds.
+slowly, and the time budget only cuts the sequence short (the ledger keeps back room, measured
+from the steps so far, for the last step and for recording the study). Quality therefore follows
+evaluations, never seconds.
 """
 
 from __future__ import annotations
@@ -66,12 +72,15 @@ STAGE_EVALS = 400           # the first stage's evaluation budget; every later s
 MILP_FROM = 3200            # stages with at least this budget ask the MILP for arms ...
 MILP_GROUPINGS = 2          # ... for the best-ranked groupings not solved yet
 MILP_MAX = 3                # groupings the MILP is solved for in one run, at most
+SCREEN_ARMS = 243           # structured arms scored on one seed each before the first stage (what 3200 evaluations afford)
 
 
 @dataclasses.dataclass(frozen=True)
 class HetRLConfig(SearchConfig):
     enumerate_limit: int = knob(ENUMERATE_LIMIT, "enumerate every arm when there are at most this many", 0)
     milp_arms: bool = knob(True, "seed arms from the restricted MILP on problems too large to enumerate")
+    screen_arms: int = knob(SCREEN_ARMS, "structured arms scored on one seed placement each before the first "
+                                         "stage and then taken in that rank (0: in list order)", 0)
     milp_from: int = knob(MILP_FROM, "the least stage budget (evaluations) at which the MILP is asked", 1)
     sub_pools: bool = knob(True, "objective cost: also search each one-region and one-GPU-type sub-cluster alone")
     pool_pairs: bool = knob(True, "arms with generation on one region's pool and the rest on another's, and "
@@ -179,6 +188,8 @@ class HetRLSearch(Search):
         best_arm: ArmEvolution | None = None
         budget = STAGE_EVALS
         try:
+            if not problem.exact and self.config.screen_arms:
+                arms = structured = self._screen(structured, problem, ledger, pool)
             # Stages of doubling evaluation budgets, each a full run of the bracket sequence over
             # the arms it can afford; arms keep their populations from stage to stage. The work
             # depends on neither budget: --max-evals N and a clock that allows N evaluations do
@@ -198,7 +209,7 @@ class HetRLSearch(Search):
             pool.close()
         if ledger.max_evals and ledger.evaluations >= ledger.max_evals:
             stopped_by = "evaluations"
-        elif time.perf_counter() >= ledger.deadline:
+        elif ledger.clock() >= ledger.deadline:
             stopped_by = "time"
         else:
             stopped_by = "search space exhausted"
@@ -233,7 +244,10 @@ class HetRLSearch(Search):
             final = problem.exact or brackets >= 3
             survivor = halving.bracket(states, trials, budget, final=final)
             ranked_states.extend(states)
+            recording = time.perf_counter()
             self._offer_shared(study.record(trials, distributions), ledger)
+            # the last bracket's recording runs after the clock's last look: the reserve holds it
+            ledger.closing_s = max(ledger.closing_s, time.perf_counter() - recording)
             best_arm = survivor if best_arm is None or survivor.value <= best_arm.value else best_arm
             carry = survivor
             if problem.exact or ledger.exhausted or final:
@@ -243,6 +257,27 @@ class HetRLSearch(Search):
                 items += self._milp_items(brackets, ranked_states, carry, ledger, problem)
             items += self._tpe_items(study, problem, ledger)
         return brackets, best_arm
+
+    def _screen(self, structured: list[Arm], problem: _Problem, ledger: Ledger, pool: EvaluationPool) -> list[Arm]:
+        """The first `screen_arms` structured arms, each scored on its first seed placement, ranked
+        by it ahead of the rest: stages afford the arms in list order, and a good arm deep in the list
+        (a region's pool for a grouping named late) would otherwise wait for a late stage."""
+        head = structured[:self.config.screen_arms]
+        states = [self._state(arm, problem, ledger) for arm in head]
+        pool.advance(states, 1, ledger.deadline, lambda: ledger.exhausted)
+        order = sorted(range(len(head)), key=lambda i: (states[i].value, i))
+        return [head[i] for i in order] + structured[len(head):]
+
+    def _state(self, arm: Arm, problem: _Problem, ledger: Ledger) -> ArmEvolution:
+        """The arm's evolution: continued when met before, else started warmed (`_warm`)."""
+        state = self._states.get(arm)
+        if state is None:
+            state = ArmEvolution(arm, len(self._states), self.ctx.seed, self._assembler, problem.by_type)
+            self._states[arm] = state
+            self._warm(state, ledger, problem)
+        else:
+            state.seed_from(self._seeds.pop(arm, []), ledger, problem.all_devices)
+        return state
 
     def _open(self, items: list[tuple[Any, Arm | None]], problem: _Problem, ledger: Ledger, study: ArmStudy,
               carry: ArmEvolution | None) -> tuple[list, list[ArmEvolution]]:
@@ -258,13 +293,7 @@ class HetRLSearch(Search):
                     study.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
                 continue
             taken.add(arm)
-            state = self._states.get(arm)
-            if state is None:
-                state = ArmEvolution(arm, len(self._states), self.ctx.seed, self._assembler, problem.by_type)
-                self._states[arm] = state
-                self._warm(state, ledger, problem)
-            else:
-                state.seed_from(self._seeds.pop(arm, []), ledger, problem.all_devices)
+            state = self._state(arm, problem, ledger)
             trial = trial if trial is not None else PendingTrial(arm)
             trial.set_user_attr("arm", arm.label)
             trial.set_user_attr("process", study.process)
@@ -281,7 +310,9 @@ class HetRLSearch(Search):
             return []
         ranked, count = (ranked_states, MILP_GROUPINGS) if brackets == 1 else ([carry], 1)
         items: list[tuple[Any, Arm]] = []
-        for arm, cands in self._milp.arms(ranked, min(count, left), ledger.deadline):
+        found = self._milp.arms(ranked, min(count, left), ledger.deadline)
+        ledger.bounded()                # each solve kept to the deadline itself
+        for arm, cands in found:
             if arm == carry.arm:
                 carry.seed_from(cands, ledger, problem.all_devices)
             else:

@@ -66,7 +66,8 @@ class MilpArms:
             left = deadline - time.perf_counter()
             if left < 0.5:
                 break
-            limits = SolveLimits(time_limit_s=min(600.0, left), shortlist=SHORTLIST, max_nodes=NODES)
+            # the whole call within what is left, not each solve of its shortlist
+            limits = SolveLimits(time_limit_s=min(600.0, left), shortlist=SHORTLIST, total_s=left, max_nodes=NODES)
             self.tried.add(grouping)
             # its own ledger, started here: `total_s` then caps this solve as a whole. No warm start:
             # the heuristic's candidate is rarely type-pure, CBC then rejects it or keeps a poor

@@ -109,3 +109,4 @@ class EvaluationPool:
                 cand = decode_candidate(text)
                 ledger.offer(cand, ledger.ctx.sim.evaluate(cand), value)
             ledger.tell()
+        ledger.bounded()                # the workers read the deadline themselves
