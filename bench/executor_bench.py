@@ -147,15 +147,19 @@ def probe_drift(db: Path, points: list[tuple[str, int, int]]) -> float:
         "from hetprof.models import PRESETS\n"
         "from hetprof.profiler import taskmodels\n"
         "from hetprof.profiler.context import ProfileContext\n"
-        "from hetprof.profiler.suites.tasks import TIMERS\n"
+        "from hetprof.profiler.suites.tasks import TIMERS, grid, time_sweep\n"
         "from hetprof.profiler.timing import Flusher\n"
         "tm = taskmodels.plan_model(PRESETS['tiny'], 'fp32', None)\n"
         "model = taskmodels.build(tm, 'cpu')\n"
         "ctx = ProfileContext(db=None, host='probe', device='cpu', device_id=None, quick=False, threads=1)\n"
         "cpu = torch.device('cpu')\n"
         f"points = {points!r}\n"
-        "print(json.dumps([statistics.median(TIMERS[k].time_point(ctx, model, tm, b, n, {}, cpu, Flusher(cpu, cpu_caches=True),"
-        " torch.Generator().manual_seed(0))) for k, b, n in points]))\n")
+        # a point is timed as the profile timed it: in turns with its task's grid, where the task takes turns
+        "def probe(k, b, n):\n"
+        "    rest = [p for p in grid('cpu', False, k, tm.shape.max_position) if p != (b, n)] if TIMERS[k].in_turns else []\n"
+        "    return statistics.median(time_sweep(ctx, TIMERS[k], model, tm, {}, [(b, n), *rest], cpu,"
+        " Flusher(cpu, cpu_caches=True), torch.Generator().manual_seed(0))[0])\n"
+        "print(json.dumps([probe(k, b, n) for k, b, n in points]))\n")
     now = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                     check=True).stdout.strip().splitlines()[-1])
     with ProfileDB(db) as pdb:

@@ -58,36 +58,61 @@ class Flusher:
             self.buffer.fill_(1.0)
 
 
+@dataclasses.dataclass(frozen=True)
+class Timed:
+    """One call to time: `setup` runs untimed before every call, `flush` (if any) right before it."""
+
+    fn: Callable[[], Any]
+    setup: Callable[[], Any] | None = None
+    flush: Flusher | None = None
+
+
 def measure(fn: Callable[[], Any], device: Any, policy: TimingPolicy, *,
             setup: Callable[[], Any] | None = None, flush: Flusher | None = None) -> list[float]:
     """Seconds of each timed call of `fn` after warm-ups; `setup` runs untimed before every call."""
+    return measure_round_robin([Timed(fn, setup, flush)], device, policy)[0]
+
+
+def measure_round_robin(calls: list[Timed], device: Any, policy: TimingPolicy) -> list[list[float]]:
+    """Seconds of each call's timed repeats, taken in turns: every repeat of a call follows one repeat
+    of each other call still being timed, each call stopping on its own repeat and time budget.
+
+    Why turns: a run makes each task's call once an iteration, after the other tasks' work, and on a
+    shared CPU a call's cost grows with the time since it last ran, whatever filled that time
+    (DESIGN §10); repeats back to back time it faster than any run reaches it.
+    """
     is_cuda = getattr(device, "type", str(device)).startswith("cuda")
     for _ in range(policy.warmup):
-        if setup is not None:
-            setup()
-        fn()
+        for call in calls:
+            if call.setup is not None:
+                call.setup()
+            call.fn()
     if is_cuda:
         import torch
 
         torch.cuda.synchronize(device)
-    samples: list[float] = []
-    spent = 0.0
-    while len(samples) < policy.repeats:
-        if setup is not None:
-            setup()
-        if flush is not None:
-            flush()
-        if is_cuda:
-            seconds = _cuda_time(fn, device)
-        else:
-            start = time.perf_counter()
-            fn()
-            seconds = time.perf_counter() - start
-        samples.append(seconds)
-        spent += seconds
-        if spent > policy.max_seconds and len(samples) >= policy.min_repeats:
-            break
+    samples: list[list[float]] = [[] for _ in calls]
+    spent = [0.0] * len(calls)
+    active = list(range(len(calls)))
+    while active:
+        for i in active:
+            samples[i].append(_time_once(calls[i], device, is_cuda))
+            spent[i] += samples[i][-1]
+        active = [i for i in active if len(samples[i]) < policy.repeats
+                  and not (spent[i] > policy.max_seconds and len(samples[i]) >= policy.min_repeats)]
     return samples
+
+
+def _time_once(call: Timed, device: Any, is_cuda: bool) -> float:
+    if call.setup is not None:
+        call.setup()
+    if call.flush is not None:
+        call.flush()
+    if is_cuda:
+        return _cuda_time(call.fn, device)
+    start = time.perf_counter()
+    call.fn()
+    return time.perf_counter() - start
 
 
 def _cuda_time(fn: Callable[[], Any], device: Any) -> float:

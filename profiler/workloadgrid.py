@@ -29,8 +29,10 @@ LENGTH_SEED = 0
 # packs): the grid measures the sizes that hold the most packs, and the fit prices the rest.
 PACK_SHAPES_PER_BATCH = 3
 
-# The key of `workload_points` naming the prefill points a packed inference pass runs at.
+# The keys of `workload_points` naming the prefill points a packed inference pass runs at, and the
+# train points a packed training micro-batch runs at.
 PACKED_PREFILL = "packed_prefill"
+PACKED_TRAIN = "packed_train"
 
 # Above this many devices, data-parallel degrees are sampled (powers of two and the total).
 DENSE_DEGREES = 8
@@ -50,7 +52,8 @@ def workload_points(workload: WorkloadSpec, devices: int) -> dict[str, list[tupl
     """(batch, length) points per task kernel (prefill, decode, train, generate) for `workload` on up to
     `devices` devices; lengths in tokens, as the executor pads them (a batch is as wide as its
     longest prompt plus its longest response). Under `PACKED_PREFILL`, (batch, length, response)
-    of the packed inference passes among the prefill points."""
+    of the packed inference passes among the prefill points; under `PACKED_TRAIN`, those of the packed
+    training micro-batches among the train points."""
     prompt_mean = max(1, round(workload.prompt_len.mean))
     prompt_max = max(prompt_mean, workload.prompt_len.cap)
     resp_mean = max(1, round(workload.response_len.mean))
@@ -77,6 +80,7 @@ def workload_points(workload: WorkloadSpec, devices: int) -> dict[str, list[tupl
         "decode": [(b, n) for b in batches
                    for n in sorted({*contexts, *(p + 1 for p in gen[b]), *(p + max(1, resp_mean // 2) for p in gen[b])})],
         "train": sorted({(b, n) for b in train_batches for n in sequences} | packed_train),
+        PACKED_TRAIN: sorted((b, n, resp_mean) for b, n in packed_train),
         # a whole generation call over the prompts (what it costs beyond its phases)
         "generate": [(b, n) for b in batches for n in gen[b]],
     }

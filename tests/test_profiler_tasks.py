@@ -156,3 +156,59 @@ def test_packed_inference_points_time_the_runs_packed_pass(monkeypatch):
     assert calls == [((3, 10), 30, 12)] * runs  # one pack of 3 × 10 tokens, 3 × 4 response columns
     tasks.TIMERS["prefill"].time_point(ctx, model, tm, 4, 10, {}, cpu, Flusher(cpu), gen)  # not packed
     assert len(calls) == runs
+
+
+def test_measure_round_robin_takes_turns_and_stops_each_call_on_its_own():
+    from hetprof.profiler.timing import Timed, TimingPolicy, measure_round_robin
+
+    order: list[str] = []
+    policy = TimingPolicy(warmup=1, repeats=3, min_repeats=2, max_seconds=1e9)
+    calls = [Timed(lambda: order.append("a"), setup=lambda: order.append("a-setup")),
+             Timed(lambda: order.append("b"))]
+    samples = measure_round_robin(calls, "cpu", policy)
+    assert [len(s) for s in samples] == [3, 3]
+    # one warm-up each, then every timed repeat of a call follows one of the other's
+    assert order == ["a-setup", "a", "b"] + ["a-setup", "a", "b"] * 3
+
+
+def test_measure_round_robin_time_budget_ends_a_slow_call_first():
+    import time
+
+    from hetprof.profiler.timing import Timed, TimingPolicy, measure_round_robin
+
+    counts = {"slow": 0, "fast": 0}
+
+    def slow() -> None:
+        counts["slow"] += 1
+        time.sleep(0.03)
+
+    policy = TimingPolicy(warmup=0, repeats=5, min_repeats=2, max_seconds=0.05)
+    samples = measure_round_robin([Timed(slow), Timed(lambda: counts.__setitem__("fast", counts["fast"] + 1))],
+                                  "cpu", policy)
+    assert len(samples[0]) == 2  # over budget after its first repeat: stops at min_repeats
+    assert len(samples[1]) == 5 and counts == {"slow": 2, "fast": 5}
+
+
+def test_packed_train_points_time_the_learners_packed_pass(monkeypatch):
+    """At a `--workload` packed training point the train row runs the learner's packed pass (with
+    entropy, on the response columns); at any other point the padded step."""
+    import hetprof.profiler.suites.tasks as tasks
+    from hetprof.profiler.timing import Flusher
+
+    real, calls = tasks.packed_token_logprobs, []
+
+    def spy(model, ids, mask, temperature=1.0, **kw):
+        calls.append((tuple(ids.shape), kw["with_entropy"], int(kw["needed"].sum())))
+        return real(model, ids, mask, temperature, **kw)
+
+    monkeypatch.setattr(tasks, "packed_token_logprobs", spy)
+    tm = taskmodels.plan_model(PRESETS["tiny"], "fp32", None)
+    model = taskmodels.build(tm, "cpu")
+    ctx = ProfileContext(db=None, host="t", device="cpu", device_id=None, quick=True, threads=1,
+                         options={"workload_points": {"train": [(2, 8)], "packed_train": [(2, 8, 3)]}})
+    cpu = torch.device("cpu")
+    times = tasks.TIMERS["train"].time_point(ctx, model, tm, 2, 8, {}, cpu, Flusher(cpu), torch.Generator())
+    assert calls == [((2, 8), True, 6)] * (ctx.policy.warmup + len(times))
+    tasks.TIMERS["train"].time_point(ctx, model, tm, 3, 8, {}, cpu, Flusher(cpu), torch.Generator())  # padded
+    assert len(calls) == ctx.policy.warmup + len(times)
+    assert model.training is False  # the sweep hands the model back in eval mode

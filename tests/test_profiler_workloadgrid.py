@@ -50,3 +50,6 @@ def test_packed_inference_points_are_named_with_their_response_tokens():
     pts = workload_points(WorkloadSpec.from_dict(data), 2)
     packed = pts["packed_prefill"]
     assert packed and all((b, n) in pts["prefill"] and r == 3 for b, n, r in packed)  # response mean 3
+    trained = pts["packed_train"]
+    assert trained and all((b, n) in pts["train"] and r == 3 for b, n, r in trained)
+    assert workload_points(w, 2)["packed_train"] == []

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import statistics
+from collections.abc import Iterator
 from typing import Any
 
 from hetprof.cpuslots import on_slot_core
@@ -34,8 +35,8 @@ from hetprof.packedpass import packed_token_logprobs
 from hetprof.profiler import taskmodels
 from hetprof.profiler.context import ProfileContext
 from hetprof.profiler.registry import Suite, register_suite
-from hetprof.profiler.timing import Flusher, measure
-from hetprof.profiler.workloadgrid import PACKED_PREFILL, merge_points
+from hetprof.profiler.timing import Flusher, Timed, measure, measure_round_robin
+from hetprof.profiler.workloadgrid import PACKED_PREFILL, PACKED_TRAIN, merge_points
 from hetprof.sampling import next_tokens
 
 # (batch sizes, sequence/context lengths) per task, for (device kind, quick?)
@@ -94,8 +95,25 @@ class TaskTimer:
         extra = (ctx.options.get("workload_points") or {}).get(self.task, [])
         return merge_points(grid(ctx.device, ctx.quick, self.task, max_position), extra, max_position)
 
-    def time_point(self, ctx, model, tm, batch, length, variant, device, flush, gen) -> list[float]:
+    # whether a sweep's points are timed in turns (`measure_round_robin`), as a run reaches a call after
+    # other work; a decode step follows the call's last one, so decode rows stay back to back
+    in_turns = True
+
+    @contextlib.contextmanager
+    def sweep(self, model: Any, variant: dict) -> Iterator[dict]:
+        """The model's mode for the whole sweep, and state its points share (a train sweep's optimizer)."""
+        model.eval()
+        yield {}
+
+    def prepare(self, ctx, model, tm, batch, length, variant, device, flush, gen, shared: dict) -> Timed:
+        """The call that times this point, its inputs built."""
         raise NotImplementedError
+
+    def time_point(self, ctx, model, tm, batch, length, variant, device, flush, gen) -> list[float]:
+        """One point's repeats, timed alone."""
+        with self.sweep(model, variant) as shared:
+            call = self.prepare(ctx, model, tm, batch, length, variant, device, flush, gen, shared)
+            return measure_round_robin([call], device, ctx.policy)[0]
 
 
 class Prefill(TaskTimer):
@@ -106,21 +124,25 @@ class Prefill(TaskTimer):
 
     task = "prefill"
 
-    def time_point(self, ctx, model, tm, batch, length, variant, device, flush, gen) -> list[float]:
+    def prepare(self, ctx, model, tm, batch, length, variant, device, flush, gen, shared: dict) -> Timed:
         import torch
 
-        response = packed_responses(ctx).get((batch, length))
-        model.eval()
+        response = packed_responses(ctx, PACKED_PREFILL).get((batch, length))
         if response is not None and tm.with_head:
-            return _packed_pass(ctx, model, tm, batch, length, response, device, flush, gen)
+            return _packed_pass(model, tm, batch, length, response, device, flush, gen)
         x = taskmodels.inputs(tm, batch, length, device, gen)
-        with torch.no_grad():
-            return measure(lambda: model(**x, use_cache=True), device, ctx.policy, flush=flush)
+
+        def forward() -> Any:
+            with torch.no_grad():
+                return model(**x, use_cache=True)
+
+        return Timed(forward, flush=flush)
 
 
-def packed_responses(ctx: ProfileContext) -> dict[tuple[int, int], int]:
-    """(batch, length) -> response tokens of the packed inference passes `--workload` asked for."""
-    points = (ctx.options.get("workload_points") or {}).get(PACKED_PREFILL, [])
+def packed_responses(ctx: ProfileContext, key: str) -> dict[tuple[int, int], int]:
+    """(batch, length) -> response tokens of the packed passes `--workload` asked for under `key`
+    (`PACKED_PREFILL`: inference passes; `PACKED_TRAIN`: training micro-batches)."""
+    points = (ctx.options.get("workload_points") or {}).get(key, [])
     return {(b, n): r for b, n, r in points}
 
 
@@ -134,20 +156,24 @@ def response_columns(batch: int, length: int, response: int) -> Any:
     return needed
 
 
-def _packed_pass(ctx, model, tm, batch, length, response, device, flush, gen) -> list[float]:
+def _packed_pass(model, tm, batch, length, response, device, flush, gen) -> Timed:
     import torch
 
     ids = torch.randint(0, tm.shape.vocab, (batch, length), generator=gen).to(device)
     mask = torch.ones_like(ids)
     needed = response_columns(batch, length, response).to(device)
-    with torch.no_grad():
-        return measure(lambda: packed_token_logprobs(model, ids, mask, needed=needed), device, ctx.policy,
-                       flush=flush)
+
+    def packed() -> Any:
+        with torch.no_grad():
+            return packed_token_logprobs(model, ids, mask, needed=needed)
+
+    return Timed(packed, flush=flush)
 
 
 class Decode(TaskTimer):
     task = "decode"
     length_key = "context_len"
+    in_turns = False
 
     def time_point(self, ctx, model, tm, batch, length, variant, device, flush, gen) -> list[float]:
         import torch
@@ -200,21 +226,20 @@ class Generate(TaskTimer):
     def extra_params(self) -> dict:
         return {"new_tokens": GENERATE_NEW_TOKENS}
 
-    def time_point(self, ctx, model, tm, batch, length, variant, device, flush, gen) -> list[float]:
+    def prepare(self, ctx, model, tm, batch, length, variant, device, flush, gen, shared: dict) -> Timed:
         import torch
 
         ids = torch.randint(3, tm.shape.vocab, (batch, length), generator=gen).tolist()
         # the padded RL batch of `padding_mask`: every other prompt is an eighth shorter
         prompts = [row[length // 8:] if i % 2 and length >= 8 else row for i, row in enumerate(ids)]
         draw = torch.Generator(device=device).manual_seed(0)
-        model.eval()
 
         def call() -> Any:
             with torch.no_grad():
                 return sample_continuations(model, prompts, GENERATE_NEW_TOKENS, temperature=1.0, top_p=1.0,
                                             generator=draw, pad_id=0, eos_id=-1, device=device)
 
-        return measure(call, device, ctx.policy, flush=flush)
+        return Timed(call, flush=flush)
 
 
 def _crop(cache: Any, length: int) -> None:
@@ -230,27 +255,41 @@ class Train(TaskTimer):
     def variants(self, ctx: ProfileContext) -> list[dict]:
         return [{"recompute": False}] if ctx.quick else [{"recompute": False}, {"recompute": True}]
 
-    def time_point(self, ctx, model, tm, batch, length, variant, device, flush, gen) -> list[float]:
+    @contextlib.contextmanager
+    def sweep(self, model: Any, variant: dict) -> Iterator[dict]:
+        """Training mode (and recomputation, for that variant) for the sweep; one AdamW for all its
+        points, as a learner has one (a point each would hold its own moments)."""
+        import torch
 
         model.train()
         recompute = bool(variant.get("recompute"))
         if recompute:
             _checkpointing(model, True)
-        step = train_step(model, tm, taskmodels.inputs(tm, batch, length, device, gen))
         try:
-            return measure(step, device, ctx.policy, flush=flush)
+            yield {"optimizer": torch.optim.AdamW(model.parameters(), lr=1e-5)}
         finally:
             if recompute:
                 _checkpointing(model, False)
             model.eval()
 
+    def prepare(self, ctx, model, tm, batch, length, variant, device, flush, gen, shared: dict) -> Timed:
+        response = packed_responses(ctx, PACKED_TRAIN).get((batch, length))
+        if response is not None and tm.with_head:  # a packed micro-batch: the learner's own packed pass
+            import torch
 
-def train_step(model: Any, tm: Any, x: dict) -> Any:
+            ids = torch.randint(0, tm.shape.vocab, (batch, length), generator=gen).to(device)
+            needed = response_columns(batch, length, response).to(device)
+            return Timed(packed_train_step(model, ids, needed, shared["optimizer"]), flush=flush)
+        x = taskmodels.inputs(tm, batch, length, device, gen)
+        return Timed(train_step(model, tm, x, shared.get("optimizer")), flush=flush)
+
+
+def train_step(model: Any, tm: Any, x: dict, opt: Any = None) -> Any:
     """One optimizer step as the executor's learner takes it: forward, RL loss, backward, gradient
     clipping, AdamW. Shared with the data-parallel suite, which times it with and without DDP."""
     import torch
 
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    opt = opt if opt is not None else torch.optim.AdamW(model.parameters(), lr=1e-5)
 
     def step() -> Any:
         opt.zero_grad(set_to_none=True)
@@ -259,6 +298,26 @@ def train_step(model: Any, tm: Any, x: dict) -> Any:
         else:
             loss = model(**x, use_cache=False).last_hidden_state.float().pow(2).mean()
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+    return step
+
+
+def packed_train_step(model: Any, ids: Any, needed: Any, opt: Any) -> Any:
+    """A packed micro-batch's optimizer step as the learner takes it with a token budget: the rows
+    packed into one sequence, `packed_token_logprobs` with entropy on the `needed` (response) columns
+    only, a policy-gradient loss over them, backward, gradient clipping, AdamW."""
+    import torch
+
+    mask = torch.ones_like(ids)
+    weight = needed.float() / needed.sum().clamp(min=1)
+
+    def step() -> Any:
+        opt.zero_grad(set_to_none=True)
+        lp, ent = packed_token_logprobs(model, ids, mask, with_entropy=True, needed=needed)
+        ratio = torch.exp(lp - lp.detach())
+        (-(ratio * 0.1 * weight).sum() - 0.001 * (ent * weight).sum()).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
 
@@ -328,19 +387,10 @@ class TasksSuite(Suite):
                 torch.cuda.empty_cache()
 
     def _sweep(self, ctx, timer: TaskTimer, model, tm, variant, device, flush, gen) -> None:
-        import torch
-
-        samples: list[dict] = []
         points = timer.points(ctx, tm.shape.max_position)
-        for batch, length in points:
-            try:
-                times = timer.time_point(ctx, model, tm, batch, length, variant, device, flush, gen)
-            except torch.OutOfMemoryError:
-                ctx.note(f"task.{timer.task} {tm.shape.name} batch={batch} {timer.length_key}={length}: "
-                         "out of memory, skipped")
-                torch.cuda.empty_cache()
-                ctx.advance(1)
-                continue
+        timed = time_sweep(ctx, timer, model, tm, variant, points, device, flush, gen)
+        samples: list[dict] = []
+        for (batch, length), times in zip(points, timed, strict=True):
             params = {**tm.shape_params(), "batch": batch, timer.length_key: length, "threads": ctx.threads,
                       **timer.extra_params(), **variant}
             samples += [{"params": params, "metrics": {"seconds": t}} for t in times]
@@ -351,3 +401,32 @@ class TasksSuite(Suite):
             ctx.record(f"task.{timer.task}", {"model": tm.shape.name, "dtype": tm.dtype,
                                                "layers_run": tm.layers_run, "threads": ctx.threads, **variant},
                        samples, f"{tm.shape.name}{extra}: {len(points)} points, median {med * 1e3:.2f} ms")
+
+
+def time_sweep(ctx, timer: TaskTimer, model, tm, variant: dict, points: list[tuple[int, int]], device, flush,
+               gen) -> list[list[float]]:
+    """Each point's timed repeats: in turns across the sweep where the timer takes turns, else (and
+    where the points' inputs do not fit in the device's memory together) each point alone; a point
+    that does not fit alone gets no samples and a note."""
+    import torch
+
+    if timer.in_turns:
+        try:
+            with timer.sweep(model, variant) as shared:
+                calls = [timer.prepare(ctx, model, tm, b, n, variant, device, flush, gen, shared) for b, n in points]
+                return measure_round_robin(calls, device, ctx.policy)
+        except torch.OutOfMemoryError:
+            torch.cuda.empty_cache()
+    return [_alone(ctx, timer, model, tm, b, n, variant, device, flush, gen) for b, n in points]
+
+
+def _alone(ctx, timer: TaskTimer, model, tm, batch, length, variant, device, flush, gen) -> list[float]:
+    import torch
+
+    try:
+        return timer.time_point(ctx, model, tm, batch, length, variant, device, flush, gen)
+    except torch.OutOfMemoryError:
+        ctx.note(f"task.{timer.task} {tm.shape.name} batch={batch} {timer.length_key}={length}: "
+                 "out of memory, skipped")
+        torch.cuda.empty_cache()
+        return []
