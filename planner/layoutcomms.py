@@ -1,6 +1,7 @@
 """The collectives and optimizer updates a task layout adds to its replicas' passes.
 
-Data-parallel gradient (and shard) traffic, Ulysses all-to-alls and the Adam steps depend on the
+Data-parallel gradient (and shard) traffic, the learner's small all-reduces, Ulysses all-to-alls and
+the Adam steps depend on the
 whole layout (its slowest link, its largest share), not on one replica, so they are charged once per
 layout on top of the replicas' time (planner/taskcosts.py).
 """
@@ -43,6 +44,22 @@ def optimizer_steps(costs: LayoutPricing, layout: TaskLayout) -> float:
     one = max(costs.cm.optimizer_step_time(work, Placement(t, layout.tp, layout.pp, dp=dp,
                                                            sharding=layout.sharding)) for t in types)
     return one * costs.workload.ppo_epochs * costs.workload.mini_batches
+
+
+def learner_collectives(costs: LayoutPricing, layout: TaskLayout) -> float:
+    """The learner's own all-reduces across its data-parallel replicas, once an update: every
+    mini-batch's loss-denominator token count (fp32), and with a token budget every mini-batch's
+    pack count (int64, the most any replica needs) — latency-bound messages over the slowest link.
+    Why priced: each is a collective every replica waits at (executor/learner.py)."""
+    if layout.dp <= 1:
+        return 0.0
+    hosts = {costs.devices[d].host for d in layout.devices()}
+    link = costs.links.slowest(hosts) or costs.links.between(*(2 * sorted(hosts)[:1]))
+    minis = costs.workload.ppo_epochs * costs.workload.mini_batches
+    seconds = costs.cm.collective_time("all_reduce", 4 * minis, layout.dp, link)
+    if costs.workload.training.max_tokens_per_microbatch is not None:
+        seconds += costs.cm.collective_time("all_reduce", 8 * minis, layout.dp, link)
+    return seconds
 
 
 def ulysses_seconds(costs: LayoutPricing, layout: TaskLayout, sp: int, problems: list[str]) -> float:

@@ -29,7 +29,7 @@ from hetprof.planner.controller import controller_seconds
 from hetprof.planner.engines import ENGINES, EngineLimits, GenerationRequest, StepTable, arrival_order
 from hetprof.planner.graph import RLGraph
 from hetprof.planner.imbalance import longest_sequence_factor
-from hetprof.planner.layoutcomms import dp_traffic, optimizer_steps, ulysses_seconds
+from hetprof.planner.layoutcomms import dp_traffic, learner_collectives, optimizer_steps, ulysses_seconds
 from hetprof.planner.links import LinkTable
 from hetprof.planner.passtime import finish_curve, layer_fraction, packed_seconds
 from hetprof.specs import Device, WorkloadSpec
@@ -390,7 +390,7 @@ class TaskCosts:
         if kind != TaskKind.GENERATION and self.workload.training.sequence_parallel > 1:
             seconds += ulysses_seconds(self, layout, self.workload.training.sequence_parallel, problems)
         if kind == TaskKind.TRAINING:
-            seconds += optimizer_steps(self, layout)
+            seconds += optimizer_steps(self, layout) + learner_collectives(self, layout)
         seconds += controller_seconds(self.catalog, self.workload, task, kind,
                                       {self.devices[d].type for d in layout.devices()})
         curve = finish_curve(kind, seconds, finish, self.chunks)
