@@ -104,7 +104,7 @@ def probe_points(workload: Path, slots: int) -> list[tuple[str, int, int]]:
 
     from hetprof.profiler.workloadgrid import LENGTH_SEED, workload_points
     from hetprof.specs import WorkloadSpec
-    from hetprof.tokenbudget import packed_shape
+    from hetprof.tokenbudget import packed_shape, step_prompts
 
     spec = WorkloadSpec.load(workload)
     pts = workload_points(spec, slots)
@@ -118,7 +118,7 @@ def probe_points(workload: Path, slots: int) -> list[tuple[str, int, int]]:
     budget = spec.training.max_tokens_per_microbatch
     if budget is not None:  # packed: as many sequences per micro-batch as the planner prices, at the means
         responses = np.sort(spec.response_len.sample(spec.sequences_per_step, np.random.default_rng(LENGTH_SEED)))
-        train = packed_shape(spec.prompt_len.mean, responses, train, budget)[1]
+        train = packed_shape(step_prompts(spec.prompt_len, spec.prompts_per_step), responses, train, budget)[1]
         whole = round(spec.prompt_len.mean + spec.response_len.mean)
     out = [("prefill", batch, prompt), ("decode", batch, prompt + 1), ("train", train, whole)]
     assert all((b, n) in pts[k] for k, b, n in out), "probe points must be profiled points"

@@ -11,8 +11,12 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from hetprof.specs.workload import LengthDist
 
 
 def micro_batches_by_tokens(lengths: Sequence[int], budget: int, count: int = 1) -> list[list[int]]:
@@ -81,14 +85,30 @@ def spread(sorted_lengths: np.ndarray, k: int, default: float = 0.0) -> np.ndarr
     return sorted_lengths[idx]
 
 
-def sample_lengths(prompt: float, sorted_responses: np.ndarray, sequences: int) -> list[int]:
-    """Whole-token lengths of `sequences` sequences: a `prompt`-token prompt and responses that follow
-    the sorted sample `sorted_responses` (the deterministic stand-in for a step's real lengths)."""
+# Pairs a pass's prompt quantiles with its response quantiles: a step draws the two independently,
+# and pairing both in sorted order would make the longest prompts carry the longest responses.
+PAIRING_SEED = 0
+
+
+def step_prompts(prompt_len: LengthDist, prompts: int, seed: int = 0) -> np.ndarray:
+    """A step's `prompts` prompt lengths drawn from `prompt_len` (seeded), sorted: the sample the
+    planner packs and the profiler's workload grid measures, so both see the same packs."""
+    return np.sort(prompt_len.sample(max(1, int(prompts)), np.random.default_rng(seed))).astype(float)
+
+
+def sample_lengths(prompts: float | np.ndarray, sorted_responses: np.ndarray, sequences: int) -> list[int]:
+    """Whole-token lengths of `sequences` sequences whose prompts follow the sorted sample `prompts`
+    (or are all `prompts` tokens) and whose responses follow the sorted sample `sorted_responses`,
+    paired by a fixed shuffle: the deterministic stand-in for a step's real lengths."""
     k = max(1, int(sequences))
-    return np.rint(prompt + spread(sorted_responses, k)).astype(int).tolist()
+    if np.ndim(prompts) == 0:
+        lead = np.full(k, float(prompts))
+    else:
+        lead = spread(np.asarray(prompts, dtype=float), k)[np.random.default_rng(PAIRING_SEED).permutation(k)]
+    return np.rint(lead + spread(sorted_responses, k)).astype(int).tolist()
 
 
-def pack_groups(prompt: float, sorted_responses: np.ndarray, sequences: int,
+def pack_groups(prompt: float | np.ndarray, sorted_responses: np.ndarray, sequences: int,
                 budget: int) -> tuple[tuple[int, float, int], ...]:
     """The packs `micro_batches_by_tokens` makes of `sample_lengths`, grouped by how many sequences
     they hold: (sequences per pack, mean tokens per sequence in those packs, packs), most sequences
@@ -101,7 +121,7 @@ def pack_groups(prompt: float, sorted_responses: np.ndarray, sequences: int,
     return tuple((n, sum(t) / (n * len(t)), len(t)) for n, t in sorted(tokens.items(), reverse=True))
 
 
-def packed_shape(prompt: float, sorted_responses: np.ndarray, sequences: int, budget: int) -> tuple[int, int]:
+def packed_shape(prompt: float | np.ndarray, sorted_responses: np.ndarray, sequences: int, budget: int) -> tuple[int, int]:
     """(packs, sequences in the fullest pack) of a packed pass over `sequences` sequences whose
     responses follow `sorted_responses` after a `prompt`-token prompt (see `pack_groups`)."""
     groups = pack_groups(prompt, sorted_responses, sequences, budget)

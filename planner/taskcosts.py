@@ -34,7 +34,7 @@ from hetprof.planner.links import LinkTable
 from hetprof.planner.passtime import finish_curve, layer_fraction, packed_seconds
 from hetprof.specs import Device, WorkloadSpec
 from hetprof.specs.vocabulary import TaskKind
-from hetprof.tokenbudget import pack_groups, spread
+from hetprof.tokenbudget import pack_groups, spread, step_prompts
 
 GB = 1e9
 EVAL_MEMO_LIMIT = 20_000
@@ -78,6 +78,7 @@ class TaskCosts:
         self.chunks = chunks
         self.dtype = workload.precision
         self.prompt = float(workload.prompt_len.mean)
+        self.prompts = step_prompts(workload.prompt_len, workload.prompts_per_step)  # what packs spread
         # Inference, training and memory use the declared mean: it is what a plan file records, so an
         # independent checker can recompute the same bytes. Generation uses the sampled lengths.
         self.response = float(workload.response_len.mean)
@@ -153,7 +154,7 @@ class TaskCosts:
         k = max(1, int(sequences))
         hit = self._packs.get(k)
         if hit is None:
-            hit = self._packs[k] = pack_groups(self.prompt, self.lengths, k, self.token_budget)
+            hit = self._packs[k] = pack_groups(self.prompts, self.lengths, k, self.token_budget)
         return hit
 
     def _packed_call(self, task: str, sig: tuple, tp: int, batch: int, split: tuple[int, ...]) -> float:

@@ -20,7 +20,7 @@ import numpy as np
 
 from hetprof.models import ModelShape
 from hetprof.specs import WorkloadSpec
-from hetprof.tokenbudget import mean_pack, pack_groups, packed_shape
+from hetprof.tokenbudget import mean_pack, pack_groups, packed_shape, step_prompts
 
 # The planner's default seed for the step's sampled response lengths (planner/simulator.py).
 LENGTH_SEED = 0
@@ -95,6 +95,7 @@ def packed_points(workload: WorkloadSpec, batches: list[int],
         return set(), set()
     responses = np.sort(workload.response_len.sample(workload.sequences_per_step, np.random.default_rng(LENGTH_SEED)))
     prompt = float(workload.prompt_len.mean)
+    prompts = step_prompts(workload.prompt_len, workload.prompts_per_step)  # as the planner packs them
     whole = max(1, round(prompt + workload.response_len.mean))
 
     def shapes(sizes: list[int]) -> set[tuple[int, int]]:
@@ -102,10 +103,10 @@ def packed_points(workload: WorkloadSpec, batches: list[int],
         length (the bench's drift probe), and the average pack a run records."""
         out: set[tuple[int, int]] = set()
         for b in sizes:
-            groups = pack_groups(prompt, responses, b, budget)
+            groups = pack_groups(prompts, responses, b, budget)
             common = sorted(groups, key=lambda g: -g[2])[:PACK_SHAPES_PER_BATCH]
             out |= {(n, max(1, round(length))) for n, length, _ in common}
-            out.add((packed_shape(prompt, responses, b, budget)[1], whole))
+            out.add((packed_shape(prompts, responses, b, budget)[1], whole))
             out.add(mean_pack(b, sum(count for _, _, count in groups), prompt + workload.response_len.mean))
         return out
 

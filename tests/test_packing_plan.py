@@ -168,3 +168,20 @@ def test_a_packed_mini_batch_is_priced_with_one_optimizer_step():
     over = plain.replica_seconds("actor_train", A[:1], 1, 1, 64) - sim.replica_seconds("actor_train", A[:1], 1, 1, 64)
     assert over == pytest.approx(steps * (packs - 1) * step)
     assert sim.replica_seconds("ref_infer", A[:1], 1, 1, 64) == plain.replica_seconds("ref_infer", A[:1], 1, 1, 64)
+
+
+def test_prompt_lengths_spread_into_the_packs_like_responses():
+    """A step's prompts follow their distribution in the planner's length sample, paired with the
+    responses by a fixed shuffle (a step draws them independently), not all at the mean."""
+    from hetprof.specs import LengthDist
+    from hetprof.tokenbudget import sample_lengths, step_prompts
+
+    # the quantiles [10, 20, 30, 40] shuffled by permutation (2, 0, 1, 3), plus responses [1, 2, 3, 4]
+    assert sample_lengths(np.array([10.0, 20, 30, 40]), np.array([1.0, 2, 3, 4]), 4) == [31, 12, 23, 44]
+    assert sample_lengths(25.0, np.array([1.0, 2, 3, 4]), 4) == [26, 27, 28, 29]  # one prompt length
+    # 21, 21, 81, 81 tokens in 170-token packs: 81 + 81 and 21 + 21; at the mean (51 each) 3 + 1
+    responses = np.ones(4)
+    assert pack_groups(np.array([20.0, 20, 80, 80]), responses, 4, 170) == ((2, 51.0, 2),)
+    assert pack_groups(50.0, responses, 4, 170) == ((3, 51.0, 1), (1, 51.0, 1))
+    prompts = step_prompts(LengthDist(mean=100, max=200, dist="normal", std=20), 64)
+    assert len(prompts) == 64 and list(prompts) == sorted(prompts) and prompts.std() > 0
