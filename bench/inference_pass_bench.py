@@ -9,8 +9,11 @@ them, each round and in the same process:
 - the profiler's packed inference row: `packed_token_logprobs` on one pack under `no_grad`, after
   evicting the core's caches (`Flusher(cpu_caches=True)`), as `hetprof profile --workload` times it;
 - the same row after evicting the last-level cache too (a buffer twice its size written first):
-  whether the profiler's flush should reach past the core's own caches; and generation's prefill
-  after training steps against the same call after each flush (`prefill_flushes`).
+  whether the profiler's flush should reach past the core's own caches;
+- the same row timed in turns with the prefill grid's other points, as the profiler now times it
+  (`measure_round_robin`: each repeat follows one call of every other point of the sweep);
+and generation's prefill after training steps against the same call after each of these
+(`prefill_flushes`).
 The planner prices the pass as its whole packs, each at its own row (planner/taskcosts.py); the old
 row is scaled as sequences / pack size, as it was priced. Times are the thread's
 CPU seconds, so other tenants of a shared machine do not enter them; each ratio is the median of
@@ -36,11 +39,24 @@ from hetprof.models import PRESETS
 from hetprof.packedpass import logits_to_logprobs, pack, packed_token_logprobs, shifted_targets, unpack
 from hetprof.profiler import taskmodels
 from hetprof.profiler.hostinfo import last_level_cache_bytes
-from hetprof.profiler.suites.tasks import response_columns
+from hetprof.profiler.suites.tasks import grid, response_columns
 from hetprof.profiler.timing import Flusher
 from hetprof.tokenbudget import micro_batches_by_tokens
 
 BUDGET, RESPONSE, SEQUENCES = 512, 3, 32
+
+
+def grid_turn(model: torch.nn.Module, gen: torch.Generator):
+    """One call of every point of the profile's CPU prefill grid (the sweep a row takes turns with)."""
+    tm = taskmodels.plan_model(PRESETS["tiny"], "fp32", None)
+    inputs = [taskmodels.inputs(tm, b, n, "cpu", gen) for b, n in grid("cpu", False, "prefill", tm.shape.max_position)]
+
+    def turn() -> None:
+        with torch.no_grad():
+            for x in inputs:
+                model(**x, use_cache=True)
+
+    return turn
 
 
 def replica_batch(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -87,6 +103,7 @@ def main() -> None:
     pack_needed = {n: response_columns(n, length, RESPONSE) for n in sizes}
     flush = Flusher(torch.device("cpu"), cpu_caches=True)
     llc = torch.empty(2 * (last_level_cache_bytes() or 64 * 1024**2) // 4, dtype=torch.float32)
+    turn = grid_turn(row_model, gen)
 
     def other_work() -> None:  # what precedes an inference pass in a run: generation, then training
         with torch.no_grad():
@@ -146,6 +163,7 @@ def main() -> None:
         got["old row (padded forward, inference_mode, warm) × packs"] = cpu_seconds(old_row) * scale
         got["packed inference rows (no_grad, core's caches evicted), whole packs"] = packed_rows(flush)
         got["the same, last-level cache evicted too"] = packed_rows(lambda: (flush(), llc.fill_(1.0)))
+        got["the same, in turns with the prefill grid (the profiler's)"] = packed_rows(lambda: (turn(), flush()))
         for key, seconds in got.items():
             times.setdefault(key, []).append(seconds)
     run = times["run's pass, after other work"]
@@ -183,8 +201,10 @@ def prefill_flushes(rounds: int) -> None:
             (-packed_token_logprobs(actor, ids, mask, max_tokens=BUDGET).sum()).backward()
             opt.step()
 
-    evictions = {"warm (back to back)": lambda: None, "core's caches evicted (the profiler's)": core,
-                 "last-level cache evicted too": lambda: (core(), llc.fill_(1.0))}
+    turn = grid_turn(model, gen)
+    evictions = {"warm (back to back)": lambda: None, "core's caches evicted": core,
+                 "last-level cache evicted too": lambda: (core(), llc.fill_(1.0)),
+                 "in turns with the prefill grid, core's caches evicted (the profiler's)": lambda: (turn(), core())}
     times: dict[str, list[float]] = {}
     for _ in range(rounds):
         train()
