@@ -156,7 +156,8 @@ def probe_drift(db: Path, points: list[tuple[str, int, int]]) -> float:
         f"points = {points!r}\n"
         # a point is timed as the profile timed it: in turns with its task's grid, where the task takes turns
         "def probe(k, b, n):\n"
-        "    rest = [p for p in grid('cpu', False, k, tm.shape.max_position) if p != (b, n)] if TIMERS[k].in_turns else []\n"
+        "    turns = TIMERS[k].in_turns(ctx, b, n)\n"
+        "    rest = [p for p in grid('cpu', False, k, tm.shape.max_position) if p != (b, n)] if turns else []\n"
         "    return statistics.median(time_sweep(ctx, TIMERS[k], model, tm, {}, [(b, n), *rest], cpu,"
         " Flusher(cpu, cpu_caches=True), torch.Generator().manual_seed(0))[0])\n"
         "print(json.dumps([probe(k, b, n) for k, b, n in points]))\n")

@@ -10,8 +10,10 @@ them, each round and in the same process:
   evicting the core's caches (`Flusher(cpu_caches=True)`), as `hetprof profile --workload` times it;
 - the same row after evicting the last-level cache too (a buffer twice its size written first):
   whether the profiler's flush should reach past the core's own caches;
-- the same row timed in turns with the prefill grid's other points, as the profiler now times it
-  (`measure_round_robin`: each repeat follows one call of every other point of the sweep);
+- the same row timed in turns with the prefill grid's other points (`measure_round_robin`: each
+  repeat follows one call of every other point of the sweep), which the profiler does for calls a
+  run makes once after other work (generation's prefill) but not for a pass's packs, which follow
+  each other;
 and generation's prefill after training steps against the same call after each of these
 (`prefill_flushes`).
 The planner prices the pass as its whole packs, each at its own row (planner/taskcosts.py); the old
@@ -163,7 +165,7 @@ def main() -> None:
         got["old row (padded forward, inference_mode, warm) × packs"] = cpu_seconds(old_row) * scale
         got["packed inference rows (no_grad, core's caches evicted), whole packs"] = packed_rows(flush)
         got["the same, last-level cache evicted too"] = packed_rows(lambda: (flush(), llc.fill_(1.0)))
-        got["the same, in turns with the prefill grid (the profiler's)"] = packed_rows(lambda: (turn(), flush()))
+        got["the same, in turns with the prefill grid"] = packed_rows(lambda: (turn(), flush()))
         for key, seconds in got.items():
             times.setdefault(key, []).append(seconds)
     run = times["run's pass, after other work"]

@@ -212,3 +212,28 @@ def test_packed_train_points_time_the_learners_packed_pass(monkeypatch):
     tasks.TIMERS["train"].time_point(ctx, model, tm, 3, 8, {}, cpu, Flusher(cpu), torch.Generator())  # padded
     assert len(calls) == ctx.policy.warmup + len(times)
     assert model.training is False  # the sweep hands the model back in eval mode
+
+
+def test_a_sweep_takes_turns_only_among_calls_a_run_makes_once(monkeypatch):
+    """Padded prefill points (generation's prefill, a padded pass) are timed in turns together; a
+    packed pass's point, whose packs a run makes back to back, alone; training points alone."""
+    import hetprof.profiler.suites.tasks as tasks
+    from hetprof.profiler.timing import Flusher
+
+    real, groups = tasks.measure_round_robin, []
+
+    def spy(calls, device, policy):
+        groups.append(len(calls))
+        return real(calls, device, policy)
+
+    monkeypatch.setattr(tasks, "measure_round_robin", spy)
+    tm = taskmodels.plan_model(PRESETS["tiny"], "fp32", None)
+    model = taskmodels.build(tm, "cpu")
+    ctx = ProfileContext(db=None, host="t", device="cpu", device_id=None, quick=True, threads=1,
+                         options={"workload_points": {"packed_prefill": [(3, 8, 2)]}})
+    cpu, gen = torch.device("cpu"), torch.Generator()
+    out = tasks.time_sweep(ctx, tasks.TIMERS["prefill"], model, tm, {}, [(2, 8), (3, 8), (4, 8)], cpu, Flusher(cpu), gen)
+    assert groups == [2, 1] and all(len(t) >= ctx.policy.min_repeats for t in out)
+    groups.clear()
+    tasks.time_sweep(ctx, tasks.TIMERS["train"], model, tm, {}, [(1, 8), (2, 8)], cpu, Flusher(cpu), gen)
+    assert groups == [1, 1]

@@ -95,9 +95,12 @@ class TaskTimer:
         extra = (ctx.options.get("workload_points") or {}).get(self.task, [])
         return merge_points(grid(ctx.device, ctx.quick, self.task, max_position), extra, max_position)
 
-    # whether a sweep's points are timed in turns (`measure_round_robin`), as a run reaches a call after
-    # other work; a decode step follows the call's last one, so decode rows stay back to back
-    in_turns = True
+    def in_turns(self, ctx: ProfileContext, batch: int, length: int) -> bool:
+        """Whether this point is timed in turns with the sweep's other such points
+        (`measure_round_robin`): a call a run makes once, after other work — a generation call, its
+        prefill, a padded inference pass. A call a run makes several times in a row (decode steps,
+        the packs of a packed pass, training's micro- and mini-batches) is timed back to back."""
+        return False
 
     @contextlib.contextmanager
     def sweep(self, model: Any, variant: dict) -> Iterator[dict]:
@@ -123,6 +126,9 @@ class Prefill(TaskTimer):
     response tokens; elsewhere a padded batch's forward, as generation's prefill runs it."""
 
     task = "prefill"
+
+    def in_turns(self, ctx: ProfileContext, batch: int, length: int) -> bool:
+        return (batch, length) not in packed_responses(ctx, PACKED_PREFILL)
 
     def prepare(self, ctx, model, tm, batch, length, variant, device, flush, gen, shared: dict) -> Timed:
         import torch
@@ -173,7 +179,6 @@ def _packed_pass(model, tm, batch, length, response, device, flush, gen) -> Time
 class Decode(TaskTimer):
     task = "decode"
     length_key = "context_len"
-    in_turns = False
 
     def time_point(self, ctx, model, tm, batch, length, variant, device, flush, gen) -> list[float]:
         import torch
@@ -222,6 +227,9 @@ class Generate(TaskTimer):
 
     def applies(self, tm: Any) -> bool:
         return tm.with_head
+
+    def in_turns(self, ctx: ProfileContext, batch: int, length: int) -> bool:
+        return True
 
     def extra_params(self) -> dict:
         return {"new_tokens": GENERATE_NEW_TOKENS}
@@ -405,19 +413,22 @@ class TasksSuite(Suite):
 
 def time_sweep(ctx, timer: TaskTimer, model, tm, variant: dict, points: list[tuple[int, int]], device, flush,
                gen) -> list[list[float]]:
-    """Each point's timed repeats: in turns across the sweep where the timer takes turns, else (and
-    where the points' inputs do not fit in the device's memory together) each point alone; a point
-    that does not fit alone gets no samples and a note."""
+    """Each point's timed repeats: the points a run reaches after other work (`TaskTimer.in_turns`)
+    in turns with each other, the rest (and, where their inputs do not fit in the device's memory
+    together, those too) each alone; a point that does not fit alone gets no samples and a note."""
     import torch
 
-    if timer.in_turns:
+    turns = [i for i, (b, n) in enumerate(points) if timer.in_turns(ctx, b, n)]
+    out: dict[int, list[float]] = {}
+    if len(turns) > 1:
         try:
             with timer.sweep(model, variant) as shared:
-                calls = [timer.prepare(ctx, model, tm, b, n, variant, device, flush, gen, shared) for b, n in points]
-                return measure_round_robin(calls, device, ctx.policy)
+                calls = [timer.prepare(ctx, model, tm, *points[i], variant, device, flush, gen, shared) for i in turns]
+                out = dict(zip(turns, measure_round_robin(calls, device, ctx.policy), strict=True))
         except torch.OutOfMemoryError:
             torch.cuda.empty_cache()
-    return [_alone(ctx, timer, model, tm, b, n, variant, device, flush, gen) for b, n in points]
+    return [out[i] if i in out else _alone(ctx, timer, model, tm, b, n, variant, device, flush, gen)
+            for i, (b, n) in enumerate(points)]
 
 
 def _alone(ctx, timer: TaskTimer, model, tm, batch, length, variant, device, flush, gen) -> list[float]:
