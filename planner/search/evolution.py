@@ -226,8 +226,14 @@ class ArmEvolution:
 
     def coherent_neighbours(self, genome: Genome) -> list[Genome]:
         """Every group-coherent reshape of a genome: per shared group and common shape, the group's
-        tasks (all, or all but generation) set to it; the moves alone are too rare to chain."""
-        out: list[Genome] = []
+        tasks (all, or all but generation) set to it; the moves alone are too rare to chain.
+
+        Listed so that `pop()` takes the likeliest first: by the reshaped tasks' own seconds summed
+        (`_own_seconds`; colocated tasks run one after another), then in shape order. A good
+        reshape can sit anywhere in shape order, and the list is replaced at the next new best.
+        """
+        ranked: list[tuple[float, int, Genome]] = []
+        seen: set[Genome] = set()
         for g, tasks in enumerate(self.arm.grouping):
             rest = [t for t in tasks if TASK_KIND[Task(t)] != TaskKind.GENERATION]
             for names in [tuple(tasks)] + ([tuple(rest)] if len(rest) < len(tasks) else []):
@@ -238,9 +244,21 @@ class ArmEvolution:
                     shapes = genome.shape_map()
                     shapes.update((t, shape) for t in names)
                     child = Genome(genome.orders, tuple(sorted(shapes.items())))
-                    if child != genome and child not in self.seen and child not in out:
-                        out.append(child)
-        return out[::-1]
+                    if child != genome and child not in self.seen and child not in seen:
+                        seen.add(child)
+                        ranked.append((self._own_seconds(names, genome.orders[g], shape), len(ranked), child))
+        ranked.sort(key=lambda r: (r[0], r[1]), reverse=True)
+        return [child for _, _, child in ranked]
+
+    def _own_seconds(self, tasks: Sequence[str], order: Sequence[str], shape: ShapeChoice) -> float:
+        """The tasks' own seconds summed at `shape` on the group's devices (inf where one has no
+        layout or overflows memory alone): a cheap, memoised guess at what the reshape scores."""
+        total = 0.0
+        for task in tasks:
+            total += self.assembler.own_seconds(task, tuple(order), shape)
+            if total == math.inf:
+                break
+        return total
 
     # ---- search ---------------------------------------------------------------------------------
     def candidate(self, genome: Genome) -> Candidate | None:
