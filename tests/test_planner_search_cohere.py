@@ -77,8 +77,8 @@ def test_a_new_best_queues_its_group_coherent_neighbours_and_they_are_tried_next
         assert len(rest) == 1 and rest <= common
     assert evo.coherent_neighbours(genome) == near          # deterministic
     evo.advance(1, lambda cand: 1.0, lambda: False)         # the first genome is a new best
-    assert evo.pending == evo.coherent_neighbours(evo.population[0][1])
-    tried = evo.pending[-1]
+    assert evo.pending_from == evo.population[0][1]         # listed when the arm goes on
+    tried = evo.coherent_neighbours(evo.pending_from)[-1]
     evo.advance(1, lambda cand: 2.0, lambda: False)
     assert tried in evo.seen
 

@@ -111,6 +111,7 @@ class ArmEvolution:
         self.best_candidate: Candidate | None = None
         self.exhausted = False
         self.pending: list[Genome] = []     # group-coherent neighbours of a new best, tried next
+        self.pending_from: Genome | None = None     # a new best whose neighbours are listed when next needed
 
     # ---- genomes --------------------------------------------------------------------------------
     def _repair(self, orders: tuple[tuple[str, ...], ...], shapes: dict[str, ShapeChoice] | None,
@@ -282,6 +283,8 @@ class ArmEvolution:
         spent = 0
         misses = 0
         while spent < n and not self.exhausted and not stop():
+            if self.pending_from is not None:   # listed only when the arm goes on: ranking builds layouts
+                self.pending, self.pending_from = self.coherent_neighbours(self.pending_from), None
             if self.pending:
                 genome = self.pending.pop()
             elif self.variant < SEED_VARIANTS and len(self.population) < 2:
@@ -303,7 +306,7 @@ class ArmEvolution:
             self.evaluations += 1
             if value < self.best_value and cand is not None:
                 self.best_value, self.best_candidate = value, cand
-                self.pending = self.coherent_neighbours(genome)
+                self.pending, self.pending_from = [], genome
             self._insert(value, genome)
 
     @property
