@@ -350,6 +350,8 @@ class TaskCosts:
         memory: dict[str, MemoryEstimate] = {}
         host_fraction: dict[str, float] = {}
         over: dict[tuple, list[str]] = {}
+        held: dict[tuple, MemoryEstimate] = {}     # GPUs of one type holding the same stage hold the same
+        dp = layout.dp
         for r, (devices, batch) in enumerate(zip(layout.replicas, self.batches(layout), strict=True)):
             split = layout.layer_splits[r]
             # a generation task's replicas may differ in TP; every other task's share `tp`
@@ -362,14 +364,18 @@ class TaskCosts:
                     problems.append(f"{task}: {cost.note}")
             else:
                 replica_s.append(0.0)
+            fraction = layout.shares[r] / len(devices)
             for i, d in enumerate(devices):
                 dev = self.devices[d]
-                est = self.memory(task, dev.type, tp, split[i // tp], max(1, batch), layout.dp, layout.sharding)
+                layers = split[i // tp]
+                est = held.get((dev.type, tp, layers, batch))
+                if est is None:
+                    est = held[dev.type, tp, layers, batch] = self.memory(task, dev.type, tp, layers, max(1, batch),
+                                                                          dp, layout.sharding)
                 memory[d] = est
-                cap = self._capacity[dev.type]
-                if est.total > cap:
-                    over.setdefault((dev.type, split[i // tp], est), []).append(d)
-                host_fraction[dev.host] = host_fraction.get(dev.host, 0.0) + layout.shares[r] / len(devices)
+                if est.total > self._capacity[dev.type]:
+                    over.setdefault((dev.type, layers, est), []).append(d)
+                host_fraction[dev.host] = host_fraction.get(dev.host, 0.0) + fraction
         for (dtype_, layers, est), devs in over.items():
             problems.append(
                 f"{task} needs {est.total / GB:.1f} GB on each of {len(devs)} {dtype_} GPU(s) "

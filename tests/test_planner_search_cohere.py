@@ -77,7 +77,26 @@ def test_a_new_best_queues_its_group_coherent_neighbours_and_they_are_tried_next
         assert len(rest) == 1 and rest <= common
     assert evo.coherent_neighbours(genome) == near          # deterministic
     evo.advance(1, lambda cand: 1.0, lambda: False)         # the first genome is a new best
-    assert evo.pending == evo.coherent_neighbours(evo.population[0][1])
-    tried = evo.pending[-1]
+    assert evo.pending_from == evo.population[0][1]         # listed when the arm goes on
+    tried = evo.coherent_neighbours(evo.pending_from)[-1]
     evo.advance(1, lambda cand: 2.0, lambda: False)
     assert tried in evo.seen
+
+
+def test_coherent_neighbours_are_tried_fastest_first_by_the_tasks_own_seconds():
+    sim = _sim()
+    types, by_type = gpu_types(sim), devices_by_type(sim)
+    arm = Arm((tuple(sim.tasks),), ((4,),), tuple(types))
+    assembler = Assembler(sim, 8, 4)
+    evo = ArmEvolution(arm, 0, 0, assembler, by_type)
+    genome = evo.seed_genome()
+    listed = evo.coherent_neighbours(genome)
+    # a made-up price per shape that inverts shape order: the rank must follow it, not the list
+    assembler.own_seconds = lambda task, order, shape: 100.0 - 10 * shape[0] - shape[1]
+    near = evo.coherent_neighbours(genome)
+    assert set(near) == set(listed) and near != listed
+    common = [s for t, s in near[-1].shapes if s != genome.shape_map()[t]]
+    best = max(s for c in near for t, s in c.shapes if s != genome.shape_map()[t])
+    assert common and common[0] == best        # pop() takes the cheapest reshape first
+    # deterministic: the same genome lists the same neighbours
+    assert evo.coherent_neighbours(genome) == near

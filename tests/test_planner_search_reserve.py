@@ -98,3 +98,15 @@ def test_the_milp_arms_keep_the_whole_shortlist_within_what_is_left(monkeypatch)
     milp_arms.MilpArms(ctx, ("A100-40GB",)).arms(ranked, 1, time.perf_counter() + 7.0)
     (limits,) = seen
     assert limits.shortlist > 1 and limits.total_s is not None and limits.total_s <= 7.0
+
+
+def test_taking_in_bounded_work_counts_as_a_step():
+    clock = FakeClock()
+    ledger = Ledger(SearchContext(sim=SlowSim(clock, [0.0]), time_budget_s=60.0), clock=clock)
+    assert not ledger.exhausted
+    clock.now += 20.0                   # workers that read the deadline ...
+    returned = clock()
+    clock.now += 2.0                    # ... then re-scoring their finds here, which does not
+    ledger.bounded(since=returned)
+    assert not ledger.exhausted
+    assert ledger.reserve_s >= 2 * 2.0  # room for another such intake before the budget ends

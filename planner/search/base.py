@@ -222,10 +222,12 @@ class Ledger:
         """When the last step may start (the clock `exhausted` reads)."""
         return self.end - self.reserve_s
 
-    def bounded(self) -> None:
+    def bounded(self, since: float | None = None) -> None:
         """The work since the last look kept to the deadline itself (a solve under its time limit,
-        workers that read the clock): not a step the reserve must make room for."""
-        self._looked = self.clock()
+        workers that read the clock): not a step the reserve must make room for. `since` (a clock
+        reading) is where that work ended: what followed it (taking in the workers' results) did
+        not read the deadline, so the next look counts it as a step."""
+        self._looked = self.clock() if since is None else since
 
     @property
     def exhausted(self) -> bool:

@@ -111,6 +111,7 @@ class ArmEvolution:
         self.best_candidate: Candidate | None = None
         self.exhausted = False
         self.pending: list[Genome] = []     # group-coherent neighbours of a new best, tried next
+        self.pending_from: Genome | None = None     # a new best whose neighbours are listed when next needed
 
     # ---- genomes --------------------------------------------------------------------------------
     def _repair(self, orders: tuple[tuple[str, ...], ...], shapes: dict[str, ShapeChoice] | None,
@@ -226,8 +227,14 @@ class ArmEvolution:
 
     def coherent_neighbours(self, genome: Genome) -> list[Genome]:
         """Every group-coherent reshape of a genome: per shared group and common shape, the group's
-        tasks (all, or all but generation) set to it; the moves alone are too rare to chain."""
-        out: list[Genome] = []
+        tasks (all, or all but generation) set to it; the moves alone are too rare to chain.
+
+        Listed so that `pop()` takes the likeliest first: by the reshaped tasks' own seconds summed
+        (`_own_seconds`; colocated tasks run one after another), then in shape order. A good
+        reshape can sit anywhere in shape order, and the list is replaced at the next new best.
+        """
+        ranked: list[tuple[float, int, Genome]] = []
+        seen: set[Genome] = set()
         for g, tasks in enumerate(self.arm.grouping):
             rest = [t for t in tasks if TASK_KIND[Task(t)] != TaskKind.GENERATION]
             for names in [tuple(tasks)] + ([tuple(rest)] if len(rest) < len(tasks) else []):
@@ -238,9 +245,21 @@ class ArmEvolution:
                     shapes = genome.shape_map()
                     shapes.update((t, shape) for t in names)
                     child = Genome(genome.orders, tuple(sorted(shapes.items())))
-                    if child != genome and child not in self.seen and child not in out:
-                        out.append(child)
-        return out[::-1]
+                    if child != genome and child not in self.seen and child not in seen:
+                        seen.add(child)
+                        ranked.append((self._own_seconds(names, genome.orders[g], shape), len(ranked), child))
+        ranked.sort(key=lambda r: (r[0], r[1]), reverse=True)
+        return [child for _, _, child in ranked]
+
+    def _own_seconds(self, tasks: Sequence[str], order: Sequence[str], shape: ShapeChoice) -> float:
+        """The tasks' own seconds summed at `shape` on the group's devices (inf where one has no
+        layout or overflows memory alone): a cheap, memoised guess at what the reshape scores."""
+        total = 0.0
+        for task in tasks:
+            total += self.assembler.own_seconds(task, tuple(order), shape)
+            if total == math.inf:
+                break
+        return total
 
     # ---- search ---------------------------------------------------------------------------------
     def candidate(self, genome: Genome) -> Candidate | None:
@@ -264,6 +283,8 @@ class ArmEvolution:
         spent = 0
         misses = 0
         while spent < n and not self.exhausted and not stop():
+            if self.pending_from is not None:   # listed only when the arm goes on: ranking builds layouts
+                self.pending, self.pending_from = self.coherent_neighbours(self.pending_from), None
             if self.pending:
                 genome = self.pending.pop()
             elif self.variant < SEED_VARIANTS and len(self.population) < 2:
@@ -285,7 +306,7 @@ class ArmEvolution:
             self.evaluations += 1
             if value < self.best_value and cand is not None:
                 self.best_value, self.best_candidate = value, cand
-                self.pending = self.coherent_neighbours(genome)
+                self.pending, self.pending_from = [], genome
             self._insert(value, genome)
 
     @property

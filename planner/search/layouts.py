@@ -188,13 +188,18 @@ def balance_layers(sim: Simulator, task: str, replica: tuple[str, ...], tp: int,
     stage_types = [sim.devices[replica[s * tp]].type for s in range(pp)]
     split = _proportional(layers, [_type_speed(sim.catalog.lookup(t), kind) for t in stage_types])
 
-    def judge(candidate: Sequence[int]) -> tuple[float, float]:
+    def judge(candidate: Sequence[int], bar: float = math.inf) -> tuple[float, float]:
+        """(bytes over memory, seconds); seconds are not priced when the overflow alone exceeds `bar`
+        (a split overflowing more than the best one loses whatever its time)."""
+        overflow = replica_overflow(sim, task, replica, tp, candidate, batch, shards)
+        if overflow > bar:
+            return overflow, math.inf
         if kind == TaskKind.GENERATION:  # stage balance from one pipelined call, not a whole engine run per trial
             seconds = sim.costs.pipeline_seconds(task, replica, tp, pp, min(batch, sim.workload.generation.max_num_seqs),
                                                  candidate)
         else:
             seconds = replica_time(sim, task, replica, tp, pp, batch, tuple(candidate))
-        return replica_overflow(sim, task, replica, tp, candidate, batch, shards), seconds
+        return overflow, seconds
 
     best = judge(split)
     for _ in range(MAX_LAYER_MOVES):
@@ -208,7 +213,7 @@ def balance_layers(sim: Simulator, task: str, replica: tuple[str, ...], tp: int,
                 trial = list(split)
                 trial[i] -= 1
                 trial[j] += 1
-                score = judge(trial)
+                score = judge(trial, best[0])
                 if score < best and (improved is None or score < improved[0]):
                     improved = (score, trial)
         if improved is None:

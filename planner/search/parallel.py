@@ -100,6 +100,8 @@ class EvaluationPool:
         for s in states:
             s.assembler = None
         futures = [self.pool.submit(_advance_in_worker, s, n, deadline_wall) for s in states]
+        concurrent.futures.wait(futures)
+        returned = ledger.clock()       # the workers read the deadline; what follows here does not
         for i, fut in enumerate(futures):
             new_state, found = fut.result()
             new_state.assembler = assembler
@@ -109,4 +111,4 @@ class EvaluationPool:
                 cand = decode_candidate(text)
                 ledger.offer(cand, ledger.ctx.sim.evaluate(cand), value)
             ledger.tell()
-        ledger.bounded()                # the workers read the deadline themselves
+        ledger.bounded(since=returned)

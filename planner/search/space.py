@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -93,6 +94,11 @@ class Assembler:
 
     def _layout(self, task: str, order: tuple[str, ...], tp: int, pp: int) -> TaskLayout | None:
         return layouts.build_layout(self.sim, task, order, tp, pp, memo=self.memo)
+
+    def own_seconds(self, task: str, order: tuple[str, ...], shape: ShapeChoice) -> float:
+        """The task's own seconds on its balanced layout at `shape` (inf if none fits)."""
+        lay = self.layout(task, order, *shape)
+        return math.inf if lay is None else layouts.layout_cost(self.sim, lay)
 
     def _shapes(self, task: str, per_host: tuple[int, ...]) -> tuple[ShapeChoice, ...]:
         limits = layouts.degree_limits(self.sim, task, self.max_tp, self.max_pp)
