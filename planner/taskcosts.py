@@ -63,6 +63,15 @@ class TaskEval:
     host_vector: np.ndarray | None = dataclasses.field(default=None, compare=False, repr=False)  # by LinkTable.index
 
 
+def pack_tokens(length: float, prompt: float) -> tuple[float, float]:
+    """(response, prompt) tokens per sequence of a pack whose sequences average `length` tokens: the
+    step's mean `prompt`, capped at `length`, and the rest as response. Why capped: with prompts
+    spread, a pack of short sequences can average fewer tokens than the mean prompt, and the pack's
+    price follows its tokens."""
+    lead = min(prompt, length)
+    return length - lead, lead
+
+
 class TaskCosts:
     """Per-task costs for one (cluster, workload, cost model); every answer memoised."""
 
@@ -168,7 +177,7 @@ class TaskCosts:
             return self._composed(task, sig, tp, batch, split, self.padded_response(self.sequences),
                                   self.generation_prompt(self.sequences))
         groups = self.packs(batch)
-        times = [(self._composed(task, sig, tp, n, split, length - self.prompt, self.prompt), count)
+        times = [(self._composed(task, sig, tp, n, split, *pack_tokens(length, self.prompt)), count)
                  for n, length, count in groups]
         return packed_seconds(times, self._step_in_pass(task, sig, tp, groups[0][0], split))
 

@@ -185,3 +185,23 @@ def test_prompt_lengths_spread_into_the_packs_like_responses():
     assert pack_groups(50.0, responses, 4, 170) == ((3, 51.0, 1), (1, 51.0, 1))
     prompts = step_prompts(LengthDist(mean=100, max=200, dist="normal", std=20), 64)
     assert len(prompts) == 64 and list(prompts) == sorted(prompts) and prompts.std() > 0
+
+
+def test_a_pack_of_sequences_shorter_than_the_mean_prompt_is_priced_at_its_tokens():
+    """Prompts spread: first-fit leaves a last pack of two short sequences (251 tokens each) under
+    the mean prompt (256); it is priced as 251 prompt tokens and no response, at its own tokens."""
+    from hetprof.planner.taskcosts import pack_tokens
+
+    assert pack_tokens(251.0, 256.0) == (0.0, 251.0)
+    assert pack_tokens(600.0, 256.0) == (344.0, 256.0)
+    spec = WorkloadSpec.from_dict({
+        "name": "spread", "algorithm": "grpo", "mode": "async", "models": {"actor": "qwen3-0.6b"},
+        "prompts_per_step": 128, "responses_per_prompt": 8, "mini_batches": 4,
+        "prompt_len": {"mean": 256, "max": 1024, "dist": "lognormal", "std": 128},
+        "response_len": {"mean": 512, "max": 1024, "dist": "lognormal", "std": 256},
+        "training": {"max_tokens_per_microbatch": 16384}})
+    sim = Simulator(cluster(), spec, PerCallAndToken(None), executable=True)
+    groups = sim.costs.packs(415)
+    assert any(length < sim.costs.prompt for _, length, _ in groups)
+    expected = sum(count * (0.01 + 1e-5 * n * length) for n, length, count in groups)
+    assert sim.replica_seconds("ref_infer", A[:1], 1, 1, 415) == pytest.approx(expected)
