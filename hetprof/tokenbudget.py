@@ -124,7 +124,12 @@ def pack_groups(prompt: float | np.ndarray, sorted_responses: np.ndarray, sequen
 def packed_shape(prompt: float | np.ndarray, sorted_responses: np.ndarray, sequences: int, budget: int) -> tuple[int, int]:
     """(packs, sequences in the fullest pack) of a packed pass over `sequences` sequences whose
     responses follow `sorted_responses` after a `prompt`-token prompt (see `pack_groups`)."""
-    groups = pack_groups(prompt, sorted_responses, sequences, budget)
+    return groups_shape(pack_groups(prompt, sorted_responses, sequences, budget), sequences)
+
+
+def groups_shape(groups: tuple[tuple[int, float, int], ...], sequences: int) -> tuple[int, int]:
+    """(packs, sequences in the fullest pack) of `sequences` sequences packed into `groups`
+    (`pack_groups`): every pack holds the same share when padded to the fullest."""
     m = sum(count for _, _, count in groups)
     return m, math.ceil(max(1, int(sequences)) / m)
 

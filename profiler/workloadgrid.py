@@ -20,7 +20,7 @@ import numpy as np
 
 from hetprof.models import ModelShape
 from hetprof.specs import WorkloadSpec
-from hetprof.tokenbudget import mean_pack, pack_groups, packed_shape, step_prompts
+from hetprof.tokenbudget import groups_shape, mean_pack, pack_groups, step_prompts
 
 # The planner's default seed for the step's sampled response lengths (planner/simulator.py).
 LENGTH_SEED = 0
@@ -106,8 +106,9 @@ def packed_points(workload: WorkloadSpec, batches: list[int],
             groups = pack_groups(prompts, responses, b, budget)
             common = sorted(groups, key=lambda g: -g[2])[:PACK_SHAPES_PER_BATCH]
             out |= {(n, max(1, round(length))) for n, length, _ in common}
-            out.add((packed_shape(prompts, responses, b, budget)[1], whole))
-            out.add(mean_pack(b, sum(count for _, _, count in groups), prompt + workload.response_len.mean))
+            packs, fullest = groups_shape(groups, b)
+            out.add((fullest, whole))
+            out.add(mean_pack(b, packs, prompt + workload.response_len.mean))
         return out
 
     return shapes(batches), shapes(train_batches)

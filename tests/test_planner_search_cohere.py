@@ -60,12 +60,16 @@ def test_cohere_gives_a_shared_group_one_shape_its_devices_allow():
     assert 0 < coherent < 8
 
 
-def test_a_new_best_queues_its_group_coherent_neighbours_and_they_are_tried_next():
+def _one_group_evolution() -> tuple:
+    """(simulator, assembler, evolution) of the arm with every task in one group on 4 GPUs a type."""
     sim = _sim()
-    types, by_type = gpu_types(sim), devices_by_type(sim)
-    arm = Arm((tuple(sim.tasks),), ((4,),), tuple(types))
+    arm = Arm((tuple(sim.tasks),), ((4,),), tuple(gpu_types(sim)))
     assembler = Assembler(sim, 8, 4)
-    evo = ArmEvolution(arm, 0, 0, assembler, by_type)
+    return sim, assembler, ArmEvolution(arm, 0, 0, assembler, devices_by_type(sim))
+
+
+def test_a_new_best_queues_its_group_coherent_neighbours_and_they_are_tried_next():
+    sim, assembler, evo = _one_group_evolution()
     genome = evo.seed_genome()
     near = evo.coherent_neighbours(genome)
     order = genome.orders[0]
@@ -84,11 +88,7 @@ def test_a_new_best_queues_its_group_coherent_neighbours_and_they_are_tried_next
 
 
 def test_coherent_neighbours_are_tried_fastest_first_by_the_tasks_own_seconds():
-    sim = _sim()
-    types, by_type = gpu_types(sim), devices_by_type(sim)
-    arm = Arm((tuple(sim.tasks),), ((4,),), tuple(types))
-    assembler = Assembler(sim, 8, 4)
-    evo = ArmEvolution(arm, 0, 0, assembler, by_type)
+    sim, assembler, evo = _one_group_evolution()
     genome = evo.seed_genome()
     listed = evo.coherent_neighbours(genome)
     # a made-up price per shape that inverts shape order: the rank must follow it, not the list

@@ -133,6 +133,15 @@ def test_response_columns_score_the_last_response_tokens():
     assert response_columns(1, 3, 9).tolist() == [[1, 1]]  # a response longer than the row: every column
 
 
+def _tiny_sweep(points: dict) -> tuple:
+    """(planned model, model, profiling context) of the tiny preset on CPU with `points` as the
+    `--workload` grid."""
+    tm = taskmodels.plan_model(PRESETS["tiny"], "fp32", None)
+    ctx = ProfileContext(db=None, host="t", device="cpu", device_id=None, quick=True, threads=1,
+                         options={"workload_points": points})
+    return tm, taskmodels.build(tm, "cpu"), ctx
+
+
 def test_packed_inference_points_time_the_runs_packed_pass(monkeypatch):
     """At a `--workload` packed inference point the prefill row times `packed_token_logprobs` (the
     function a run's reference and log-prob passes call) on one pack, scoring the response columns."""
@@ -145,10 +154,7 @@ def test_packed_inference_points_time_the_runs_packed_pass(monkeypatch):
         calls.append((tuple(ids.shape), int(mask.sum()), int(kw["needed"].sum())))
 
     monkeypatch.setattr(tasks, "packed_token_logprobs", spy)
-    tm = taskmodels.plan_model(PRESETS["tiny"], "fp32", None)
-    model = taskmodels.build(tm, "cpu")
-    ctx = ProfileContext(db=None, host="t", device="cpu", device_id=None, quick=True, threads=1,
-                         options={"workload_points": {"prefill": [(3, 10)], "packed_prefill": [(3, 10, 4)]}})
+    tm, model, ctx = _tiny_sweep({"prefill": [(3, 10)], "packed_prefill": [(3, 10, 4)]})
     cpu = torch.device("cpu")
     gen = torch.Generator().manual_seed(0)
     times = tasks.TIMERS["prefill"].time_point(ctx, model, tm, 3, 10, {}, cpu, Flusher(cpu), gen)
@@ -180,9 +186,9 @@ def test_measure_round_robin_time_budget_ends_a_slow_call_first():
 
     def slow() -> None:
         counts["slow"] += 1
-        time.sleep(0.03)
+        time.sleep(0.2)
 
-    policy = TimingPolicy(warmup=0, repeats=5, min_repeats=2, max_seconds=0.05)
+    policy = TimingPolicy(warmup=0, repeats=5, min_repeats=2, max_seconds=0.15)
     samples = measure_round_robin([Timed(slow), Timed(lambda: counts.__setitem__("fast", counts["fast"] + 1))],
                                   "cpu", policy)
     assert len(samples[0]) == 2  # over budget after its first repeat: stops at min_repeats
@@ -202,10 +208,7 @@ def test_packed_train_points_time_the_learners_packed_pass(monkeypatch):
         return real(model, ids, mask, temperature, **kw)
 
     monkeypatch.setattr(tasks, "packed_token_logprobs", spy)
-    tm = taskmodels.plan_model(PRESETS["tiny"], "fp32", None)
-    model = taskmodels.build(tm, "cpu")
-    ctx = ProfileContext(db=None, host="t", device="cpu", device_id=None, quick=True, threads=1,
-                         options={"workload_points": {"train": [(2, 8)], "packed_train": [(2, 8, 3)]}})
+    tm, model, ctx = _tiny_sweep({"train": [(2, 8)], "packed_train": [(2, 8, 3)]})
     cpu = torch.device("cpu")
     times = tasks.TIMERS["train"].time_point(ctx, model, tm, 2, 8, {}, cpu, Flusher(cpu), torch.Generator())
     assert calls == [((2, 8), True, 6)] * (ctx.policy.warmup + len(times))
@@ -227,10 +230,7 @@ def test_a_sweep_takes_turns_only_among_calls_a_run_makes_once(monkeypatch):
         return real(calls, device, policy)
 
     monkeypatch.setattr(tasks, "measure_round_robin", spy)
-    tm = taskmodels.plan_model(PRESETS["tiny"], "fp32", None)
-    model = taskmodels.build(tm, "cpu")
-    ctx = ProfileContext(db=None, host="t", device="cpu", device_id=None, quick=True, threads=1,
-                         options={"workload_points": {"packed_prefill": [(3, 8, 2)]}})
+    tm, model, ctx = _tiny_sweep({"packed_prefill": [(3, 8, 2)]})
     cpu, gen = torch.device("cpu"), torch.Generator()
     out = tasks.time_sweep(ctx, tasks.TIMERS["prefill"], model, tm, {}, [(2, 8), (3, 8), (4, 8)], cpu, Flusher(cpu), gen)
     assert groups == [2, 1] and all(len(t) >= ctx.policy.min_repeats for t in out)

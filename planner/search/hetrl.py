@@ -244,10 +244,10 @@ class HetRLSearch(Search):
             final = problem.exact or brackets >= 3
             survivor = halving.bracket(states, trials, budget, final=final)
             ranked_states.extend(states)
-            recording = time.perf_counter()
+            recording = ledger.clock()
             self._offer_shared(study.record(trials, distributions), ledger)
             # the last bracket's recording runs after the clock's last look: the reserve holds it
-            ledger.closing_s = max(ledger.closing_s, time.perf_counter() - recording)
+            ledger.closing_s = max(ledger.closing_s, ledger.clock() - recording)
             best_arm = survivor if best_arm is None or survivor.value <= best_arm.value else best_arm
             carry = survivor
             if problem.exact or ledger.exhausted or final:
