@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import multiprocessing
 import os
 import tempfile
 
@@ -31,6 +32,9 @@ from hetprof.executor.records import plan_hash
 from hetprof.executor.sizebounds import check_run_sizes
 from hetprof.processes import isolated_children
 from hetprof.specs import Plan
+
+# what the worker server imports before it forks workers (the runtime pulls in transformers)
+WORKER_PRELOAD = ("hetprof.executor.worker_entry", "hetprof.executor.runtime")
 
 
 def node_host(plan: Plan, nnodes: int, node_rank: int) -> str:
@@ -109,7 +113,7 @@ def launch(options: RunOptions, nnodes: int = 1, node_rank: int = 0, rdzv: str |
         # Node 0 hosts the rendezvous store: in a network namespace the host name does not resolve
         # to the address the other nodes use, so torch's own "is this me?" guess would fail.
         rdzv_configs={"is_host": node_rank == 0, "join_timeout": max(60, int(options.timeout_s))},
-        max_restarts=0, monitor_interval=0.2, start_method="spawn",
+        max_restarts=0, monitor_interval=0.2, start_method="forkserver",
         logs_specs=DefaultLogsSpecs(log_dir=log_dir), local_addr=local_addr,
         # seconds between SIGTERM and SIGKILL when the agent itself is signalled; after a worker
         # failure torch waits its own 30 s for a survivor that ignores SIGTERM
@@ -117,10 +121,13 @@ def launch(options: RunOptions, nnodes: int = 1, node_rank: int = 0, rdzv: str |
     )
     env_before = os.environ.get("OMP_NUM_THREADS")
     if plan_is_cpu(plan):
-        os.environ["OMP_NUM_THREADS"] = "1"  # one core per `cpu` slot, inherited by the spawned workers
+        os.environ["OMP_NUM_THREADS"] = "1"  # one core per `cpu` slot, inherited by the worker server and its workers
     # The agent logs each failure with its traceback at ERROR; the summary below says it once, in
     # the plan's words, and points at the files that keep the tracebacks.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    # Workers fork from one server that imported torch and the runtime once: spawned, each worker
+    # imported them itself, seconds of CPU apiece, and a host with fewer cores than workers waited.
+    multiprocessing.set_forkserver_preload(list(WORKER_PRELOAD))
     try:
         with isolated_children():  # workers, and the resource tracker, never import from the plan's folder
             elastic_launch(config, worker_main)(options, host)

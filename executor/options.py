@@ -1,7 +1,7 @@
 """What `hetprof run` passes to every worker besides the plan: one frozen record of plain values.
 
 Its own module so the launcher, the worker entry point and the per-rank roles all read it without
-importing each other (the spawn start method pickles it into each worker process).
+importing each other (the start method pickles it into each worker process).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from hetprof.errors import HetprofError
 
 @dataclasses.dataclass(frozen=True)
 class RunOptions:
-    """Everything a worker needs besides the plan; plain values so the spawn start method can send it."""
+    """Everything a worker needs besides the plan; plain values so the start method can send it."""
 
     plan_path: str
     iterations: int = 20

@@ -1,10 +1,11 @@
-"""The first code a spawned worker runs: pick its device, join the process group, run, tear down.
+"""The first code a worker runs: pick its device, join the process group, run, tear down.
 
 Torch's elastic agent starts one process per planned device of the host and sets RANK, WORLD_SIZE,
 LOCAL_RANK, MASTER_ADDR and MASTER_PORT; local rank i runs the host's i-th planned device.
 
 The launcher imports this module only to name `worker_main`; the runtime (and with it transformers)
-is imported inside the worker, so the launching process stays light.
+is imported by the server workers fork from (`launch.WORKER_PRELOAD`) or inside the worker, never in the
+launching process, so it stays light.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from hetprof.specs import Plan
 
 
 def worker_main(options: RunOptions, host: str) -> None:
-    """Entry point of one spawned worker.
+    """Entry point of one worker process.
 
     A failed worker leaves at once: its error is already in the agent's error file, and the
     interpreter's normal teardown would run gloo's destructors, which can wait forever on a hung peer.
