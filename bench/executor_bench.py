@@ -229,7 +229,21 @@ def _run(work: Path, db: Path, iterations: int, name: str, prep: float) -> dict:
             "iterations": len(records), "layouts": {t["task"]: t["layout"] for t in plan["tasks"]},
             "per_task": {task: (statistics.median(r["stages"][task] for r in steady if task in r["stages"]),
                                 steady[0]["predicted"].get(task)) for task in steady[0]["stages"]},
+            "replicas": replica_medians(steady),
             "reward_first": records[0]["reward_mean"], "reward_last": records[-1]["reward_mean"]}
+
+
+def replica_medians(steady: list[dict]) -> dict[str, tuple[list[float], int]]:
+    """Per task of several replicas: each replica's median seconds, and in how many steps replica 0
+    was the slowest (a stage waits for its slowest; a replica slower in most steps is a rank's own
+    work, not chance)."""
+    out = {}
+    for task in steady[0].get("replicas", {}):
+        rows = [r["replicas"][task] for r in steady if len(r["replicas"].get(task, [])) > 1]
+        if rows:
+            out[task] = ([statistics.median(x[i] for x in rows) for i in range(len(rows[0]))],
+                         sum(x[0] > max(x[1:]) for x in rows))
+    return out
 
 
 # ---- 2b: the same overhead with TensorBoard on and off ----------------------------------------
@@ -529,6 +543,10 @@ def main() -> None:
     for run in runs:
         console.print(f"fit on {run['fitted_on']}: layouts {run['layouts']}; reward {run['reward_first']:.3f} → "
                       f"{run['reward_last']:.3f}; profile+fit+plan {run['prep_s']:.0f} s, run {run['run_s']:.0f} s")
+        steps = run["iterations"] - (2 if run["iterations"] > 4 else 1)
+        console.print("  per replica, median ms (replica 0 the slowest in k of the steady steps): " + "; ".join(
+            f"{task} {' / '.join(f'{m * 1e3:.1f}' for m in medians)} ({k}/{steps})"
+            for task, (medians, k) in run["replicas"].items()))
 
 
 if __name__ == "__main__":

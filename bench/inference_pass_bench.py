@@ -15,7 +15,8 @@ them, each round and in the same process:
   run makes once after other work (generation's prefill) but not for a pass's packs, which follow
   each other;
 and generation's prefill after training steps against the same call after each of these
-(`prefill_flushes`).
+(`prefill_flushes`), and after the profiler's turns spaced out to a run's iteration, by training
+steps or by sleep (a run's call comes round once an iteration, the profiler's once a grid turn).
 The planner prices the pass as its whole packs, each at its own row (planner/taskcosts.py); the old
 row is scaled as sequences / pack size, as it was priced. Times are the thread's
 CPU seconds, so other tenants of a shared machine do not enter them; each ratio is the median of
@@ -46,6 +47,7 @@ from hetprof.profiler.timing import Flusher
 from hetprof.tokenbudget import micro_batches_by_tokens
 
 BUDGET, RESPONSE, SEQUENCES = 512, 3, 32
+RUN_ITERATION_S = 0.38  # the executor bench's packed iteration: how long before a run's call comes round again
 
 
 def grid_turn(model: torch.nn.Module, gen: torch.Generator):
@@ -199,14 +201,25 @@ def prefill_flushes(rounds: int) -> None:
 
     def train() -> None:  # a learner's packed steps, as precede the next iteration's generation
         for _ in range(8):
-            opt.zero_grad()
-            (-packed_token_logprobs(actor, ids, mask, max_tokens=BUDGET).sum()).backward()
-            opt.step()
+            step()
+
+    def step() -> None:
+        opt.zero_grad()
+        (-packed_token_logprobs(actor, ids, mask, max_tokens=BUDGET).sum()).backward()
+        opt.step()
 
     turn = grid_turn(model, gen)
+    t0 = time.perf_counter()
+    step()
+    gap_steps = max(1, round(RUN_ITERATION_S / (time.perf_counter() - t0)))
     evictions = {"warm (back to back)": lambda: None, "core's caches evicted": core,
                  "last-level cache evicted too": lambda: (core(), llc.fill_(1.0)),
-                 "in turns with the prefill grid, core's caches evicted (the profiler's)": lambda: (turn(), core())}
+                 "in turns with the prefill grid, core's caches evicted (the profiler's)": lambda: (turn(), core()),
+                 # a run's call comes an iteration after its last: is the profiler's shorter spacing the gap?
+                 f"the profiler's, then {gap_steps} training steps (an iteration's gap)":
+                     lambda: (turn(), [step() for _ in range(gap_steps)], core()),
+                 f"the profiler's, then {RUN_ITERATION_S * 1e3:.0f} ms asleep":
+                     lambda: (turn(), time.sleep(RUN_ITERATION_S), core())}
     times: dict[str, list[float]] = {}
     for _ in range(rounds):
         train()

@@ -4,7 +4,9 @@ Ranks hand their report to the leader without waiting for anyone: a blocking gat
 each iteration would make the loop wait for the slowest rank. The other ranks send theirs without
 blocking on a group of its own; the leader's record thread receives them in iteration order, builds
 the record (run_record.py) and writes it while the next iteration runs, so bookkeeping adds no
-latency to the RL work.
+latency to the RL work. That thread runs at the lowest CPU priority (`cpuslots.yield_to_work`): on
+a `cpu` slot it shares the worker's core, and at normal priority it ran through the next
+generation's prefill, making generation replica 0 the stage's slowest in nearly every step.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 import torch.distributed as dist
 from rich.console import Console
 
+from hetprof.cpuslots import yield_to_work
 from hetprof.executor import checkpoint
 from hetprof.executor.dispatch import receive_or_explain
 from hetprof.executor.iteration_report import IterationReport
@@ -44,7 +47,8 @@ class Recorder:
         self.context: RecordContext | None = None  # set by `start` (the run's name is known after resume)
         self.log = RunLog(options.log) if self.is_leader else None
         self.db_writer = DBWriter(options.db) if self.is_leader and options.db else None
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hetprof-records")
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hetprof-records",
+                                          initializer=yield_to_work)  # the worker's core is the work's
         self._pending: list[Future] = []
         self.tensorboard: TensorBoardLog | None = None
         self.progress: RunProgress | None = None

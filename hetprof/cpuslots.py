@@ -10,6 +10,8 @@ the rows that priced it, which one profiler process had timed with every other c
 sides now time work on a core of their own (docs/DESIGN.md §10 has the figures).
 
 Threads a process starts after binding inherit its core (gloo's loops, vLLM's engine threads).
+A helper thread of hetprof's own that shares a worker's core (the leader's record thread) runs at
+the lowest CPU priority (`yield_to_work`), so it takes the core only while the worker's thread waits.
 Platforms without `sched_setaffinity` (macOS) are left as they are.
 """
 
@@ -17,6 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
+import threading
 from collections.abc import Iterator
 
 
@@ -65,3 +69,11 @@ def on_slot_core(index: int, slots: int) -> Iterator[int | None]:
     finally:
         if core is not None:
             os.sched_setaffinity(0, before)
+
+
+def yield_to_work() -> None:
+    """Run the calling thread at the lowest CPU priority (nice 19), so it takes its core only while the
+    process's working thread waits (module docstring). Linux keeps a nice value per thread; other
+    platforms would lower the whole process, so there the thread is left as it is."""
+    if sys.platform.startswith("linux"):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import sys
+import threading
 
 import pytest
 
@@ -47,3 +49,19 @@ def test_on_slot_core_binds_for_the_block_and_gives_the_cores_back():
         assert core == min(before)
         assert os.sched_getaffinity(0) == {core}
     assert os.sched_getaffinity(0) == before
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a per-thread nice value is Linux's")
+def test_yield_to_work_lowers_only_the_calling_thread():
+    seen = {}
+
+    def helper():
+        cpuslots.yield_to_work()
+        seen["helper"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    thread = threading.Thread(target=helper)
+    thread.start()
+    thread.join()
+    assert seen["helper"] == 19
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before  # the working thread keeps its own
