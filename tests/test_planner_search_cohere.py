@@ -78,11 +78,14 @@ def test_a_new_best_queues_its_group_coherent_neighbours_and_they_are_tried_next
     for child in near:
         assert child.orders == genome.orders
         rest = {s for t, s in child.shapes if t != "actor_gen"}
-        assert len(rest) == 1 and rest <= common
+        changed = [t for t, s in child.shapes if s != genome.shape_map()[t]]
+        assert (len(rest) == 1 and rest <= common) or len(changed) == 1     # a group's shape, or one task's
+    group, single = evo.group_reshapes(genome, set()), evo.task_reshapes(genome, set(evo.group_reshapes(genome, set())))
+    assert near[0] == group[0] and near[1] == single[0] and set(near) == set(group) | set(single)
     assert evo.coherent_neighbours(genome) == near          # deterministic
     evo.advance(1, lambda cand: 1.0, lambda: False)         # the first genome is a new best
     assert evo.pending_from == evo.population[0][1]         # listed when the arm goes on
-    tried = evo.coherent_neighbours(evo.pending_from)[-1]
+    tried = evo.coherent_neighbours(evo.pending_from)[0]
     evo.advance(1, lambda cand: 2.0, lambda: False)
     assert tried in evo.seen
 
@@ -90,13 +93,28 @@ def test_a_new_best_queues_its_group_coherent_neighbours_and_they_are_tried_next
 def test_coherent_neighbours_are_tried_fastest_first_by_the_tasks_own_seconds():
     sim, assembler, evo = _one_group_evolution()
     genome = evo.seed_genome()
-    listed = evo.coherent_neighbours(genome)
+    listed = evo.group_reshapes(genome, set())
     # a made-up price per shape that inverts shape order: the rank must follow it, not the list
     assembler.own_seconds = lambda task, order, shape: 100.0 - 10 * shape[0] - shape[1]
-    near = evo.coherent_neighbours(genome)
+    near = evo.group_reshapes(genome, set())
     assert set(near) == set(listed) and near != listed
-    common = [s for t, s in near[-1].shapes if s != genome.shape_map()[t]]
+    common = [s for t, s in near[0].shapes if s != genome.shape_map()[t]]
     best = max(s for c in near for t, s in c.shapes if s != genome.shape_map()[t])
-    assert common and common[0] == best        # pop() takes the cheapest reshape first
+    assert common and common[0] == best        # the cheapest reshape is tried first
     # deterministic: the same genome lists the same neighbours
-    assert evo.coherent_neighbours(genome) == near
+    assert evo.group_reshapes(genome, set()) == near
+
+
+def test_each_task_alone_is_tried_on_its_fastest_other_shape_best_ratio_first():
+    sim, assembler, evo = _one_group_evolution()
+    genome = evo.seed_genome()
+    now = genome.shape_map()
+    # made-up prices: actor_train gains most from TP4 (a tenth of its time), ref_infer a half
+    price = {("actor_train", (4, 1)): 1.0, ("ref_infer", (2, 1)): 5.0}
+    assembler.own_seconds = lambda task, order, shape: 10.0 if shape == now[task] else price.get((task, shape), 20.0)
+    single = evo.task_reshapes(genome, set())
+    changes = [[(t, s) for t, s in c.shapes if s != now[t]] for c in single]
+    assert all(len(c) == 1 for c in changes) and len({c[0][0] for c in changes}) == len(changes)
+    assert changes[0] == [("actor_train", (4, 1))] and changes[1] == [("ref_infer", (2, 1))]
+    # every placed task is offered one (shared memory may favour a shape that is not fastest alone)
+    assert {c[0][0] for c in changes} == set(sim.tasks) - {"actor_logprob"}

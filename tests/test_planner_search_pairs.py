@@ -123,3 +123,57 @@ def test_screening_scores_each_head_arm_once_and_ranks_them_by_it():
     assert values == sorted(values) and math.isfinite(values[0])
     assert all(search._states[a].evaluations <= 1 for a in head)
     assert ledger.evaluations == sum(search._states[a].evaluations for a in head) >= 10
+
+
+def test_region_pair_arms_put_each_group_of_a_colocated_grouping_on_its_own_region():
+    from hetprof.planner.search.arms import region_pair_arms, region_pools
+
+    sim = _sim()
+    types, by_type = gpu_types(sim), devices_by_type(sim)     # A100-40GB, L4, L40S
+    pools = region_pools(sim, types)
+    assert pools == [((2, 0, 0), "east"), ((0, 2, 0), "north"), ((2, 0, 2), "west")]
+    grouping = (("actor_gen", "actor_train"), ("actor_logprob",))
+    arms = region_pair_arms(grouping, pools, types)
+    assert len(arms) == 6 and region_pair_arms((grouping[0],), pools, types) == []
+    arm = next(a for a in arms if a.regions == ("west", "east"))
+    assert arm.counts == ((2, 0, 2), (2, 0, 0))
+    orders = initial_orders(arm, by_type, 0, np.random.default_rng(0), lambda d: sim.devices[d].region)
+    assert {sim.devices[d].region for d in orders[0]} == {"west"} and len(orders[0]) == 4
+    assert {sim.devices[d].region for d in orders[1]} == {"east"}
+    # the structured list pairs regions for generation alone only: these arms are new
+    structured = structured_arms(all_groupings(sim), types, [len(by_type[t]) for t in types],
+                                 pairs=pool_pairs(sim, types), trainers=one_region_pools(sim, types))
+    assert not set(arms) & set(structured)
+
+
+def test_screening_adds_region_pairs_of_the_best_screened_colocated_groupings():
+    from hetprof.planner.search import SearchContext
+    from hetprof.planner.search.base import Ledger
+    from hetprof.planner.search.hetrl import HetRLConfig, HetRLSearch
+    from hetprof.planner.search.parallel import EvaluationPool
+    from hetprof.planner.search.space import Assembler
+
+    def screened(pairs: int) -> tuple[list, list, HetRLSearch]:
+        ctx = SearchContext(sim=_sim(), max_evals=10_000,
+                            config=HetRLConfig(enumerate_limit=0, screen_arms=40, pair_groupings=pairs))
+        search = HetRLSearch(ctx)
+        problem, _, structured = search._problem()
+        search._assembler, search._states, search._seeds, search._resumed = Assembler(ctx.sim), {}, {}, {}
+        ledger = Ledger(ctx)
+        return search._screen(structured, problem, ledger, EvaluationPool(ledger, 1, 8, 4)), structured, search
+
+    plain, structured, _ = screened(0)
+    ranked, _, search = screened(2)
+    added = [a for a in ranked if a not in set(structured)]
+    # two colocated groupings (generation alone is paired already), each on the 6 ordered pairs of
+    # the 3 regions, scored once and ranked with the head
+    assert len({a.grouping for a in added}) == 2 and len(added) == 12
+    assert all(a.grouping[0] != ("actor_gen",) for a in added)
+    assert all(len(set(a.regions)) == 2 and None not in a.regions for a in added)
+    assert all(search._states[a].evaluations == 1 for a in added)
+    head = ranked[:40 + len(added)]
+    values = [search._states[a].value for a in head]
+    assert values == sorted(values)
+    assert ranked[len(head):] == plain[40:] and set(plain[:40]) <= set(head)
+    # on this cluster a colocated grouping split across two regions screens among the best few
+    assert any(a in added for a in ranked[:4])

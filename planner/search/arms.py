@@ -188,6 +188,28 @@ def pool_pairs(sim: Simulator, types: Sequence[str]) -> list[tuple[tuple[tuple[i
     return sorted(((a, b) for a in pools for b in pools if a is not b and disjoint(a, b)), key=rank)
 
 
+def region_pools(sim: Simulator, types: Sequence[str]) -> list[tuple[tuple[int, ...], str]]:
+    """Each region's whole GPU pool as counts per type, regions in name order; none on one region."""
+    count: dict[tuple[str, str], int] = {}
+    for d in sim.devices.values():
+        count[d.type, d.region] = count.get((d.type, d.region), 0) + 1
+    regions = sorted({r for _, r in count})
+    if len(regions) < 2:
+        return []
+    return [(tuple(count.get((t, r), 0) for t in types), r) for r in regions]
+
+
+def region_pair_arms(grouping: Grouping, pools: Sequence[tuple[tuple[int, ...], str]],
+                     types: Sequence[str]) -> list[Arm]:
+    """A two-group grouping with each group on a different region's whole pool, every ordered pair
+    (`pools` from `region_pools`): the disaggregated plan of a geo-distributed cluster for groupings
+    other than generation alone, where each group's traffic stays in its datacenter."""
+    if len(grouping) != 2:
+        return []
+    return [Arm(grouping, (ca, cb), tuple(types), None, (ra, rb))
+            for ca, ra in pools for cb, rb in pools if ra != rb and sum(ca) and sum(cb)]
+
+
 def host_splits(sim: Simulator, types: Sequence[str]) -> list[tuple[tuple[tuple[int, ...], str], ...]]:
     """On a one-region cluster, the disaggregated plans a pair of pools names elsewhere: generation
     alone on whole hosts of one GPU type (a block at every host boundary of its locality order), the

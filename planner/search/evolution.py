@@ -110,7 +110,7 @@ class ArmEvolution:
         self.best_value = math.inf
         self.best_candidate: Candidate | None = None
         self.exhausted = False
-        self.pending: list[Genome] = []     # group-coherent neighbours of a new best, tried next
+        self.pending: list[Genome] = []     # reshapes of a new best (`coherent_neighbours`), tried next, in order
         self.pending_from: Genome | None = None     # a new best whose neighbours are listed when next needed
 
     # ---- genomes --------------------------------------------------------------------------------
@@ -226,15 +226,21 @@ class ArmEvolution:
         return set_common_shape(tasks, shapes, lambda t: self.assembler.shapes_for(t, orders[g]), self.rng)
 
     def coherent_neighbours(self, genome: Genome) -> list[Genome]:
-        """Every group-coherent reshape of a genome: per shared group and common shape, the group's
-        tasks (all, or all but generation) set to it; the moves alone are too rare to chain.
+        """The reshapes tried after a new best, in turns: group-wide (`group_reshapes`) and one
+        task alone (`task_reshapes`); each list likeliest first, replaced at the next new best."""
+        seen: set[Genome] = set()
+        return _alternate(self.group_reshapes(genome, seen), self.task_reshapes(genome, seen))
 
-        Listed so that `pop()` takes the likeliest first: by the reshaped tasks' own seconds summed
-        (`_own_seconds`; colocated tasks run one after another), then in shape order. A good
-        reshape can sit anywhere in shape order, and the list is replaced at the next new best.
+    def group_reshapes(self, genome: Genome, seen: set[Genome]) -> list[Genome]:
+        """Every group-coherent reshape of a genome not in `seen` (which it extends): per shared group
+        and common shape, the group's tasks (all, or all but generation) set to it; the moves alone
+        are too rare to chain.
+
+        Listed likeliest first: by the reshaped tasks' own seconds summed (`_own_seconds`;
+        colocated tasks run one after another), then in shape order. A good reshape can sit
+        anywhere in shape order.
         """
         ranked: list[tuple[float, int, Genome]] = []
-        seen: set[Genome] = set()
         for g, tasks in enumerate(self.arm.grouping):
             rest = [t for t in tasks if TASK_KIND[Task(t)] != TaskKind.GENERATION]
             for names in [tuple(tasks)] + ([tuple(rest)] if len(rest) < len(tasks) else []):
@@ -248,8 +254,30 @@ class ArmEvolution:
                     if child != genome and child not in self.seen and child not in seen:
                         seen.add(child)
                         ranked.append((self._own_seconds(names, genome.orders[g], shape), len(ranked), child))
-        ranked.sort(key=lambda r: (r[0], r[1]), reverse=True)
+        ranked.sort(key=lambda r: (r[0], r[1]))
         return [child for _, _, child in ranked]
+
+    def task_reshapes(self, genome: Genome, seen: set[Genome]) -> list[Genome]:
+        """Per task, the genome with that task alone on its fastest other shape by own seconds (not
+        in `seen`, which it extends), best first by the ratio to the task's current own seconds.
+
+        A random reshape reaches one given task's shape once in tasks × shapes moves: the training
+        shapes the long searches settled on waited about a thousand evaluations for it."""
+        out: list[tuple[float, int, Genome]] = []
+        current = genome.shape_map()
+        for g, tasks in enumerate(self.arm.grouping):
+            for task in tasks:
+                now = self._own_seconds((task,), genome.orders[g], current[task])
+                options = [s for s in self.assembler.shapes_for(task, genome.orders[g]) if s != current[task]]
+                if not options:
+                    continue
+                secs, shape = min((self._own_seconds((task,), genome.orders[g], s), s) for s in options)
+                child = Genome(genome.orders, tuple(sorted({**current, task: shape}.items())))
+                if math.isfinite(secs) and child not in self.seen and child not in seen:
+                    seen.add(child)
+                    out.append((secs / now if math.isfinite(now) and now > 0 else 0.0, len(out), child))
+        out.sort(key=lambda r: (r[0], r[1]))
+        return [child for _, _, child in out]
 
     def _own_seconds(self, tasks: Sequence[str], order: Sequence[str], shape: ShapeChoice) -> float:
         """The tasks' own seconds summed at `shape` on the group's devices (inf where one has no
@@ -286,7 +314,7 @@ class ArmEvolution:
             if self.pending_from is not None:   # listed only when the arm goes on: ranking builds layouts
                 self.pending, self.pending_from = self.coherent_neighbours(self.pending_from), None
             if self.pending:
-                genome = self.pending.pop()
+                genome = self.pending.pop(0)
             elif self.variant < SEED_VARIANTS and len(self.population) < 2:
                 genome = self.seed_genome()
             elif self.population:
@@ -335,6 +363,14 @@ class ArmEvolution:
             if value < self.best_value:
                 self.best_value, self.best_candidate = value, cand
             self.adopt(genome_from_candidate(cand, all_devices), ledger)
+
+
+def _alternate(first: list[Genome], second: list[Genome]) -> list[Genome]:
+    """The two lists taken in turns, each in its own order (a group-wide and a one-task reshape)."""
+    out: list[Genome] = []
+    for i in range(max(len(first), len(second))):
+        out += first[i:i + 1] + second[i:i + 1]
+    return out
 
 
 def set_common_shape(tasks: Sequence[str], shapes: dict[str, ShapeChoice],

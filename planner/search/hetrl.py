@@ -31,6 +31,7 @@ evaluations, never seconds.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +46,8 @@ from hetprof.planner.search.arms import (
     one_region_pools,
     pool_pairs,
     region_cuts,
+    region_pair_arms,
+    region_pools,
     structured_arms,
     sub_pools,
 )
@@ -72,6 +75,7 @@ STAGE_EVALS = 400           # the first stage's evaluation budget; every later s
 MILP_FROM = 3200            # stages with at least this budget ask the MILP for arms ...
 MILP_GROUPINGS = 2          # ... for the best-ranked groupings not solved yet
 MILP_MAX = 3                # groupings the MILP is solved for in one run, at most
+PAIR_GROUPINGS = 3          # best-screened two-group groupings also tried on each ordered pair of regions
 SCREEN_ARMS = 243           # structured arms scored on one seed each before the first stage (what 3200 evaluations afford)
 
 
@@ -81,6 +85,8 @@ class HetRLConfig(SearchConfig):
     milp_arms: bool = knob(True, "seed arms from the restricted MILP on problems too large to enumerate")
     screen_arms: int = knob(SCREEN_ARMS, "structured arms scored on one seed placement each before the first "
                                          "stage and then taken in that rank (0: in list order)", 0)
+    pair_groupings: int = knob(PAIR_GROUPINGS, "best-screened two-group groupings also screened with each group "
+                                               "on another region's whole pool (0: none)", 0)
     milp_from: int = knob(MILP_FROM, "the least stage budget (evaluations) at which the MILP is asked", 1)
     sub_pools: bool = knob(True, "objective cost: also search each one-region and one-GPU-type sub-cluster alone")
     pool_pairs: bool = knob(True, "arms with generation on one region's pool and the rest on another's, and "
@@ -266,7 +272,30 @@ class HetRLSearch(Search):
         states = [self._state(arm, problem, ledger) for arm in head]
         pool.advance(states, 1, ledger.deadline, lambda: ledger.exhausted)
         order = sorted(range(len(head)), key=lambda i: (states[i].value, i))
-        return [head[i] for i in order] + structured[len(head):]
+        head = [head[i] for i in order]
+        paired = self._region_pairs(head, structured, problem)
+        pair_states = [self._state(arm, problem, ledger) for arm in paired]
+        pool.advance(pair_states, 1, ledger.deadline, lambda: ledger.exhausted)
+        screened = sorted(head + paired, key=lambda a: self._states[a].value)     # stable: ties keep list order
+        return screened + structured[len(head):]
+
+    def _region_pairs(self, ranked: list[Arm], structured: list[Arm], problem: _Problem) -> list[Arm]:
+        """Region-pair arms (`region_pair_arms`) for the best-screened two-group groupings: the list
+        pairs regions only for generation alone, and a colocated grouping that screens well on one
+        region's pool is often fastest split across two (each group's traffic in its datacenter)."""
+        pools = region_pools(self.ctx.sim, problem.types) if self.config.pair_groupings else []
+        known, tried = set(structured), set()
+        out: list[Arm] = []
+        for arm in ranked:
+            if len(tried) >= self.config.pair_groupings or not pools:
+                break
+            if arm.grouping in tried or not math.isfinite(self._states[arm].value):
+                continue
+            new = [a for a in region_pair_arms(arm.grouping, pools, problem.types) if a not in known]
+            if new:                     # groupings the list already pairs (generation alone) do not count
+                tried.add(arm.grouping)
+                out += new
+        return out
 
     def _state(self, arm: Arm, problem: _Problem, ledger: Ledger) -> ArmEvolution:
         """The arm's evolution: continued when met before, else started warmed (`_warm`)."""
