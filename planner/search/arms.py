@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -123,12 +124,15 @@ def _split_one_kind(grouping: Grouping, types: Sequence[str], totals: Sequence[i
     return out
 
 
+def type_region_counts(sim: Simulator) -> Counter[tuple[str, str]]:
+    """The cluster's GPUs counted per (type, region)."""
+    return Counter((d.type, d.region) for d in sim.devices.values())
+
+
 def sub_pools(sim: Simulator, types: Sequence[str]) -> list[tuple[tuple[int, ...], str | None]]:
     """The sub-pools a user would try by hand: each region, each GPU type, each type within a
     region — as GPU counts per type, with the region the GPUs must come from (None: any)."""
-    count: dict[tuple[str, str], int] = {}
-    for d in sim.devices.values():
-        count[d.type, d.region] = count.get((d.type, d.region), 0) + 1
+    count = type_region_counts(sim)
     regions = sorted({r for _, r in count})
     pools: list[tuple[tuple[int, ...], str | None]] = []
     if len(regions) > 1:
@@ -153,13 +157,11 @@ def one_region_pools(sim: Simulator, types: Sequence[str]) -> list[tuple[tuple[i
     """Each region's GPUs, and each GPU type's within a region that has several, as counts per type
     with their region, most bf16 FLOPs first (training is compute-bound: the pool that would train
     fastest is offered first); none on a one-region cluster."""
-    count: dict[tuple[str, str], int] = {}
-    for d in sim.devices.values():
-        count[d.type, d.region] = count.get((d.type, d.region), 0) + 1
-    regions = sorted({r for _, r in count})
-    if len(regions) < 2:
+    pools = region_pools(sim, types)
+    if not pools:
         return []
-    pools = [(tuple(count.get((t, r), 0) for t in types), r) for r in regions]
+    count = type_region_counts(sim)
+    regions = [r for _, r in pools]
     pools += [(tuple(count.get((u, r), 0) if u == t else 0 for u in types), r) for r in regions for t in types
               if count.get((t, r)) and sum(1 for (_, rr) in count if rr == r) > 1]
     flops = [sim.catalog.lookup(t).peak_flops("bf16") for t in types]
@@ -190,9 +192,7 @@ def pool_pairs(sim: Simulator, types: Sequence[str]) -> list[tuple[tuple[tuple[i
 
 def region_pools(sim: Simulator, types: Sequence[str]) -> list[tuple[tuple[int, ...], str]]:
     """Each region's whole GPU pool as counts per type, regions in name order; none on one region."""
-    count: dict[tuple[str, str], int] = {}
-    for d in sim.devices.values():
-        count[d.type, d.region] = count.get((d.type, d.region), 0) + 1
+    count = type_region_counts(sim)
     regions = sorted({r for _, r in count})
     if len(regions) < 2:
         return []
