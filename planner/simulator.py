@@ -157,7 +157,7 @@ class Simulator:
         return score
 
     def _infeasible(self, candidate: Candidate, problems: list[str], **kw) -> Score:
-        price = sum(self.price.get(d, 0.0) for d in set(candidate.devices()))
+        price = sum(self.price.get(d, 0.0) for d in sorted(set(candidate.devices())))
         return Score(math.inf, False, tuple(problems), price_per_hour=price, **kw)
 
     def with_followers(self, cand: Candidate) -> tuple[dict[str, TaskLayout], tuple[tuple[str, ...], ...]]:
@@ -218,7 +218,7 @@ class Simulator:
             task_devices={t: layouts[t].devices() for t in tasks_all})
         result = simulate(schedule)
         it = result.iteration_s
-        price = sum(self.price[d] for d in set(cand.devices()))
+        price = sum(self.price[d] for d in sorted(set(cand.devices())))
         bottleneck = max(result.breakdown.items(), key=lambda kv: kv[1])[0] if result.breakdown else ""
         return Score(
             iteration_s=it, feasible=True, violations=(), breakdown=result.breakdown, bottleneck=bottleneck,
