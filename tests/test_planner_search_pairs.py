@@ -101,22 +101,26 @@ def test_a_one_region_cluster_gets_generation_on_whole_hosts_of_one_type_most_ba
     assert host_splits(_sim(), gpu_types(_sim())) == []      # several regions: pool pairs name these
 
 
-def test_screening_scores_each_head_arm_once_and_ranks_them_by_it():
-    import math
-
+def _screened(**config) -> tuple[list, list, object, object]:
+    """hetrl's screen alone on `_sim()`: (ranked arms, the structured list, the search, its ledger)."""
     from hetprof.planner.search import SearchContext
     from hetprof.planner.search.base import Ledger
     from hetprof.planner.search.hetrl import HetRLConfig, HetRLSearch
     from hetprof.planner.search.parallel import EvaluationPool
     from hetprof.planner.search.space import Assembler
 
-    ctx = SearchContext(sim=_sim(), max_evals=10_000, config=HetRLConfig(enumerate_limit=0, screen_arms=12))
+    ctx = SearchContext(sim=_sim(), max_evals=10_000, config=HetRLConfig(enumerate_limit=0, **config))
     search = HetRLSearch(ctx)
     problem, _, structured = search._problem()
-    search._assembler, search._states, search._seeds = Assembler(ctx.sim), {}, {}
-    search._resumed = {}
+    search._assembler, search._states, search._seeds, search._resumed = Assembler(ctx.sim), {}, {}, {}
     ledger = Ledger(ctx)
-    ranked = search._screen(structured, problem, ledger, EvaluationPool(ledger, 1, 8, 4))
+    return search._screen(structured, problem, ledger, EvaluationPool(ledger, 1, 8, 4)), structured, search, ledger
+
+
+def test_screening_scores_each_head_arm_once_and_ranks_them_by_it():
+    import math
+
+    ranked, structured, search, ledger = _screened(screen_arms=12)
     head = structured[:12]
     assert sorted(ranked[:12], key=head.index) == head and ranked[12:] == structured[12:]
     values = [search._states[a].value for a in ranked[:12]]
@@ -147,23 +151,8 @@ def test_region_pair_arms_put_each_group_of_a_colocated_grouping_on_its_own_regi
 
 
 def test_screening_adds_region_pairs_of_the_best_screened_colocated_groupings():
-    from hetprof.planner.search import SearchContext
-    from hetprof.planner.search.base import Ledger
-    from hetprof.planner.search.hetrl import HetRLConfig, HetRLSearch
-    from hetprof.planner.search.parallel import EvaluationPool
-    from hetprof.planner.search.space import Assembler
-
-    def screened(pairs: int) -> tuple[list, list, HetRLSearch]:
-        ctx = SearchContext(sim=_sim(), max_evals=10_000,
-                            config=HetRLConfig(enumerate_limit=0, screen_arms=40, pair_groupings=pairs))
-        search = HetRLSearch(ctx)
-        problem, _, structured = search._problem()
-        search._assembler, search._states, search._seeds, search._resumed = Assembler(ctx.sim), {}, {}, {}
-        ledger = Ledger(ctx)
-        return search._screen(structured, problem, ledger, EvaluationPool(ledger, 1, 8, 4)), structured, search
-
-    plain, structured, _ = screened(0)
-    ranked, _, search = screened(2)
+    plain, structured, _, _ = _screened(screen_arms=40, pair_groupings=0)
+    ranked, _, search, _ = _screened(screen_arms=40, pair_groupings=2)
     added = [a for a in ranked if a not in set(structured)]
     # two colocated groupings (generation alone is paired already), each on the 6 ordered pairs of
     # the 3 regions, scored once and ranked with the head
