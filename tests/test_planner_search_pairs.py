@@ -5,8 +5,14 @@ from __future__ import annotations
 import numpy as np
 
 from hetprof.costmodels import get_cost_model
-from hetprof.planner.search.arms import host_splits, one_region_pools, pool_pairs, structured_arms
-from hetprof.planner.search.evolution import initial_orders
+from hetprof.planner.search.arms import (
+    host_splits,
+    one_region_pools,
+    pool_pairs,
+    region_cuts,
+    structured_arms,
+)
+from hetprof.planner.search.seeding import initial_orders
 from hetprof.planner.search.space import all_groupings, devices_by_type, gpu_types
 from hetprof.planner.simulator import Simulator
 from hetprof.specs import ClusterSpec, WorkloadSpec
@@ -166,3 +172,23 @@ def test_screening_adds_region_pairs_of_the_best_screened_colocated_groupings():
     assert ranked[len(head):] == plain[40:] and set(plain[:40]) <= set(head)
     # on this cluster a colocated grouping split across two regions screens among the best few
     assert any(a in added for a in ranked[:4])
+
+
+def test_a_seed_placement_takes_each_later_kind_from_the_regions_its_group_already_holds():
+    cluster = ClusterSpec.from_dict({
+        "name": "two-regions", "hosts": [{"name": n, "gpus": {"type": t, "count": 2}, "region": r}
+                                         for n, t, r in (("a100-w", "A100-40GB", "west"), ("l40s-e", "L40S", "east"),
+                                                         ("l40s-w", "L40S", "west"))],
+        "network": {"intra_region": {"latency": "0.1ms", "bandwidth": "100Gbps"},
+                    "links": [{"between": ["east", "west"], "latency": "60ms", "bandwidth": "1Gbps"}]}})
+    sim = Simulator(cluster, _sim().workload, get_cost_model("analytical"))
+    types, by_type = gpu_types(sim), devices_by_type(sim)     # A100-40GB, L40S; east's L40S first in locality order
+    assert sim.devices[by_type["L40S"][0]].region == "east"
+    grouping = (("actor_gen", "actor_train"), ("ref_infer",))
+    arm = structured_arms([grouping], types, [2, 4], region_cuts(sim, by_type, types))
+    arm = next(a for a in arm if a.counts == ((2, 2), (0, 2)) and not a.regions)
+    for variant in range(4):
+        orders = initial_orders(arm, by_type, variant, np.random.default_rng(0), lambda d: sim.devices[d].region)
+        # the A100s put the first group in the west: its L40S come from there, not from the east
+        assert {sim.devices[d].region for d in orders[0]} == {"west"}
+        assert {sim.devices[d].region for d in orders[1]} == {"east"}
