@@ -36,10 +36,10 @@ def measure() -> dict:
     """This interpreter's answers: phase seconds, and per plan case the verl plan's iteration seconds."""
     from hetprof.costmodels import get_cost_model
     from hetprof.costmodels.data import Phase
-    from hetprof.models import PRESETS
     from hetprof.planner.search import SearchContext, get_search
     from hetprof.planner.simulator import Simulator
     from hetprof.specs import ClusterSpec, WorkloadSpec
+    from hetprof.specs.models import PRESETS
 
     cm = get_cost_model("analytical")
     out: dict = {"phases": [], "plans": []}

@@ -35,7 +35,7 @@ def profile(db: Path, models: str, quick: bool, rounds: int) -> float:
 def query_speed(db) -> tuple[float, float]:
     """Microseconds per cache-cold task_time query (distinct works) for analytical and fitted."""
     from hetprof.costmodels import Placement, Work, get_cost_model
-    from hetprof.models import PRESETS
+    from hetprof.specs.models import PRESETS
 
     works = [Work(k, PRESETS["tiny-2x"], b, p, r, dtype="fp32") for k in ("generation", "inference", "training")
              for b in (1, 3, 8, 17, 64) for p in (16, 40, 100) for r in (8, 50, 200)]

@@ -48,7 +48,7 @@ def main(quick: bool, model_name: str, threads: int, seed: int) -> None:
     from hetprof.executor.logprobs import token_logprobs
     from hetprof.executor.modeling import build_causal_lm
     from hetprof.executor.tokenizer import CharTokenizer
-    from hetprof.generation import pad_left, position_ids
+    from hetprof.runtime.generation import pad_left, position_ids
 
     torch.set_num_threads(threads)
     repeats = 3 if quick else 7

@@ -65,8 +65,8 @@ def probe_points(workload: Path, slots: int) -> list[tuple[str, int, int]]:
     import numpy as np
 
     from hetprof.profiler.workloadgrid import LENGTH_SEED, workload_points
+    from hetprof.runtime.tokenbudget import packed_shape, step_prompts
     from hetprof.specs import WorkloadSpec
-    from hetprof.tokenbudget import packed_shape, step_prompts
 
     spec = WorkloadSpec.load(workload)
     pts = workload_points(spec, slots)
@@ -101,11 +101,11 @@ def probe_drift(db: Path, points: list[tuple[str, int, int]]) -> float:
     code = (
         "import json, statistics, torch\n"
         "torch.set_num_threads(1)\n"
-        "from hetprof.hostmemory import keep_freed_memory\n"
+        "from hetprof.runtime.hostmemory import keep_freed_memory\n"
         "keep_freed_memory()\n"
-        "from hetprof.cpuslots import bind_to_slot\n"
+        "from hetprof.runtime.cpuslots import bind_to_slot\n"
         "bind_to_slot(0, 1)\n"
-        "from hetprof.models import PRESETS\n"
+        "from hetprof.specs.models import PRESETS\n"
         "from hetprof.profiler import taskmodels\n"
         "from hetprof.profiler.context import ProfileContext\n"
         "from hetprof.profiler.suites.tasks import TIMERS, grid, time_sweep\n"

@@ -36,15 +36,21 @@ import torch
 from hetprof.executor.data import PromptSource
 from hetprof.executor.modeling import build_causal_lm
 from hetprof.executor.tokenizer import CharTokenizer
-from hetprof.generation import sample_continuations
-from hetprof.hostmemory import keep_freed_memory
-from hetprof.models import PRESETS
-from hetprof.packedpass import logits_to_logprobs, pack, packed_token_logprobs, shifted_targets, unpack
 from hetprof.profiler import taskmodels
 from hetprof.profiler.hostinfo import last_level_cache_bytes
 from hetprof.profiler.suites.tasks import grid, response_columns
 from hetprof.profiler.timing import Flusher
-from hetprof.tokenbudget import micro_batches_by_tokens
+from hetprof.runtime.generation import sample_continuations
+from hetprof.runtime.hostmemory import keep_freed_memory
+from hetprof.runtime.packedpass import (
+    logits_to_logprobs,
+    pack,
+    packed_token_logprobs,
+    shifted_targets,
+    unpack,
+)
+from hetprof.runtime.tokenbudget import micro_batches_by_tokens
+from hetprof.specs.models import PRESETS
 
 BUDGET, RESPONSE, SEQUENCES = 512, 3, 32
 RUN_ITERATION_S = 0.38  # the executor bench's packed iteration: how long before a run's call comes round again

@@ -75,7 +75,7 @@ def main(quick: bool, threads: int, budget: int, seed: int, cluster: str | None,
     from hetprof.executor.algorithms import get_algorithm
     from hetprof.executor.learner import Learner
     from hetprof.executor.modeling import build_causal_lm
-    from hetprof.models import ModelShape
+    from hetprof.specs.models import ModelShape
 
     torch.set_num_threads(threads)
     sequences, repeats = (16, 3) if quick else (32, 5)

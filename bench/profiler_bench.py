@@ -21,7 +21,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from hetprof.distributed import unassigned_port
+from hetprof.runtime.distributed import unassigned_port
 
 HETPROF = str(Path(sys.executable).parent / "hetprof")
 QUICK_GOAL_S = 120.0

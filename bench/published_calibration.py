@@ -34,8 +34,8 @@ from pathlib import Path
 
 from published_cases import Case, Priced, price
 
-from hetprof.catalog import Catalog, parse
 from hetprof.costmodels import get_cost_model
+from hetprof.specs.catalog import Catalog, parse
 from hetprof.specs.loader import read_file
 
 INFEASIBLE_LN = 3.0  # |ln ratio| charged for a published layout the model calls infeasible (a 20× miss)

@@ -23,8 +23,8 @@ from hetprof.costmodels.data import Phase
 from hetprof.costmodels.features import phase_features
 from hetprof.costmodels.fitted import FittedCostModel
 from hetprof.executor.records import read_log
-from hetprof.models import ModelShape
 from hetprof.profiles import ProfileDB
+from hetprof.specs.models import ModelShape
 
 
 def recorded_rows(records: list[dict]) -> dict[tuple[str, str, int], list[dict]]:

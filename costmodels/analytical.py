@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from hetprof.catalog import Catalog
 from hetprof.costmodels import memory, phases
 from hetprof.costmodels.base import CostModel, optimizer_shards
 from hetprof.costmodels.calibration import Calibration
 from hetprof.costmodels.data import LinkSpec, Phase, PhaseTime, Placement, Work
+from hetprof.specs.catalog import Catalog
 from hetprof.specs.vocabulary import TaskKind
 
 

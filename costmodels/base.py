@@ -14,10 +14,10 @@ import abc
 import functools
 import math
 
-from hetprof.catalog import Catalog, builtin
 from hetprof.costmodels import comm, memory
 from hetprof.costmodels.data import Estimate, LinkSpec, MemoryEstimate, Phase, PhaseTime, Placement, Work
-from hetprof.models import DTYPE_BYTES, ModelShape
+from hetprof.specs.catalog import Catalog, builtin
+from hetprof.specs.models import DTYPE_BYTES, ModelShape
 from hetprof.specs.vocabulary import TaskKind
 
 # Decode cost varies with context; the sum over response_len steps is taken by the midpoint rule on

@@ -19,9 +19,9 @@ import functools
 import statistics
 from typing import Any
 
-from hetprof.catalog import Catalog, EfficiencyCurve, builtin
 from hetprof.costmodels.comm import busbw_factor, collective_time, fit_alpha_beta
 from hetprof.costmodels.data import LinkSpec
+from hetprof.specs.catalog import Catalog, EfficiencyCurve, builtin
 
 MEASURED = "measured"
 REFERENCE = "reference"

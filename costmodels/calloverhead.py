@@ -1,7 +1,7 @@
 """What a generation call costs beyond its prefill and decode steps, from the `task.generate` rows.
 
 The cost model prices a generation call as its prefill plus one decode row per new token. A real call
-(hetprof/generation.py) also pads the prompts, grows the attention mask every step, runs its first
+(hetprof/runtime/generation.py) also pads the prompts, grows the attention mask every step, runs its first
 steps after the prefill slower than steady ones, and runs one decode forward fewer than it samples
 tokens. The profiler times whole calls of that very loop; the difference from the fitted phases,
 measured per profiled (batch, prompt) shape, is this term; it can be negative (at batch 1 the

@@ -45,10 +45,10 @@ def fit(task, device, report, stat, envelope, runs, seed, store, wide, catalog_p
     """
     from rich.console import Console
 
-    from hetprof.catalog import load_catalog
     from hetprof.costmodels import fitting
     from hetprof.errors import ProfileDBError
     from hetprof.profiles import ProfileDB
+    from hetprof.specs.catalog import load_catalog
 
     console = Console()
     catalog = load_catalog(catalog_path) if catalog_path else None

@@ -8,7 +8,7 @@ nccl-tests uses to turn algbw into busbw (all-reduce 2(n−1)/n, all-gather and 
 
 from __future__ import annotations
 
-from hetprof.catalog import GpuType
+from hetprof.specs.catalog import GpuType
 
 # Rollout payload per token moved between groups: token id (int64), behaviour log-prob (fp32),
 # response mask (int8), advantage/return slot (fp32). Rewards are per sequence and negligible.

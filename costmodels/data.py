@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Literal
 
-from hetprof.models import DTYPE_BYTES, ModelShape
+from hetprof.specs.models import DTYPE_BYTES, ModelShape
 from hetprof.specs.vocabulary import TaskKind
 
 WorkKind = TaskKind  # a priced piece of work has the kind of the task it belongs to

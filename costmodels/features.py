@@ -28,10 +28,10 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from hetprof.catalog import lookup
 from hetprof.costmodels import phases
 from hetprof.costmodels.data import Phase
-from hetprof.models import DTYPE_BYTES, PRESETS, ModelShape
+from hetprof.specs.catalog import lookup
+from hetprof.specs.models import DTYPE_BYTES, PRESETS, ModelShape
 
 FEATURES = ("compute_s", "attention_s", "memory_s", "kv_s", "launches", "token_layers", "seq_layers", "const")
 TASK_PHASE = {"task.prefill": "prefill", "task.decode": "decode", "task.train": "train"}

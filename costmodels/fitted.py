@@ -15,7 +15,6 @@ import math
 import warnings
 from typing import Any
 
-from hetprof.catalog import Catalog, canonical_name
 from hetprof.costmodels import calloverhead, enginereload, pointcorrections
 from hetprof.costmodels.analytical import AnalyticalCostModel
 from hetprof.costmodels.base import CostModel
@@ -24,7 +23,8 @@ from hetprof.costmodels.families import Family, get_family
 from hetprof.costmodels.features import FEATURES, PHASE_TASK, TASK_PHASE, phase_features
 from hetprof.costmodels.fitting import FORMAT, MODEL_NAME
 from hetprof.costmodels.runcalibration import FACTOR_RANGE
-from hetprof.models import DTYPE_BYTES
+from hetprof.specs.catalog import Catalog, canonical_name
+from hetprof.specs.models import DTYPE_BYTES
 
 
 @dataclasses.dataclass(frozen=True)

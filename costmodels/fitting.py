@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from hetprof.catalog import canonical_name
 from hetprof.costmodels import calloverhead, enginereload, pointcorrections
 from hetprof.costmodels.analytical import AnalyticalCostModel
 from hetprof.costmodels.base import generation_phases
@@ -30,6 +29,7 @@ from hetprof.costmodels.heldout import HeldOut, choose_family, mape, nested_held
 from hetprof.costmodels.runcalibration import MIN_PROFILE_SHAPES, RunCalibration, calibrate, compute_targets
 from hetprof.costmodels.runrows import SOURCE, packs_of, run_task_rows
 from hetprof.errors import ProfileDBError
+from hetprof.specs.catalog import canonical_name
 
 FORMAT = 1
 MODEL_NAME = "fitted"

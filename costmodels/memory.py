@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 
 from hetprof.costmodels.data import MemoryEstimate
-from hetprof.models import DTYPE_BYTES, ModelShape
+from hetprof.specs.models import DTYPE_BYTES, ModelShape
 from hetprof.specs.plan import SHARDING
 from hetprof.specs.vocabulary import TaskKind
 

@@ -20,7 +20,7 @@ import math
 
 from hetprof.costmodels.data import Phase
 from hetprof.costmodels.memory import kv_bytes_per_token, optimizer_bytes_per_param
-from hetprof.models import DTYPE_BYTES
+from hetprof.specs.models import DTYPE_BYTES
 
 ACT_RW_PER_LAYER = 12  # hidden-sized tensors read or written per token per layer (norms, residuals, qkv, o)
 ADAM_BYTES_PER_PARAM = 2 * 12 + 2 + 2  # master, m, v read+write (fp32); gradient read; new weight write

@@ -40,7 +40,7 @@ def available_cost_models() -> list[str]:
 
 def get_cost_model(name: str, db: Any | None = None, catalog: Any | None = None, **options: Any) -> Any:
     """A fresh cost model by name, reading its calibration from `db` (a ProfileDB) if given and its
-    GPU types from `catalog` (a hetprof.catalog.Catalog; the built-in one if None). A registered
+    GPU types from `catalog` (a hetprof.specs.catalog.Catalog; the built-in one if None). A registered
     factory that takes no `catalog` keeps working on the built-in catalog."""
     factory = COST_MODELS.get(name)
     if catalog is not None and _accepts(factory, "catalog"):

@@ -30,7 +30,7 @@ from hetprof.executor.launch_checks import (
 from hetprof.executor.options import RunOptions
 from hetprof.executor.records import plan_hash
 from hetprof.executor.sizebounds import check_run_sizes
-from hetprof.processes import isolated_children
+from hetprof.safety.processes import isolated_children
 from hetprof.specs import Plan
 
 # what the worker server imports before it forks workers (the runtime pulls in transformers)

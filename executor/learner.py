@@ -30,9 +30,9 @@ from torch import nn
 from hetprof.executor.algorithms.base import Algorithm, RLBatch
 from hetprof.executor.logprobs import first_response_column, token_logprobs
 from hetprof.executor.packing import packed_values
-from hetprof.packedpass import entropy_from_logits, logits_to_logprobs, packed_token_logprobs
+from hetprof.runtime.packedpass import entropy_from_logits, logits_to_logprobs, packed_token_logprobs
+from hetprof.runtime.tokenbudget import micro_batch_count, micro_batches_by_tokens
 from hetprof.specs.vocabulary import Role
-from hetprof.tokenbudget import micro_batch_count, micro_batches_by_tokens
 
 
 class Learner:

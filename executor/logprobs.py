@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hetprof.generation import position_ids
-from hetprof.packedpass import entropy_from_logits, logits_to_logprobs
+from hetprof.runtime.generation import position_ids
+from hetprof.runtime.packedpass import entropy_from_logits, logits_to_logprobs
 
 
 def forward_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,

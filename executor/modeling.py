@@ -21,9 +21,9 @@ if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
 from hetprof.errors import SpecError
-from hetprof.generation import position_ids
-from hetprof.models import ModelShape, resolve_model
-from hetprof.varlen_attention import VARLEN_ATTENTION
+from hetprof.runtime.generation import position_ids
+from hetprof.runtime.varlen_attention import VARLEN_ATTENTION
+from hetprof.specs.models import ModelShape, resolve_model
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -86,7 +86,7 @@ def build_causal_lm(model_ref: str | ModelShape, seed: int = 0, dtype: str | tor
                     device: torch.device | str = "cpu", attn_implementation: str = VARLEN_ATTENTION) -> nn.Module:
     """A causal LM: loaded from a local checkpoint directory, else random weights seeded by `seed`.
 
-    The default attention is `sdpa`'s, with packed rows split per sequence (hetprof/varlen_attention.py).
+    The default attention is `sdpa`'s, with packed rows split per sequence (hetprof/runtime/varlen_attention.py).
     """
     from transformers import AutoModelForCausalLM
 

@@ -3,9 +3,9 @@ forwards, and the shape a packed pass is recorded at.
 
 A padded [B, T] batch spends compute on T − len(row) pad tokens per row; with long-tailed response
 lengths the longest row sets T and most of the batch is padding. Packing keeps only attended tokens
-in one row with position ids restarting per sequence (`hetprof.packedpass`, which the profiler's
+in one row with position ids restarting per sequence (`hetprof.runtime.packedpass`, which the profiler's
 packed inference rows time as well), the attention keeps each sequence to itself
-(hetprof/varlen_attention.py), and per-token results go back to the padded layout, so losses and
+(hetprof/runtime/varlen_attention.py), and per-token results go back to the padded layout, so losses and
 advantages stay in the trainer's shifted [B, T-1] space.
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from hetprof.packedpass import pack, unpack
-from hetprof.tokenbudget import mean_pack, micro_batch_count, micro_batches_by_tokens
+from hetprof.runtime.packedpass import pack, unpack
+from hetprof.runtime.tokenbudget import mean_pack, micro_batch_count, micro_batches_by_tokens
 
 
 def packed_values(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -61,7 +61,7 @@ def priced_pass(attention_mask: torch.Tensor, budget: int | None, groups: int = 
 
     Padded: the part's rows at the batch's width, once. Packed: the `passes` packs the part really
     ran (default: as many as the budget fills for it), recorded as their average pack
-    (hetprof.tokenbudget.mean_pack), so a run's time over `packs` is one pack's time at one pack's
+    (hetprof.runtime.tokenbudget.mean_pack), so a run's time over `packs` is one pack's time at one pack's
     tokens: the unit the planner prices each of its whole packs at (planner/taskcosts.py). The
     length is the plan's mean, `priced_length`, when the rows' mean is within
     PRICED_LENGTH_TOLERANCE of it, else the rows' own.

@@ -34,7 +34,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hetprof.errors import ExecutionError
-from hetprof.generation import position_ids
+from hetprof.runtime.generation import position_ids
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 

@@ -14,7 +14,6 @@ from typing import Any
 import torch
 from rich.console import Console
 
-from hetprof.dataparallel import wrap_replica
 from hetprof.errors import ExecutionError
 from hetprof.executor.data import Prompt, PromptSource, encode_prompt
 from hetprof.executor.modeling import (
@@ -31,8 +30,9 @@ from hetprof.executor.tensorpar import is_sharded, load_full
 from hetprof.executor.tokenizer import load_tokenizer
 from hetprof.executor.topology import Topology
 from hetprof.executor.weightsync import flatten_params
-from hetprof.models import PRESETS
+from hetprof.runtime.dataparallel import wrap_replica
 from hetprof.specs import WorkloadSpec
+from hetprof.specs.models import PRESETS
 from hetprof.specs.vocabulary import Role, Task
 
 # The RLBatch fields that travel to training replicas (None fields are left out).
@@ -205,7 +205,7 @@ class RankModels:
     @torch.no_grad()
     def infer(self, task: str, part: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         from hetprof.executor.logprobs import token_logprobs
-        from hetprof.packedpass import logits_to_logprobs
+        from hetprof.runtime.packedpass import logits_to_logprobs
 
         ids, mask = part["input_ids"], part["attention_mask"]
         if task == Task.ACTOR_LOGPROB:
@@ -235,7 +235,7 @@ class RankModels:
     def _infer_packed(self, task: str, ids: torch.Tensor, mask: torch.Tensor, budget: int,
                       response_mask: torch.Tensor | None) -> dict[str, torch.Tensor]:
         from hetprof.executor.packing import packed_sequence_scores, packed_values
-        from hetprof.packedpass import packed_token_logprobs
+        from hetprof.runtime.packedpass import packed_token_logprobs
 
         if task == Task.REF_INFER:
             # only response columns are read (KL terms), so the LM head skips the prompts

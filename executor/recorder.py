@@ -19,7 +19,6 @@ import torch
 import torch.distributed as dist
 from rich.console import Console
 
-from hetprof.cpuslots import yield_to_work
 from hetprof.executor import checkpoint
 from hetprof.executor.dispatch import receive_or_explain
 from hetprof.executor.iteration_report import IterationReport
@@ -30,6 +29,7 @@ from hetprof.executor.records import DBWriter, RunLog, console_line
 from hetprof.executor.run_record import RecordContext, build_record
 from hetprof.executor.tensorboard_log import TensorBoardLog
 from hetprof.executor.topology import Topology
+from hetprof.runtime.cpuslots import yield_to_work
 
 
 class Recorder:

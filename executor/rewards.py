@@ -20,8 +20,8 @@ import torch
 
 from hetprof.errors import SpecError
 from hetprof.executor.tokenizer import Tokenizer
-from hetprof.generation import pad_left
 from hetprof.registry import Registry, UnknownName
+from hetprof.runtime.generation import pad_left
 
 RewardFn = Callable[[Sequence[str], Sequence[str], Sequence[str | None]], list[float]]
 ENTRY_POINT_GROUP = "hetprof.rewards"

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from hetprof.errors import SpecError
-from hetprof.generation import pad_left
+from hetprof.runtime.generation import pad_left
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -21,16 +21,16 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from hetprof.cpuslots import bind_to_slot
-from hetprof.distributed import leave_process_group
 from hetprof.errors import ExecutionError
 from hetprof.executor.launch_checks import check_supported, device_kind, host_devices, load_plan
 from hetprof.executor.options import RunOptions
 from hetprof.executor.peerloss import linger_if_peer_lost
 from hetprof.executor.process_groups import ProcessGroups
 from hetprof.executor.topology import Topology
-from hetprof.hostmemory import keep_freed_memory
-from hetprof.processes import skip_teardown_at_exit
+from hetprof.runtime.cpuslots import bind_to_slot
+from hetprof.runtime.distributed import leave_process_group
+from hetprof.runtime.hostmemory import keep_freed_memory
+from hetprof.safety.processes import skip_teardown_at_exit
 from hetprof.specs import Plan
 
 

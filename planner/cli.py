@@ -140,11 +140,11 @@ def plan(cluster_path: str, workload_path: str, search: str, objective: str, bud
     """
     from rich.console import Console
 
-    from hetprof.catalog import load_catalog
     from hetprof.errors import InfeasibleError, SpecError
     from hetprof.planner import session
     from hetprof.planner.report import print_comparison, print_plan
     from hetprof.specs import ClusterSpec, WorkloadSpec
+    from hetprof.specs.catalog import load_catalog
 
     console = Console() if sys.stdout.isatty() or os.environ.get("COLUMNS") else Console(width=120)  # pipes: full
     if objective == "throughput-under-budget" and (budget is None or budget <= 0):

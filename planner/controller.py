@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from hetprof.catalog import Catalog
 from hetprof.specs import WorkloadSpec
+from hetprof.specs.catalog import Catalog
 from hetprof.specs.vocabulary import Task, TaskKind
 
 

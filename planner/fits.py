@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from hetprof.catalog import Catalog
 from hetprof.errors import InfeasibleError
 from hetprof.planner.graph import RLGraph
 from hetprof.planner.taskcosts import TaskCosts
 from hetprof.specs import ClusterSpec, executable
+from hetprof.specs.catalog import Catalog
 from hetprof.specs.vocabulary import TaskKind
 
 GB = 1e9

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from hetprof.models import ModelShape
 from hetprof.specs import TASKS, WorkloadSpec, workload_tasks
+from hetprof.specs.models import ModelShape
 from hetprof.specs.vocabulary import Role, Task
 
 # Bytes per token of what each kind of forward edge carries.

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hetprof.models import ModelShape
+from hetprof.specs.models import ModelShape
 from hetprof.specs.vocabulary import TaskKind
 
 

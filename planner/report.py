@@ -20,7 +20,7 @@ from hetprof.display import Col, escaped, fitted_table, shown
 from hetprof.planner.candidate import Candidate
 from hetprof.planner.provenance import fitted_warnings, provenance_lines
 from hetprof.planner.simulator import Score, Simulator
-from hetprof.units import fmt_bytes, fmt_seconds
+from hetprof.specs.units import fmt_bytes, fmt_seconds
 
 
 @dataclasses.dataclass(frozen=True)

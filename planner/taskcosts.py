@@ -21,9 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hetprof.catalog import builtin
 from hetprof.costmodels import MemoryEstimate, Placement, Work
-from hetprof.models import DTYPE_BYTES
 from hetprof.planner.candidate import TaskLayout, even_split
 from hetprof.planner.controller import controller_seconds
 from hetprof.planner.engines import ENGINES, EngineLimits, GenerationRequest, StepTable, arrival_order
@@ -32,9 +30,11 @@ from hetprof.planner.imbalance import longest_sequence_factor
 from hetprof.planner.layoutcomms import dp_traffic, learner_collectives, optimizer_steps, ulysses_seconds
 from hetprof.planner.links import LinkTable
 from hetprof.planner.passtime import finish_curve, layer_fraction, packed_seconds
+from hetprof.runtime.tokenbudget import pack_groups, spread, step_prompts
 from hetprof.specs import Device, WorkloadSpec
+from hetprof.specs.catalog import builtin
+from hetprof.specs.models import DTYPE_BYTES
 from hetprof.specs.vocabulary import TaskKind
-from hetprof.tokenbudget import pack_groups, spread, step_prompts
 
 GB = 1e9
 EVAL_MEMO_LIMIT = 20_000
@@ -158,7 +158,7 @@ class TaskCosts:
 
     def packs(self, sequences: int) -> tuple[tuple[int, float, int], ...]:
         """The packs of a packed pass over `sequences` sequences, as (sequences per pack, mean tokens
-        per sequence, packs) groups: the executor's own packing (hetprof.tokenbudget) of lengths
+        per sequence, packs) groups: the executor's own packing (hetprof.runtime.tokenbudget) of lengths
         that follow the step's distribution."""
         k = max(1, int(sequences))
         hit = self._packs.get(k)

@@ -13,7 +13,7 @@ from hetprof.errors import SpecError
 from hetprof.specs import ClusterSpec
 from hetprof.specs.cluster import with_catalog_types
 from hetprof.specs.loader import to_data
-from hetprof.units import parse_duration, parse_rate
+from hetprof.specs.units import parse_duration, parse_rate
 
 GPUS_PER_HOST = 8
 _ADD = re.compile(r"^add\s+(\d+)\s*[x×]\s*([\w.\-]+?)\s*@\s*([\w.\-]+)(?:\s+per-host\s+(\d+))?$", re.I)

@@ -20,7 +20,7 @@ def _split(values: tuple[str, ...] | str | None) -> list[str]:
 
 
 def _models(text: str | None, on_gpu: bool):
-    from hetprof.models import PRESETS, resolve_model
+    from hetprof.specs.models import PRESETS, resolve_model
 
     out = []
     for ref in _split(text or (DEFAULT_MODELS_GPU if on_gpu else DEFAULT_MODELS_CPU)):
@@ -138,7 +138,7 @@ def profile(suites, devices, all_gpus, quick, models, workload_file, cluster_fil
             raise SpecError("command line", "--node-rank", f"a rank below --nnodes ({nnodes})", node_rank)
     max_bytes = None
     if max_message:
-        from hetprof.units import parse_size
+        from hetprof.specs.units import parse_size
 
         try:
             max_bytes = int(parse_size(max_message))

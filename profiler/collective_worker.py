@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from hetprof.distributed import leave_process_group
-from hetprof.processes import skip_teardown_at_exit
+from hetprof.runtime.distributed import leave_process_group
+from hetprof.safety.processes import skip_teardown_at_exit
 
 # bus-bandwidth factors of nccl-tests: what each rank's link must carry relative to S / t
 BUS_FACTORS = {

@@ -10,9 +10,9 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from hetprof.models import ModelShape
 from hetprof.profiler.timing import TimingPolicy
 from hetprof.profiles import ProfileDB
+from hetprof.specs.models import ModelShape
 
 _THIS_DEVICE = object()
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import re
 
-from hetprof.catalog import canonical_name
 from hetprof.errors import SpecError
 from hetprof.profiler import hostinfo
 from hetprof.profiles import DeviceInfo
+from hetprof.specs.catalog import canonical_name
 
 _DEVICE = re.compile(r"^(cpu|cuda:\d+)$")
 

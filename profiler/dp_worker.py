@@ -2,7 +2,7 @@
 
 Every rank times the same training step twice: alone (all ranks busy at once, no collectives)
 and wrapped for data parallelism exactly as the executor wraps a replica
-(`hetprof.dataparallel.wrap_replica`: DDP over gloo on the CPU, FSDP2 over NCCL on GPUs). A
+(`hetprof.runtime.dataparallel.wrap_replica`: DDP over gloo on the CPU, FSDP2 over NCCL on GPUs). A
 data-parallel repeat's time is the slowest rank's (all-reduce MAX): every step ends in an
 all-reduce that waits for it. A lone step's time is rank 0's own, as a task row measures it — so
 the difference holds the wait for the slowest replica too, which no single-device row can see. The repeat count is fixed and agreed, never adaptive: a rank that stopped early
@@ -15,10 +15,10 @@ import gc
 import time
 from typing import Any
 
-from hetprof.cpuslots import bind_to_slot
-from hetprof.distributed import leave_process_group
-from hetprof.hostmemory import keep_freed_memory
-from hetprof.processes import skip_teardown_at_exit
+from hetprof.runtime.cpuslots import bind_to_slot
+from hetprof.runtime.distributed import leave_process_group
+from hetprof.runtime.hostmemory import keep_freed_memory
+from hetprof.safety.processes import skip_teardown_at_exit
 
 
 def worker(rank: int, world: int, init_method: str, backend: str, points: list[dict], warmup: int, repeats: int,
@@ -50,9 +50,9 @@ def worker(rank: int, world: int, init_method: str, backend: str, points: list[d
 
 
 def _one_point(dist: Any, torch: Any, point: dict, device: Any, warmup: int, repeats: int) -> dict:
-    from hetprof.dataparallel import wrap_replica
     from hetprof.profiler import taskmodels
     from hetprof.profiler.suites.tasks import train_step
+    from hetprof.runtime.dataparallel import wrap_replica
 
     tm = point["task_model"]
     gen = torch.Generator().manual_seed(dist.get_rank())

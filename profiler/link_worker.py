@@ -14,9 +14,9 @@ import itertools
 import time
 from typing import Any
 
-from hetprof.distributed import leave_process_group
 from hetprof.errors import ExecutionError
 from hetprof.profiler.linkfit import fit_alpha_beta
+from hetprof.runtime.distributed import leave_process_group
 
 KiB = 1024
 FIRST_PROBE = 64 * KiB

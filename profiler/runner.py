@@ -14,13 +14,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hetprof.hostmemory import keep_freed_memory
-from hetprof.models import ModelShape
-from hetprof.processes import isolated_children
 from hetprof.profiler import devices as devmod
 from hetprof.profiler.context import ProfileContext, SummaryRow
 from hetprof.profiler.registry import Suite, suites_to_run
 from hetprof.profiles import ProfileDB
+from hetprof.runtime.hostmemory import keep_freed_memory
+from hetprof.safety.processes import isolated_children
+from hetprof.specs.models import ModelShape
 
 
 @dataclasses.dataclass

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from hetprof.models import ModelShape
+from hetprof.specs.models import ModelShape
 
 WHOLE_MODEL_MAX_PARAMS = 50_000_000  # below this a preset is profiled whole, head included
 TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -46,7 +46,7 @@ def build(task: TaskModel, device: Any, *, seed: int = 0) -> Any:
     import torch
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-    from hetprof.varlen_attention import VARLEN_ATTENTION
+    from hetprof.runtime.varlen_attention import VARLEN_ATTENTION
 
     cfg = dict(task.shape.to_hf_config())
     model_type = cfg.pop("model_type")

@@ -7,8 +7,8 @@ predicted from rows at the job's own shapes, as the simulator asks for them: per
 for every data-parallel degree the cluster allows, the prompt block (mean and longest), the whole
 sequence (prompt + response) that inference and training see, decode contexts across the response,
 and training's mini-batch rows. A workload with `training.max_tokens_per_microbatch` runs packed
-micro-batches, priced pack by pack at each pack's sequences and tokens (hetprof.tokenbudget.pack_groups)
-and recorded by a run at its average pack (hetprof.tokenbudget.mean_pack): those rows are measured too. Each point is measured like any grid point, so the rows also serve
+micro-batches, priced pack by pack at each pack's sequences and tokens (hetprof.runtime.tokenbudget.pack_groups)
+and recorded by a run at its average pack (hetprof.runtime.tokenbudget.mean_pack): those rows are measured too. Each point is measured like any grid point, so the rows also serve
 other workloads; `hetprof profile --workload W.yaml` is all a user has to add.
 """
 
@@ -18,9 +18,9 @@ import math
 
 import numpy as np
 
-from hetprof.models import ModelShape
+from hetprof.runtime.tokenbudget import groups_shape, mean_pack, pack_groups, step_prompts
 from hetprof.specs import WorkloadSpec
-from hetprof.tokenbudget import groups_shape, mean_pack, pack_groups, step_prompts
+from hetprof.specs.models import ModelShape
 
 # The planner's default seed for the step's sampled response lengths (planner/simulator.py).
 LENGTH_SEED = 0

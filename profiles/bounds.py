@@ -20,9 +20,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
-from hetprof import safefiles
 from hetprof.errors import ImportRefused
-from hetprof.processes import Terminated
+from hetprof.safety import safefiles
+from hetprof.safety.processes import Terminated
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # Ctrl-C, kill, a closed terminal
 PROGRESS_STEPS = 50_000  # SQLite VM steps between deadline checks: a deadline is met promptly, the check stays cheap

@@ -8,10 +8,10 @@ import click
 
 from hetprof.cli import db_option
 from hetprof.display import Col, fitted_table, print_wide, shown, visible, when
-from hetprof.processes import exit_on_signals
 from hetprof.profiles.cli_common import open_db as _open
 from hetprof.profiles.cli_common import wide_option
 from hetprof.profiles.cli_show import show
+from hetprof.safety.processes import exit_on_signals
 
 
 def _size(_ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:

@@ -80,7 +80,7 @@ def _run_summary(row: dict) -> list[tuple[str, object]]:
 
 
 def _device_summary(row: dict) -> list[tuple[str, object]]:
-    from hetprof.units import fmt_bytes
+    from hetprof.specs.units import fmt_bytes
 
     memory = fmt_bytes(row["memory_bytes"]) if row["memory_bytes"] else "—"
     return [("name", row["name"]), ("kind", row["kind"]), ("catalog type", row["catalog_type"] or "—"),

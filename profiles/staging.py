@@ -24,10 +24,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from hetprof.errors import ImportRefused, ProfileDBError
-from hetprof.processes import child_env, python_argv, safe_cwd
 from hetprof.profiles.bounds import Limits, Watch
 from hetprof.profiles.rowchecks import Invalid, check_sample
 from hetprof.profiles.schema import TABLES, Table
+from hetprof.safety.processes import child_env, python_argv, safe_cwd
 
 WORKERS = 2  # processes in all, this one included; more would only queue on a small machine
 MIN_ROWS = 100_000  # fewer rows stay in this process: starting a Python worker costs more than they take

@@ -13,8 +13,8 @@ import numpy as np
 from hetprof.costmodels import phases
 from hetprof.costmodels.data import Phase
 from hetprof.costmodels.features import PHASE_TASK
-from hetprof.models import PRESETS, ModelShape
 from hetprof.profiles import DeviceInfo, ProfileDB
+from hetprof.specs.models import PRESETS, ModelShape
 
 # A third small shape so that leaving one model out still trains on two models of different depth.
 TINY_3L = ModelShape("tiny-3l", "qwen3", 3, 96, 288, 4, 2, 24, 64, True, 512, qk_norm=True)

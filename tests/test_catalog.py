@@ -9,16 +9,15 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hetprof import catalog
-from hetprof.catalog import EfficiencyCurve, builtin, load_catalog
 from hetprof.costmodels import get_cost_model, phases
 from hetprof.costmodels.data import Phase, Placement, Work
 from hetprof.errors import SpecError
-from hetprof.models import PRESETS
 from hetprof.planner import session
 from hetprof.planner.memcheck import check_plan
-from hetprof.specs import ClusterSpec, Plan, WorkloadSpec
+from hetprof.specs import ClusterSpec, Plan, WorkloadSpec, catalog
+from hetprof.specs.catalog import EfficiencyCurve, builtin, load_catalog
 from hetprof.specs.gpus import CURVES
+from hetprof.specs.models import PRESETS
 
 NEW_GPU = {"vendor": "acme", "memory_GB": 64, "hbm_GBps": 2000, "bf16_tflops": 400, "fp16_tflops": 400,
            "fp32_tflops": 50, "intra_node_GBps": 400, "interconnect": "AcmeLink", "price_per_hour": 1.5,

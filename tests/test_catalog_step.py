@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from hetprof.catalog import StepConstants, builtin, load_catalog
 from hetprof.costmodels import get_cost_model
 from hetprof.errors import SpecError
 from hetprof.planner.pinned import PinnedLayout, pinned_candidate
 from hetprof.planner.simulator import Simulator
 from hetprof.specs import ClusterSpec, WorkloadSpec
+from hetprof.specs.catalog import StepConstants, builtin, load_catalog
 from hetprof.specs.loader import from_data
 
 WORKLOAD = {"name": "tiny", "algorithm": "grpo", "models": {"actor": "tiny"}, "prompts_per_step": 4,

@@ -15,8 +15,8 @@ from hetprof.costmodels.features import FEATURES, phase_features
 from hetprof.costmodels.fitted import FittedCostModel, LoadedModel
 from hetprof.costmodels.fitting import fit_database, monotone_envelope, store
 from hetprof.costmodels.heldout import range_folds
-from hetprof.models import PRESETS
 from hetprof.profiles import ProfileDB
+from hetprof.specs.models import PRESETS
 
 
 @pytest.fixture(scope="module")

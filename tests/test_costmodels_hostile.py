@@ -16,8 +16,8 @@ from costmodels_synth import add_rows
 from hetprof.costmodels import Phase, get_cost_model
 from hetprof.costmodels.features import FEATURES
 from hetprof.costmodels.fitting import fit_database, store
-from hetprof.models import PRESETS
 from hetprof.profiles import ProfileDB
+from hetprof.specs.models import PRESETS
 
 
 class Payload:

@@ -10,8 +10,8 @@ import pytest
 from conftest import hetprof_cmd
 
 from hetprof.costmodels import Placement, Work, get_cost_model
-from hetprof.models import PRESETS
 from hetprof.profiles import ProfileDB
+from hetprof.specs.models import PRESETS
 
 
 @pytest.mark.slow

@@ -10,8 +10,8 @@ from hetprof.costmodels import fitting, pointcorrections
 from hetprof.costmodels.data import Phase
 from hetprof.costmodels.features import FEATURES, phase_features
 from hetprof.costmodels.fitted import FittedCostModel
-from hetprof.models import PRESETS
 from hetprof.profiles import DeviceInfo, ProfileDB
+from hetprof.specs.models import PRESETS
 
 TINY = PRESETS["tiny"]
 

@@ -17,7 +17,7 @@ from hetprof.costmodels import (
     registry,
 )
 from hetprof.errors import HetprofError
-from hetprof.models import PRESETS
+from hetprof.specs.models import PRESETS
 
 
 class Constant(CostModel):

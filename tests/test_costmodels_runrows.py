@@ -18,8 +18,8 @@ from hetprof.costmodels.data import Phase, Placement, Work
 from hetprof.costmodels.fitted import FittedCostModel
 from hetprof.costmodels.runrows import run_task_rows
 from hetprof.executor.records import db_rows, write_db
-from hetprof.models import PRESETS
 from hetprof.profiles import ProfileDB
+from hetprof.specs.models import PRESETS
 
 TINY = PRESETS["tiny"]
 MODEL = {k: getattr(TINY, k) for k in ("name", "layers", "hidden", "ffn", "heads", "kv_heads", "head_dim", "vocab")}

@@ -6,7 +6,7 @@ import pytest
 
 from hetprof.costmodels import LinkSpec, Placement, Work, comm, get_cost_model
 from hetprof.costmodels import memory as mem
-from hetprof.models import ModelShape
+from hetprof.specs.models import ModelShape
 
 # A small model whose counts are easy to write out: 4 layers of hidden 64, FFN 128, 4 heads of 16,
 # 2 KV heads, vocab 100, untied embeddings.

@@ -6,10 +6,10 @@ import math
 
 import pytest
 
-from hetprof.catalog import lookup
 from hetprof.costmodels import LinkSpec, Phase, Placement, Work, comm, get_cost_model, memory, phases
-from hetprof.models import PRESETS
 from hetprof.profiles import DeviceInfo, ProfileDB
+from hetprof.specs.catalog import lookup
+from hetprof.specs.models import PRESETS
 
 Q8 = PRESETS["qwen3-8b"]
 
@@ -128,8 +128,8 @@ def test_transfers_by_hand():
 
 
 def test_a_catalog_sets_a_type_host_bus_and_its_curve(tmp_path):
-    from hetprof.catalog import load_catalog
     from hetprof.errors import SpecError
+    from hetprof.specs.catalog import load_catalog
 
     path = tmp_path / "catalog.yaml"
     path.write_text("gpus:\n  H100-SXM:\n    host_link_GBps: 128\n"

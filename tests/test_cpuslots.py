@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from hetprof import cpuslots
+from hetprof.runtime import cpuslots
 
 binds = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="the platform cannot bind threads to cores")
 

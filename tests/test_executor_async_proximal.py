@@ -17,10 +17,10 @@ import torch.multiprocessing as mp
 from test_executor_runtime_run import write_plan
 from test_rl_math_reference import ref_gae
 
-from hetprof.distributed import file_init_method, leave_process_group
 from hetprof.executor.logprobs import token_logprobs
 from hetprof.executor.modeling import unwrap
 from hetprof.executor.records import read_log
+from hetprof.runtime.distributed import file_init_method, leave_process_group
 from hetprof.specs import Plan
 from hetprof.specs.vocabulary import Task
 

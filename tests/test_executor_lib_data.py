@@ -17,8 +17,8 @@ from hetprof.executor.data import (
 )
 from hetprof.executor.prompt_files import load_jsonl
 from hetprof.executor.tokenizer import VOCAB_SIZE, CharTokenizer, encode_batch, load_tokenizer
-from hetprof.generation import pad_left
-from hetprof.models import PRESETS
+from hetprof.runtime.generation import pad_left
+from hetprof.specs.models import PRESETS
 
 
 def test_char_vocabulary_matches_tiny_presets():

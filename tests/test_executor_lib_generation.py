@@ -15,7 +15,7 @@ from hetprof.executor.data import arithmetic_prompts
 from hetprof.executor.logprobs import token_logprobs
 from hetprof.executor.modeling import build_causal_lm
 from hetprof.executor.tokenizer import CharTokenizer
-from hetprof.sampling import sample_tokens
+from hetprof.runtime.sampling import sample_tokens
 
 TOK = CharTokenizer()
 

@@ -10,7 +10,6 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from hetprof.distributed import file_init_method, leave_process_group
 from hetprof.executor.algorithms import RLBatch, get_algorithm
 from hetprof.executor.backends import get_backend
 from hetprof.executor.data import PromptSource
@@ -19,7 +18,8 @@ from hetprof.executor.logprobs import first_response_column, token_logprobs
 from hetprof.executor.modeling import build_causal_lm, build_value_model
 from hetprof.executor.rewards import get_reward
 from hetprof.executor.tokenizer import CharTokenizer
-from hetprof.processes import skip_teardown_at_exit
+from hetprof.runtime.distributed import file_init_method, leave_process_group
+from hetprof.safety.processes import skip_teardown_at_exit
 
 TOK = CharTokenizer()
 

@@ -17,8 +17,8 @@ from hetprof.executor.modeling import (
     unwrap,
 )
 from hetprof.executor.tokenizer import CharTokenizer
-from hetprof.generation import pad_left
-from hetprof.models import PRESETS
+from hetprof.runtime.generation import pad_left
+from hetprof.specs.models import PRESETS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -14,8 +14,6 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from hetprof.dataparallel import wrap_replica
-from hetprof.distributed import file_init_method, leave_process_group
 from hetprof.errors import HetprofError
 from hetprof.executor.algorithms import RLBatch, get_algorithm
 from hetprof.executor.backends import get_backend
@@ -26,7 +24,9 @@ from hetprof.executor.learner import Learner
 from hetprof.executor.modeling import build_causal_lm
 from hetprof.executor.records import read_log
 from hetprof.executor.tokenizer import CharTokenizer
-from hetprof.processes import skip_teardown_at_exit
+from hetprof.runtime.dataparallel import wrap_replica
+from hetprof.runtime.distributed import file_init_method, leave_process_group
+from hetprof.safety.processes import skip_teardown_at_exit
 from hetprof.specs import ClusterSpec, WorkloadSpec
 
 ROOT = Path(__file__).resolve().parents[1]

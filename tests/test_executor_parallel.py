@@ -18,7 +18,6 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from hetprof.distributed import file_init_method, leave_process_group
 from hetprof.errors import ExecutionError
 from hetprof.executor.algorithms import AlgorithmConfig, RLBatch, get_algorithm
 from hetprof.executor.handwritten_plan import handwritten_plan
@@ -29,7 +28,8 @@ from hetprof.executor.parallel import ShardedModel
 from hetprof.executor.process_groups import ProcessGroups
 from hetprof.executor.topology import Topology
 from hetprof.executor.weightsync import WeightSync, copy_into, state_digest
-from hetprof.processes import skip_teardown_at_exit
+from hetprof.runtime.distributed import file_init_method, leave_process_group
+from hetprof.safety.processes import skip_teardown_at_exit
 from hetprof.specs import ClusterSpec, Plan, WorkloadSpec
 
 pytestmark = pytest.mark.slow  # multi-process: `make test-fast` leaves it out

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from hetprof.distributed import unassigned_port
 from hetprof.executor.handwritten_plan import handwritten_plan
 from hetprof.executor.records import read_log
+from hetprof.runtime.distributed import unassigned_port
 from hetprof.specs import WorkloadSpec
 
 pytestmark = pytest.mark.slow  # multi-process: `make test-fast` leaves it out

@@ -14,9 +14,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from hetprof.distributed import file_init_method, leave_process_group
 from hetprof.executor.weightsync import WeightSync, copy_into, flatten_params, make_buckets, state_digest
-from hetprof.processes import skip_teardown_at_exit
+from hetprof.runtime.distributed import file_init_method, leave_process_group
+from hetprof.safety.processes import skip_teardown_at_exit
 
 pytestmark = pytest.mark.slow  # multi-process: `make test-fast` leaves it out
 

@@ -31,10 +31,10 @@ from hostile_files import (
 
 from hetprof.cli import cli
 from hetprof.errors import ImportRefused
-from hetprof.processes import Terminated
 from hetprof.profiles import ProfileDB, export, import_file, merge
 from hetprof.profiles.bounds import Limits, Watch
 from hetprof.profiles.schema import TABLES
+from hetprof.safety.processes import Terminated
 
 
 def _refused_cli(args: list[str]) -> str:

@@ -21,7 +21,7 @@ from hetprof.cli import cli
 from hetprof.errors import ExecutionError, HetprofError
 from hetprof.executor.peerloss import LINGER_S, linger_if_peer_lost, peer_lost
 from hetprof.executor.sizebounds import check_run_sizes
-from hetprof.processes import isolated_children
+from hetprof.safety.processes import isolated_children
 from hetprof.specs import WorkloadSpec
 
 ROOT = Path(__file__).resolve().parents[1]

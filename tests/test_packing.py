@@ -18,9 +18,9 @@ from hetprof.executor.learner import Learner
 from hetprof.executor.logprobs import token_logprobs
 from hetprof.executor.modeling import build_causal_lm, build_reward_model, build_value_model
 from hetprof.executor.packing import packed_sequence_scores, packed_values, priced_pass
-from hetprof.packedpass import pack, packed_token_logprobs, unpack
+from hetprof.runtime.packedpass import pack, packed_token_logprobs, unpack
+from hetprof.runtime.tokenbudget import micro_batch_count, micro_batches_by_tokens
 from hetprof.specs.workload import WorkloadSpec
-from hetprof.tokenbudget import micro_batch_count, micro_batches_by_tokens
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -125,7 +125,7 @@ def test_budget_below_the_longest_sequence_is_refused_by_name():
 
 
 def test_varlen_attention_splits_packed_rows_without_an_n_squared_mask(monkeypatch):
-    import hetprof.varlen_attention as varlen
+    import hetprof.runtime.varlen_attention as varlen
 
     batch = ragged_batch()
     packed = pack(batch.input_ids, batch.attention_mask)
@@ -150,7 +150,7 @@ def test_flash_varlen_call_hands_the_kernel_the_packed_rows_bounds(monkeypatch):
     attention's varlen API gives it ([N, heads, d] states, int32 cumulative bounds)."""
     import torch.nn.functional as F
 
-    import hetprof.varlen_attention as varlen
+    import hetprof.runtime.varlen_attention as varlen
 
     def kernel(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, softmax_scale, causal):
         assert cu_q.dtype == torch.int32 and torch.equal(cu_q, cu_k) and max_q == max_k and causal
@@ -173,7 +173,7 @@ def test_flash_varlen_call_hands_the_kernel_the_packed_rows_bounds(monkeypatch):
 
 @pytest.mark.gpu
 def test_flash_varlen_kernel_equals_the_per_sequence_loop_on_a_gpu(monkeypatch):
-    import hetprof.varlen_attention as varlen
+    import hetprof.runtime.varlen_attention as varlen
 
     if varlen.flash_attn_varlen_func is None:
         pytest.skip("flash-attn is not installed (a GPU build's package)")

@@ -12,11 +12,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from packing_batches import ragged_batch
 
-from hetprof.distributed import file_init_method, leave_process_group
 from hetprof.executor.algorithms import RLBatch, get_algorithm
 from hetprof.executor.learner import Learner
 from hetprof.executor.modeling import build_causal_lm
-from hetprof.processes import skip_teardown_at_exit
+from hetprof.runtime.distributed import file_init_method, leave_process_group
+from hetprof.safety.processes import skip_teardown_at_exit
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

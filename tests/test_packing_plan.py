@@ -13,11 +13,11 @@ import pytest
 from hetprof.costmodels import get_cost_model
 from hetprof.costmodels.analytical import AnalyticalCostModel
 from hetprof.costmodels.memory import task_memory
-from hetprof.models import resolve_model
 from hetprof.planner.simulator import Simulator
 from hetprof.profiler.workloadgrid import PACK_SHAPES_PER_BATCH, workload_points
+from hetprof.runtime.tokenbudget import mean_pack, micro_batches_by_tokens, pack_groups, packed_shape, spread
 from hetprof.specs import ClusterSpec, WorkloadSpec
-from hetprof.tokenbudget import mean_pack, micro_batches_by_tokens, pack_groups, packed_shape, spread
+from hetprof.specs.models import resolve_model
 
 A = tuple(f"a:{i}" for i in range(4))
 BUDGET = 8192
@@ -173,8 +173,8 @@ def test_a_packed_mini_batch_is_priced_with_one_optimizer_step():
 def test_prompt_lengths_spread_into_the_packs_like_responses():
     """A step's prompts follow their distribution in the planner's length sample, paired with the
     responses by a fixed shuffle (a step draws them independently), not all at the mean."""
+    from hetprof.runtime.tokenbudget import sample_lengths, step_prompts
     from hetprof.specs import LengthDist
-    from hetprof.tokenbudget import sample_lengths, step_prompts
 
     # the quantiles [10, 20, 30, 40] shuffled by permutation (2, 0, 1, 3), plus responses [1, 2, 3, 4]
     assert sample_lengths(np.array([10.0, 20, 30, 40]), np.array([1.0, 2, 3, 4]), 4) == [31, 12, 23, 44]

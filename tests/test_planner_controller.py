@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from hetprof.catalog import builtin, load_catalog
 from hetprof.costmodels import get_cost_model
 from hetprof.errors import SpecError
 from hetprof.planner.controller import controller_seconds, dispatch_slots
 from hetprof.planner.pinned import PinnedLayout, pinned_candidate
 from hetprof.planner.simulator import Simulator
 from hetprof.specs import ClusterSpec, WorkloadSpec
+from hetprof.specs.catalog import builtin, load_catalog
 from hetprof.specs.executable import workload_problems
 from hetprof.specs.loader import from_data
 from hetprof.specs.vocabulary import Task, TaskKind

@@ -12,11 +12,11 @@ from hetprof.cli import cli
 from hetprof.costmodels import Placement, get_cost_model
 from hetprof.errors import InfeasibleError
 from hetprof.executor.launch_checks import check_supported
-from hetprof.models import PRESETS
 from hetprof.planner.candidate import Candidate, TaskLayout
 from hetprof.planner.search import SearchContext, get_search, layouts
 from hetprof.planner.simulator import Simulator
 from hetprof.specs import ClusterSpec, Plan, WorkloadSpec, executable
+from hetprof.specs.models import PRESETS
 
 WORKLOAD = {"name": "ppo-4b", "algorithm": "ppo", "mode": "sync",
             "models": {"actor": "qwen3-4b", "critic": "qwen3-4b"}, "prompts_per_step": 16,

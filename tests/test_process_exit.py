@@ -10,7 +10,7 @@ from pathlib import Path
 SCRIPT = textwrap.dedent("""
     import atexit, sys
     from pathlib import Path
-    from hetprof.processes import skip_teardown_at_exit
+    from hetprof.safety.processes import skip_teardown_at_exit
 
     out = Path(sys.argv[1])
 

@@ -11,14 +11,14 @@ import time
 
 import pytest
 
-from hetprof.process_guard import start_time
+from hetprof.safety.process_guard import start_time
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="the guard reads /proc (Linux)")
 
 # a worker that guards itself, starts a helper, reports the helper's pid and (if asked) dies at once
 WORKER = """
 import os, signal, subprocess, sys
-from hetprof.process_guard import guard_children
+from hetprof.safety.process_guard import guard_children
 guard_children()
 helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
 print(helper.pid, flush=True)

@@ -10,8 +10,6 @@ import torch
 from hetprof.costmodels import get_cost_model
 from hetprof.costmodels.comm import collective_time
 from hetprof.costmodels.data import LinkSpec, Placement, Work
-from hetprof.dataparallel import needs_buffer_broadcast
-from hetprof.models import PRESETS
 from hetprof.profiler.context import ProfileContext
 from hetprof.profiler.suites.dptrain import (
     BENCHMARK,
@@ -21,6 +19,8 @@ from hetprof.profiler.suites.dptrain import (
     worlds_for,
 )
 from hetprof.profiles import DeviceInfo, ProfileDB
+from hetprof.runtime.dataparallel import needs_buffer_broadcast
+from hetprof.specs.models import PRESETS
 
 
 @pytest.mark.slow

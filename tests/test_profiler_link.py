@@ -15,12 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hetprof.distributed import unassigned_port
 from hetprof.errors import ExecutionError
 from hetprof.profiler import testbed
 from hetprof.profiler.link_worker import pairs, sweep_sizes
 from hetprof.profiler.linkfit import fit_alpha_beta
 from hetprof.profiles import ProfileDB
+from hetprof.runtime.distributed import unassigned_port
 
 HETPROF = [str(Path(sys.executable).parent / "hetprof")]
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hetprof.models import PRESETS
 from hetprof.profiler import taskmodels
 from hetprof.profiler.context import ProfileContext
 from hetprof.profiler.suites.tasks import TasksSuite
 from hetprof.profiles import ProfileDB
+from hetprof.specs.models import PRESETS
 
 SHAPE_KEYS = {"model", "layers_run", "hidden", "ffn", "heads", "kv_heads", "head_dim", "vocab", "dtype"}
 

@@ -7,8 +7,8 @@ import pytest
 from hetprof.costmodels import get_cost_model, memory
 from hetprof.costmodels.data import Placement, Work
 from hetprof.errors import SpecError
-from hetprof.models import ModelShape
 from hetprof.specs import WorkloadSpec
+from hetprof.specs.models import ModelShape
 
 M = ModelShape("toy", "llama", 4, 64, 128, 4, 2, 16, 100, False)
 GPU = 1e8  # a 100 MB device: room for about a thousand of the toy's sequences

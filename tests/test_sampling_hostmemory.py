@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from hetprof.sampling import next_tokens
+from hetprof.runtime.sampling import next_tokens
 
 
 def test_next_tokens_pads_finished_rows_and_finishes_on_eos():
@@ -37,7 +37,7 @@ def test_next_tokens_logprob_is_the_tempered_softmax_of_the_drawn_token():
 
 FAULTS = """
 import resource, sys, torch
-from hetprof.hostmemory import keep_freed_memory
+from hetprof.runtime.hostmemory import keep_freed_memory
 if sys.argv[1] == "pin":
     assert keep_freed_memory()
 def cycle():

@@ -7,13 +7,13 @@ import dataclasses
 import pytest
 import yaml
 
-from hetprof.catalog import builtin
 from hetprof.costmodels import Placement, Work, get_cost_model
-from hetprof.models import ModelShape
 from hetprof.planner.pinned import PinnedLayout, pinned_candidate
 from hetprof.planner.simulator import Simulator
 from hetprof.specs import ClusterSpec, WorkloadSpec
+from hetprof.specs.catalog import builtin
 from hetprof.specs.loader import from_data
+from hetprof.specs.models import ModelShape
 
 M = ModelShape("toy", "llama", 4, 64, 128, 4, 2, 16, 100, False)
 PARAMS = 4 * ((64 * 64 + 2 * 64 * 32 + 64 * 64) + 3 * 64 * 128 + 2 * 64) + (100 * 64 + 100 * 64 + 64)

@@ -6,11 +6,11 @@ import pytest
 import yaml
 
 from hetprof.costmodels import LinkSpec, get_cost_model
-from hetprof.models import ModelShape
 from hetprof.planner.pinned import PinnedLayout, pinned_candidate
 from hetprof.planner.simulator import Simulator
 from hetprof.specs import ClusterSpec, WorkloadSpec
 from hetprof.specs.loader import from_data
+from hetprof.specs.models import ModelShape
 
 M = ModelShape("toy", "llama", 4, 64, 128, 4, 2, 16, 100, False)
 LINK = LinkSpec(1e-5, 1e10)

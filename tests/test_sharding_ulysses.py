@@ -8,8 +8,8 @@ import yaml
 from hetprof.costmodels import LinkSpec, comm, get_cost_model
 from hetprof.costmodels.data import Placement, Work
 from hetprof.errors import InfeasibleError, SpecError
-from hetprof.models import ModelShape
 from hetprof.specs import ClusterSpec, WorkloadSpec
+from hetprof.specs.models import ModelShape
 
 M = ModelShape("toy", "llama", 4, 64, 128, 4, 2, 16, 100, False)  # q 4×16 = 64, kv 2×16 = 32 wide
 LINK = LinkSpec(1e-5, 1e10)

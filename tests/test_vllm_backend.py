@@ -23,8 +23,8 @@ from hetprof.executor.data import arithmetic_prompts
 from hetprof.executor.logprobs import token_logprobs
 from hetprof.executor.modeling import build_causal_lm, hf_config
 from hetprof.executor.tokenizer import CharTokenizer
-from hetprof.process_guard import proc_stat, start_time
-from hetprof.vllm_engine import CPU_HEAD_DIMS, check_head_dim, engine_settings
+from hetprof.runtime.vllm_engine import CPU_HEAD_DIMS, check_head_dim, engine_settings
+from hetprof.safety.process_guard import proc_stat, start_time
 
 TOK = CharTokenizer()
 

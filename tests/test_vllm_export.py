@@ -15,8 +15,8 @@ from hetprof.executor.hf_export import _write_actor
 from hetprof.executor.logprobs import token_logprobs
 from hetprof.executor.modeling import build_causal_lm
 from hetprof.executor.tokenizer import CharTokenizer
+from hetprof.runtime.vllm_engine import engine_settings
 from hetprof.specs import WorkloadSpec
-from hetprof.vllm_engine import engine_settings
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

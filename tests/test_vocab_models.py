@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from hetprof import catalog
 from hetprof.errors import SpecError
-from hetprof.models import PRESETS, from_hf_config, resolve_model
-from hetprof.units import parse_duration, parse_rate, parse_size
+from hetprof.specs import catalog
+from hetprof.specs.models import PRESETS, from_hf_config, resolve_model
+from hetprof.specs.units import parse_duration, parse_rate, parse_size
 
 
 @pytest.mark.parametrize("name, billions", [
@@ -89,7 +89,7 @@ def test_sizes_and_durations():
 def test_a_model_name_no_file_system_holds_is_an_unknown_model():
     """A name too long for a path (found by the spec fuzz campaign) is refused like any unknown
     model, not with the file system's OSError."""
-    from hetprof.models import resolve_model
+    from hetprof.specs.models import resolve_model
 
     with pytest.raises(KeyError):
         resolve_model("x" * 5000)

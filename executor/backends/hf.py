@@ -6,8 +6,8 @@ the behaviour log-prob of each sampled token computed exactly as the trainer rec
 (padding-aware positions, fp32 softmax at the sampling temperature), and a rollout laid out for
 training. The KV cache is transformers' own `DynamicCache`.
 
-The loop is `hetprof.generation.sample_continuations`, which the profiler's `task.generate` row times
-whole; each step's sampling is `hetprof.sampling.next_tokens`, which its decode row times:
+The loop is `hetprof.runtime.generation.sample_continuations`, which the profiler's `task.generate` row times
+whole; each step's sampling is `hetprof.runtime.sampling.next_tokens`, which its decode row times:
 behaviour log-probs are those of softmax(logits / temperature) — before top-p truncation — so they
 are reproducible by `token_logprobs(..., temperature=...)` on the same weights.
 """
@@ -24,7 +24,7 @@ from hetprof.executor.backends import register_backend
 from hetprof.executor.backends.base import GenerationBackend, PhaseClock, Rollout, check_sampling
 from hetprof.executor.modeling import unwrap
 from hetprof.executor.tokenizer import Tokenizer
-from hetprof.generation import sample_continuations
+from hetprof.runtime.generation import sample_continuations
 
 
 @register_backend("hf")

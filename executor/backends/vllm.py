@@ -2,7 +2,7 @@
 
 vLLM is imported only when this backend is constructed, so the package and its registry import on
 machines without it; constructing it there raises a clear ExecutionError instead. How the engine
-fits its slot (KV-cache size, the CPU core its threads are bound to, dtype) is `hetprof.vllm_engine`'s.
+fits its slot (KV-cache size, the CPU core its threads are bound to, dtype) is `hetprof.runtime.vllm_engine`'s.
 
 The engine is built from a local directory: the caller's model is written there as a Hugging
 Face checkpoint (`write_checkpoint`: shapes and weights exactly as the trainer has them). Prompts go in as token ids
@@ -12,7 +12,7 @@ sync `weights_arrived` writes it to a safetensors file beside the engine's check
 engine reload it through vLLM's worker-extension RPC (`collective_rpc`, on every TP worker), and checks that the engine's log-probs of a fixed probe
 sequence equal the trainer's recompute on that copy — the proof the weights really arrived.
 
-In a run's worker the engine's processes are guarded from before they start (hetprof.process_guard:
+In a run's worker the engine's processes are guarded from before they start (hetprof.safety.process_guard:
 they die with the worker, even one killed during the engine's start), and once the engine is up
 each also watches its parent chain (vllm_worker.py).
 
@@ -34,9 +34,8 @@ from hetprof.executor.backends import register_backend
 from hetprof.executor.backends.base import GenerationBackend, Rollout, check_sampling
 from hetprof.executor.modeling import unwrap
 from hetprof.executor.tokenizer import Tokenizer
-from hetprof.generation import pad_left
-from hetprof.process_guard import guard_children
-from hetprof.vllm_engine import (
+from hetprof.runtime.generation import pad_left
+from hetprof.runtime.vllm_engine import (
     WORKER_EXTENSION,
     engine_settings,
     probe_logprobs,
@@ -44,6 +43,7 @@ from hetprof.vllm_engine import (
     start_engine,
     vllm_available,
 )
+from hetprof.safety.process_guard import guard_children
 
 # The probe a weight sync is checked with: a fixed prompt and response of token ids (any ids of the
 # vocabulary do: the check compares two computations of the same log-probs, not their values).

@@ -1,4 +1,8 @@
-"""The files users write and share: cluster spec, workload spec, plan (DESIGN §2)."""
+"""The vocabulary and the files users write and share: cluster spec, workload spec, plan (DESIGN §2).
+
+The GPU catalog (catalog.py), model shapes (models.py) and units (units.py) live here too: a
+cluster spec names its GPU types from the catalog, so the catalog sits beside the specs, not above.
+"""
 
 from hetprof.specs.cluster import ClusterSpec, Device, GpuSlot, Host, LinkOverride, LinkParams, NetworkSpec
 from hetprof.specs.plan import (

@@ -11,12 +11,12 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from hetprof import catalog as gpu_catalog
 from hetprof.errors import SpecError
+from hetprof.specs import catalog as gpu_catalog
 from hetprof.specs.gpus import GpuTypeSpec
 from hetprof.specs.loader import field, from_data, to_data
 from hetprof.specs.positions import load_spec
-from hetprof.units import parse_duration, parse_rate
+from hetprof.specs.units import parse_duration, parse_rate
 
 
 def _rate(text: str) -> bool:

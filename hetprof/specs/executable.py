@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hetprof.models import ModelShape
+from hetprof.specs.models import ModelShape
 from hetprof.specs.vocabulary import Task, TaskKind
 
 # Tasks that run no pipeline stages, and why.

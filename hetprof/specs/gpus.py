@@ -1,7 +1,7 @@
 """The GPU catalog file format: datasheet figures and efficiency curves, with their sources.
 
 Shared by the package's own catalog (hetprof/data/gpus.yaml), `--catalog FILE` and a cluster spec's
-`gpu_types:` section; hetprof/catalog.py turns it into the runtime catalog. Typed loading reports a
+`gpu_types:` section; hetprof/specs/catalog.py turns it into the runtime catalog. Typed loading reports a
 mistake with its field path and file.
 """
 

@@ -18,8 +18,8 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_
 
 import yaml
 
-from hetprof import safefiles
 from hetprof.errors import SpecError
+from hetprof.safety import safefiles
 
 T = TypeVar("T")
 

@@ -13,8 +13,8 @@ from typing import Any, TypeVar
 
 import yaml
 
-from hetprof import safefiles
 from hetprof.errors import SpecError
+from hetprof.safety import safefiles
 from hetprof.specs.loader import MAX_SPEC_BYTES, from_data, read_file
 from hetprof.specs.overrides import apply_overrides, from_override, split_field_path
 

@@ -10,8 +10,8 @@ from typing import Any, Literal
 import numpy as np
 
 from hetprof.errors import SpecError
-from hetprof.models import ModelShape, resolve_model
 from hetprof.specs.loader import field, from_data, non_negative, positive, to_data
+from hetprof.specs.models import ModelShape, resolve_model
 from hetprof.specs.positions import load_spec
 from hetprof.specs.training_setup import DataParams, OptimizerParams
 

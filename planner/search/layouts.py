@@ -16,12 +16,11 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from hetprof import catalog
 from hetprof.errors import InfeasibleError
-from hetprof.models import ModelShape
 from hetprof.planner.balance import Curve, balance_shares, largest_batch_within  # noqa: F401 (re-exported)
 from hetprof.planner.candidate import TaskLayout
-from hetprof.specs import executable
+from hetprof.specs import catalog, executable
+from hetprof.specs.models import ModelShape
 from hetprof.specs.plan import TASKS
 from hetprof.specs.vocabulary import TaskKind
 

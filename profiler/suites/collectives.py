@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import statistics
 
-from hetprof.distributed import file_init_method
 from hetprof.errors import ExecutionError
-from hetprof.processes import isolated_children
 from hetprof.profiler.collective_worker import bus_factor, worker
 from hetprof.profiler.context import ProfileContext
 from hetprof.profiler.registry import Suite, register_suite
+from hetprof.runtime.distributed import file_init_method
+from hetprof.safety.processes import isolated_children
 
 OPS = ["all_reduce", "all_gather", "broadcast"]
 KiB, MiB, GiB = 1024, 1024**2, 1024**3

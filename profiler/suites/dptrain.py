@@ -15,13 +15,13 @@ from __future__ import annotations
 import os
 import statistics
 
-from hetprof.distributed import file_init_method
 from hetprof.errors import ExecutionError
-from hetprof.processes import isolated_children
 from hetprof.profiler import taskmodels
 from hetprof.profiler.context import ProfileContext
 from hetprof.profiler.registry import Suite, register_suite
 from hetprof.profiler.suites.tasks import default_dtype
+from hetprof.runtime.distributed import file_init_method
+from hetprof.safety.processes import isolated_children
 
 BENCHMARK = "dp.train_step"
 # one step's shape per device kind: big enough that the backward pass is real work, small enough to be quick

@@ -14,11 +14,11 @@ import os
 import statistics
 
 from hetprof.errors import ExecutionError, SpecError
-from hetprof.processes import isolated_children
 from hetprof.profiler import netaddr
 from hetprof.profiler.context import ProfileContext
 from hetprof.profiler.link_worker import link_worker
 from hetprof.profiler.registry import Suite, register_suite
+from hetprof.safety.processes import isolated_children
 
 
 def launch_config(ctx: ProfileContext):

@@ -1,8 +1,8 @@
 """RL task kernels at small scale: prefill, one decode step, a fwd+bwd+Adam training step, and a
-whole generation call (what a call costs beyond its prefill and decode steps: see hetprof/generation.py).
+whole generation call (what a call costs beyond its prefill and decode steps: see hetprof/runtime/generation.py).
 
 Each task timer times what an RL step really does, not just the model's forward: a decode step also
-samples the next token with the executor's own sampling step (`hetprof.sampling`: fp32 log-softmax
+samples the next token with the executor's own sampling step (`hetprof.runtime.sampling`: fp32 log-softmax
 at the last position, multinomial draw, the token's log-prob — every RL generator does this per
 step, over the full vocabulary), and a training step
 computes per-token log-probs and entropy in fp32 for a policy-gradient loss and clips the
@@ -29,15 +29,15 @@ import statistics
 from collections.abc import Iterator
 from typing import Any
 
-from hetprof.cpuslots import on_slot_core
-from hetprof.generation import sample_continuations
-from hetprof.packedpass import packed_token_logprobs
 from hetprof.profiler import taskmodels
 from hetprof.profiler.context import ProfileContext
 from hetprof.profiler.registry import Suite, register_suite
 from hetprof.profiler.timing import Flusher, Timed, measure, measure_round_robin
 from hetprof.profiler.workloadgrid import PACKED_PREFILL, PACKED_TRAIN, merge_points
-from hetprof.sampling import next_tokens
+from hetprof.runtime.cpuslots import on_slot_core
+from hetprof.runtime.generation import sample_continuations
+from hetprof.runtime.packedpass import packed_token_logprobs
+from hetprof.runtime.sampling import next_tokens
 
 # (batch sizes, sequence/context lengths) per task, for (device kind, quick?)
 GRIDS: dict[tuple[str, bool], dict[str, tuple[tuple[int, ...], tuple[int, ...]]]] = {
@@ -122,7 +122,7 @@ class TaskTimer:
 class Prefill(TaskTimer):
     """A forward over whole prompts or sequences. At a packed inference point of `--workload` (a
     token-budget workload's reference or log-prob pass) it times what that pass runs,
-    `hetprof.packedpass.packed_token_logprobs` over one pack of `batch` sequences scoring their
+    `hetprof.runtime.packedpass.packed_token_logprobs` over one pack of `batch` sequences scoring their
     response tokens; elsewhere a padded batch's forward, as generation's prefill runs it."""
 
     task = "prefill"
@@ -202,7 +202,7 @@ class Decode(TaskTimer):
 
 
 def _sampler(tm: Any, batch: int, device: Any, gen: Any):
-    """Turn the step's logits into tokens as the executor's generator does (`hetprof.sampling`:
+    """Turn the step's logits into tokens as the executor's generator does (`hetprof.runtime.sampling`:
     fp32 log-softmax, a multinomial draw, the drawn token's log-prob, finished-row bookkeeping).
     Without a head (large models profiled on a few blocks) there are no logits to sample from."""
     import torch
@@ -219,7 +219,7 @@ def _sampler(tm: Any, batch: int, device: Any, gen: Any):
 
 
 class Generate(TaskTimer):
-    """A whole generation call, as the executor's `hf` backend makes it (`hetprof.generation`): pad
+    """A whole generation call, as the executor's `hf` backend makes it (`hetprof.runtime.generation`): pad
     the prompts, prefill, sample GENERATE_NEW_TOKENS tokens. `hetprof fit` compares it with the
     prefill and decode rows to learn what a call costs beyond its phases; it needs the LM head."""
 
@@ -373,7 +373,7 @@ class TasksSuite(Suite):
 
         dtype = ctx.options.get("dtype") or default_dtype(ctx.device)
         device = torch.device(ctx.device)
-        # a slot's rows are timed on a core of their own, as a run's worker runs (hetprof/cpuslots.py)
+        # a slot's rows are timed on a core of their own, as a run's worker runs (hetprof/runtime/cpuslots.py)
         with on_slot_core(0, 1) if device.type == "cpu" else contextlib.nullcontext():
             self._models(ctx, dtype, device)
 

@@ -3,7 +3,7 @@
 The `hf` backend's calls are the tasks suite's `generate` rows; a vLLM engine runs the same call in
 its own kernels, scheduler and sampler, at a different cost, so `hetprof fit` learns what a vLLM call
 costs beyond the fitted phases from these rows alone (costmodels/calloverhead.py, per backend). The
-engine is set up as the executor's `vllm` backend sets it up on a worker slot (hetprof.vllm_engine:
+engine is set up as the executor's `vllm` backend sets it up on a worker slot (hetprof.runtime.vllm_engine:
 KV-cache size, one thread bound to one core, the model's dtype, the engine core in a process of
 its own) and is started once per model;
 each timed call generates GENERATE_NEW_TOKENS tokens for every prompt (no early stop), as the `hf`
@@ -74,7 +74,7 @@ class VLLMGenerateSuite(Suite):
         return sum(len(TIMERS["generate"].points(ctx, tm.shape.max_position)) for tm in self._models(ctx))
 
     def run(self, ctx: ProfileContext) -> None:
-        from hetprof.vllm_engine import vllm_available
+        from hetprof.runtime.vllm_engine import vllm_available
 
         if not vllm_available():
             ctx.note("vllmgen: vLLM is not installed (make install-vllm), nothing measured")
@@ -90,7 +90,7 @@ class VLLMGenerateSuite(Suite):
     def _model(self, ctx: ProfileContext, tm: taskmodels.TaskModel, points: list[tuple[int, int]]) -> None:
         import torch
 
-        from hetprof.vllm_engine import WORKER_EXTENSION, engine_settings, start_engine
+        from hetprof.runtime.vllm_engine import WORKER_EXTENSION, engine_settings, start_engine
 
         device = torch.device(ctx.device)
         model = taskmodels.build(tm, device)
@@ -128,7 +128,7 @@ class VLLMGenerateSuite(Suite):
         """What the backend does once a sync has landed: reload the weights, then check a probe."""
         import torch
 
-        from hetprof.vllm_engine import probe_logprobs, reload_weights
+        from hetprof.runtime.vllm_engine import probe_logprobs, reload_weights
 
         ids = (torch.arange(PROBE_TOKENS) % max(1, model.config.vocab_size - 3) + 3).tolist()
 

@@ -3,7 +3,7 @@ log-prob passes execute, and the code the profiler's packed inference rows time.
 
 A padded [B, T] batch spends compute on T − len(row) pad tokens per row; packing keeps only attended
 tokens, concatenated into one row of N = Σ len tokens, with position ids restarting at 0 for each
-sequence. The attention (hetprof/varlen_attention.py) splits a packed row at each restart and attends
+sequence. The attention (hetprof/runtime/varlen_attention.py) splits a packed row at each restart and attends
 within each sequence, so each sequence sees exactly what it sees padded. Per-token results are
 scattered back to the padded layout, the trainer's shifted [B, T-1] space.
 
@@ -11,7 +11,7 @@ Why here and not in the executor: the profiler may not import the executor, and 
 copy of this work instead of this work is a bias no fit recovers (a small model's pass spends about
 a tenth of its time packing, scattering and taking log-probs around the forward: docs/DESIGN.md §10).
 
-Positions follow `hetprof.generation.position_ids` (the count of attended tokens before a token),
+Positions follow `hetprof.runtime.generation.position_ids` (the count of attended tokens before a token),
 so a left-padded row and its packed copy see the same RoPE phases.
 """
 
@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from hetprof.tokenbudget import micro_batches_by_tokens
+from hetprof.runtime.tokenbudget import micro_batches_by_tokens
 
 
 @dataclasses.dataclass(frozen=True)

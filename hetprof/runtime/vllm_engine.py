@@ -29,15 +29,15 @@ from typing import Any
 
 import torch
 
-from hetprof.cpuslots import slot_core
 from hetprof.errors import ExecutionError
+from hetprof.runtime.cpuslots import slot_core
 
 # vLLM's CPU attention backend (vllm/v1/attention/backends/cpu_attn.py: get_supported_head_sizes)
 CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 DEFAULT_CPU_KV_CACHE_GIB = 1.0
 VLLM_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 # mixed into vLLM's workers, which import it by path: the weight reload after a sync (vllm_worker.py)
-WORKER_EXTENSION = "hetprof.vllm_worker.WeightUpdateExtension"
+WORKER_EXTENSION = "hetprof.runtime.vllm_worker.WeightUpdateExtension"
 # by path, so that vLLM's CPU platform keeps it (it swaps the name "uni" for its multi-process executor)
 SINGLE_PROCESS_EXECUTOR = "vllm.v1.executor.uniproc_executor.UniProcExecutor"
 

@@ -9,7 +9,7 @@ waits for the caller to die and then kills the whole group. Membership is given 
 helper can escape between its start and a watch being set up; the kernel does not hand out a
 process group's id as a new pid while a member lives, so the guardian's kill reaches only the group.
 
-Run as a program (`python -m hetprof.process_guard PID START`), this module is the guardian.
+Run as a program (`python -m hetprof.safety.process_guard PID START`), this module is the guardian.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 
-from hetprof.processes import child_env, python_argv, safe_cwd
+from hetprof.safety.processes import child_env, python_argv, safe_cwd
 
 POLL_S = 0.2
 
@@ -53,8 +53,8 @@ def guard_children() -> subprocess.Popen | None:
         return None
     if os.getpgid(0) != me:
         os.setpgid(0, 0)
-    # started like every hetprof helper (hetprof/processes.py): no current folder on its path
-    return subprocess.Popen(python_argv("-m", "hetprof.process_guard", str(me), str(started)), cwd=safe_cwd(),
+    # started like every hetprof helper (hetprof/safety/processes.py): no current folder on its path
+    return subprocess.Popen(python_argv("-m", "hetprof.safety.process_guard", str(me), str(started)), cwd=safe_cwd(),
                             env=child_env(), start_new_session=True, stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL)
 
@@ -69,5 +69,5 @@ def watch(pid: int, started: int) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) != 3 or not all(a.isdigit() for a in sys.argv[1:]):
-        sys.exit("usage: python -m hetprof.process_guard PID START_TIME")
+        sys.exit("usage: python -m hetprof.safety.process_guard PID START_TIME")
     watch(int(sys.argv[1]), int(sys.argv[2]))

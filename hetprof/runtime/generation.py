@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from hetprof.sampling import next_tokens
+from hetprof.runtime.sampling import next_tokens
 
 Lap = Callable[[str, int, int], None]  # (phase kind, batch, tokens): called as each phase ends
 

@@ -1,6 +1,6 @@
 """Variable-length attention for packed sequences: each sequence attends only to itself, at its own cost.
 
-A packed row (hetprof/packedpass.py) holds several sequences end to end, marked by position ids that
+A packed row (hetprof/runtime/packedpass.py) holds several sequences end to end, marked by position ids that
 restart at 0. transformers' `sdpa` keeps them apart with an N × N block-diagonal mask over the
 whole row, so attention costs N² — more than the padded batch it replaces when a pack is long.
 This implementation (registered as `VARLEN_ATTENTION`, the executor's default and the model the

@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from hetprof.process_guard import proc_stat
+from hetprof.safety.process_guard import proc_stat
 
 PARENT_POLL_S = 0.5
 MAX_CHAIN = 4  # processes from the model runner up to the worker, the worker excluded
