@@ -1,6 +1,7 @@
 """The docs stay true to the code: every `hetprof …` example in a fenced shell block of README.md and
-docs/**/*.md parses against the real click command tree, every relative link in README.md reaches a
-file (and heading), and docs/results.md is what `make results` writes.
+docs/**/*.md parses against the real click command tree, every name a fenced Python example imports
+exists, every relative link in README.md reaches a file (and heading), and docs/results.md is what
+`make results` writes.
 
 Parsing resolves the subcommand chain and makes each command's context from the example's words with
 the command's own parameters — names, flags, counts, choices and value types — so a renamed or
@@ -12,8 +13,10 @@ a shell.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import copy
+import importlib
 import re
 import shlex
 import subprocess
@@ -184,6 +187,41 @@ def test_parsing_runs_nothing_and_restores_the_commands(tmp_path, monkeypatch):
     run = cli.get_command(click.Context(cli), "run")
     plan_arg = next(p for p in run.params if p.name == "plan")
     assert plan_arg.type.exists  # the real command still checks its plan file
+
+
+# ---- Python examples ----------------------------------------------------------------------------
+
+def python_imports() -> list[tuple[str, str, str]]:
+    """(where, module, name) for every `from hetprof… import name` of a fenced Python example."""
+    found = []
+    for page in PAGES:
+        for lang, first, body in fenced_blocks(page.read_text(encoding="utf-8")):
+            if lang not in {"python", "py"}:
+                continue
+            for k, line in enumerate(body):  # line by line: some blocks are signatures, not programs
+                if not re.match(r"\s*from hetprof[\w.]* import ", line):
+                    continue
+                node = ast.parse(line.strip()).body[0]
+                where = f"{page.relative_to(ROOT)}:{first + k}"
+                found += [(where, node.module, alias.name) for alias in node.names]
+    return found
+
+
+IMPORTS = python_imports()
+
+
+def test_python_examples_are_found():
+    assert len({where.split(":")[0] for where, _, _ in IMPORTS}) >= 2
+
+
+@pytest.mark.parametrize(("where", "module", "name"), IMPORTS, ids=[f"{w} {m}.{n}" for w, m, n in IMPORTS])
+def test_each_python_example_import_exists(where, module, name):
+    """A moved or renamed module or class fails here, naming the page and line that still use it."""
+    try:
+        imported = importlib.import_module(module)
+    except ImportError as exc:
+        pytest.fail(f"{where}: from {module} import {name}: {exc}")
+    assert hasattr(imported, name), f"{where}: {module} has no {name}"
 
 
 # ---- links --------------------------------------------------------------------------------------
