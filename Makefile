@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 TORCH_PIN ?= torch==2.13.0
 TORCH_INDEX_URL ?=
 
-.PHONY: install install-vllm test test-vllm test-fast demo lint bench clean
+.PHONY: install install-vllm test test-vllm test-fast demo lint bench docs results clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -51,6 +51,21 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	for b in bench/*_bench.py; do $(BIN)/python $$b || exit 1; done
+
+# The user guide under docs/ as a static site in build/site (mkdocs.yml). --strict: a broken link or
+# anchor, or a page missing from the nav, fails the build. Offline: no plugin fetches anything.
+DOCS_STAMP := $(VENV)/.docs-installed
+$(DOCS_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[dev,docs]'
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir build/site
+
+# docs/results.md, the guide's one page of measured figures: generated from the benches, never
+# edited by hand (bench/results_page.py --help for the heavier parts behind flags).
+results: $(STAMP)
+	$(BIN)/python bench/results_page.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info demo-out
