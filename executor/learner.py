@@ -293,7 +293,7 @@ class Learner:
 def forward_module(model: nn.Module) -> nn.Module:
     """The module a forward without gradients calls: a DDP replica's own module, since DDP's
     per-forward bookkeeping only prepares a backward, a cost no profiled row times (docs/DESIGN.md §10
-    has its size); anything else as it is."""
+    says why and which bench measures it); anything else as it is."""
     return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 
 

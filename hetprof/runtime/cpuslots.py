@@ -7,7 +7,7 @@ slot; with more slots than cores they share, and the OS places them. Why: left t
 a run's data-parallel workers are moved between cores and at times stacked on one while another
 process holds the other, and every step waits for the slowest replica, so a run cost more than
 the rows that priced it, which one profiler process had timed with every other core free. Both
-sides now time work on a core of their own (docs/DESIGN.md §10 has the figures).
+sides now time work on a core of their own (docs/DESIGN.md §10 says why and which bench measures it).
 
 Threads a process starts after binding inherit its core (gloo's loops, vLLM's engine threads).
 A helper thread of hetprof's own that shares a worker's core (the leader's record thread) runs at

@@ -3,7 +3,7 @@
 A generation call costs more than its prefill and its decode steps timed one by one: the prompts are
 padded into tensors, the first decode steps after a prefill run slower than steady ones (the
 prefill has evicted what the steps use), and every step grows the attention mask — time no per-phase
-row sees (docs/DESIGN.md §10 has the figures). The profiler's
+row sees (docs/DESIGN.md §10 says why and which bench measures it). The profiler's
 `task.generate` row times whole calls of this very function, and `hetprof fit` turns what they take
 beyond the per-phase rows into a per-call term (see costmodels/calloverhead.py). Neither the executor
 nor the profiler may import the other, so the loop lives here, next to its sampling step.

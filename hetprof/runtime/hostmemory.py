@@ -6,7 +6,7 @@ alternates training and generation frees megabytes between phases, so the next p
 page-faults its activations back in and runs slower than the same prefill in the profiler's tight
 loop (where the threshold had adapted and nothing was returned). Rule: pin the thresholds in every
 process that times or runs kernels. Why: a run's kernels then cost what the profiler measured
-(the figures are in docs/DESIGN.md §10).
+(docs/DESIGN.md §10 says why and which bench measures it).
 
 The profiler and the executor both call `keep_freed_memory()` at process start, so the kernels the
 profiler times and the kernels a run executes see the same allocator. The price is that a process

@@ -86,7 +86,7 @@ def workload_points(ctx: ProfileContext, tms: list[taskmodels.TaskModel]) -> lis
 
     What data parallelism adds is not a constant: a replica waits for the slowest at every step's
     all-reduce, and that wait grows with the step, so the job's own steps are measured next to the
-    generic ones (figures in docs/DESIGN.md §10).
+    generic ones (docs/DESIGN.md §10 says why and which bench measures it).
     """
     extra = (ctx.options.get("workload_points") or {}).get("train", [])
     deepest: dict[str, taskmodels.TaskModel] = {}

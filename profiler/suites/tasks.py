@@ -16,7 +16,7 @@ executor's CPU workers run single-threaded; the thread count is recorded with ev
 
 Forward-only rows run under `torch.no_grad()`, the mode the executor's generation and inference
 passes run in (`inference_mode` skips autograd's version counting, so it would time a small model's pass
-faster than a run computes it; DESIGN §10 has by how much), and every repeat but a decode step's starts with the
+faster than a run computes it; DESIGN §10 says why), and every repeat but a decode step's starts with the
 core's caches evicted (`Flusher(cpu_caches=True)`): in a run a pass or a call follows other tasks'
 work, never its own repeat, while a call's decode steps follow each other.
 """
@@ -42,7 +42,7 @@ from hetprof.runtime.sampling import next_tokens
 # (batch sizes, sequence/context lengths) per task, for (device kind, quick?)
 GRIDS: dict[tuple[str, bool], dict[str, tuple[tuple[int, ...], tuple[int, ...]]]] = {
     # CPU grids reach the per-replica batches of a CPU RL run (tens of sequences): a fit is trusted
-    # between its points, not beyond them (docs/DESIGN.md §10 has what extrapolating cost).
+    # between its points, not beyond them (docs/DESIGN.md §10 says why).
     ("cpu", True): {"prefill": ((1, 4, 16, 32, 64), (16, 32, 64, 128)),
                     "decode": ((1, 4, 16, 32), (16, 64, 128, 256)),
                     "train": ((1, 4, 16), (32, 64, 128)),
