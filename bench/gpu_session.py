@@ -1,0 +1,348 @@
+"""One command for a GPU machine: install the kit, profile the GPU, fit, plan, run GRPO, validate, report.
+
+A lent GPU machine comes rarely, for minutes, without network (docs/guide/gpu-session.md). This
+script is everything it runs, a thin driver over the `hetprof` commands a user types:
+
+    kit        install .gpukit (`make gpu-kit`) into a private folder; check versions against pyproject.toml
+    inventory  `hetprof profile --suite inventory` (NVML), then this machine as a one-GPU cluster spec
+    compute    `hetprof profile --suite compute`: matmul by dtype (bf16, fp16, fp8 where the GPU has it, fp32)
+    memory     `hetprof profile --suite memory`: device-to-device copy
+    tasks-M    `hetprof profile --suite tasks` at model M's shapes (random weights, a few blocks), the
+               planned model with the workload's own shapes
+    fit, plan, run, validate   the planned GRPO job on this GPU (`hf` backend), a few iterations
+    export     `hetprof db export`, then the report: measured against the catalog and the reference
+               figures, and against the plan's prediction per task and per iteration
+
+Each step runs under its own time cap, inside an overall budget, so one slow step cannot eat the
+rest; a step that fails or is cut leaves the others running (those needing its output are skipped),
+and the report says which and why (the last lines of its output). At most 8 files land in --out.
+The script imports only the standard library and what the device image has (pyyaml, packaging),
+so it runs before the kit is installed; what needs hetprof runs in subprocesses.
+
+    python3 bench/gpu_session.py --out $OUT                          # on the GPU machine
+    .venv/bin/python bench/gpu_session.py --device cpu --quick --no-kit --out /tmp/dry   # CPU dry run
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import gpu_kit
+import gpu_report
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+FIGURES = Path(__file__).resolve().parent / "gpu_figures.py"
+REFERENCES = Path(__file__).resolve().parent / "gpu_references.yaml"
+# hetprof's CLI as a module call: works for the kit's --target install (no console script on PATH)
+# and for a virtualenv alike; -P keeps the working folder off sys.path.
+HETPROF = [sys.executable, "-P", "-c", "import sys; from hetprof.cli import main; sys.argv[0] = 'hetprof'; main()"]
+TAIL_LINES = 15  # lines of a failed step's output the report keeps
+KILL_GRACE_S = 10.0  # after SIGTERM, before SIGKILL: `hetprof run` stops its workers on SIGTERM
+
+
+@dataclasses.dataclass(frozen=True)
+class Scale:
+    """How much a session measures: the models profiled, the planned job, its iterations."""
+
+    models: tuple[str, ...]  # the first is the planned job's model
+    workload: Path
+    iterations: int
+    quick_profile: bool  # `hetprof profile --quick` (the small grid)
+    skip_memory: str = ""  # why the copy suite does not run at this scale ("": it runs)
+
+
+SCALES = {
+    "full": Scale(("qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b"),
+                  ROOT / "examples" / "workloads" / "qwen3-0.6b-grpo-1gpu.yaml", 5, False),
+    "quick": Scale(("tiny",), ROOT / "examples" / "workloads" / "grpo-tiny.yaml", 2, True,
+                   skip_memory="a CPU dry run: a CPU's copy sizes are 4x its last-level cache (GBs)"),
+}
+
+
+class StepError(Exception):
+    """A step's command did not succeed; `tail` is the end of its output."""
+
+    status = "failed"
+
+    def __init__(self, message: str, tail: list[str]):
+        super().__init__(message)
+        self.tail = tail
+
+
+class StepCut(StepError):
+    """A step ran past its cap."""
+
+    status = "timed out"
+
+
+@dataclasses.dataclass
+class StepResult:
+    name: str
+    status: str  # ok | failed | timed out | skipped
+    seconds: float = 0.0
+    cap_s: float = 0.0
+    why: str = ""
+    tail: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """A named piece of the session: `run(session)` under a cap of `cap_s` seconds.
+
+    `needs` names steps whose success it depends on (skipped otherwise); a `final` step runs even
+    when the overall budget is spent (it has its own reserve): the export and the report. A step
+    with a `skip` reason does not run at this scale, and the report says why.
+    """
+
+    name: str
+    cap_s: float
+    run: Callable[[Session], None]
+    needs: tuple[str, ...] = ()
+    final: bool = False
+    skip: str = ""
+
+
+@dataclasses.dataclass
+class Session:
+    """Where a session writes, what its commands see, and the deadline of the step running now."""
+
+    scratch: Path  # working files (the database, the specs); only the chosen few are copied to out
+    out: Path
+    env: dict[str, str]
+    log: Path  # every command's output, in order
+    deadline: float = float("inf")
+    facts: dict[str, Any] = dataclasses.field(default_factory=dict)  # what steps found (kit versions, ...)
+
+    def command(self, cmd: list[str], cwd: Path | None = None) -> list[str]:
+        """Run `cmd` until it ends or the step's deadline; its output goes to the log. A cut or a
+        non-zero exit raises with the output's last lines; its whole process group is stopped."""
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise StepCut("no time left in its cap", [])
+        with self.log.open("a") as log:
+            shown = ["hetprof", *cmd[len(HETPROF):]] if cmd[:len(HETPROF)] == HETPROF else cmd
+            log.write(f"\n$ {' '.join(shown)}\n")
+            log.flush()
+            start = log.tell()
+            proc = subprocess.Popen(cmd, cwd=cwd or self.scratch, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            try:
+                rc = proc.wait(timeout=left)
+            except subprocess.TimeoutExpired:
+                _stop_group(proc)
+                raise StepCut(f"cut after {left:.0f} s", _tail(self.log, start)) from None
+        if rc != 0:
+            raise StepError(f"exit {rc}: {' '.join(cmd[-6:])}", _tail(self.log, start))
+        return _tail(self.log, start, lines=None)
+
+    def hetprof(self, *args: str) -> list[str]:
+        return self.command([*HETPROF, *args])
+
+    def python(self, script: Path, *args: str) -> list[str]:
+        return self.command([sys.executable, "-P", str(script), *args])
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM to the step's process group (hetprof stops its workers on it), SIGKILL after a grace."""
+    for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            if sig == signal.SIGTERM:
+                os.killpg(proc.pid, signal.SIGKILL)  # what the leader left behind
+            return
+        except (subprocess.TimeoutExpired, ProcessLookupError):
+            continue
+
+
+def _tail(log: Path, start: int, lines: int | None = TAIL_LINES) -> list[str]:
+    with log.open("rb") as f:
+        f.seek(start)
+        text = f.read().decode(errors="replace").splitlines()
+    return text if lines is None else text[-lines:]
+
+
+def run_steps(session: Session, steps: list[Step], budget_s: float, reserve_s: float,
+              report: Callable[[StepResult], None] = lambda r: None) -> list[StepResult]:
+    """Every step in order under min(its cap, what is left of the budget less the final steps'
+    reserve); final steps under their own cap. A step whose needs did not succeed is skipped."""
+    end = time.monotonic() + budget_s - reserve_s
+    results: dict[str, StepResult] = {}
+    for step in steps:
+        missing = [n for n in step.needs if results.get(n, StepResult(n, "skipped")).status != "ok"]
+        left = step.cap_s if step.final else min(step.cap_s, end - time.monotonic())
+        if step.skip:
+            result = StepResult(step.name, "skipped", why=step.skip)
+        elif missing:
+            result = StepResult(step.name, "skipped", why=f"needs {', '.join(missing)}, which did not succeed")
+        elif left <= 0:
+            result = StepResult(step.name, "skipped", why="the session's time budget was spent")
+        else:
+            result = _run_one(session, step, left)
+        results[step.name] = result
+        report(result)
+    return list(results.values())
+
+
+def _run_one(session: Session, step: Step, cap: float) -> StepResult:
+    start = time.monotonic()
+    session.deadline = start + cap
+    try:
+        step.run(session)
+        status, why, tail = "ok", "", []
+    except StepError as exc:
+        status, why, tail = exc.status, str(exc), exc.tail
+    except (gpu_kit.KitError, subprocess.CalledProcessError, OSError) as exc:
+        status, why, tail = "failed", str(exc).splitlines()[0] if str(exc) else type(exc).__name__, []
+    finally:
+        session.deadline = float("inf")
+    return StepResult(step.name, status, time.monotonic() - start, cap, why, tail)
+
+
+# ---- the steps --------------------------------------------------------------------------------
+
+def kit_step(kit: Path | None) -> Callable[[Session], None]:
+    """Install the kit into scratch/site (put first on the commands' PYTHONPATH), then check every
+    version against pyproject.toml and the installed hetprof against the working tree. Without a
+    kit (a CPU dry run, a user's own machine) only this interpreter's packages are checked."""
+
+    def run(session: Session) -> None:
+        pyproject = ROOT / "pyproject.toml"
+        path = list(sys.path)
+        if kit is not None:
+            target = session.scratch / "site"
+            session.facts["kit_install"] = gpu_kit.install(kit, target)
+            session.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(target), session.env.get("PYTHONPATH")]))
+            path = [str(target), *path]
+            from importlib import metadata
+
+            dist = next(iter(metadata.distributions(name=gpu_kit.PROJECT, path=[str(target)])))
+            stale = gpu_kit.stale_sources(dist, ROOT, pyproject)
+            if stale:
+                raise gpu_kit.KitError(f"gpu kit: its hetprof wheel is older than the working tree ({len(stale)} "
+                                       f"files differ, e.g. {stale[0]}): run `make gpu-kit` again")
+        else:
+            session.facts["kit_install"] = "none: this interpreter's packages (--no-kit)"
+        session.facts["versions"] = gpu_kit.check_versions(pyproject, path)
+
+    return run
+
+
+def inventory_step(device: str) -> Callable[[Session], None]:
+    def run(session: Session) -> None:
+        session.hetprof("profile", "--suite", "inventory", "--device", device)
+        session.python(FIGURES, "cluster", str(session.env["HETPROF_DB"]), str(session.scratch / "cluster.yaml"))
+
+    return run
+
+
+def profile_step(device: str, quick: bool, *args: str) -> Callable[[Session], None]:
+    return lambda session: session.hetprof("profile", "--device", device, *(["--quick"] if quick else []), *args)
+
+
+def tasks_step(device: str, scale: Scale, model: str, planned: bool) -> Callable[[Session], None]:
+    """Task rows at `model`'s shapes; for the planned model also at the workload's own shapes."""
+    job = ["--workload", str(scale.workload), "--cluster", "cluster.yaml"] if planned else []
+    return profile_step(device, scale.quick_profile, "--suite", "tasks", "--models", model, *job)
+
+
+def export_step(session: Session) -> None:
+    """The profile database as one portable file, named after the GPU's catalog type and the date."""
+    cluster = session.scratch / "cluster.yaml"
+    kind = yaml.safe_load(cluster.read_text())["hosts"][0]["gpus"]["type"] if cluster.is_file() else "device"
+    name = f"{kind.lower()}-{datetime.now(timezone.utc):%Y%m%d}.hetprof.gz"
+    session.hetprof("db", "export", str(session.out / name))
+    session.facts["export"] = name
+
+
+def steps_for(args: argparse.Namespace, scale: Scale) -> list[Step]:
+    d, s = args.device, scale
+    run_log, plan = "run.jsonl", "plan.json"
+    out = [
+        Step("kit", 90, kit_step(None if args.no_kit else args.kit.resolve())),
+        Step("inventory", 60, inventory_step(d), ("kit",)),
+        Step("compute", 120, profile_step(d, s.quick_profile, "--suite", "compute"), ("kit",)),
+    ]
+    out += [
+        Step("memory", 60, profile_step(d, s.quick_profile, "--suite", "memory"), ("kit",),
+             skip=s.skip_memory if d == "cpu" else ""),
+        Step(f"tasks-{s.models[0]}", 120, tasks_step(d, s, s.models[0], True), ("inventory",)),
+        Step("fit", 60, lambda x: x.hetprof("fit", "--stat", "median"), (f"tasks-{s.models[0]}",)),
+        Step("plan", 60, lambda x: x.hetprof("plan", "-c", "cluster.yaml", "-w", str(s.workload), "--cost-model",
+                                             "fitted", "--seed", "0", "--budget-s", "20", "--out",
+                                             str(x.out / plan)), ("fit",)),
+        Step("run", 200, lambda x: x.hetprof("run", str(x.out / plan), "--iterations", str(args.iterations or
+                                                                                            s.iterations),
+                                            "--log", str(x.out / run_log), "--seed", "0", "--no-tensorboard"),
+             ("plan",)),
+        Step("validate", 45, lambda x: x.hetprof("validate", str(x.out / run_log)), ("run",)),
+        *[Step(f"tasks-{m}", 90, tasks_step(d, s, m, False), ("kit",)) for m in s.models[1:]],
+        Step("export", 30, export_step, ("kit",), final=True),
+        Step("summary", 60, lambda x: x.python(FIGURES, "summary", x.env["HETPROF_DB"], str(REFERENCES),
+                                               str(x.out / run_log), str(x.out / plan),
+                                               str(x.scratch / "figures.json")), ("inventory",), final=True),
+    ]
+    return out
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None,
+                        help="where the (at most 8) result files go [default: $OUT]")
+    parser.add_argument("--device", default="cuda:0", help="cuda:N or cpu [default: cuda:0]")
+    parser.add_argument("--quick", action="store_true", help="tiny model, small grids, 2 iterations (the dry run)")
+    parser.add_argument("--kit", type=Path, default=ROOT / ".gpukit", help="the kit folder (`make gpu-kit`)")
+    parser.add_argument("--no-kit", action="store_true", help="use this interpreter's packages (a CPU dry run, "
+                        "or a machine with `pip install -e .`)")
+    parser.add_argument("--iterations", type=int, default=None, help="RL iterations [default: 5, quick 2]")
+    parser.add_argument("--budget-s", type=float, default=450.0, help="wall seconds for every step but the "
+                        "final export and report [default: 450]")
+    parser.add_argument("--scratch", type=Path, default=None, help="working folder [default: a new temporary one]")
+    args = parser.parse_args(argv)
+    if args.out is None:
+        parser.error("--out (or $OUT) is required")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    scale = SCALES["quick" if args.quick else "full"]
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    scratch = (args.scratch or Path(os.environ.get("TMPDIR", "/tmp")) / f"gpu-session-{os.getpid()}").resolve()
+    scratch.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "HETPROF_DB": str(scratch / "profiles.db"), "PYTHONSAFEPATH": "1", "PYTHONUNBUFFERED": "1",
+           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}  # no network there: never wait on the hub
+    session = Session(scratch, out, env, out / "session.log")
+    session.log.write_text("")
+    started = datetime.now(timezone.utc)
+
+    def show(r: StepResult) -> None:
+        print(f"{r.name:18s} {r.status:9s} {r.seconds:6.1f} s  {r.why}", flush=True)
+
+    results = run_steps(session, steps_for(args, scale), args.budget_s, reserve_s=90.0, report=show)
+    figures = scratch / "figures.json"
+    data = json.loads(figures.read_text()) if figures.is_file() else {}
+    paths = gpu_report.write(out, started, {**vars(args), "argv": sys.argv[1:] if argv is None else argv}, results,
+                             session.facts, data)
+    print(f"report: {paths[0]}")
+    return 0 if all(r.status == "ok" for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
