@@ -3,13 +3,15 @@
 A lent GPU machine comes rarely, for minutes, without network (docs/guide/gpu-session.md). This
 script is everything it runs, a thin driver over the `hetprof` commands a user types:
 
-    kit        install .gpukit (`make gpu-kit`) into a private folder; check versions against pyproject.toml
+    kit        install .gpukit (`make gpu-kit`) into a private folder (without one, use this interpreter's
+               packages); check versions against pyproject.toml
     inventory  `hetprof profile --suite inventory` (NVML), then this machine as a one-GPU cluster spec
     compute    `hetprof profile --suite compute`: matmul by dtype (bf16, fp16, fp8 where the GPU has it, fp32)
     memory     `hetprof profile --suite memory`: device-to-device copy
     tasks-M    `hetprof profile --suite tasks` at model M's shapes (random weights, a few blocks), the
                planned model with the workload's own shapes
-    fit, plan, run, validate   the planned GRPO job on this GPU (`hf` backend), a few iterations
+    fit, plan, run, validate   the planned GRPO job on this GPU (`hf` backend, or --backend vllm), a few
+               iterations
     export     `hetprof db export`, then the report: measured against the catalog and the reference
                figures, and against the plan's prediction per task and per iteration
 
@@ -59,14 +61,20 @@ class Scale:
     models: tuple[str, ...]  # the first is the planned job's model
     workload: Path
     iterations: int
-    quick_profile: bool  # `hetprof profile --quick` (the small grid)
+    # the profile steps run with `hetprof profile --quick` (small grids, fewer repeats): of compute,
+    # memory, planned (the planned model's task rows; its workload's own shapes are always added)
+    # and models (the other models' task rows)
+    quick: frozenset[str]
     skip_memory: str = ""  # why the copy suite does not run at this scale ("": it runs)
 
 
 SCALES = {
+    # the planned model's quick grid plus its job's shapes: what the plan needs, soon, so the run
+    # starts early; the full sweeps where a cut loses least (the other models' rows come last)
     "full": Scale(("qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b"),
-                  ROOT / "examples" / "workloads" / "qwen3-0.6b-grpo-1gpu.yaml", 5, False),
-    "quick": Scale(("tiny",), ROOT / "examples" / "workloads" / "grpo-tiny.yaml", 2, True,
+                  ROOT / "examples" / "workloads" / "qwen3-0.6b-grpo-1gpu.yaml", 5, frozenset({"planned"})),
+    "quick": Scale(("tiny",), ROOT / "examples" / "workloads" / "grpo-tiny.yaml", 2,
+                   frozenset({"compute", "memory", "planned", "models"}),
                    skip_memory="a CPU dry run: a CPU's copy sizes are 4x its last-level cache (GBs)"),
 }
 
@@ -238,7 +246,7 @@ def kit_step(kit: Path | None) -> Callable[[Session], None]:
                 raise gpu_kit.KitError(f"gpu kit: its hetprof wheel is older than the working tree ({len(stale)} "
                                        f"files differ, e.g. {stale[0]}): run `make gpu-kit` again")
         else:
-            session.facts["kit_install"] = "none: this interpreter's packages (--no-kit)"
+            session.facts["kit_install"] = "none: this interpreter's packages"
         session.facts["versions"] = gpu_kit.check_versions(pyproject, path)
 
     return run
@@ -256,10 +264,13 @@ def profile_step(device: str, quick: bool, *args: str) -> Callable[[Session], No
     return lambda session: session.hetprof("profile", "--device", device, *(["--quick"] if quick else []), *args)
 
 
-def tasks_step(device: str, scale: Scale, model: str, planned: bool) -> Callable[[Session], None]:
-    """Task rows at `model`'s shapes; for the planned model also at the workload's own shapes."""
-    job = ["--workload", str(scale.workload), "--cluster", "cluster.yaml"] if planned else []
-    return profile_step(device, scale.quick_profile, "--suite", "tasks", "--models", model, *job)
+def tasks_step(device: str, scale: Scale, model: str, planned: bool, backend: str = "hf") -> Callable[[Session], None]:
+    """Task rows at `model`'s shapes; for the planned model also at the workload's own shapes, and
+    with the vllm backend its vLLM generation calls (the vllmgen suite) too."""
+    job = ["--workload", str(scale.workload), "--cluster", "cluster.yaml"] if planned else []  # in scratch
+    suites = "tasks,vllmgen" if planned and backend == "vllm" else "tasks"
+    quick = ("planned" if planned else "models") in scale.quick
+    return profile_step(device, quick, "--suite", suites, "--models", model, *job)
 
 
 def export_step(session: Session) -> None:
@@ -271,34 +282,43 @@ def export_step(session: Session) -> None:
     session.facts["export"] = name
 
 
-def steps_for(args: argparse.Namespace, scale: Scale) -> list[Step]:
-    d, s = args.device, scale
-    run_log, plan = "run.jsonl", "plan.json"
-    out = [
-        Step("kit", 90, kit_step(None if args.no_kit else args.kit.resolve())),
-        Step("inventory", 60, inventory_step(d), ("kit",)),
-        Step("compute", 120, profile_step(d, s.quick_profile, "--suite", "compute"), ("kit",)),
+RUN_LOG, PLAN = "run.jsonl", "plan.json"  # in --out
+
+
+def job_steps(scale: Scale, iterations: int, backend: str) -> list[Step]:
+    """Fit the rows, plan the job on this machine for `backend`, run it, compare."""
+    fit = ["fit", "--stat", "median"]  # the report compares medians: fit each shape's median repeat
+    plan = ["plan", "-c", "cluster.yaml", "-w", str(scale.workload), "--cost-model", "fitted", "--seed", "0",
+            "--budget-s", "20", "--backend", backend]
+    run = ["run", "--iterations", str(iterations), "--seed", "0", "--no-tensorboard"]
+    return [
+        Step("fit", 60, lambda x: x.hetprof(*fit), (f"tasks-{scale.models[0]}",)),
+        Step("plan", 60, lambda x: x.hetprof(*plan, "--out", str(x.out / PLAN)), ("fit",)),
+        Step("run", 200, lambda x: x.hetprof(*run, str(x.out / PLAN), "--log", str(x.out / RUN_LOG)), ("plan",)),
+        Step("validate", 45, lambda x: x.hetprof("validate", str(x.out / RUN_LOG)), ("run",)),
     ]
-    out += [
-        Step("memory", 60, profile_step(d, s.quick_profile, "--suite", "memory"), ("kit",),
+
+
+def summary_step(session: Session) -> None:
+    session.python(FIGURES, "summary", session.env["HETPROF_DB"], str(REFERENCES), str(session.out / RUN_LOG),
+                   str(session.out / PLAN), str(session.scratch / "figures.json"))
+
+
+def steps_for(args: argparse.Namespace, scale: Scale) -> list[Step]:
+    """The session in order: what the report needs most comes first (the other models' rows last)."""
+    d, s = args.device, scale
+    return [
+        Step("kit", 90, kit_step(None if args.no_kit or not args.kit.is_dir() else args.kit.resolve())),
+        Step("inventory", 60, inventory_step(d), ("kit",)),
+        Step("compute", 120, profile_step(d, "compute" in s.quick, "--suite", "compute"), ("kit",)),
+        Step("memory", 60, profile_step(d, "memory" in s.quick, "--suite", "memory"), ("kit",),
              skip=s.skip_memory if d == "cpu" else ""),
-        Step(f"tasks-{s.models[0]}", 120, tasks_step(d, s, s.models[0], True), ("inventory",)),
-        Step("fit", 60, lambda x: x.hetprof("fit", "--stat", "median"), (f"tasks-{s.models[0]}",)),
-        Step("plan", 60, lambda x: x.hetprof("plan", "-c", "cluster.yaml", "-w", str(s.workload), "--cost-model",
-                                             "fitted", "--seed", "0", "--budget-s", "20", "--out",
-                                             str(x.out / plan)), ("fit",)),
-        Step("run", 200, lambda x: x.hetprof("run", str(x.out / plan), "--iterations", str(args.iterations or
-                                                                                            s.iterations),
-                                            "--log", str(x.out / run_log), "--seed", "0", "--no-tensorboard"),
-             ("plan",)),
-        Step("validate", 45, lambda x: x.hetprof("validate", str(x.out / run_log)), ("run",)),
+        Step(f"tasks-{s.models[0]}", 120, tasks_step(d, s, s.models[0], True, args.backend), ("inventory",)),
+        *job_steps(s, args.iterations or s.iterations, args.backend),
         *[Step(f"tasks-{m}", 90, tasks_step(d, s, m, False), ("kit",)) for m in s.models[1:]],
         Step("export", 20, export_step, ("kit",), final=True),
-        Step("summary", 40, lambda x: x.python(FIGURES, "summary", x.env["HETPROF_DB"], str(REFERENCES),
-                                               str(x.out / run_log), str(x.out / plan),
-                                               str(x.scratch / "figures.json")), ("inventory",), final=True),
+        Step("summary", 40, summary_step, ("inventory",), final=True),
     ]
-    return out
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -307,10 +327,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         help="where the (at most 8) result files go [default: $OUT]")
     parser.add_argument("--device", default="cuda:0", help="cuda:N or cpu [default: cuda:0]")
     parser.add_argument("--quick", action="store_true", help="tiny model, small grids, 2 iterations (the dry run)")
-    parser.add_argument("--kit", type=Path, default=ROOT / ".gpukit", help="the kit folder (`make gpu-kit`)")
-    parser.add_argument("--no-kit", action="store_true", help="use this interpreter's packages (a CPU dry run, "
-                        "or a machine with `pip install -e .`)")
+    parser.add_argument("--kit", type=Path, default=ROOT / ".gpukit", help="the kit folder (`make gpu-kit`); "
+                        "where there is none, this interpreter's packages are used [default: .gpukit]")
+    parser.add_argument("--no-kit", action="store_true", help="use this interpreter's packages even where a kit "
+                        "folder exists (a CPU dry run, a machine with `make install`)")
     parser.add_argument("--iterations", type=int, default=None, help="RL iterations [default: 5, quick 2]")
+    parser.add_argument("--backend", choices=("hf", "vllm"), default="hf", help="generation backend of the planned "
+                        "run; vllm needs `pip install -e '.[vllm]'` (not in the kit: far over what may travel)")
     parser.add_argument("--budget-s", type=float, default=470.0, help="wall seconds for the whole session; "
                         "the final export and report keep their caps out of it [default: 470, under 8 min]")
     parser.add_argument("--scratch", type=Path, default=None, help="working folder [default: a new temporary one]")

@@ -184,3 +184,12 @@ def test_kit_plus_project_over_the_limit_is_refused(tmp_path):
     assert gpu_kit.travelling_bytes(gpu_kit.ROOT, kit) == project + 2**20
     with pytest.raises(gpu_kit.KitError, match="MiB"):
         gpu_kit.check_size(gpu_kit.ROOT, kit, limit_mib=project / 2**20)
+
+
+def test_the_gpu_session_plans_the_job_before_the_larger_models_and_fits_8_minutes(tmp_path):
+    args = gpu_session.parse(["--out", str(tmp_path)])
+    names = [s.name for s in gpu_session.steps_for(args, gpu_session.SCALES["full"])]
+    assert names == ["kit", "inventory", "compute", "memory", "tasks-qwen3-0.6b", "fit", "plan", "run", "validate",
+                     "tasks-qwen3-1.7b", "tasks-qwen3-4b", "tasks-qwen3-8b", "export", "summary"]
+    assert not any(s.skip for s in gpu_session.steps_for(args, gpu_session.SCALES["full"]))  # memory runs on a GPU
+    assert args.budget_s <= 8 * 60
