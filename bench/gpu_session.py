@@ -163,19 +163,18 @@ class Session:
 
 
 def _stop_group(proc: subprocess.Popen) -> None:
-    """SIGTERM to the step's process group (hetprof stops its workers on it), SIGKILL after a grace."""
-    for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
+    """SIGTERM to the step's process group (hetprof stops its workers on it), SIGKILL to whatever of
+    the group is left after a grace."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
         try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            if sig == signal.SIGTERM:
-                os.killpg(proc.pid, signal.SIGKILL)  # what the leader left behind
-            return
-        except (subprocess.TimeoutExpired, ProcessLookupError):
-            continue
+            proc.wait(timeout=KILL_GRACE_S)
+        except subprocess.TimeoutExpired:
+            pass
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:  # the whole group is gone
+        pass
+    proc.wait()
 
 
 def _tail(log: Path, start: int, lines: int | None = TAIL_LINES) -> list[str]:

@@ -114,6 +114,17 @@ def test_a_missing_kit_package_is_one_line_naming_it(tmp_path):
     assert {s["status"] for s in report["steps"][1:]} <= {"skipped", "not run"}
 
 
+def test_the_kit_installs_into_a_private_folder(tmp_path):
+    kit = tmp_path / "kit"
+    kit.mkdir()
+    for name in [*gpu_kit.KIT, gpu_kit.PROJECT]:
+        _wheel(kit, name, {f"{name}_probe/__init__.py": b"X = 1\n"})
+    _wheel(kit, "unrelated", {"unrelated/__init__.py": b""})  # in the folder, not the session's: not installed
+    assert "pip install" in gpu_kit.install(kit, tmp_path / "site")
+    found = {d.metadata["Name"] for d in metadata.distributions(path=[str(tmp_path / "site")])}
+    assert found == {*gpu_kit.KIT, gpu_kit.PROJECT}
+
+
 def test_the_kit_installs_without_pip_too(tmp_path, monkeypatch):
     kit = tmp_path / "kit"
     kit.mkdir()
