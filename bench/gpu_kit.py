@@ -122,9 +122,12 @@ def install(kit: Path, target: Path) -> str:
     target.mkdir(parents=True, exist_ok=True)
     has_pip = subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True).returncode == 0
     if has_pip:
-        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
-                        "--disable-pip-version-check", "--target", str(target), *map(str, wheels.values())],
-                       check=True, capture_output=True, text=True)
+        done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
+                               "--disable-pip-version-check", "--target", str(target), *map(str, wheels.values())],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise KitError(f"gpu kit: pip could not install the kit into {target}: {last}")
         return "pip install --no-index --no-deps --target"
     for wheel in wheels.values():
         with zipfile.ZipFile(wheel) as z:

@@ -126,14 +126,14 @@ class Step:
 class Session:
     """Where a session writes, what its commands see, and the deadline of the step running now."""
 
-    scratch: Path  # working files (the database, the specs); only the chosen few are copied to out
+    scratch: Path  # working files: the profile database, the cluster spec, the installed kit
     out: Path
     env: dict[str, str]
     log: Path  # every command's output, in order
     deadline: float = float("inf")
     facts: dict[str, Any] = dataclasses.field(default_factory=dict)  # what steps found (kit versions, ...)
 
-    def command(self, cmd: list[str], cwd: Path | None = None) -> list[str]:
+    def command(self, cmd: list[str]) -> None:
         """Run `cmd` until it ends or the step's deadline; its output goes to the log. A cut or a
         non-zero exit raises with the output's last lines; its whole process group is stopped."""
         left = self.deadline - time.monotonic()
@@ -144,7 +144,7 @@ class Session:
             log.write(f"\n$ {' '.join(shown)}\n")
             log.flush()
             start = log.tell()
-            proc = subprocess.Popen(cmd, cwd=cwd or self.scratch, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            proc = subprocess.Popen(cmd, cwd=self.scratch, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
             try:
                 rc = proc.wait(timeout=left)
@@ -153,13 +153,12 @@ class Session:
                 raise StepCut(f"cut after {left:.0f} s", _tail(self.log, start)) from None
         if rc != 0:
             raise StepError(f"exit {rc}: {' '.join(cmd[-6:])}", _tail(self.log, start))
-        return _tail(self.log, start, lines=None)
 
-    def hetprof(self, *args: str) -> list[str]:
-        return self.command([*HETPROF, *args])
+    def hetprof(self, *args: str) -> None:
+        self.command([*HETPROF, *args])
 
-    def python(self, script: Path, *args: str) -> list[str]:
-        return self.command([sys.executable, "-P", str(script), *args])
+    def python(self, script: Path, *args: str) -> None:
+        self.command([sys.executable, "-P", str(script), *args])
 
 
 def _stop_group(proc: subprocess.Popen) -> None:
@@ -177,11 +176,10 @@ def _stop_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def _tail(log: Path, start: int, lines: int | None = TAIL_LINES) -> list[str]:
+def _tail(log: Path, start: int) -> list[str]:
     with log.open("rb") as f:
         f.seek(start)
-        text = f.read().decode(errors="replace").splitlines()
-    return text if lines is None else text[-lines:]
+        return f.read().decode(errors="replace").splitlines()[-TAIL_LINES:]
 
 
 def run_steps(session: Session, steps: list[Step], budget_s: float,
@@ -215,8 +213,9 @@ def _run_one(session: Session, step: Step, cap: float) -> StepResult:
         status, why, tail = "ok", "", []
     except StepError as exc:
         status, why, tail = exc.status, str(exc), exc.tail
-    except (gpu_kit.KitError, subprocess.CalledProcessError, OSError) as exc:
-        status, why, tail = "failed", str(exc).splitlines()[0] if str(exc) else type(exc).__name__, []
+    except Exception as exc:  # a step's own defect must not cost the steps after it, nor the report
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        status, why, tail = "failed", first if isinstance(exc, gpu_kit.KitError) else f"{type(exc).__name__}: {first}", []
     finally:
         session.deadline = float("inf")
     return StepResult(step.name, status, time.monotonic() - start, cap, why, tail)
@@ -351,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     scratch.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "HETPROF_DB": str(scratch / "profiles.db"), "PYTHONSAFEPATH": "1", "PYTHONUNBUFFERED": "1",
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}  # no network there: never wait on the hub
-    session = Session(scratch, out, env, out / "session.log")
+    session = Session(scratch, out, env, out / "session.log", facts={"scratch": str(scratch)})
     session.log.write_text("")
     started = datetime.now(timezone.utc)
 
