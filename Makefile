@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 TORCH_PIN ?= torch==2.13.0
 TORCH_INDEX_URL ?=
 
-.PHONY: install install-vllm test test-vllm test-fast demo lint bench docs results clean
+.PHONY: install install-vllm test test-vllm test-fast demo lint bench docs results gpu-kit clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -67,5 +67,11 @@ docs: $(DOCS_STAMP)
 results: $(STAMP)
 	$(BIN)/python bench/results_page.py
 
+# What a lent GPU machine lacks for bench/gpu_session.py (docs/guide/gpu-session.md): the wheels its
+# image does not have, for CPython 3.12 manylinux x86-64 (bench/gpu_kit.py names each and why), and a
+# wheel of hetprof built from this working tree, in .gpukit/; fails if kit + project pass 60 MiB.
+gpu-kit: $(STAMP)
+	$(BIN)/python bench/gpu_kit.py --kit .gpukit
+
 clean:
-	rm -rf $(VENV) build *.egg-info demo-out
+	rm -rf $(VENV) build *.egg-info demo-out .gpukit

@@ -8,7 +8,7 @@ import torch
 from hetprof.errors import SpecError
 from hetprof.profiler import devices, hostinfo, registry
 from hetprof.profiler.context import ProfileContext
-from hetprof.profiler.suites.compute import ComputeSuite
+from hetprof.profiler.suites.compute import ComputeSuite, dtypes_for, fp8_matmul
 from hetprof.profiler.suites.inventory import InventorySuite
 from hetprof.profiler.suites.memory import MemorySuite, sizes_for
 from hetprof.profiles import ProfileDB
@@ -31,6 +31,26 @@ def test_matmul_rows_carry_their_shape_rate_and_thread_count(tmp_path, one_threa
     assert set(df["dtype"]) == {"fp32"}  # fp32 only on the CPU
     assert "best" in ctx.summary[0].headline and "median" in ctx.summary[0].headline
     assert (df["threads"] == 1).all()
+
+
+def test_fp8_is_timed_only_where_the_device_has_fp8_tensor_cores():
+    assert dtypes_for("cpu", None) == ["fp32"]
+    assert "fp8" not in dtypes_for("cuda:0", (8, 0))  # A100: no fp8 units
+    assert "fp8" not in dtypes_for("cuda:0", None)
+    for capability in ((8, 9), (9, 0), (10, 0)):  # Ada, Hopper, Blackwell
+        assert dtypes_for("cuda:0", capability) == ["bf16", "fp16", "fp8", "fp32"]
+
+
+def test_fp8_matmul_multiplies_the_e4m3_operands_into_bf16():
+    """The timed call is A @ B (not B @ A or a transpose): same result as the operands dequantized."""
+    call = fp8_matmul(32, 48, 64, "fp8", torch.device("cpu"))
+    out = call()
+    assert out.shape == (32, 48) and out.dtype == torch.bfloat16
+    operands = dict(zip(call.__code__.co_freevars, (c.cell_contents for c in call.__closure__), strict=True))
+    a, b = operands["a"], operands["b"]
+    assert a.dtype == b.dtype == torch.float8_e4m3fn and b.stride() == (1, 64)  # B column-major
+    expected = a.float() @ b.float()
+    assert torch.allclose(out.float(), expected, rtol=1e-2)
 
 
 def test_copy_sizes_stream_from_memory_not_from_the_last_level_cache():
@@ -130,5 +150,6 @@ def test_gpu_compute_and_memory(tmp_path):
         ComputeSuite().run(ctx)
         MemorySuite().run(ctx)
         df = db.samples("compute.matmul")
-    assert set(df["dtype"]) == {"bf16", "fp16", "fp32"}
+    fp8 = {"fp8"} if torch.cuda.get_device_capability(0) >= (8, 9) else set()
+    assert set(df["dtype"]) == {"bf16", "fp16", "fp32"} | fp8
     assert df[df.dtype == "bf16"]["tflops"].max() > df[df.dtype == "fp32"]["tflops"].max()
