@@ -5,17 +5,15 @@ cluster spec names its GPU types from the catalog, so the catalog sits beside th
 """
 
 from hetprof.specs.cluster import ClusterSpec, Device, GpuSlot, Host, LinkOverride, LinkParams, NetworkSpec
+from hetprof.specs.layout import SHARDING, TaskLayout
 from hetprof.specs.plan import (
     FOLLOWS,
     GENERATION_BACKENDS,
     RUNNABLE_BACKENDS,
-    SHARDING,
     TASKS,
     Group,
-    Layout,
     Plan,
     Prediction,
-    Tasklet,
     TaskPlacement,
     workload_tasks,
 )
@@ -25,8 +23,8 @@ from hetprof.specs.workload import GenerationParams, LengthDist, ModelRoles, Tra
 
 __all__ = [
     "ClusterSpec", "Device", "GpuSlot", "Host", "LinkOverride", "LinkParams", "NetworkSpec",
-    "FOLLOWS", "GENERATION_BACKENDS", "RUNNABLE_BACKENDS", "SHARDING", "TASKS", "Group", "Layout", "Plan", "Prediction", "TaskPlacement",
-    "Tasklet", "workload_tasks",
+    "FOLLOWS", "GENERATION_BACKENDS", "RUNNABLE_BACKENDS", "SHARDING", "TASKS", "Group", "Plan", "Prediction", "TaskLayout",
+    "TaskPlacement", "workload_tasks",
     "DataParams", "OptimizerParams", "GenerationParams", "LengthDist", "ModelRoles", "TrainingParams", "WorkloadSpec",
     "Role", "SyncEdge", "Task", "TaskKind",
 ]
