@@ -1,4 +1,5 @@
-"""The vocabulary and the files users write and share: cluster spec, workload spec, plan (DESIGN §2).
+"""The vocabulary and the files users write and share: cluster spec, workload spec, plan (DESIGN §2),
+and each task's parallel layout (layout.py: the one type the planner, the plan and the executor share).
 
 The GPU catalog (catalog.py), model shapes (models.py) and units (units.py) live here too: a
 cluster spec names its GPU types from the catalog, so the catalog sits beside the specs, not above.

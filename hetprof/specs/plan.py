@@ -58,6 +58,10 @@ def workload_tasks(workload: WorkloadSpec) -> list[str]:
     return tasks
 
 
+_SAME_TP = ("absent (only a generation task's replicas may differ in TP; the others average gradients or follow "
+            "a trainer)")
+
+
 @dataclasses.dataclass
 class PlacementEntry:
     """A plan file's entry for one task: the file form of a TaskPlacement (its layout written as the
@@ -107,10 +111,6 @@ class TaskPlacement:
     def to_file_form(self) -> PlacementEntry:
         layout, tasklets = self.layout.to_entries()
         return PlacementEntry(self.task, self.group, layout, tasklets, self.predicted_s, self.memory_bytes)
-
-
-_SAME_TP = ("absent (only a generation task's replicas may differ in TP; the others average gradients or follow "
-            "a trainer)")
 
 
 @dataclasses.dataclass
