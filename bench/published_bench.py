@@ -28,8 +28,8 @@ from rich.console import Console
 from rich.table import Table
 
 from hetprof.errors import InfeasibleError
-from hetprof.planner.convert import to_plan
 from hetprof.planner.pinned import pinned_candidate
+from hetprof.planner.session import build_plan
 
 BAND = (0.80, 1.25)
 console = Console(width=120)  # wide enough for the case titles in a log file
@@ -123,7 +123,7 @@ def write_plans(folder: Path, cases: Sequence[Case], catalog) -> None:
         sim = simulator(case, get_cost_model("analytical", catalog=catalog))
         cand = pinned_candidate(sim, case.layout, file=str(case.folder / "case.yaml"))
         try:
-            plan = to_plan(sim, cand, sim.evaluate(cand), search="published-layout", seed=0, objective="throughput")
+            plan = build_plan(sim, cand, sim.evaluate(cand), search="published-layout", seed=0, objective="throughput")
         except InfeasibleError as exc:
             console.print(f"[red]{case.name}: no plan file, {exc}[/red]")
             continue

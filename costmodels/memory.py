@@ -28,8 +28,8 @@ from __future__ import annotations
 import math
 
 from hetprof.costmodels.data import MemoryEstimate
+from hetprof.specs.layout import SHARDING
 from hetprof.specs.models import DTYPE_BYTES, ModelShape
-from hetprof.specs.plan import SHARDING
 from hetprof.specs.vocabulary import TaskKind
 
 MIXED_PRECISION_OPTIMIZER_BYTES = 12  # fp32 master weights + Adam m + Adam v, per parameter

@@ -17,10 +17,9 @@ from hetprof.specs import (
     FOLLOWS,
     ClusterSpec,
     Group,
-    Layout,
     Plan,
     Prediction,
-    Tasklet,
+    TaskLayout,
     TaskPlacement,
     WorkloadSpec,
 )
@@ -34,7 +33,7 @@ def handwritten_plan(cluster: ClusterSpec | Mapping[str, Any], workload: Workloa
                 sharding: Mapping[str, str] | None = None, backend: str = "hf") -> Plan:
     """A plan from placements: `placement[task]` lists each replica's device, or its list of devices
     for tensor parallelism (one TP degree for all replicas of a task, except that generation replicas
-    may differ: the plan's `replica_tp`); `shares[task]` their
+    may differ in TP); `shares[task]` their
     batch shares; `sharding[task]` a training task's data-parallel sharding (none, zero2, fsdp).
     A follower (the log-prob pass) goes where its leader goes unless placed."""
     cluster_d = cluster.to_dict() if isinstance(cluster, ClusterSpec) else dict(cluster)
@@ -62,12 +61,9 @@ def handwritten_plan(cluster: ClusterSpec | Mapping[str, Any], workload: Workloa
         share = [s / total for s in share]
         role = Task(task).role
         n_layers = layers[role].layers
-        placements.append(TaskPlacement(
-            task=task, group="", layout=Layout(dp=len(devices), tp=tp, sharding=(sharding or {}).get(task, "none"),
-                                               replica_tp=degrees if len(set(degrees)) > 1 else None),
-            tasklets=[Tasklet(replica=i, stage=0, devices=d, layer_start=0, layer_end=n_layers, batch_share=s)
-                      for i, (d, s) in enumerate(zip(devices, share, strict=True))],
-            predicted_s=(task_seconds or {}).get(task)))
+        layout = TaskLayout(task, tp, 1, tuple(tuple(d) for d in devices), tuple(share), ((n_layers,),) * len(devices),
+                            (sharding or {}).get(task, "none"))
+        placements.append(TaskPlacement(layout, group="", predicted_s=(task_seconds or {}).get(task)))
     # Tasks whose device sets overlap time-share those devices: they form one group, as in the planner.
     components: list[tuple[set[str], list[str]]] = []
     for p in placements:

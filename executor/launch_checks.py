@@ -19,6 +19,7 @@ from hetprof.errors import ExecutionError, HetprofError, SpecError
 from hetprof.executor.data import Prompt
 from hetprof.specs import RUNNABLE_BACKENDS, ClusterSpec, Plan, WorkloadSpec
 from hetprof.specs.executable import layout_problems, workload_problems
+from hetprof.specs.layout import EXTRA_DEGREES
 from hetprof.specs.overrides import apply_overrides, from_override
 
 # What `hetprof run --set` may change: how the run trains and what it reads, never what the plan
@@ -94,11 +95,12 @@ def check_supported(plan: Plan, cuda_available: bool | None = None) -> str:
                              f"(made with --any-layout): replan without it")
     roles = plan.workload_spec().roles()
     for t in plan.tasks:
-        splits = [tuple(k.layer_end - k.layer_start for k in sorted(t.tasklets, key=lambda k: k.stage) if k.replica == r)
-                  for r in sorted({k.replica for k in t.tasklets})]
-        problems = [p for tp in sorted({t.layout.tp_of(r) for r in range(t.layout.dp)})  # each replica's degree
-                    for p in layout_problems(t.task, t.kind, roles[t.role], tp, t.layout.pp, splits, str(t.layout),
-                                             t.layout.sharding)]
+        lay = t.layout
+        problems = [p for tp in sorted(set(lay.tp_degrees()))  # each replica's degree
+                    for p in layout_problems(t.task, t.kind, roles[t.role], tp, lay.pp, lay.layer_splits, str(lay),
+                                             lay.sharding)]
+        problems += [f"task {t.task} has layout {lay}: this executor runs no expert, context or sequence "
+                     f"parallelism ({name.upper()}{getattr(lay, name)})" for name in EXTRA_DEGREES if getattr(lay, name) != 1]
         if problems:
             raise ExecutionError(f"{problems[0]}; it is refused rather than changed — replan with `hetprof plan` "
                                  f"(it plans within what `hetprof run` carries out unless given --any-layout) "

@@ -128,7 +128,7 @@ def _add_model_parallel(groups: dict[str, dist.ProcessGroup | None], topo: Topol
             if t.pp > 1 and training:
                 add(ProcessGroups.tied_name(task, r, j), [t.rank_at(r, 0, j), t.rank_at(r, t.pp - 1, j)])
         if training:
-            add(ProcessGroups.replica_name(task, r), list(t.tp_ranks[r]))
+            add(ProcessGroups.replica_name(task, r), list(t.replica_ranks[r]))
     if training:
         for s in range(t.pp):
             for j in range(t.tp):

@@ -88,8 +88,8 @@ def work_description(plan: Plan) -> dict[str, dict[str, Any]]:
         shape = roles[t.role]
         out[t.task] = {"kind": t.kind, "role": t.role, "model": {k: getattr(shape, k) for k in SHAPE_KEYS},
                        "tp": t.layout.tp, "pp": t.layout.pp, "dp": t.layout.dp}
-        if t.layout.replica_tp:  # generation replicas of different TP: each device's own degree
-            out[t.task]["device_tp"] = {d: t.layout.tp_of(k.replica) for k in t.tasklets for d in k.devices}
+        if t.layout.tp_varies:  # generation replicas of different TP: each device's own degree
+            out[t.task]["device_tp"] = {d: t.layout.tp_of(r) for r, devs in enumerate(t.layout.replicas) for d in devs}
     return out
 
 

@@ -8,55 +8,85 @@ torch.distributed requires. Plain data only: nothing here talks to other process
 from __future__ import annotations
 
 import dataclasses
-import json
+from collections.abc import Mapping
 
 from hetprof.errors import ExecutionError
-from hetprof.specs import TASKS, Plan
+from hetprof.specs import TASKS, Plan, TaskLayout
 from hetprof.specs.vocabulary import INFERENCE_ORDER, SYNC_EDGES, TRAINING_ORDER, SyncEdge, Task
 
 
 @dataclasses.dataclass(frozen=True)
 class TaskRanks:
-    """One task as processes: the rank and batch share of each data-parallel replica.
+    """One task as processes: its layout (the plan's TaskLayout) with each device's rank in its place.
 
-    A replica is `pp` stages of `tp_of(r)` ranks; `tp_ranks[r]` lists all of replica r's ranks
-    stage-major (stage 0's TP ranks, then stage 1's, ...), and `stage_layers[r]` each stage's layer
-    range. Only a generation task's replicas may differ in TP (the plan's `replica_tp`).
+    `replica_ranks[r]` lists every rank of replica r stage-major, exactly as the layout lists the
+    replica's devices; everything else (degrees, shares, layer ranges, TP per replica) is the layout's.
     """
 
-    task: str
-    kind: str
-    role: str
-    ranks: tuple[int, ...]  # each replica's lead (stage 0's first TP rank)
-    shares: tuple[float, ...]
-    devices: tuple[str, ...]  # each replica's lead device
-    layout: str
-    tp_ranks: tuple[tuple[int, ...], ...] = ()  # every rank of each replica (pp × tp of them)
-    pp: int = 1
-    stage_layers: tuple[tuple[tuple[int, int], ...], ...] = ()  # per replica, per stage: [start, end)
-    sharding: str = "none"  # training state over the replicas: none (DDP), zero2, fsdp (FSDP2)
+    layout: TaskLayout
+    replica_ranks: tuple[tuple[int, ...], ...]  # every rank of each replica (its slice of the batch goes to all)
+
+    @classmethod
+    def of(cls, layout: TaskLayout, rank_of: Mapping[str, int]) -> TaskRanks:
+        return cls(layout, tuple(tuple(rank_of[d] for d in devices) for devices in layout.replicas))
 
     @property
-    def lead(self) -> int:
-        return self.ranks[0]
+    def task(self) -> str:
+        return self.layout.task
+
+    @property
+    def kind(self) -> str:
+        return TASKS[self.task][0]
+
+    @property
+    def role(self) -> str:
+        return TASKS[self.task][1]
+
+    @property
+    def pp(self) -> int:
+        return self.layout.pp
 
     @property
     def tp(self) -> int:
         """The largest TP degree of the task's replicas (every replica's, unless they differ)."""
-        return max(self.tp_of(r) for r in range(len(self.ranks)))
+        return self.layout.tp
 
     def tp_of(self, replica: int) -> int:
-        """Replica `replica`'s TP degree."""
-        return len(self.tp_ranks[replica]) // self.pp if self.tp_ranks else 1
+        """Replica `replica`'s TP degree (the layout's)."""
+        return self.layout.tp_of(replica)
+
+    @property
+    def shares(self) -> tuple[float, ...]:
+        return self.layout.shares
+
+    @property
+    def sharding(self) -> str:
+        """Training state over the replicas: none (DDP), zero2, fsdp (FSDP2)."""
+        return self.layout.sharding
+
+    @property
+    def stage_layers(self) -> tuple[tuple[tuple[int, int], ...], ...]:
+        """Per replica, per stage: the [start, end) of the layers it holds."""
+        lay = self.layout
+        return tuple(tuple(lay.layer_range(r, s) for s in range(lay.pp)) for r in range(lay.dp))
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        """Each replica's lead (stage 0's first TP rank)."""
+        return tuple(replica[0] for replica in self.replica_ranks)
+
+    @property
+    def lead_devices(self) -> tuple[str, ...]:
+        """Each replica's lead device."""
+        return tuple(devices[0] for devices in self.layout.replicas)
+
+    @property
+    def lead(self) -> int:
+        return self.replica_ranks[0][0]
 
     @property
     def all_ranks(self) -> tuple[int, ...]:
-        return tuple(r for replica in self.tp_ranks for r in replica) if self.tp_ranks else self.ranks
-
-    @property
-    def replica_ranks(self) -> tuple[tuple[int, ...], ...]:
-        """Every rank of each replica (a replica's slice of the batch goes to all of them)."""
-        return self.tp_ranks or tuple((r,) for r in self.ranks)
+        return tuple(r for replica in self.replica_ranks for r in replica)
 
     def replica_of(self, rank: int) -> int:
         for i, replica in enumerate(self.replica_ranks):
@@ -67,13 +97,12 @@ class TaskRanks:
     def position(self, rank: int) -> tuple[int, int, int]:
         """(replica, stage, TP index) of a rank of this task."""
         replica = self.replica_of(rank)
-        i = (self.tp_ranks[replica] if self.tp_ranks else (rank,)).index(rank)
+        i = self.replica_ranks[replica].index(rank)
         tp = self.tp_of(replica)
         return replica, i // tp, i % tp
 
     def rank_at(self, replica: int, stage: int, tp_index: int) -> int:
-        return (self.tp_ranks[replica][stage * self.tp_of(replica) + tp_index] if self.tp_ranks
-                else self.ranks[replica])
+        return self.replica_ranks[replica][stage * self.tp_of(replica) + tp_index]
 
 
 class Topology:
@@ -85,18 +114,10 @@ class Topology:
         self.device_of = {r: d for d, r in rank_of.items()}
         self.tasks: dict[str, TaskRanks] = {}
         for t in plan.tasks:
-            tasklets = sorted(t.tasklets, key=lambda k: (k.replica, k.stage))
-            missing = [d for k in tasklets for d in k.devices if d not in rank_of]
+            missing = [d for d in t.layout.devices() if d not in rank_of]
             if missing:
                 raise ExecutionError(f"task {t.task}: no worker runs device(s) {missing}")
-            replicas = sorted({k.replica for k in tasklets})
-            stages = [[k for k in tasklets if k.replica == r] for r in replicas]
-            self.tasks[t.task] = TaskRanks(
-                t.task, TASKS[t.task][0], TASKS[t.task][1],
-                tuple(rank_of[s[0].devices[0]] for s in stages), tuple(s[0].batch_share for s in stages),
-                tuple(s[0].devices[0] for s in stages), str(t.layout),
-                tuple(tuple(rank_of[d] for k in s for d in k.devices) for s in stages), len(stages[0]),
-                tuple(tuple(_layer_range(k, t, plan) for k in s) for s in stages), t.layout.sharding)
+            self.tasks[t.task] = TaskRanks.of(t.layout, rank_of)
         if Task.ACTOR_GEN not in self.tasks or Task.ACTOR_TRAIN not in self.tasks:
             raise ExecutionError("a plan needs placements for actor_gen and actor_train")
 
@@ -143,13 +164,3 @@ class Topology:
     def pipeline_ranks(self, task: str, replica: int, tp_index: int) -> tuple[int, ...]:
         t = self.tasks[task]
         return tuple(t.rank_at(replica, s, tp_index) for s in range(t.pp))
-
-    def to_json(self) -> str:
-        return json.dumps({name: dataclasses.asdict(t) for name, t in self.tasks.items()})
-
-
-def _layer_range(tasklet, placement, plan: Plan) -> tuple[int, int]:
-    """A tasklet's [layer_start, layer_end); a single-stage tasklet that leaves them 0 holds all layers."""
-    if tasklet.layer_end > tasklet.layer_start:
-        return tasklet.layer_start, tasklet.layer_end
-    return 0, plan.workload_spec().roles()[placement.role].layers

@@ -1,4 +1,5 @@
-"""What a search proposes: task groups, their GPUs and every task's parallel layout.
+"""What a search proposes: task groups, their GPUs and every task's parallel layout
+(hetprof.specs.TaskLayout, the one layout type the plan file holds and the executor maps to ranks).
 
 Candidates are frozen and hashable so the simulator can memoise scores on them: a search
 revisits the same candidates (and the same per-task layouts inside different candidates) many
@@ -11,74 +12,26 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 
-from hetprof.specs.plan import layout_name
+from hetprof.errors import SpecError
+from hetprof.specs import FOLLOWS, Plan, TaskLayout
 
 
-@dataclasses.dataclass(frozen=True)
-class TaskLayout:
-    """One task's DP × TP × PP layout on concrete devices.
+def even_layout(task: str, devices: Sequence[str], tp: int, pp: int, layers: int,
+                shares: Sequence[float] | None = None) -> TaskLayout:
+    """Replicas of consecutive tp*pp devices, equal batch shares (unless given), even layer splits.
 
-    `replicas[r]` lists replica r's tp*pp device ids stage-major (stage 0's tp devices, then
-    stage 1's, ...); `shares[r]` is its fraction of the batch; `layer_splits[r]` its layers per
-    stage. Replicas may sit on different GPU types: shares and splits are how a search balances
-    them to device speed. `sharding` is how a training task shards its state over its replicas
-    (none = DDP, zero1, zero2, fsdp; hetprof.specs.plan.SHARDING). A generation task's replicas may
-    differ in TP (AReaL-Hex's per-GPU-type rollout TP): replica r then holds replica_tp(r)*pp
-    devices and `tp` is the largest degree; every other task's replicas all have `tp`.
+    The heterogeneity-unaware default (what verl does); balanced layouts come from the searches.
     """
-
-    task: str
-    tp: int
-    pp: int
-    replicas: tuple[tuple[str, ...], ...]
-    shares: tuple[float, ...]
-    layer_splits: tuple[tuple[int, ...], ...]
-    sharding: str = "none"
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "replicas", tuple(tuple(r) for r in self.replicas))
-        object.__setattr__(self, "shares", tuple(float(s) for s in self.shares))
-        object.__setattr__(self, "layer_splits", tuple(tuple(int(x) for x in s) for s in self.layer_splits))
-
-    @property
-    def dp(self) -> int:
-        return len(self.replicas)
-
-    def devices(self) -> tuple[str, ...]:
-        return tuple(d for r in self.replicas for d in r)
-
-    def replica_tp(self, replica: int) -> int:
-        """Replica `replica`'s TP degree: its devices per pipeline stage."""
-        return len(self.replicas[replica]) // self.pp
-
-    def tp_degrees(self) -> tuple[int, ...]:
-        """Each replica's TP degree (all equal to `tp` unless a generation task's replicas differ)."""
-        return tuple(len(r) // self.pp for r in self.replicas)
-
-    def stage_devices(self, replica: int, stage: int) -> tuple[str, ...]:
-        tp = self.replica_tp(replica)
-        return self.replicas[replica][stage * tp:(stage + 1) * tp]
-
-    def describe(self) -> str:
-        return layout_name(self.tp_degrees(), self.pp, self.sharding)
-
-    @classmethod
-    def even(cls, task: str, devices: Sequence[str], tp: int, pp: int, layers: int,
-             shares: Sequence[float] | None = None) -> TaskLayout:
-        """Replicas of consecutive tp*pp devices, equal batch shares (unless given), even layer splits.
-
-        The heterogeneity-unaware default (what verl does); balanced layouts come from the searches.
-        """
-        per = tp * pp
-        if per < 1 or len(devices) < per or len(devices) % per:
-            raise ValueError(f"{task}: {len(devices)} devices do not form replicas of tp*pp = {per}")
-        if pp > layers:
-            raise ValueError(f"{task}: pp = {pp} exceeds the model's {layers} layers")
-        replicas = tuple(tuple(devices[i:i + per]) for i in range(0, len(devices), per))
-        dp = len(replicas)
-        split = even_split(layers, pp)
-        return cls(task, tp, pp, replicas, tuple(shares) if shares is not None else (1.0 / dp,) * dp,
-                   (split,) * dp)
+    per = tp * pp
+    if per < 1 or len(devices) < per or len(devices) % per:
+        raise ValueError(f"{task}: {len(devices)} devices do not form replicas of tp*pp = {per}")
+    if pp > layers:
+        raise ValueError(f"{task}: pp = {pp} exceeds the model's {layers} layers")
+    replicas = tuple(tuple(devices[i:i + per]) for i in range(0, len(devices), per))
+    dp = len(replicas)
+    split = even_split(layers, pp)
+    return TaskLayout(task, tp, pp, replicas, tuple(shares) if shares is not None else (1.0 / dp,) * dp,
+                      (split,) * dp)
 
 
 def even_split(layers: int, parts: int) -> tuple[int, ...]:
@@ -131,6 +84,23 @@ class Candidate:
 
     def tasks(self) -> tuple[str, ...]:
         return tuple(t for g in self.groups for t in g)
+
+    @classmethod
+    def of_plan(cls, plan: Plan) -> Candidate:
+        """The candidate a plan file describes (to re-score it, e.g. with another cost model or cluster).
+
+        Its layouts are the plan's own; followers (the log-prob pass) are left out: the simulator
+        places them beside their leaders.
+        """
+        plan.validate()
+        led = [t for t in plan.tasks if t.task not in FOLLOWS]
+        for ti, t in enumerate(plan.tasks):
+            if t.task in [u.task for u in plan.tasks[:ti]]:
+                raise SpecError(None, f"tasks[{ti}].task", "each task placed once", t.task)
+        index = {g.name: i for i, g in enumerate(plan.groups)}
+        groups = [tuple(t.task for t in led if index[t.group] == i) for i in range(len(plan.groups))]
+        return cls(groups, [tuple(g.devices) for g in plan.groups], {t.task: t.layout for t in led},
+                   [i for i, g in enumerate(plan.groups) if g.offload])
 
     def replace_layout(self, layout: TaskLayout) -> Candidate:
         return Candidate(self.groups, self.group_devices, {**self.layout_map(), layout.task: layout}, self.offload)

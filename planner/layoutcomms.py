@@ -12,10 +12,10 @@ import math
 from typing import Any, Protocol
 
 from hetprof.costmodels import Placement, Work
-from hetprof.planner.candidate import TaskLayout
 from hetprof.planner.graph import RLGraph
 from hetprof.planner.links import LinkTable
 from hetprof.specs import Device, WorkloadSpec
+from hetprof.specs.layout import TaskLayout
 from hetprof.specs.vocabulary import TaskKind
 
 

@@ -1,6 +1,6 @@
 """An independent memory check of a plan file: does every device hold what the plan puts on it?
 
-It reads only the plan (its cluster, workload and tasklets) and the cost models' memory formulas
+It reads only the plan (its cluster, workload and layouts) and the cost models' memory formulas
 (`hetprof.costmodels.memory`), never the simulator, so a bug in the simulator's bookkeeping cannot
 hide itself. The rule it applies is the one a colocated RL worker lives by: tasks sharing a device
 may all stay resident if their states plus the largest working set fit; otherwise they offload
@@ -35,11 +35,12 @@ def device_demands(plan: Plan) -> tuple[dict[str, list[tuple[str, float, float]]
         dp, sharding = sharded.get(FOLLOWS.get(placement.task), (placement.layout.dp, placement.layout.sharding))
         dp = min(dp, workload.training.shard_group or dp)  # HSDP: each shard group holds a whole copy
         model = roles[role]
-        for k in placement.tasklets:
-            tp = placement.layout.tp_of(k.replica)  # a generation task's replicas may differ in TP
-            layers = k.layer_end - k.layer_start
-            batch = max(1, round(k.batch_share * n))
-            for d in k.devices:
+        lay = placement.layout
+        for r, s in ((r, s) for r in range(lay.dp) for s in range(lay.pp)):
+            tp = lay.tp_of(r)  # a generation task's replicas may differ in TP
+            layers = lay.layer_splits[r][s]
+            batch = max(1, round(lay.shares[r] * n))
+            for d in lay.stage_devices(r, s):
                 capacity = cluster.catalog.lookup(types[d]).memory_bytes
                 concurrent = batch
                 if kind == TaskKind.GENERATION:

@@ -15,8 +15,9 @@ from __future__ import annotations
 import dataclasses
 
 from hetprof.errors import SpecError
-from hetprof.planner.candidate import Candidate, TaskLayout
+from hetprof.planner.candidate import Candidate, even_layout
 from hetprof.specs import SHARDING
+from hetprof.specs.layout import TaskLayout
 from hetprof.specs.loader import field, from_data, positive
 from hetprof.specs.vocabulary import TaskKind
 
@@ -88,7 +89,7 @@ def pinned_candidate(sim, layout: PinnedLayout, file: str | None = None, path: s
                             pin.sharding)
         members[pin.group].append(task)
         try:
-            even = TaskLayout.even(task, group_devices[pin.group], pin.tp, pin.pp, sim.graph.model_of(task).layers)
+            even = even_layout(task, group_devices[pin.group], pin.tp, pin.pp, sim.graph.model_of(task).layers)
         except ValueError as exc:
             raise SpecError(file, _join(path, f"tasks.{key}"), "TP × PP dividing its group's GPUs", str(exc)) from None
         layouts[task] = dataclasses.replace(even, sharding=pin.sharding)

@@ -10,17 +10,18 @@ import contextlib
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hetprof.errors import HetprofError
-from hetprof.planner.convert import from_plan, to_plan
+from hetprof.errors import HetprofError, InfeasibleError
+from hetprof.planner.candidate import Candidate
 from hetprof.planner.memcheck import check_plan
 from hetprof.planner.report import Outcome
-from hetprof.planner.simulator import Simulator
+from hetprof.planner.simulator import Score, Simulator
 from hetprof.planner.whatif import apply_what_if
-from hetprof.specs import ClusterSpec, Plan, WorkloadSpec
+from hetprof.specs import ClusterSpec, Group, Plan, Prediction, TaskPlacement, WorkloadSpec
+from hetprof.specs.vocabulary import TaskKind
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,7 +133,7 @@ def evaluate_plan_file(cluster: ClusterSpec, workload: WorkloadSpec, path: str |
                        db=None) -> tuple[Outcome, Simulator]:
     """Score an existing plan on this cluster and workload (devices must still exist)."""
     plan = Plan.load(path)
-    candidate = from_plan(plan)
+    candidate = Candidate.of_plan(plan)
     if options.backend is None:  # re-score with the engine the plan was made for
         options = dataclasses.replace(options, backend=plan.backend)
     sim = make_simulator(cluster, workload, options, db)
@@ -147,8 +148,44 @@ def best(outcomes: Sequence[Outcome], sim: Simulator, options: PlanOptions) -> O
     return min(scored)[2] if scored else None
 
 
+def build_plan(sim: Simulator, candidate: Candidate, score: Score | None = None, *, search: str = "",
+               seed: int = 0, objective: str = "throughput", trace: Iterable[Mapping[str, Any]] = (),
+               profile_snapshot: str = "", evaluations: int | None = None) -> Plan:
+    """The plan file of a feasible candidate: its layouts as they are (followers beside their leaders),
+    groups named group0, group1, …, each task's predicted seconds and peak memory, and where the plan
+    came from. An infeasible candidate raises InfeasibleError with its reasons."""
+    score = score if score is not None else sim.evaluate(candidate)
+    if not score.feasible:
+        reasons = "; ".join(score.violations[:5]) or "no finite iteration time"
+        raise InfeasibleError(f"the {search or 'given'} plan is infeasible: {reasons}")
+    layouts, grouped = sim.with_followers(candidate)
+    group_of = {t: i for i, g in enumerate(grouped) for t in g}
+    groups = [Group(f"group{i}", list(tasks), list(devs), offload=i in candidate.offload)
+              for i, (tasks, devs) in enumerate(zip(grouped, candidate.group_devices, strict=True))]
+    placements = []
+    for t in sim.graph.tasks:
+        lay = layouts[t]
+        peak = max(sim.task_eval(lay).memory[d].total for d in lay.devices())
+        # a follower runs on its leader's (sharded) model but shards no state of its own: the plan says none
+        own = lay if sim.graph.kind_of(t) == TaskKind.TRAINING else dataclasses.replace(lay, sharding="none")
+        seconds = score.task_seconds.get(t)
+        placements.append(TaskPlacement(own, f"group{group_of[t]}", float(seconds) if seconds is not None and
+                                        math.isfinite(seconds) else None, float(peak)))
+    headroom = {d: float(sim.capacity[d] - score.memory_peak.get(d, 0.0)) for d in candidate.devices()}
+    prediction = Prediction(iteration_s=score.iteration_s, breakdown=dict(score.breakdown),
+                            bottleneck=score.bottleneck, memory_headroom=headroom,
+                            cost_per_iteration=score.cost_per_iteration, throughput=score.throughput)
+    plan = Plan(cluster=sim.cluster.to_dict(), workload=sim.workload.to_dict(), groups=groups, tasks=placements,
+                predicted=prediction, backend=sim.backend,
+                cost_model=getattr(sim.cost_model, "name", "") or type(sim.cost_model).__name__,
+                profile_snapshot=profile_snapshot, search=search, seed=seed, objective=objective,
+                search_trace=[dict(x) for x in trace], search_evaluations=evaluations)
+    plan.validate()
+    return plan
+
+
 def plan_of(sim: Simulator, outcome: Outcome, options: PlanOptions, snapshot: str = "") -> Plan:
-    return to_plan(sim, outcome.candidate, outcome.score, search=outcome.search, seed=options.seed,
+    return build_plan(sim, outcome.candidate, outcome.score, search=outcome.search, seed=options.seed,
                    objective=options.objective, trace=outcome.trace, profile_snapshot=snapshot,
                    evaluations=outcome.extra.get("evaluations"))
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from hetprof.costmodels import LinkSpec
 from hetprof.errors import InfeasibleError
-from hetprof.planner.candidate import Candidate, TaskLayout
+from hetprof.planner.candidate import Candidate
 from hetprof.planner.engines import default_backend
 from hetprof.planner.fits import check_fits
 from hetprof.planner.graph import Edge, build_graph
@@ -32,6 +32,7 @@ from hetprof.planner.schedule import Event, ScheduleInput, simulate, timeline
 from hetprof.planner.taskcosts import TaskCosts, TaskEval
 from hetprof.specs import FOLLOWS, GENERATION_BACKENDS, SHARDING, ClusterSpec, WorkloadSpec, executable
 from hetprof.specs.executable import workload_problems
+from hetprof.specs.layout import TaskLayout
 from hetprof.specs.vocabulary import TaskKind
 
 OBJECTIVES = ("throughput", "cost", "throughput-under-budget")

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from hetprof.costmodels import MemoryEstimate, Placement, Work
-from hetprof.planner.candidate import TaskLayout, even_split
+from hetprof.planner.candidate import even_split
 from hetprof.planner.controller import controller_seconds
 from hetprof.planner.engines import ENGINES, EngineLimits, GenerationRequest, StepTable, arrival_order
 from hetprof.planner.graph import RLGraph
@@ -33,6 +33,7 @@ from hetprof.planner.passtime import finish_curve, layer_fraction, packed_second
 from hetprof.runtime.tokenbudget import pack_groups, spread, step_prompts
 from hetprof.specs import Device, WorkloadSpec
 from hetprof.specs.catalog import builtin
+from hetprof.specs.layout import TaskLayout
 from hetprof.specs.models import DTYPE_BYTES
 from hetprof.specs.vocabulary import TaskKind
 
@@ -364,7 +365,7 @@ class TaskCosts:
         for r, (devices, batch) in enumerate(zip(layout.replicas, self.batches(layout), strict=True)):
             split = layout.layer_splits[r]
             # a generation task's replicas may differ in TP; every other task's share `tp`
-            tp = max(1, layout.replica_tp(r)) if kind == TaskKind.GENERATION else layout.tp
+            tp = max(1, layout.tp_of(r)) if kind == TaskKind.GENERATION else layout.tp
             if batch:
                 cost = self.replica(task, devices, tp, pp, batch, split)
                 replica_s.append(cost.seconds)

@@ -137,10 +137,10 @@ def test_published_qwen3_8b_layouts_on_8_h100_fit_in_memory():
     with a distributed optimizer; whole Adam state per GPU (DDP) does not fit."""
     import dataclasses
 
-    from hetprof.planner.candidate import Candidate, TaskLayout
+    from hetprof.planner.candidate import Candidate, even_layout
     from hetprof.planner.search import layouts
     from hetprof.planner.simulator import Simulator
-    from hetprof.specs import ClusterSpec, WorkloadSpec
+    from hetprof.specs import ClusterSpec, TaskLayout, WorkloadSpec
 
     cluster = ClusterSpec.from_dict({"name": "h100x8", "hosts": [{"name": "n", "gpus": {"type": "H100", "count": 8}}]})
     wl = WorkloadSpec.from_dict({"models": {"actor": "qwen3-8b"}, "prompts_per_step": 128, "responses_per_prompt": 8,
@@ -149,7 +149,7 @@ def test_published_qwen3_8b_layouts_on_8_h100_fit_in_memory():
                                  "training": {"recompute": True, "kl_coef": 0.0}})
     sim = Simulator(cluster, wl, get_cost_model("analytical"))
     devs = tuple(sorted(sim.devices))
-    lays = {t: TaskLayout.even(t, devs, 2 if t == "actor_gen" else 1, 1, 36) for t in sim.tasks}
+    lays = {t: even_layout(t, devs, 2 if t == "actor_gen" else 1, 1, 36) for t in sim.tasks}
 
     def colocated(train: TaskLayout):
         return sim.evaluate(Candidate([tuple(sim.tasks)], [devs], {**lays, "actor_train": train}))
@@ -157,7 +157,7 @@ def test_published_qwen3_8b_layouts_on_8_h100_fit_in_memory():
     ddp = lays["actor_train"]
     assert not colocated(ddp).feasible  # 16 B/param of an 8B model on each 80 GB GPU
     assert colocated(dataclasses.replace(ddp, sharding="fsdp")).feasible
-    pp2 = TaskLayout.even("actor_train", devs, 1, 2, 36)
+    pp2 = even_layout("actor_train", devs, 1, 2, 36)
     assert not colocated(pp2).feasible
     assert colocated(dataclasses.replace(pp2, sharding="zero1")).feasible
     chosen = layouts.best_layout(sim, "actor_train", devs)

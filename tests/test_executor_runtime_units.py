@@ -91,7 +91,7 @@ def test_manual_plan_groups_tasks_that_share_devices_and_normalises_shares():
     groups = {tuple(g.tasks): g.devices for g in plan.groups}
     # the log-prob pass goes where actor_train goes
     assert groups == {("actor_gen",): ["h:0", "h:1"], ("actor_logprob", "ref_infer", "actor_train"): ["h:2", "h:3"]}
-    assert [k.batch_share for k in plan.task("actor_gen").tasklets] == [0.75, 0.25]
+    assert list(plan.task("actor_gen").layout.shares) == [0.75, 0.25]
     with pytest.raises(SpecError, match="placement.ref_infer"):
         handwritten_plan(cluster({"h": 2}), workload(), {"actor_gen": ["h:0"], "actor_train": ["h:1"]})
 

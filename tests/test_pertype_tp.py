@@ -19,12 +19,12 @@ from hetprof.executor.handwritten_plan import handwritten_plan
 from hetprof.executor.launch_checks import check_supported
 from hetprof.executor.records import work_description
 from hetprof.executor.topology import Topology
-from hetprof.planner.candidate import TaskLayout
-from hetprof.planner.convert import from_plan, to_plan
+from hetprof.planner.candidate import Candidate
 from hetprof.planner.memcheck import check_plan
 from hetprof.planner.search import layouts
 from hetprof.planner.search.arealhex import rollout_layout, rollout_milp, rollout_options
-from hetprof.specs import Plan, WorkloadSpec
+from hetprof.planner.session import build_plan
+from hetprof.specs import Plan, TaskLayout, WorkloadSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 # Rollout pool: the 16 GB T4 cannot hold Qwen3-8B's weights at TP1 (it needs TP2), while the A100-80GB
@@ -44,7 +44,8 @@ def test_plan_file_names_each_generation_replicas_tp_and_old_plans_load_unchange
     plan.save(tmp_path / "p.json")
     loaded = Plan.load(tmp_path / "p.json")
     gen = loaded.task("actor_gen").layout
-    assert (gen.tp, gen.replica_tp, [gen.tp_of(r) for r in range(gen.dp)]) == (2, [1, 2], [1, 2])
+    assert (gen.tp, gen.tp_varies, [gen.tp_of(r) for r in range(gen.dp)]) == (2, True, [1, 2])
+    assert loaded.to_dict()["tasks"][0]["layout"]["replica_tp"] == [1, 2]  # the file names each replica's
     assert str(gen) == "DP2(1×TP1+1×TP2)×PP1" and gen.world == 3
     assert "replica_tp" not in loaded.to_dict()["tasks"][1]["layout"]  # uniform tasks write what they always did
     assert check_plan(loaded) == [] and check_supported(loaded) == "gloo"
@@ -145,9 +146,9 @@ def test_arealhex_plan_with_per_type_tp_round_trips_through_the_plan_file(mixed_
     sim, res = mixed_sim, arealhex_result
     gen = res.candidate.layout("actor_gen")
     assert sorted(gen.tp_degrees()) == [1, 1, 2]
-    plan = to_plan(sim, res.candidate, res.score, search="arealhex")
+    plan = build_plan(sim, res.candidate, res.score, search="arealhex")
     plan.save(tmp_path / "plan.json")
     loaded = Plan.load(tmp_path / "plan.json")
-    assert loaded.task("actor_gen").layout.replica_tp is not None and check_plan(loaded) == []
-    assert from_plan(loaded) == res.candidate
-    assert sim.evaluate(from_plan(loaded)).iteration_s == res.score.iteration_s
+    assert loaded.task("actor_gen").layout.tp_varies and check_plan(loaded) == []
+    assert Candidate.of_plan(loaded) == res.candidate
+    assert sim.evaluate(Candidate.of_plan(loaded)).iteration_s == res.score.iteration_s

@@ -10,9 +10,9 @@ from click.testing import CliRunner
 
 from hetprof.cli import cli
 from hetprof.costmodels import get_cost_model
-from hetprof.planner.candidate import Candidate, TaskLayout
-from hetprof.planner.convert import to_plan
+from hetprof.planner.candidate import Candidate, even_layout
 from hetprof.planner.memcheck import check_plan
+from hetprof.planner.session import build_plan
 from hetprof.planner.simulator import Simulator
 from hetprof.specs import ClusterSpec, Plan, WorkloadSpec
 
@@ -48,11 +48,11 @@ def plan_file(tmp_path, specs):
     sim = Simulator(cluster, workload, get_cost_model("analytical"))
     a, b = ("a:0", "a:1"), ("b:0", "b:1")
     cand = Candidate([("actor_gen",), ("ref_infer", "actor_train")], [b, a],
-                     {"actor_gen": TaskLayout.even("actor_gen", b, 1, 1, 28),
-                      "ref_infer": TaskLayout.even("ref_infer", a, 1, 1, 28),
-                      "actor_train": TaskLayout.even("actor_train", a, 1, 1, 28)})
+                     {"actor_gen": even_layout("actor_gen", b, 1, 1, 28),
+                      "ref_infer": even_layout("ref_infer", a, 1, 1, 28),
+                      "actor_train": even_layout("actor_train", a, 1, 1, 28)})
     path = tmp_path / "hand.json"
-    to_plan(sim, cand, search="by hand").save(path)
+    build_plan(sim, cand, search="by hand").save(path)
     return str(path)
 
 

@@ -10,9 +10,9 @@ import pytest
 
 from hetprof.costmodels import get_cost_model
 from hetprof.errors import InfeasibleError
-from hetprof.planner.candidate import Candidate, TaskLayout
-from hetprof.planner.convert import from_plan, to_plan
+from hetprof.planner.candidate import Candidate, even_layout
 from hetprof.planner.memcheck import check_plan, device_peaks
+from hetprof.planner.session import build_plan
 from hetprof.planner.simulator import Simulator
 from hetprof.specs import ClusterSpec, Plan, WorkloadSpec
 
@@ -62,7 +62,7 @@ def random_candidate(rng: random.Random, tasks: list[str], devices: list[str], l
             pp = rng.choice([x for x in (1, 2) if len(part) % (tp * x) == 0])
             dp = len(part) // (tp * pp)
             raw = [rng.random() + 0.2 for _ in range(dp)]
-            layouts[t] = TaskLayout.even(t, part, tp, pp, layers, shares=[x / sum(raw) for x in raw])
+            layouts[t] = even_layout(t, part, tp, pp, layers, shares=[x / sum(raw) for x in raw])
     return Candidate(groups, parts, layouts)
 
 
@@ -78,7 +78,7 @@ def test_plan_round_trip_validates_and_rescores(cm, tmp_path):
     cand = random_candidate(rng, sim.tasks, list(sim.devices), layers)
     score = sim.evaluate(cand)
     assert score.feasible, score.violations
-    plan = to_plan(sim, cand, score, search="manual", seed=4, objective="cost",
+    plan = build_plan(sim, cand, score, search="manual", seed=4, objective="cost",
                    trace=[{"t": 0.1, "best": 2.0}], profile_snapshot="abc")
     path = tmp_path / "plan.json"
     plan.save(path)
@@ -86,12 +86,12 @@ def test_plan_round_trip_validates_and_rescores(cm, tmp_path):
     loaded.validate()
     assert json.loads(path.read_text())["predicted"]["iteration_s"] == pytest.approx(score.iteration_s)
     assert (loaded.search, loaded.seed, loaded.objective, loaded.profile_snapshot) == ("manual", 4, "cost", "abc")
-    assert from_plan(loaded) == cand
-    again = Simulator(loaded.cluster_spec(), loaded.workload_spec(), cm).evaluate(from_plan(loaded))
+    assert Candidate.of_plan(loaded) == cand
+    again = Simulator(loaded.cluster_spec(), loaded.workload_spec(), cm).evaluate(Candidate.of_plan(loaded))
     assert again.iteration_s == pytest.approx(score.iteration_s)
     for t in loaded.tasks:
         assert t.predicted_s == pytest.approx(score.task_seconds[t.task])
-        assert sum(k.layer_end - k.layer_start for k in t.tasklets if k.replica == 0) == layers
+        assert sum(t.layout.layer_splits[0]) == layers
 
 
 def test_infeasible_candidates_make_no_plan_file(cm):
@@ -102,9 +102,9 @@ def test_infeasible_candidates_make_no_plan_file(cm):
     sim = Simulator(ClusterSpec.from_dict({**cluster, "hosts": [{**h, "gpus": {"type": "T4", "count": 2}}
                                                                  for h in cluster["hosts"]]}), wl, cm)
     devs = list(sim.devices)
-    cand = Candidate([tuple(sim.tasks)], [devs], {t: TaskLayout.even(t, devs, 1, 1, 36) for t in sim.tasks})
+    cand = Candidate([tuple(sim.tasks)], [devs], {t: even_layout(t, devs, 1, 1, 36) for t in sim.tasks})
     with pytest.raises(InfeasibleError, match="infeasible: .*T4"):
-        to_plan(sim, cand)
+        build_plan(sim, cand)
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -120,7 +120,7 @@ def test_memory_checker_agrees_with_the_simulator(cm, seed):
         if not big.evaluate(cand).feasible:  # e.g. a 4B model trained without recompute on one GPU
             continue
         checked += 1
-        plan = to_plan(big, cand)
+        plan = build_plan(big, cand)
         assert check_plan(plan) == []
         plan.cluster = ClusterSpec.from_dict(cluster).to_dict()
         independent = check_plan(plan)
@@ -140,8 +140,8 @@ def test_memory_checker_names_the_device_and_the_gap(cm):
     cluster, wl, layers = random_instance(rng)
     big = Simulator(ClusterSpec.from_dict(roomy(cluster)), wl, cm)
     devs = list(big.devices)
-    cand = Candidate([tuple(big.tasks)], [devs], {t: TaskLayout.even(t, devs, 1, 1, layers) for t in big.tasks})
-    plan = to_plan(big, cand)
+    cand = Candidate([tuple(big.tasks)], [devs], {t: even_layout(t, devs, 1, 1, layers) for t in big.tasks})
+    plan = build_plan(big, cand)
     shrunk = {**cluster, "hosts": [{**h, "gpus": {**h["gpus"], "type": "T4"}} for h in cluster["hosts"]]}
     plan.cluster = ClusterSpec.from_dict(shrunk).to_dict()
     wl_big = WorkloadSpec.from_dict({**wl.to_dict(), "models": {k: "qwen3-4b" for k, v in

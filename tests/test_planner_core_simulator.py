@@ -8,10 +8,10 @@ import pytest
 
 from hetprof.costmodels import get_cost_model
 from hetprof.errors import InfeasibleError
-from hetprof.planner.candidate import Candidate, TaskLayout
+from hetprof.planner.candidate import Candidate, even_layout
 from hetprof.planner.graph import build_graph
 from hetprof.planner.simulator import Simulator
-from hetprof.specs import ClusterSpec, WorkloadSpec
+from hetprof.specs import ClusterSpec, TaskLayout, WorkloadSpec
 
 MODEL = "qwen3-0.6b"
 LAYERS = 28
@@ -48,7 +48,7 @@ B = tuple(f"b:{i}" for i in range(4))
 
 def layouts(sim: Simulator, where: dict[str, tuple[str, ...]], tp: int = 1) -> dict[str, TaskLayout]:
     layers = build_graph(sim.workload).model_of("actor_gen").layers
-    return {t: TaskLayout.even(t, where[t], tp, 1, layers) for t in sim.tasks}
+    return {t: even_layout(t, where[t], tp, 1, layers) for t in sim.tasks}
 
 
 def colocated(sim: Simulator, devices: tuple[str, ...] = A + B) -> Candidate:
@@ -221,7 +221,7 @@ def test_malformed_candidates_are_explained(cm):
     bad_split = good.replace_layout(TaskLayout(lay.task, 1, 1, lay.replicas, lay.shares, ((10,),) * lay.dp))
     stolen = Candidate(good.groups, [good.group_devices[0], good.group_devices[1] + ("b:0",)], good.layout_map())
     missing = Candidate([("actor_gen",)], [B], {"actor_gen": lay})
-    foreign = good.replace_layout(TaskLayout.even("actor_gen", ("a:0",), 1, 1, LAYERS))
+    foreign = good.replace_layout(even_layout("actor_gen", ("a:0",), 1, 1, LAYERS))
     cases = {bad_shares: "sum to", bad_split: "layer split", stolen: "groups must not share",
              missing: "ref_infer is in 0 groups", foreign: "not a device of its group"}
     for cand, phrase in cases.items():

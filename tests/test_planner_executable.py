@@ -12,7 +12,7 @@ from hetprof.cli import cli
 from hetprof.costmodels import Placement, get_cost_model
 from hetprof.errors import InfeasibleError
 from hetprof.executor.launch_checks import check_supported
-from hetprof.planner.candidate import Candidate, TaskLayout
+from hetprof.planner.candidate import Candidate, even_layout
 from hetprof.planner.search import SearchContext, get_search, layouts
 from hetprof.planner.simulator import Simulator
 from hetprof.specs import ClusterSpec, Plan, WorkloadSpec, executable
@@ -50,8 +50,8 @@ def test_degrees_follow_the_executors_rules():
 def test_a_layout_the_executor_refuses_is_infeasible_with_its_reason():
     sim = _sim(True)
     devs = [d for d in sim.devices]
-    lay = {t: TaskLayout.even(t, devs, 1, 1, 36) for t in sim.tasks}
-    lay["actor_gen"] = TaskLayout.even("actor_gen", devs, 1, 2, 36)
+    lay = {t: even_layout(t, devs, 1, 1, 36) for t in sim.tasks}
+    lay["actor_gen"] = even_layout("actor_gen", devs, 1, 2, 36)
     problems = sim.structure_problems(Candidate([tuple(sim.tasks)], [devs], lay))
     assert any("runs no pipeline stages for actor_gen" in p and "--any-layout" in p for p in problems)
     assert not _sim(False).structure_problems(Candidate([tuple(sim.tasks)], [devs], lay))

@@ -107,15 +107,16 @@ def test_offload_names_a_group():
 
 
 def test_the_offload_policy_travels_in_the_plan_file_and_search_traces(tmp_path):
-    from hetprof.planner.convert import from_plan, to_plan
+    from hetprof.planner.candidate import Candidate
     from hetprof.planner.search.space import decode_candidate, encode_candidate
+    from hetprof.planner.session import build_plan
     from hetprof.specs import Plan
 
     s = sim()
     pins = {"generation": {"group": "all"}, "inference": {"group": "all"}, "training": {"group": "all"}}
     cand = pinned_candidate(s, PinnedLayout.from_dict({"groups": {"all": 8}, "tasks": pins, "offload": ["all"]}))
-    to_plan(s, cand).save(tmp_path / "plan.json")
+    build_plan(s, cand).save(tmp_path / "plan.json")
     loaded = Plan.load(tmp_path / "plan.json")
     assert [g.offload for g in loaded.groups] == [True]
-    assert from_plan(loaded).offload == frozenset({0})
+    assert Candidate.of_plan(loaded).offload == frozenset({0})
     assert decode_candidate(encode_candidate(cand)) == cand

@@ -10,13 +10,13 @@ from hypothesis import strategies as st
 
 from hetprof.costmodels import get_cost_model
 from hetprof.errors import InfeasibleError, SpecError
-from hetprof.planner.convert import to_plan
 from hetprof.planner.memcheck import check_plan
 from hetprof.planner.search import SearchContext, available_searches, get_search, layouts
 from hetprof.planner.search.exhaustive import ExhaustiveConfig
 from hetprof.planner.search.hetrl import HetRLConfig
 from hetprof.planner.search.ilp import ILPConfig
 from hetprof.planner.search.space import decode_candidate, encode_candidate
+from hetprof.planner.session import build_plan
 from hetprof.planner.simulator import Simulator
 from hetprof.specs import ClusterSpec, WorkloadSpec
 
@@ -55,7 +55,7 @@ def test_no_search_emits_a_plan_the_memory_checker_rejects(hosts, algorithm, mod
         except InfeasibleError:
             continue                      # refusing is allowed; emitting an unsafe plan is not
         assert math.isfinite(res.objective_value)
-        plan = to_plan(sim, res.candidate, res.score, search=name)
+        plan = build_plan(sim, res.candidate, res.score, search=name)
         assert check_plan(plan) == [], (name, res.candidate)
 
 
@@ -188,7 +188,7 @@ def test_hetrl_milp_arms_are_deterministic_memory_safe_and_not_worse():
     assert a.extra["milp"]["groupings"] and a.extra["milp"]["arms"] >= 1
     assert a.candidate == b.candidate and a.objective_value == b.objective_value
     sim = region_sim()
-    assert check_plan(to_plan(sim, a.candidate, sim.evaluate(a.candidate), search="hetrl")) == []
+    assert check_plan(build_plan(sim, a.candidate, sim.evaluate(a.candidate), search="hetrl")) == []
     ilp = get_search("ilp")(SearchContext(sim=sim, seed=4, max_pp=2, warm_start=a.candidate,
                                           config=ILPConfig(time_limit_s=10, shortlist=3))).run()
     assert a.objective_value <= ilp.objective_value * 1.02      # issue 5's goal, on a small instance

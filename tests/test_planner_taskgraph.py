@@ -6,12 +6,12 @@ import pytest
 
 from hetprof.costmodels import get_cost_model
 from hetprof.errors import SpecError
-from hetprof.planner.candidate import Candidate, TaskLayout
-from hetprof.planner.convert import from_plan, to_plan
+from hetprof.planner.candidate import Candidate, even_layout
 from hetprof.planner.graph import build_graph
 from hetprof.planner.memcheck import device_peaks
+from hetprof.planner.session import build_plan
 from hetprof.planner.simulator import Simulator
-from hetprof.specs import ClusterSpec, Plan, WorkloadSpec, workload_tasks
+from hetprof.specs import ClusterSpec, Plan, TaskLayout, WorkloadSpec, workload_tasks
 
 MODEL, LAYERS = "qwen3-0.6b", 28
 DEVICES = tuple(f"h:{i}" for i in range(4))
@@ -51,7 +51,7 @@ def test_the_passes_a_workload_has(wl, tasks):
 
 
 def colocated(sim: Simulator) -> Candidate:
-    lays = {t: TaskLayout.even(t, DEVICES, 1, 1, LAYERS) for t in sim.tasks}
+    lays = {t: even_layout(t, DEVICES, 1, 1, LAYERS) for t in sim.tasks}
     return Candidate([tuple(sim.tasks)], [DEVICES], lays)
 
 
@@ -64,7 +64,7 @@ def test_the_log_prob_pass_costs_time_beside_the_trainer_but_no_weights():
     assert s_on.feasible and s_off.feasible
     logprob = s_on.task_seconds["actor_logprob"]
     assert logprob > 0 and s_on.iteration_s == pytest.approx(s_off.iteration_s + logprob)
-    inference_alone = on.task_eval(TaskLayout.even("actor_logprob", DEVICES, 1, 1, LAYERS)).memory["h:0"]
+    inference_alone = on.task_eval(even_layout("actor_logprob", DEVICES, 1, 1, LAYERS)).memory["h:0"]
     # its working set is smaller than the trainer's, and its weights are the trainer's: no extra bytes
     assert inference_alone.weights > 0
     assert s_on.memory_peak == pytest.approx(s_off.memory_peak)
@@ -75,7 +75,7 @@ def test_a_reference_model_is_held_only_when_kl_is_used():
     kl = Simulator(cluster(), workload(), cm)
     free = Simulator(cluster(), workload(kl_coef=0.0), cm)
     s_kl, s_free = kl.evaluate(colocated(kl)), free.evaluate(colocated(free))
-    ref = kl.task_eval(TaskLayout.even("ref_infer", DEVICES, 1, 1, LAYERS)).memory["h:0"]
+    ref = kl.task_eval(even_layout("ref_infer", DEVICES, 1, 1, LAYERS)).memory["h:0"]
     assert s_kl.memory_peak["h:0"] - s_free.memory_peak["h:0"] == pytest.approx(ref.weights)
     assert "ref_infer" in s_kl.task_seconds and "ref_infer" not in s_free.task_seconds
 
@@ -83,12 +83,12 @@ def test_a_reference_model_is_held_only_when_kl_is_used():
 def test_the_plan_records_the_pass_beside_its_trainer_and_refuses_it_elsewhere():
     sim = Simulator(cluster(), workload("ppo"), get_cost_model("analytical"))
     cand = colocated(sim)
-    plan = to_plan(sim, cand)
+    plan = build_plan(sim, cand)
     placed = {t.task: t for t in plan.tasks}
     assert set(placed) == set(workload_tasks(sim.workload))
     assert placed["actor_logprob"].group == placed["actor_train"].group
     assert placed["actor_logprob"].devices() == placed["actor_train"].devices()
-    assert from_plan(Plan.from_dict(plan.to_dict())) == cand  # followers are derived, not searched
+    assert Candidate.of_plan(Plan.from_dict(plan.to_dict())) == cand  # followers are derived, not searched
     # the independent checker agrees the pass adds no weights beside its trainer
     assert device_peaks(plan)["h:0"] == pytest.approx(sim.evaluate(cand).memory_peak["h:0"], rel=0.05)
     data = plan.to_dict()
@@ -106,10 +106,10 @@ def test_sharding_is_recorded_in_the_plan_and_read_back():
     train = cand.layout("actor_train")
     sharded = cand.replace_layout(TaskLayout(train.task, 1, 1, train.replicas, train.shares, train.layer_splits,
                                              "fsdp"))
-    plan = to_plan(sim, sharded)
+    plan = build_plan(sim, sharded)
     assert {t.task: t.layout.sharding for t in plan.tasks} == {
         "actor_gen": "none", "actor_logprob": "none", "actor_train": "fsdp"}
-    assert from_plan(Plan.from_dict(plan.to_dict())) == sharded
+    assert Candidate.of_plan(Plan.from_dict(plan.to_dict())) == sharded
     data = plan.to_dict()
     next(t for t in data["tasks"] if t["task"] == "actor_gen")["layout"]["sharding"] = "fsdp"
     with pytest.raises(SpecError, match="only training tasks shard"):

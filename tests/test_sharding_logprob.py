@@ -5,9 +5,9 @@ from __future__ import annotations
 import yaml
 
 from hetprof.costmodels import get_cost_model
-from hetprof.planner.convert import to_plan
 from hetprof.planner.memcheck import check_plan
 from hetprof.planner.pinned import PinnedLayout, pinned_candidate
+from hetprof.planner.session import build_plan
 from hetprof.planner.simulator import Simulator
 from hetprof.specs import ClusterSpec, WorkloadSpec
 from hetprof.specs.loader import from_data
@@ -31,7 +31,7 @@ def test_a_70b_fsdp_layout_is_feasible_and_its_logprob_pass_holds_a_shard(tmp_pa
     assert score.feasible, score.violations  # 140 GB of weights whole on an 80 GB GPU would not be
     logprob = sim.task_eval(sim.with_followers(cand)[0]["actor_logprob"])
     assert max(m.weights for m in logprob.memory.values()) * 32 < 150e9
-    plan = to_plan(sim, cand, score, search="pinned", seed=0, objective="throughput")
+    plan = build_plan(sim, cand, score, search="pinned", seed=0, objective="throughput")
     assert {t.task: t.layout.sharding for t in plan.tasks}["actor_logprob"] == "none"  # it shards no state
     assert check_plan(plan) == []  # the independent check prices the pass on its leader's shards too
 

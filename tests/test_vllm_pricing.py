@@ -94,9 +94,8 @@ def test_engine_reload_is_the_median_per_size_interpolated_and_proportional_past
 
 
 def test_a_vllm_plan_prices_the_profiled_reload_into_its_weight_sync_and_an_hf_plan_does_not(tmp_path):
-    from hetprof.planner.candidate import TaskLayout
     from hetprof.planner.simulator import Simulator
-    from hetprof.specs import ClusterSpec, WorkloadSpec
+    from hetprof.specs import ClusterSpec, TaskLayout, WorkloadSpec
 
     with ProfileDB(tmp_path / "db.sqlite") as db:
         add_rows(db, models=("tiny",), tasks=("prefill", "decode"), repeats=3)

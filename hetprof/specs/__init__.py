@@ -1,21 +1,20 @@
-"""The vocabulary and the files users write and share: cluster spec, workload spec, plan (DESIGN §2).
+"""The vocabulary and the files users write and share: cluster spec, workload spec, plan (DESIGN §2),
+and each task's parallel layout (layout.py: the one type the planner, the plan and the executor share).
 
 The GPU catalog (catalog.py), model shapes (models.py) and units (units.py) live here too: a
 cluster spec names its GPU types from the catalog, so the catalog sits beside the specs, not above.
 """
 
 from hetprof.specs.cluster import ClusterSpec, Device, GpuSlot, Host, LinkOverride, LinkParams, NetworkSpec
+from hetprof.specs.layout import SHARDING, TaskLayout
 from hetprof.specs.plan import (
     FOLLOWS,
     GENERATION_BACKENDS,
     RUNNABLE_BACKENDS,
-    SHARDING,
     TASKS,
     Group,
-    Layout,
     Plan,
     Prediction,
-    Tasklet,
     TaskPlacement,
     workload_tasks,
 )
@@ -25,8 +24,8 @@ from hetprof.specs.workload import GenerationParams, LengthDist, ModelRoles, Tra
 
 __all__ = [
     "ClusterSpec", "Device", "GpuSlot", "Host", "LinkOverride", "LinkParams", "NetworkSpec",
-    "FOLLOWS", "GENERATION_BACKENDS", "RUNNABLE_BACKENDS", "SHARDING", "TASKS", "Group", "Layout", "Plan", "Prediction", "TaskPlacement",
-    "Tasklet", "workload_tasks",
+    "FOLLOWS", "GENERATION_BACKENDS", "RUNNABLE_BACKENDS", "SHARDING", "TASKS", "Group", "Plan", "Prediction", "TaskLayout",
+    "TaskPlacement", "workload_tasks",
     "DataParams", "OptimizerParams", "GenerationParams", "LengthDist", "ModelRoles", "TrainingParams", "WorkloadSpec",
     "Role", "SyncEdge", "Task", "TaskKind",
 ]

@@ -3,7 +3,10 @@
 The specs are dataclasses whose type hints are the schema. `from_data` walks the hints and the
 data together, so a mistake deep in a file is reported as `hosts[2].gpus.type: expected one of
 ...` with the file's name — the one thing a user needs to fix it. A field's `metadata["help"]`
-documents it; `metadata["check"]` is an extra predicate with its expectation text.
+documents it; `metadata["check"]` is an extra predicate with its expectation text. A type held
+in memory in another shape than its file's names that shape as `FILE_FORM` (a dataclass the loader
+checks field by field) with `from_file_form(entry)` and `to_file_form()`: the file's schema stays
+declared, the program works on the type.
 """
 
 from __future__ import annotations
@@ -131,6 +134,8 @@ def from_data(cls: type[T], data: Any, file: str | None = None, path: str = "") 
 def to_data(obj: Any) -> Any:
     """Plain data (dicts, lists, scalars) from a dataclass tree, omitting None values."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        if hasattr(obj, "to_file_form"):
+            return to_data(obj.to_file_form())
         out = {}
         for f in dataclasses.fields(obj):
             value = getattr(obj, f.name)
@@ -186,6 +191,8 @@ def _convert(tp: Any, data: Any, file: str | None, path: str) -> Any:
         key_tp, val_tp = get_args(tp) or (str, Any)
         return {_convert(key_tp, k, file, path): _convert(val_tp, v, file, _join(path, str(k)))
                 for k, v in data.items()}
+    if hasattr(tp, "FILE_FORM"):
+        return _convert_file_form(tp, data, file, path)
     if dataclasses.is_dataclass(tp):
         return _convert_dataclass(tp, data, file, path)
     if tp is float:
@@ -205,6 +212,17 @@ def _convert(tp: Any, data: Any, file: str | None, path: str) -> Any:
             raise SpecError(file, path, "a string", data)
         return str(data)
     raise TypeError(f"unsupported spec type {tp!r} at {path}")
+
+
+def _convert_file_form(cls: Any, data: Any, file: str | None, path: str) -> Any:
+    """A type written in another shape: the shape (`cls.FILE_FORM`) checked, then turned into `cls`."""
+    if isinstance(data, cls):
+        return data
+    entry = _convert(cls.FILE_FORM, data, file, path)
+    try:
+        return cls.from_file_form(entry)
+    except SpecError as exc:  # paths relative to the entry: anchor them here
+        raise SpecError(file, _join(path, exc.field) if exc.field else path, exc.expected, exc.got) from None
 
 
 def _convert_dataclass(cls: Any, data: Any, file: str | None, path: str) -> Any:

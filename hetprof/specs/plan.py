@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from hetprof.errors import SpecError
 from hetprof.specs.cluster import ClusterSpec
+from hetprof.specs.layout import LayoutEntry, TaskLayout, TaskletEntry, entry_field
 from hetprof.specs.loader import field, from_data, to_data
 from hetprof.specs.positions import load_spec
 from hetprof.specs.vocabulary import Task, TaskKind
@@ -30,14 +29,6 @@ TASKS: dict[str, tuple[str, str]] = {str(t): (str(t.kind), str(t.role)) for t in
 # pass is a forward of the trainer's own module before its update (verl's compute_log_prob runs on
 # the actor workers), so it is never placed on its own and never needs a weight sync.
 FOLLOWS: dict[str, str] = {Task.ACTOR_LOGPROB: Task.ACTOR_TRAIN}
-
-# Data-parallel sharding of a training task's state over its replicas: what each level shards.
-SHARDING: dict[str, tuple[str, ...]] = {
-    "none": (),                                   # DDP: every replica holds everything
-    "zero1": ("optimizer",),
-    "zero2": ("optimizer", "grads"),
-    "fsdp": ("optimizer", "grads", "params"),     # ZeRO-3 / FSDP full shard
-}
 
 # Generation engines a plan can be made for (`hetprof plan --backend`); `hetprof run` carries out
 # only those it has an executor backend for (static batching is priced, to plan for TensorRT-LLM).
@@ -67,76 +58,37 @@ def workload_tasks(workload: WorkloadSpec) -> list[str]:
     return tasks
 
 
-MAX_DEGREE = 1 << 16  # a parallel degree: loops over replicas and stages are sized by it
-_DEGREE = f"a positive integer at most {MAX_DEGREE:,}"
-
-
-def _degree(x: int) -> bool:
-    return 0 < x <= MAX_DEGREE
+_SAME_TP = ("absent (only a generation task's replicas may differ in TP; the others average gradients or follow "
+            "a trainer)")
 
 
 @dataclasses.dataclass
-class Layout:
-    dp: int = field(1, help="data-parallel replicas", check=_degree, expect=_DEGREE)
-    tp: int = field(1, help="tensor-parallel degree", check=_degree, expect=_DEGREE)
-    pp: int = field(1, help="pipeline stages", check=_degree, expect=_DEGREE)
-    sharding: str = field("none", help="data-parallel sharding of training state: none (DDP), zero1, zero2, "
-                          "fsdp (ZeRO-3)", check=lambda s: s in SHARDING, expect="one of " + ", ".join(SHARDING))
-    replica_tp: list[int] | None = field(None, help="a generation task's TP degree per replica when its replicas "
-                                         "differ (then tp is the largest); absent: every replica has tp",
-                                         check=lambda v: all(_degree(x) for x in v), expect=f"a list of {_DEGREE}s")
+class PlacementEntry:
+    """A plan file's entry for one task: the file form of a TaskPlacement (its layout written as the
+    degrees, `layout`, and one tasklet per replica and stage, `tasklets`)."""
 
-    def tp_of(self, replica: int) -> int:
-        """Replica `replica`'s TP degree: its own where the replicas differ, else the common `tp`."""
-        return self.replica_tp[replica] if self.replica_tp else self.tp
-
-    @property
-    def world(self) -> int:
-        return sum(self.tp_of(r) for r in range(self.dp)) * self.pp
-
-    def validate(self) -> None:
-        if self.replica_tp is None:
-            return
-        if len(self.replica_tp) != self.dp:
-            raise SpecError(None, "replica_tp", f"one TP degree per replica (dp = {self.dp})", len(self.replica_tp))
-        if max(self.replica_tp) != self.tp:
-            raise SpecError(None, "tp", f"the largest of replica_tp ({max(self.replica_tp)})", self.tp)
-
-    def __str__(self) -> str:
-        return layout_name(self.replica_tp or [self.tp] * self.dp, self.pp, self.sharding)
-
-
-def layout_name(degrees: Sequence[int], pp: int, sharding: str = "none") -> str:
-    """'DP2×TP2×PP1'; replicas of different TP are counted per degree: 'DP3(2×TP1+1×TP2)×PP1'."""
-    shard = "" if sharding == "none" else f" {sharding}"
-    counts = {tp: degrees.count(tp) for tp in dict.fromkeys(degrees)}
-    if len(counts) == 1:
-        return f"DP{len(degrees)}×TP{degrees[0]}×PP{pp}{shard}"
-    mix = "+".join(f"{n}×TP{tp}" for tp, n in counts.items())
-    return f"DP{len(degrees)}({mix})×PP{pp}{shard}"
-
-
-@dataclasses.dataclass
-class Tasklet:
-    """One (replica, stage) of a task: its replica's TP degree of devices holding layers [layer_start, layer_end)."""
-
-    replica: int = field(help="data-parallel replica index")
-    stage: int = field(help="pipeline stage index")
-    devices: list[str] = field(help="device ids 'host:index', one per TP rank")
-    layer_start: int = field(0, help="first layer held (inclusive)")
-    layer_end: int = field(0, help="last layer held (exclusive)")
-    batch_share: float = field(1.0, help="fraction of the task's batch this replica processes",
-                               check=lambda x: 0 <= x <= 1, expect="a fraction in [0, 1]")
+    task: str = field(help="task name", check=lambda t: t in TASKS, expect="one of " + ", ".join(TASKS))
+    group: str = field(help="the group (set of GPUs) this task runs on")
+    layout: LayoutEntry = field(default_factory=LayoutEntry, help="DP × TP × PP")
+    tasklets: list[TaskletEntry] = field(default_factory=list, help="replica/stage placement")
+    predicted_s: float | None = field(None, help="predicted seconds of this task per iteration")
+    memory_bytes: float | None = field(None, help="predicted peak memory per device")
 
 
 @dataclasses.dataclass
 class TaskPlacement:
-    task: str = field(help="task name", check=lambda t: t in TASKS, expect="one of " + ", ".join(TASKS))
-    group: str = field(help="the group (set of GPUs) this task runs on")
-    layout: Layout = field(default_factory=Layout, help="DP × TP × PP")
-    tasklets: list[Tasklet] = field(default_factory=list, help="replica/stage placement")
-    predicted_s: float | None = field(None, help="predicted seconds of this task per iteration")
-    memory_bytes: float | None = field(None, help="predicted peak memory per device")
+    """One task of a plan: its layout (which names the task), its group and what it is predicted to cost."""
+
+    FILE_FORM: ClassVar[type] = PlacementEntry
+
+    layout: TaskLayout
+    group: str
+    predicted_s: float | None = None
+    memory_bytes: float | None = None
+
+    @property
+    def task(self) -> str:
+        return self.layout.task
 
     @property
     def kind(self) -> str:
@@ -147,7 +99,18 @@ class TaskPlacement:
         return TASKS[self.task][1]
 
     def devices(self) -> list[str]:
-        return [d for t in self.tasklets for d in t.devices]
+        return list(self.layout.devices())
+
+    @classmethod
+    def from_file_form(cls, entry: PlacementEntry) -> TaskPlacement:
+        if entry.layout.replica_tp is not None and TASKS[entry.task][0] != TaskKind.GENERATION:
+            raise SpecError(None, "layout.replica_tp", _SAME_TP, entry.layout.replica_tp)
+        return cls(TaskLayout.from_entries(entry.task, entry.layout, entry.tasklets), entry.group,
+                   entry.predicted_s, entry.memory_bytes)
+
+    def to_file_form(self) -> PlacementEntry:
+        layout, tasklets = self.layout.to_entries()
+        return PlacementEntry(self.task, self.group, layout, tasklets, self.predicted_s, self.memory_bytes)
 
 
 @dataclasses.dataclass
@@ -219,51 +182,40 @@ class Plan:
                             f"missing {missing}")
         roles = workload.roles()
         for ti, t in enumerate(self.tasks):
-            where = f"tasks[{ti}]"
+            where, lay = f"tasks[{ti}]", t.layout
             if t.group not in groups:
                 raise SpecError(None, f"{where}.group", "a group name of this plan", t.group)
-            if t.layout.sharding != "none" and t.kind != TaskKind.TRAINING:
-                raise SpecError(None, f"{where}.layout.sharding", "none (only training tasks shard their state)",
-                                t.layout.sharding)
-            if t.layout.replica_tp is not None and t.kind != TaskKind.GENERATION:
-                raise SpecError(None, f"{where}.layout.replica_tp", "absent (only a generation task's replicas may "
-                                "differ in TP; the others average gradients or follow a trainer)", t.layout.replica_tp)
             try:
-                t.layout.validate()
-            except SpecError as exc:  # a Layout built in code (not loaded) is checked here, path anchored
-                raise SpecError(None, f"{where}.layout.{exc.field}", exc.expected, exc.got) from None
-            if len(t.tasklets) != t.layout.dp * t.layout.pp:
-                raise SpecError(None, f"{where}.tasklets", f"dp × pp = {t.layout.dp * t.layout.pp} tasklets",
-                                len(t.tasklets))
-            layers = roles[t.role].layers
-            for ki, k in enumerate(t.tasklets):
-                if not 0 <= k.replica < t.layout.dp:
-                    raise SpecError(None, f"{where}.tasklets[{ki}].replica", f"a replica index below dp = "
-                                    f"{t.layout.dp}", k.replica)
-                tp = t.layout.tp_of(k.replica)
-                if len(k.devices) != tp:
-                    what = f"replica_tp[{k.replica}]" if t.layout.replica_tp else "tp"
-                    raise SpecError(None, f"{where}.tasklets[{ki}].devices", f"{what} = {tp} devices", len(k.devices))
-                for d in k.devices:
-                    if d not in groups[t.group].devices:
-                        raise SpecError(None, f"{where}.tasklets[{ki}].devices", f"devices of group {t.group}", d)
-                if not 0 <= k.layer_start < k.layer_end <= layers:
-                    raise SpecError(None, f"{where}.tasklets[{ki}]", f"a layer range inside [0, {layers})",
-                                    (k.layer_start, k.layer_end))
-            for replica in range(t.layout.dp):
-                stages = sorted((k for k in t.tasklets if k.replica == replica), key=lambda k: k.stage)
-                bounds = [(k.layer_start, k.layer_end) for k in stages]
-                if not bounds or bounds[0][0] != 0 or bounds[-1][1] != layers or any(
-                        a[1] != b[0] for a, b in zip(bounds, bounds[1:], strict=False)):
-                    raise SpecError(None, f"{where}.tasklets", f"stages of replica {replica} covering layers "
-                                    f"0..{layers} contiguously", bounds)
-            shares = {k.replica: k.batch_share for k in t.tasklets}
-            if not math.isclose(sum(shares.values()), 1.0, abs_tol=1e-6):
-                raise SpecError(None, f"{where}.tasklets", "batch shares over replicas summing to 1",
-                                round(sum(shares.values()), 6))
-        self._check_followers(groups)
+                lay.validate()
+            except SpecError as exc:  # a layout built in code (not loaded) is checked here, path anchored
+                raise SpecError(None, f"{where}.{entry_field(exc.field)}", exc.expected, exc.got) from None
+            if lay.sharding != "none" and t.kind != TaskKind.TRAINING:
+                raise SpecError(None, f"{where}.layout.sharding", "none (only training tasks shard their state)",
+                                lay.sharding)
+            if lay.tp_varies and t.kind != TaskKind.GENERATION:
+                raise SpecError(None, f"{where}.layout.replica_tp", _SAME_TP, list(lay.tp_degrees()))
+            self._check_stages(where, t, groups[t.group], roles[t.role].layers)
+        self._check_followers()
 
-    def _check_followers(self, groups: dict[str, Group]) -> None:
+    @staticmethod
+    def _check_stages(where: str, t: TaskPlacement, group: Group, layers: int) -> None:
+        """Each stage on its group's devices, each replica's stages holding the model's layers 0..layers.
+        Tasklets are named by their index as the file lists them (replica by replica, stage by stage)."""
+        lay = t.layout
+        for r in range(lay.dp):
+            for s in range(lay.pp):
+                ki = r * lay.pp + s
+                for d in lay.stage_devices(r, s):
+                    if d not in group.devices:
+                        raise SpecError(None, f"{where}.tasklets[{ki}].devices", f"devices of group {t.group}", d)
+                if lay.layer_range(r, s)[1] > layers:
+                    raise SpecError(None, f"{where}.tasklets[{ki}]", f"a layer range inside [0, {layers})",
+                                    lay.layer_range(r, s))
+            if sum(lay.layer_splits[r]) != layers:
+                raise SpecError(None, f"{where}.tasklets", f"stages of replica {r} covering layers 0..{layers} "
+                                "contiguously", [lay.layer_range(r, s) for s in range(lay.pp)])
+
+    def _check_followers(self) -> None:
         """A follower task (FOLLOWS) sits in its leader's group with its leader's devices and degrees."""
         placed = {t.task: (i, t) for i, t in enumerate(self.tasks)}
         for follower, leader in FOLLOWS.items():
@@ -271,9 +223,8 @@ class Plan:
                 continue
             i, f = placed[follower]
             lead = placed[leader][1]
-            same = (f.group == lead.group and (f.layout.dp, f.layout.tp, f.layout.pp, f.layout.replica_tp) ==
-                    (lead.layout.dp, lead.layout.tp, lead.layout.pp, lead.layout.replica_tp)
-                    and f.devices() == lead.devices())
+            same = (f.group == lead.group and (f.layout.tp, f.layout.pp, f.layout.cp, f.layout.replicas) ==
+                    (lead.layout.tp, lead.layout.pp, lead.layout.cp, lead.layout.replicas))
             if not same:
                 raise SpecError(None, f"tasks[{i}]", f"{follower} on {leader}'s group, devices and layout "
                                 f"(it runs on {leader}'s workers with its weights)",

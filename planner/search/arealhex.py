@@ -19,10 +19,11 @@ import math
 
 from hetprof.errors import InfeasibleError
 from hetprof.planner.balance import Curve, balance_shares
-from hetprof.planner.candidate import Candidate, TaskLayout
+from hetprof.planner.candidate import Candidate
 from hetprof.planner.search import layouts, register_search
 from hetprof.planner.search.base import Ledger, Search, SearchResult
 from hetprof.planner.search.cbc import cbc
+from hetprof.specs.layout import TaskLayout
 from hetprof.specs.vocabulary import Task
 
 GAMMA_STEPS = 10

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 
 from hetprof.errors import InfeasibleError
 from hetprof.planner.balance import Curve, balance_shares, largest_batch_within  # noqa: F401 (re-exported)
-from hetprof.planner.candidate import TaskLayout
 from hetprof.specs import catalog, executable
+from hetprof.specs.layout import TaskLayout
 from hetprof.specs.models import ModelShape
 from hetprof.specs.plan import TASKS
 from hetprof.specs.vocabulary import TaskKind
@@ -32,8 +32,11 @@ Sharded = tuple[int, str]  # (dp, sharding) of a training layout's state
 
 
 @dataclasses.dataclass(frozen=True, order=True)
-class Shape:
-    """A layout's degrees: tensor-parallel `tp`, pipeline `pp`, and `dp` replicas."""
+class DegreeOption:
+    """A point of the search space before devices are chosen: degrees tensor-parallel `tp` and
+    pipeline `pp` a device set can host, and the most replicas `dp` it then holds. Not a layout
+    (hetprof.specs.TaskLayout): it names no device, share, split or sharding; a search picks
+    among options and `build_layout` turns the chosen one into a layout on ordered devices."""
 
     tp: int
     pp: int
@@ -107,7 +110,7 @@ def degree_limits(sim: Simulator, task: str, max_tp: int = 8, max_pp: int = 4) -
 
 
 def feasible_shapes(sim: Simulator, task: str, devices: Sequence[str], max_tp: int = 8,
-                    max_pp: int = 4) -> list[Shape]:
+                    max_pp: int = 4) -> list[DegreeOption]:
     """Every TP×PP×DP the device set can host within `degree_limits`, TP within a host.
 
     DP is the most replicas the set holds for that TP×PP (more replicas never cost memory and
@@ -119,7 +122,7 @@ def feasible_shapes(sim: Simulator, task: str, devices: Sequence[str], max_tp: i
     return shapes_for_hosts(tuple(per_host.values()), *degree_limits(sim, task, max_tp, max_pp))
 
 
-def shapes_for_hosts(per_host: Sequence[int], tps: Sequence[int], stages: int) -> list[Shape]:
+def shapes_for_hosts(per_host: Sequence[int], tps: Sequence[int], stages: int) -> list[DegreeOption]:
     """feasible_shapes from the number of devices on each host (all that decides them)."""
     biggest = max(per_host, default=0)
     shapes = []
@@ -129,7 +132,7 @@ def shapes_for_hosts(per_host: Sequence[int], tps: Sequence[int], stages: int) -
         groups = sum(n // tp for n in per_host)
         for pp in range(1, stages + 1):
             if groups // pp >= 1:
-                shapes.append(Shape(tp, pp, groups // pp))
+                shapes.append(DegreeOption(tp, pp, groups // pp))
     return shapes
 
 

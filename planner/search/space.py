@@ -19,8 +19,9 @@ import math
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from hetprof.planner.candidate import Candidate, TaskLayout
+from hetprof.planner.candidate import Candidate
 from hetprof.planner.search import layouts
+from hetprof.specs.layout import TaskLayout
 
 if TYPE_CHECKING:
     from hetprof.planner.simulator import Simulator

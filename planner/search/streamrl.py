@@ -12,10 +12,11 @@ with each pool's layouts tuned, and the best pair kept.
 from __future__ import annotations
 
 from hetprof.errors import InfeasibleError
-from hetprof.planner.candidate import Candidate, TaskLayout
+from hetprof.planner.candidate import Candidate
 from hetprof.planner.search import layouts, register_search
 from hetprof.planner.search.base import Ledger, Search, SearchResult
 from hetprof.planner.search.pools import Pool, hosts, region_pools
+from hetprof.specs.layout import TaskLayout
 from hetprof.specs.vocabulary import Task
 
 

@@ -15,10 +15,11 @@ import dataclasses
 from collections.abc import Iterator
 
 from hetprof.errors import InfeasibleError
-from hetprof.planner.candidate import Candidate, TaskLayout
+from hetprof.planner.candidate import Candidate
 from hetprof.planner.search import layouts, register_search
 from hetprof.planner.search.base import Ledger, Search, SearchConfig, SearchResult, knob
 from hetprof.planner.search.pools import Pool, host_pools
+from hetprof.specs.layout import TaskLayout
 from hetprof.specs.plan import TASKS
 from hetprof.specs.vocabulary import Task, TaskKind
 
