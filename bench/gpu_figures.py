@@ -23,9 +23,9 @@ from typing import Any
 
 import yaml
 
-from hetprof.specs.catalog import builtin
 from hetprof.executor.predicted_vs_measured import load_records, summary
 from hetprof.profiles import ProfileDB
+from hetprof.specs.catalog import builtin
 
 VALIDATE_SKIP = 1  # leading iterations `hetprof validate` leaves out (start-up)
 
