@@ -17,9 +17,9 @@ import torch.multiprocessing as mp
 from test_executor_runtime_run import write_plan
 from test_rl_math_reference import ref_gae
 
-from hetprof.executor.logprobs import token_logprobs
-from hetprof.executor.modeling import unwrap
-from hetprof.executor.records import read_log
+from hetprof.executor.models.logprobs import token_logprobs
+from hetprof.executor.models.modeling import unwrap
+from hetprof.executor.records.run_log import read_log
 from hetprof.runtime.distributed import file_init_method, leave_process_group
 from hetprof.specs import Plan
 from hetprof.specs.vocabulary import Task
@@ -38,10 +38,10 @@ def _worker(rank: int, init: str, plan_path: str, out: str) -> None:
 
 
 def _run(rank: int, plan_path: str, out: str) -> None:
+    from hetprof.executor.loop.worker import Worker
     from hetprof.executor.options import RunOptions
-    from hetprof.executor.process_groups import ProcessGroups
-    from hetprof.executor.runtime import Worker
-    from hetprof.executor.topology import Topology
+    from hetprof.executor.parallel.process_groups import ProcessGroups
+    from hetprof.executor.parallel.topology import Topology
 
     topo = Topology(Plan.load(plan_path), {d: r for r, d in enumerate(DEVICES)})
     options = RunOptions(plan_path=plan_path, iterations=3, log=f"{out}/run.jsonl", quiet=True, timeout_s=60)

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from hetprof.errors import ExecutionError, HetprofError, SpecError
-from hetprof.executor.data import Prompt
+from hetprof.executor.prompts.data import Prompt
 from hetprof.specs import RUNNABLE_BACKENDS, ClusterSpec, Plan, WorkloadSpec
 from hetprof.specs.executable import layout_problems, workload_problems
 from hetprof.specs.overrides import apply_overrides, from_override
@@ -146,8 +146,8 @@ def plan_is_cpu(plan: Plan) -> bool:
 
 def check_resumable(checkpoint_dir: str | Path, plan: Plan) -> int:
     """Refuse --resume before any worker starts when there is nothing (or another plan's) to resume."""
-    from hetprof.executor.checkpoint import committed
-    from hetprof.executor.records import plan_hash
+    from hetprof.executor.checkpoints.checkpoint import committed
+    from hetprof.executor.records.run_log import plan_hash
 
     meta = committed(checkpoint_dir)
     if meta is None:
@@ -168,7 +168,7 @@ def check_inputs(plan: Plan, plan_path: str | Path, backend: str, reward: str, p
     for option, (path, kind) in outputs.items():
         check_writable(option, path, kind)
     check_generation_backend(backend, plan_path)
-    from hetprof.executor.rewards import get_reward
+    from hetprof.executor.runners.rewards import get_reward
 
     get_reward(reward)
     check_prompts(workload, prompts, seed)
@@ -217,10 +217,10 @@ BACKEND_PACKAGES = {"vllm": "vllm"}  # engines that live in an optional package
 
 def check_prompts(workload: WorkloadSpec, prompts: str | None, seed: int) -> None:
     """Read every prompt (and validation prompt) as the workers will, and render one in the chat template."""
-    from hetprof.executor.data import encode_prompt
-    from hetprof.executor.prompt_files import prompt_sets
-    from hetprof.executor.rank_models import model_ref
-    from hetprof.executor.tokenizer import load_tokenizer
+    from hetprof.executor.models.tokenizer import load_tokenizer
+    from hetprof.executor.prompts.data import encode_prompt
+    from hetprof.executor.prompts.prompt_files import prompt_sets
+    from hetprof.executor.runners.rank_models import model_ref
     from hetprof.specs.vocabulary import Role
 
     sets = prompt_sets(workload.data, workload.base_dir, prompts, seed)

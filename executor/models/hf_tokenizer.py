@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hetprof.executor.tokenizer import (
+from hetprof.executor.models.tokenizer import (
     _SPECIALS,
     BOS,
     CHARS,

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from hetprof.display import shown
 from hetprof.errors import HetprofError
-from hetprof.executor.records import read_db, read_log
+from hetprof.executor.records.run_log import read_db, read_log
 
 
 def load_records(source: str, db_file: str | Path | None) -> list[dict[str, Any]]:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from hetprof.errors import SpecError
-from hetprof.executor.tokenizer import Tokenizer
+from hetprof.executor.models.tokenizer import Tokenizer
 from hetprof.registry import Registry, UnknownName
 from hetprof.runtime.generation import pad_left
 

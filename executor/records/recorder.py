@@ -19,16 +19,16 @@ import torch
 import torch.distributed as dist
 from rich.console import Console
 
-from hetprof.executor import checkpoint
-from hetprof.executor.dispatch import receive_or_explain
-from hetprof.executor.iteration_report import IterationReport
-from hetprof.executor.messages import MessageKind, Outbox, message_tag
+from hetprof.executor.checkpoints import checkpoint
+from hetprof.executor.loop.dispatch import receive_or_explain
+from hetprof.executor.loop.messages import MessageKind, Outbox, message_tag
 from hetprof.executor.options import RunOptions
-from hetprof.executor.progress import RunProgress, wanted
-from hetprof.executor.records import DBWriter, RunLog, console_line
-from hetprof.executor.run_record import RecordContext, build_record
-from hetprof.executor.tensorboard_log import TensorBoardLog
-from hetprof.executor.topology import Topology
+from hetprof.executor.parallel.topology import Topology
+from hetprof.executor.records.iteration_report import IterationReport
+from hetprof.executor.records.progress import RunProgress, wanted
+from hetprof.executor.records.run_log import DBWriter, RunLog, console_line
+from hetprof.executor.records.run_record import RecordContext, build_record
+from hetprof.executor.records.tensorboard_log import TensorBoardLog
 from hetprof.runtime.cpuslots import yield_to_work
 
 

@@ -28,8 +28,8 @@ import torch.distributed as dist
 from torch import nn
 
 from hetprof.executor.algorithms.base import Algorithm, RLBatch
-from hetprof.executor.logprobs import first_response_column, token_logprobs
-from hetprof.executor.packing import packed_values
+from hetprof.executor.models.logprobs import first_response_column, token_logprobs
+from hetprof.executor.models.packing import packed_values
 from hetprof.runtime.packedpass import entropy_from_logits, logits_to_logprobs, packed_token_logprobs
 from hetprof.runtime.tokenbudget import micro_batch_count, micro_batches_by_tokens
 from hetprof.specs.vocabulary import Role
@@ -65,7 +65,7 @@ class Learner:
         self.process_group = process_group
         self.parallel = parallel  # a parallel.ShardedModel for TP/PP tasks
         self.pipeline = parallel.pipeline if parallel is not None else None
-        # packed micro-batches of at most this many tokens (executor/packing.py); a pipeline's
+        # packed micro-batches of at most this many tokens (executor/models/packing.py); a pipeline's
         # schedule splits fixed-shape padded micro-batches, so pipelined tasks stay padded
         self.max_tokens = max_tokens_per_microbatch if self.pipeline is None else None
         self.steps = 0  # optimizer steps taken

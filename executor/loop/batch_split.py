@@ -4,7 +4,7 @@ The planner balances a task's batch across unequal devices with fractional share
 runtime needs integer counts that add up to the batch exactly. Largest-remainder rounding keeps
 every count within one of its exact share, and a floor (e.g. one sequence per mini-batch) keeps a
 replica from receiving nothing, which would leave its DDP all-reduce waiting for gradients.
-Packed passes (executor/packing.py) cost their tokens, not their rows: `token_share_slices` cuts
+Packed passes (executor/models/packing.py) cost their tokens, not their rows: `token_share_slices` cuts
 the same consecutive slices where the running token count meets each replica's share.
 """
 

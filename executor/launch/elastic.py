@@ -17,7 +17,7 @@ import os
 import tempfile
 
 from hetprof.errors import ExecutionError, HetprofError
-from hetprof.executor.launch_checks import (
+from hetprof.executor.launch.checks import (
     check_backend,
     check_inputs,
     check_resumable,
@@ -27,14 +27,14 @@ from hetprof.executor.launch_checks import (
     plan_is_cpu,
     planned_hosts,
 )
+from hetprof.executor.launch.sizebounds import check_run_sizes
 from hetprof.executor.options import RunOptions
-from hetprof.executor.records import plan_hash
-from hetprof.executor.sizebounds import check_run_sizes
+from hetprof.executor.records.run_log import plan_hash
 from hetprof.safety.processes import isolated_children
 from hetprof.specs import Plan
 
 # what the worker server imports before it forks workers (the runtime pulls in transformers)
-WORKER_PRELOAD = ("hetprof.executor.worker_entry", "hetprof.executor.runtime")
+WORKER_PRELOAD = ("hetprof.executor.launch.worker_entry", "hetprof.executor.loop.worker")
 
 
 def node_host(plan: Plan, nnodes: int, node_rank: int) -> str:
@@ -81,7 +81,7 @@ def launch(options: RunOptions, nnodes: int = 1, node_rank: int = 0, rdzv: str |
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from hetprof.executor.worker_entry import worker_main
+    from hetprof.executor.launch.worker_entry import worker_main
 
     options.validate()
     plan = load_plan(options.plan_path, options.overrides)

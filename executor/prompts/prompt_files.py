@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hetprof.errors import SpecError
-from hetprof.executor.data import Prompt, arithmetic_prompts
+from hetprof.executor.prompts.data import Prompt, arithmetic_prompts
 from hetprof.specs import DataParams
 
 BUILTIN_SIZE = 4096  # the built-in arithmetic set's size (PromptSource.builtin's default)

@@ -32,8 +32,8 @@ import torch.distributed as dist
 from torch import nn
 
 from hetprof.errors import ExecutionError
-from hetprof.executor.pipeline import Pipeline, StageModule, owner_stage, skeleton
-from hetprof.executor.tensorpar import partial_grad_params, tensor_parallel
+from hetprof.executor.parallel.pipeline import Pipeline, StageModule, owner_stage, skeleton
+from hetprof.executor.parallel.tensorpar import partial_grad_params, tensor_parallel
 
 
 @dataclasses.dataclass(frozen=True)

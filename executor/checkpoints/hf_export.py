@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hetprof.errors import ExecutionError
-from hetprof.executor.checkpoint import atomic_folder
-from hetprof.executor.hf_tokenizer import save_tokenizer
-from hetprof.executor.modeling import hf_config, unwrap
+from hetprof.executor.checkpoints.checkpoint import atomic_folder
+from hetprof.executor.models.hf_tokenizer import save_tokenizer
+from hetprof.executor.models.modeling import hf_config, unwrap
 from hetprof.specs.vocabulary import Role, Task
 
 if TYPE_CHECKING:
-    from hetprof.executor.rank_models import RankModels
+    from hetprof.executor.runners.rank_models import RankModels
 
 EXPORT = "hf"
 TRAINERS = {Role.ACTOR: Task.ACTOR_TRAIN, Role.CRITIC: Task.CRITIC_TRAIN}
@@ -43,7 +43,7 @@ def export_folder(checkpoint_dir: str | Path, iteration: int, role: str) -> Path
 def export_models(models: RankModels, checkpoint_dir: str, iteration: int, keep: int = 2) -> list[Path]:
     """Export every trained model on this rank; every rank of a trainer calls it (the gather is a
     collective), the trainer's lead writes. Returns the folders this rank wrote."""
-    from hetprof.executor.rank_models import model_ref
+    from hetprof.executor.runners.rank_models import model_ref
 
     written = []
     for role, task in TRAINERS.items():

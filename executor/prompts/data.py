@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hetprof.errors import SpecError
-from hetprof.executor.tokenizer import Tokenizer
+from hetprof.executor.models.tokenizer import Tokenizer
 
 
 @dataclasses.dataclass(frozen=True)

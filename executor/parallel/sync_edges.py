@@ -11,12 +11,12 @@ import time
 
 import torch
 
-from hetprof.executor.iteration_report import IterationReport, SyncStats
 from hetprof.executor.options import RunOptions
-from hetprof.executor.process_groups import ProcessGroups
-from hetprof.executor.rank_models import RankModels
-from hetprof.executor.topology import Topology
-from hetprof.executor.weightsync import WeightSync, state_digest
+from hetprof.executor.parallel.process_groups import ProcessGroups
+from hetprof.executor.parallel.topology import Topology
+from hetprof.executor.parallel.weightsync import WeightSync, state_digest
+from hetprof.executor.records.iteration_report import IterationReport, SyncStats
+from hetprof.executor.runners.rank_models import RankModels
 from hetprof.specs.vocabulary import SYNC_EDGES, Role, Task
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from hetprof.executor.topology import Topology
+from hetprof.executor.parallel.topology import Topology
 from hetprof.specs.vocabulary import SyncEdge, Task, TaskKind
 
 

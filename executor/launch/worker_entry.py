@@ -22,11 +22,11 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from hetprof.errors import ExecutionError
-from hetprof.executor.launch_checks import check_supported, device_kind, host_devices, load_plan
+from hetprof.executor.launch.checks import check_supported, device_kind, host_devices, load_plan
+from hetprof.executor.launch.peerloss import linger_if_peer_lost
 from hetprof.executor.options import RunOptions
-from hetprof.executor.peerloss import linger_if_peer_lost
-from hetprof.executor.process_groups import ProcessGroups
-from hetprof.executor.topology import Topology
+from hetprof.executor.parallel.process_groups import ProcessGroups
+from hetprof.executor.parallel.topology import Topology
 from hetprof.runtime.cpuslots import bind_to_slot
 from hetprof.runtime.distributed import leave_process_group
 from hetprof.runtime.hostmemory import keep_freed_memory
@@ -76,7 +76,7 @@ def _worker(options: RunOptions, host: str) -> None:
 
 def _run(options: RunOptions, plan: Plan, device_id: str, device: torch.device) -> None:
     """Meet the other workers, build the topology and the process groups, and run the loop."""
-    from hetprof.executor.runtime import Worker  # in the worker only (module docstring)
+    from hetprof.executor.loop.worker import Worker  # in the worker only (module docstring)
 
     ids: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(ids, device_id)

@@ -14,8 +14,8 @@ import torch
 import torch.distributed as dist
 
 from hetprof.errors import ExecutionError
-from hetprof.executor.batch_split import share_slices, token_share_slices
-from hetprof.executor.messages import (
+from hetprof.executor.loop.batch_split import share_slices, token_share_slices
+from hetprof.executor.loop.messages import (
     MessageKind,
     Outbox,
     concat_padded,
@@ -23,7 +23,7 @@ from hetprof.executor.messages import (
     recv_tensors,
     select_rows,
 )
-from hetprof.executor.topology import TaskRanks, Topology
+from hetprof.executor.parallel.topology import TaskRanks, Topology
 
 
 def receive_or_explain(topo: Topology, rank: int, src: int, tag: int, device: torch.device,

@@ -24,10 +24,18 @@ import time
 
 import torch
 
-from hetprof.executor.batch_split import share_slices
-from hetprof.executor.dispatch import Exchange
-from hetprof.executor.hf_export import export_models
-from hetprof.executor.iteration_report import (
+from hetprof.executor.checkpoints.hf_export import export_models
+from hetprof.executor.checkpoints.resume import agree_on_start, load_units, save_units
+from hetprof.executor.loop.batch_split import share_slices
+from hetprof.executor.loop.dispatch import Exchange
+from hetprof.executor.loop.messages import INPUT_KIND, RESULT_KIND, MessageKind
+from hetprof.executor.loop.staleness import VersionCounter, schedule
+from hetprof.executor.models.packing import priced_pass
+from hetprof.executor.options import RunOptions
+from hetprof.executor.parallel.process_groups import ProcessGroups
+from hetprof.executor.parallel.sync_edges import SyncEdges
+from hetprof.executor.parallel.topology import Topology
+from hetprof.executor.records.iteration_report import (
     BatchStats,
     IterationReport,
     Laps,
@@ -36,19 +44,11 @@ from hetprof.executor.iteration_report import (
     sample_texts,
     train_timing,
 )
-from hetprof.executor.messages import INPUT_KIND, RESULT_KIND, MessageKind
-from hetprof.executor.options import RunOptions
-from hetprof.executor.packing import priced_pass
-from hetprof.executor.process_groups import ProcessGroups
-from hetprof.executor.rank_models import RankModels
-from hetprof.executor.recorder import Recorder
-from hetprof.executor.records import dtype_name, plan_hash, work_description
-from hetprof.executor.resume import agree_on_start, load_units, save_units
-from hetprof.executor.run_record import RecordContext
-from hetprof.executor.staleness import VersionCounter, schedule
-from hetprof.executor.sync_edges import SyncEdges
-from hetprof.executor.topology import Topology
-from hetprof.executor.trace import IterationTrace
+from hetprof.executor.records.recorder import Recorder
+from hetprof.executor.records.run_log import dtype_name, plan_hash, work_description
+from hetprof.executor.records.run_record import RecordContext
+from hetprof.executor.records.trace import IterationTrace
+from hetprof.executor.runners.rank_models import RankModels
 from hetprof.specs.vocabulary import Task, TaskKind
 
 INFER_KEYS = ("input_ids", "attention_mask", "response_mask")
@@ -89,7 +89,7 @@ class Worker:
         gen = topo.tasks[Task.ACTOR_GEN]
         if (self.workload.data.eval_every and self.models.validation_prompts
                 and (self.is_leader or rank in gen.replica_ranks[0])):
-            from hetprof.executor.evaluation import Validator
+            from hetprof.executor.loop.evaluation import Validator
 
             self.validator = Validator(self.models.validation_prompts, self.models.reward_fn, self.models.tokenizer,
                                        self.workload, options.iterations)

@@ -126,7 +126,7 @@ class ScalarHeadModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 positions: torch.Tensor | None = None) -> torch.Tensor:
-        """Values [B, T]; packed input (executor/packing.py) passes restarting `positions`, no mask."""
+        """Values [B, T]; packed input (executor/models/packing.py) passes restarting `positions`, no mask."""
         if positions is None and attention_mask is not None:
             positions = position_ids(attention_mask)
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,

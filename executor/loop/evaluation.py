@@ -14,9 +14,9 @@ from collections.abc import Sequence
 import torch
 
 from hetprof.executor.backends.base import GenerationBackend
-from hetprof.executor.data import Prompt, encode_prompt
-from hetprof.executor.rewards import RewardFn
-from hetprof.executor.tokenizer import Tokenizer
+from hetprof.executor.models.tokenizer import Tokenizer
+from hetprof.executor.prompts.data import Prompt, encode_prompt
+from hetprof.executor.runners.rewards import RewardFn
 from hetprof.specs import WorkloadSpec
 
 

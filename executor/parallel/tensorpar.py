@@ -5,7 +5,7 @@ column-wise (each rank owns whole heads and a slice of the FFN), o and down row-
 all-reduced), so one all-reduce per block half and every rank ends with the same hidden states —
 and therefore the same logits, the same sampled tokens under the same seed, and the same log-probs.
 Embeddings, norms and the LM head stay replicated. Weight sync sends full tensors; each rank keeps
-its own shard of them. Training shards the same way (executor/parallel.py adds what the optimizer
+its own shard of them. Training shards the same way (executor/parallel/sharded.py adds what the optimizer
 step needs: the partial gradients of `partial_grad_params` and the data-parallel average).
 """
 

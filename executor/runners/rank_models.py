@@ -15,21 +15,21 @@ import torch
 from rich.console import Console
 
 from hetprof.errors import ExecutionError
-from hetprof.executor.data import Prompt, PromptSource, encode_prompt
-from hetprof.executor.modeling import (
+from hetprof.executor.models.modeling import (
     build_causal_lm,
     build_reward_model,
     build_value_model,
     torch_dtype,
     unwrap,
 )
+from hetprof.executor.models.tokenizer import load_tokenizer
 from hetprof.executor.options import RunOptions
-from hetprof.executor.parallel import ShardedModel
-from hetprof.executor.process_groups import ProcessGroups
-from hetprof.executor.tensorpar import is_sharded, load_full
-from hetprof.executor.tokenizer import load_tokenizer
-from hetprof.executor.topology import Topology
-from hetprof.executor.weightsync import flatten_params
+from hetprof.executor.parallel.process_groups import ProcessGroups
+from hetprof.executor.parallel.sharded import ShardedModel
+from hetprof.executor.parallel.tensorpar import is_sharded, load_full
+from hetprof.executor.parallel.topology import Topology
+from hetprof.executor.parallel.weightsync import flatten_params
+from hetprof.executor.prompts.data import Prompt, PromptSource, encode_prompt
 from hetprof.runtime.dataparallel import wrap_replica
 from hetprof.specs import WorkloadSpec
 from hetprof.specs.models import PRESETS
@@ -98,7 +98,7 @@ class RankModels:
                                       device=device).eval()
             self.models[Task.CRITIC_INFER] = self._place(Task.CRITIC_INFER, model, head="value")
         if Task.REWARD_INFER in tasks:
-            from hetprof.executor.rewards import RewardModelScorer
+            from hetprof.executor.runners.rewards import RewardModelScorer
 
             rm = build_reward_model(model_ref(workload, Role.REWARD), seed=seed + 2, dtype=self.infer_dtype,
                                     device=device).eval()
@@ -111,7 +111,7 @@ class RankModels:
             model = build_value_model(model_ref(workload, Role.CRITIC), seed=seed + 1, dtype=self.train_dtype,
                                       device=device)
             self._add_learner(Task.CRITIC_TRAIN, model, self.training.critic_lr)
-        from hetprof.executor.rewards import get_reward
+        from hetprof.executor.runners.rewards import get_reward
 
         self.reward_fn = get_reward(options.reward)
 
@@ -127,14 +127,14 @@ class RankModels:
         return model
 
     def _prompt_source(self) -> PromptSource:
-        from hetprof.executor.prompt_files import prompt_sets
+        from hetprof.executor.prompts.prompt_files import prompt_sets
 
         sets = prompt_sets(self.workload.data, self.workload.base_dir, self.opts.prompts, self.opts.seed)
         self.validation_prompts = sets.validation
         return PromptSource(sets.train, self.workload.prompts_per_step, seed=self.opts.seed)
 
     def _add_learner(self, task: str, model: torch.nn.Module, lr: float) -> None:
-        from hetprof.executor.learner import Learner
+        from hetprof.executor.algorithms.learner import Learner
 
         group = self.groups.replicas(task)
         tr = self.topo.tasks[task]
@@ -154,7 +154,7 @@ class RankModels:
             wrapped = model
             if len(ranks) > 1:
                 wrapped = wrap_replica(model, group, self.device, sharding)
-        from hetprof.executor.optimizer import build_optimizer, build_scheduler, optimizer_steps
+        from hetprof.executor.algorithms.optimizer import build_optimizer, build_scheduler, optimizer_steps
 
         settings = self.workload.optimizer
         optimizer = build_optimizer(model.parameters(), lr, settings)
@@ -204,7 +204,7 @@ class RankModels:
 
     @torch.no_grad()
     def infer(self, task: str, part: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        from hetprof.executor.logprobs import token_logprobs
+        from hetprof.executor.models.logprobs import token_logprobs
         from hetprof.runtime.packedpass import logits_to_logprobs
 
         ids, mask = part["input_ids"], part["attention_mask"]
@@ -221,7 +221,7 @@ class RankModels:
                 return {"rm_scores": out.gather(1, last[:, None]).squeeze(1).float()}
             raise ExecutionError(f"task {task}: no pipelined inference for it")
         budget = self.training.max_tokens_per_microbatch
-        if budget is not None:  # packed passes of at most `budget` tokens (executor/packing.py)
+        if budget is not None:  # packed passes of at most `budget` tokens (executor/models/packing.py)
             return self._infer_packed(task, ids, mask, budget, part.get("response_mask"))
         if task == Task.REF_INFER:
             lp = token_logprobs(self.models[task], ids, mask, temperature=self.training.temperature)
@@ -234,7 +234,7 @@ class RankModels:
 
     def _infer_packed(self, task: str, ids: torch.Tensor, mask: torch.Tensor, budget: int,
                       response_mask: torch.Tensor | None) -> dict[str, torch.Tensor]:
-        from hetprof.executor.packing import packed_sequence_scores, packed_values
+        from hetprof.executor.models.packing import packed_sequence_scores, packed_values
         from hetprof.runtime.packedpass import packed_token_logprobs
 
         if task == Task.REF_INFER:

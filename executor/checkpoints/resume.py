@@ -13,9 +13,9 @@ import torch
 import torch.distributed as dist
 
 from hetprof.errors import ExecutionError
-from hetprof.executor import checkpoint
+from hetprof.executor.checkpoints import checkpoint
 from hetprof.executor.options import RunOptions
-from hetprof.executor.rank_models import RankModels
+from hetprof.executor.runners.rank_models import RankModels
 
 
 def agree_on_start(options: RunOptions, plan_hash: str, run_name: str, is_leader: bool, leader: int

@@ -12,8 +12,8 @@ import dataclasses
 from typing import Any
 
 from hetprof.errors import ExecutionError
-from hetprof.executor.iteration_report import IterationReport
-from hetprof.executor.topology import Topology
+from hetprof.executor.parallel.topology import Topology
+from hetprof.executor.records.iteration_report import IterationReport
 from hetprof.specs import Plan
 from hetprof.specs.vocabulary import SYNC_EDGES, SyncEdge, Task
 
