@@ -21,8 +21,8 @@ WORKLOAD = WorkloadSpec.load(ROOT / "examples" / "workloads" / "grpo-tiny.yaml")
 
 
 def run_models():
-    """The few attributes of RankModels an export reads."""
-    return types.SimpleNamespace(tokenizer=CharTokenizer(), training=WORKLOAD.training, workload=WORKLOAD)
+    """The few attributes of the rank context an export reads."""
+    return types.SimpleNamespace(tokenizer=CharTokenizer(), workload=WORKLOAD)
 
 
 FAST = char_tokenizer_fast()

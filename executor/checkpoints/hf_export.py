@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,13 +27,13 @@ from hetprof.errors import ExecutionError
 from hetprof.executor.checkpoints.checkpoint import atomic_folder
 from hetprof.executor.models.hf_tokenizer import save_tokenizer
 from hetprof.executor.models.modeling import hf_config, unwrap
-from hetprof.specs.vocabulary import Role, Task
+from hetprof.specs.vocabulary import Role, Task, TaskKind
 
 if TYPE_CHECKING:
-    from hetprof.executor.runners.rank_models import RankModels
+    from hetprof.executor.runners.base import RunnerBase
+    from hetprof.executor.runners.context import RankContext
 
 EXPORT = "hf"
-TRAINERS = {Role.ACTOR: Task.ACTOR_TRAIN, Role.CRITIC: Task.CRITIC_TRAIN}
 
 
 def export_folder(checkpoint_dir: str | Path, iteration: int, role: str) -> Path:
@@ -40,36 +41,35 @@ def export_folder(checkpoint_dir: str | Path, iteration: int, role: str) -> Path
     return Path(checkpoint_dir) / EXPORT / f"iter-{iteration:06d}" / role
 
 
-def export_models(models: RankModels, checkpoint_dir: str, iteration: int, keep: int = 2) -> list[Path]:
+def export_models(runners: Mapping[str, RunnerBase], ctx: RankContext, checkpoint_dir: str, iteration: int,
+                  keep: int = 2) -> list[Path]:
     """Export every trained model on this rank; every rank of a trainer calls it (the gather is a
     collective), the trainer's lead writes. Returns the folders this rank wrote."""
-    from hetprof.executor.runners.rank_models import model_ref
-
     written = []
-    for role, task in TRAINERS.items():
-        if task not in models.learners:
+    for task, runner in runners.items():
+        if Task(task).kind != TaskKind.TRAINING:
             continue
-        state = models.full_weights(role)  # FSDP/TP/PP: gathered; DDP/one device: None (full already)
-        if models.rank != models.topo.tasks[task].lead:
+        role = Task(task).role
+        writer = WRITERS[role]
+        state = runner.full_weights()  # FSDP/TP/PP: gathered; DDP/one device: None (full already)
+        if ctx.rank != runner.placement.lead:
             continue
         if state is None:
-            state = unwrap(models.models[task]).state_dict()
-        writer = _write_actor if role == Role.ACTOR else _write_critic
+            state = unwrap(runner.module).state_dict()
         folder = export_folder(checkpoint_dir, iteration, role)
-        atomic_folder(folder, lambda tmp, w=writer, s=state, r=role: w(
-            tmp, s, model_ref(models.workload, r), models))
+        atomic_folder(folder, lambda tmp, w=writer, s=state, r=role: w(tmp, s, ctx.model_ref(r), ctx))
         _prune(Path(checkpoint_dir) / EXPORT, role, keep)
         written.append(folder)
     return written
 
 
-def _write_actor(folder: Path, state: dict[str, torch.Tensor], ref: str, models: RankModels) -> None:
+def _write_actor(folder: Path, state: dict[str, torch.Tensor], ref: str, ctx: RankContext) -> None:
     from transformers import AutoModelForCausalLM
 
-    _save(AutoModelForCausalLM, hf_config(ref), state, folder, models)
+    _save(AutoModelForCausalLM, hf_config(ref), state, folder, ctx)
 
 
-def _write_critic(folder: Path, state: dict[str, torch.Tensor], ref: str, models: RankModels) -> None:
+def _write_critic(folder: Path, state: dict[str, torch.Tensor], ref: str, ctx: RankContext) -> None:
     """The critic's backbone under the token classifier's base prefix, its head as `score`."""
     from transformers import AutoModelForTokenClassification
 
@@ -77,14 +77,14 @@ def _write_critic(folder: Path, state: dict[str, torch.Tensor], ref: str, models
     config.num_labels = 1
     renamed = {("score." + k.removeprefix("head.")) if k.startswith("head.")
                else ("model." + k.removeprefix("backbone.")): v for k, v in state.items()}
-    _save(AutoModelForTokenClassification, config, renamed, folder, models)
+    _save(AutoModelForTokenClassification, config, renamed, folder, ctx)
 
 
-def _save(auto: Any, config: Any, state: dict[str, torch.Tensor], folder: Path, models: RankModels) -> None:
+def _save(auto: Any, config: Any, state: dict[str, torch.Tensor], folder: Path, ctx: RankContext) -> None:
     """`save_pretrained` from a weightless skeleton and the given full state (no second copy built)."""
     from transformers import GenerationConfig
 
-    tok = models.tokenizer
+    tok = ctx.tokenizer
     config.update({"bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id, "pad_token_id": tok.pad_id})
     dtype = next(iter(state.values())).dtype
     with torch.device("meta"):
@@ -92,8 +92,8 @@ def _save(auto: Any, config: Any, state: dict[str, torch.Tensor], folder: Path, 
     cpu = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
     skeleton.generation_config = GenerationConfig(
         bos_token_id=tok.bos_id, eos_token_id=tok.eos_id, pad_token_id=tok.pad_id, do_sample=True,
-        temperature=models.training.temperature, top_p=models.training.top_p,
-        max_new_tokens=models.workload.response_len.cap)
+        temperature=ctx.workload.training.temperature, top_p=ctx.workload.training.top_p,
+        max_new_tokens=ctx.workload.response_len.cap)
     # transformers writes only on global rank 0 of an initialised process group; hetprof picked this
     # rank (the trainer's lead) as the one writer, so this rank saves whatever its number
     skeleton.should_save_on_this_rank = lambda is_main_process: True
@@ -103,6 +103,10 @@ def _save(auto: Any, config: Any, state: dict[str, torch.Tensor], folder: Path, 
     missing = [f for f in ("config.json", "model.safetensors") if not (folder / f).is_file()]
     if missing:
         raise ExecutionError(f"Hugging Face export {folder}: save_pretrained wrote no {', '.join(missing)}")
+
+
+# the export format of each trained role
+WRITERS = {Role.ACTOR: _write_actor, Role.CRITIC: _write_critic}
 
 
 @contextlib.contextmanager

@@ -2,12 +2,13 @@
 
 The leader alone decides the starting iteration (0, or the last committed checkpoint's) and the run's
 name, and broadcasts both, so every rank resumes from the same point. Each rank saves and loads only
-the checkpoint units of its own trained tasks (rank_models.RankModels.trained_units).
+the checkpoint units of its own trained tasks, as their runners name them (runners/trainers.py).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -15,7 +16,9 @@ import torch.distributed as dist
 from hetprof.errors import ExecutionError
 from hetprof.executor.checkpoints import checkpoint
 from hetprof.executor.options import RunOptions
-from hetprof.executor.runners.rank_models import RankModels
+
+if TYPE_CHECKING:
+    from hetprof.executor.runners.base import RunnerBase
 
 
 def agree_on_start(options: RunOptions, plan_hash: str, run_name: str, is_leader: bool, leader: int
@@ -42,26 +45,29 @@ def _leader_start(options: RunOptions, plan_hash: str, run_name: str) -> dict[st
     return {"start": int(meta["iteration"]), "run": meta["run"]}
 
 
-def load_units(models: RankModels, checkpoint_dir: str, start: int, device: torch.device) -> None:
+def load_units(runners: Mapping[str, RunnerBase], checkpoint_dir: str, start: int, device: torch.device) -> None:
     """Every trained unit on this rank back to its state at iteration `start`."""
-    for unit in models.trained_units(lead_only=False):
-        path = checkpoint.task_dir(checkpoint_dir, unit) / f"iter-{start:06d}"
-        state, _ = checkpoint.load(path, map_location=device)
-        models.load_state(unit, state)
+    for runner in runners.values():
+        for unit in runner.units(lead_only=False):
+            path = checkpoint.task_dir(checkpoint_dir, unit) / f"iter-{start:06d}"
+            state, _ = checkpoint.load(path, map_location=device)
+            runner.load_state(state)
 
 
-def save_units(models: RankModels, checkpoint_dir: str, iteration: int, plan_hash: str, run_name: str) -> bool:
+def save_units(runners: Mapping[str, RunnerBase], checkpoint_dir: str, iteration: int, plan_hash: str,
+               run_name: str) -> bool:
     """Write the units this rank leads; whether it wrote any (the leader commits when all have).
     Every rank of a unit takes its state, as an FSDP-sharded trainer gathers it collectively."""
     saved = False
-    leads = set(models.trained_units(lead_only=True))
-    for unit in models.trained_units(lead_only=False):
-        if unit not in leads and not models.gathers_state(unit):
-            continue
-        state = models.state(unit)
-        if unit not in leads:
-            continue
-        checkpoint.save(checkpoint.task_dir(checkpoint_dir, unit), iteration, state,
-                        {"plan_hash": plan_hash, "run": run_name, "task": unit})
-        saved = True
+    for runner in runners.values():
+        leads = set(runner.units(lead_only=True))
+        for unit in runner.units(lead_only=False):
+            if unit not in leads and not runner.gathers_state():
+                continue
+            state = runner.state()
+            if unit not in leads:
+                continue
+            checkpoint.save(checkpoint.task_dir(checkpoint_dir, unit), iteration, state,
+                            {"plan_hash": plan_hash, "run": run_name, "task": unit})
+            saved = True
     return saved

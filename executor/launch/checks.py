@@ -220,7 +220,7 @@ def check_prompts(workload: WorkloadSpec, prompts: str | None, seed: int) -> Non
     from hetprof.executor.models.tokenizer import load_tokenizer
     from hetprof.executor.prompts.data import encode_prompt
     from hetprof.executor.prompts.prompt_files import prompt_sets
-    from hetprof.executor.runners.rank_models import model_ref
+    from hetprof.executor.runners.context import model_ref
     from hetprof.specs.vocabulary import Role
 
     sets = prompt_sets(workload.data, workload.base_dir, prompts, seed)

@@ -88,4 +88,4 @@ def _run(options: RunOptions, plan: Plan, device_id: str, device: torch.device) 
     try:
         worker.run()
     finally:  # an engine with processes of its own (vLLM) stops them here, not at interpreter exit
-        worker.models.close()
+        worker.close()
