@@ -1,7 +1,7 @@
 """One RL update of one model: PPO epochs × mini-batches × micro-batches around an algorithm's loss.
 
 The runtime hands in a DDP-wrapped model when a training task has several replicas. Two things
-follow from that, and both are handled here rather than left to each caller:
+follow from that, and both are handled for every caller (algorithms/replicas.py):
 - every replica must run the same number of forward/backward passes per step, or DDP's
   all-reduce waits forever; so mini- and micro-batches are *counts*, never sizes, and a replica
   with a smaller batch share just runs smaller pieces;
@@ -18,7 +18,6 @@ given. One update then equals the single-device update up to float rounding.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections import defaultdict
 from typing import Any
@@ -28,10 +27,10 @@ import torch.distributed as dist
 from torch import nn
 
 from hetprof.executor.algorithms.base import Algorithm, RLBatch
+from hetprof.executor.algorithms.replicas import ReplicaCoordination
 from hetprof.executor.models.logprobs import first_response_column, token_logprobs
 from hetprof.executor.models.packing import packed_values
 from hetprof.runtime.packedpass import entropy_from_logits, logits_to_logprobs, packed_token_logprobs
-from hetprof.runtime.tokenbudget import micro_batch_count, micro_batches_by_tokens
 from hetprof.specs.vocabulary import Role
 
 
@@ -71,64 +70,7 @@ class Learner:
         self.steps = 0  # optimizer steps taken
         self.updates = 0  # update() calls (weight versions produced)
         self._rng = torch.Generator().manual_seed(seed)
-
-    # ---- helpers -------------------------------------------------------------------------------
-    def _ddp_group(self):
-        """The group whose replicas average this model's gradients (DDP's own, or the one given for FSDP)."""
-        if not dist.is_initialized():
-            return None
-        if self.parallel is not None:
-            return self.parallel.dp_group
-        if self.process_group is not None:
-            return self.process_group
-        if isinstance(self.model, nn.parallel.DistributedDataParallel):
-            return self.model.process_group
-        return None
-
-    def _gradient_sync(self, enabled: bool):
-        """Skip the gradient all-reduce on all but the last micro-batch (DDP no_sync / FSDP2 flag)."""
-        if self._ddp_group() is None or enabled:
-            return contextlib.nullcontext()
-        no_sync = getattr(self.model, "no_sync", None)
-        if callable(no_sync):
-            return no_sync()
-        setter = getattr(self.model, "set_requires_gradient_sync", None)
-        if callable(setter):
-            return _fsdp_no_sync(setter)
-        return contextlib.nullcontext()
-
-    def _denominators(self, mask: torch.Tensor, minis: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Token count of each mini-batch for its loss mean: global over the DDP replicas, divided by
-        their number. One all-reduce for the whole update, not one per mini-batch: each collective is
-        a point where every replica waits for the slowest."""
-        tokens = torch.stack([mask[idx].float().sum() for idx in minis]) if minis else mask.new_zeros(0).float()
-        group = self._ddp_group()
-        replicas = 1
-        if group is not None and len(minis):
-            dist.all_reduce(tokens, group=group)
-            replicas = dist.get_world_size(group)
-        return replica_denominators(tokens, replicas)
-
-    def _micro_counts(self, attention_mask: torch.Tensor, minis: list[torch.Tensor]) -> list[int]:
-        """Micro-batches per mini-batch: the fixed count, or with a token budget the most any replica
-        needs (one MAX all-reduce for the update), so every replica runs as many passes as the others."""
-        if self.max_tokens is None:
-            return [self.micro_batches] * len(minis)
-        lengths = attention_mask.sum(1)
-        needed = torch.tensor([micro_batch_count(lengths[idx].tolist(), self.max_tokens) for idx in minis],
-                              dtype=torch.long, device=attention_mask.device)
-        group = self._ddp_group()
-        if group is not None and len(minis):
-            dist.all_reduce(needed, op=dist.ReduceOp.MAX, group=group)
-        return needed.tolist()
-
-    def _micro_parts(self, mini: RLBatch, count: int) -> list[torch.Tensor]:
-        """Row indices of each micro-batch of `mini`: equal row counts, or token-budget packs."""
-        device = mini.input_ids.device
-        if self.max_tokens is None:
-            return list(torch.tensor_split(torch.arange(len(mini), device=device), count))
-        groups = micro_batches_by_tokens(mini.attention_mask.sum(1).tolist(), self.max_tokens, count)
-        return [torch.tensor(g, dtype=torch.long, device=device) for g in groups]
+        self.replicas = ReplicaCoordination(model, parallel, process_group, micro_batches, self.max_tokens)
 
     @torch.no_grad()
     def proximal_logprobs(self, batch: RLBatch) -> torch.Tensor:
@@ -182,9 +124,9 @@ class Learner:
         # gives all mini-batches' denominators
         orders = [torch.randperm(len(batch), generator=self._rng).to(device) for _ in range(self.ppo_epochs)]
         minis = [idx for order in orders for idx in torch.tensor_split(order, self.mini_batches)]
-        pieces = self._micro_counts(batch.attention_mask, minis)
+        pieces = self.replicas.micro_counts(batch.attention_mask, minis)
         stepping = 0.0  # seconds in optimizer steps: a run records them apart from the passes
-        for mini_idx, denom, count in zip(minis, self._denominators(batch.mask, minis), pieces, strict=True):
+        for mini_idx, denom, count in zip(minis, self.replicas.denominators(batch.mask, minis), pieces, strict=True):
             mini = batch.select(mini_idx)
             self.optimizer.zero_grad(set_to_none=True)
             if self.pipeline is not None:
@@ -197,7 +139,7 @@ class Learner:
                 stepping += time.perf_counter() - t_step
                 counts["grad_norm"] += 1
                 continue
-            micro_parts = self._micro_parts(mini, count)
+            micro_parts = self.replicas.micro_parts(mini, count)
             for i, micro_idx in enumerate(micro_parts):
                 last = i == len(micro_parts) - 1
                 if len(micro_idx) == 0:
@@ -223,7 +165,7 @@ class Learner:
         return out
 
     def _micro_step(self, micro: RLBatch, denom: torch.Tensor, sync: bool, weight: float = 1.0) -> dict[str, float]:
-        with self._gradient_sync(sync):
+        with self.replicas.gradient_sync(sync):
             if self.role == Role.ACTOR and self.max_tokens is not None:
                 lp, ent = packed_token_logprobs(self.model, micro.input_ids, micro.attention_mask, self.temperature,
                                                 with_entropy=True, needed=micro.mask,
@@ -299,23 +241,3 @@ def forward_module(model: nn.Module) -> nn.Module:
 
 def _left_zero_pad(x: torch.Tensor, columns: int) -> torch.Tensor:
     return x if columns == 0 else torch.cat([x.new_zeros(x.shape[0], columns), x], dim=1)
-
-
-@contextlib.contextmanager
-def _fsdp_no_sync(setter):
-    setter(False)
-    try:
-        yield
-    finally:
-        setter(True)
-
-
-def replica_denominators(global_tokens: torch.Tensor, replicas: int) -> list[torch.Tensor]:
-    """Each mini-batch's loss denominator on one data-parallel replica.
-
-    Data parallelism averages gradients over the replicas, so a replica divides its token sum by
-    the global token count over the replica count; the averaged gradient is then the global token
-    mean. The count is floored at one token *before* the division: flooring after it would give a
-    batch of one token over two replicas a half-size update.
-    """
-    return list((global_tokens.float().clamp(min=1.0) / replicas).unbind())

@@ -10,6 +10,7 @@ records' `val_*` fields.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -18,6 +19,10 @@ from hetprof.executor.models.tokenizer import Tokenizer
 from hetprof.executor.prompts.data import Prompt, encode_prompt
 from hetprof.executor.runners.rewards import RewardFn
 from hetprof.specs import WorkloadSpec
+from hetprof.specs.vocabulary import Task
+
+if TYPE_CHECKING:
+    from hetprof.executor.runners.context import RankContext
 
 
 class Validator:
@@ -59,3 +64,13 @@ class Validator:
 
 
 VALIDATION_FIELDS = ("val_reward_mean", "val_response_tokens_mean", "val_prompts")
+
+
+def validator_for(ctx: RankContext, is_leader: bool) -> Validator | None:
+    """Generation replica 0 evaluates the validation split and the leader records it; other ranks,
+    and a run without a validation split or `eval_every`, hold no validator."""
+    gen = ctx.topo.tasks[Task.ACTOR_GEN]
+    if not (ctx.workload.data.eval_every and ctx.validation_prompts
+            and (is_leader or ctx.rank in gen.replica_ranks[0])):
+        return None
+    return Validator(ctx.validation_prompts, ctx.reward_fn, ctx.tokenizer, ctx.workload, ctx.options.iterations)

@@ -27,6 +27,7 @@ import torch
 from hetprof.executor.checkpoints.hf_export import export_models
 from hetprof.executor.checkpoints.resume import agree_on_start, load_units, save_units
 from hetprof.executor.loop.dispatch import Exchange
+from hetprof.executor.loop.evaluation import validator_for
 from hetprof.executor.loop.leader import Leader
 from hetprof.executor.loop.messages import INPUT_KIND, RESULT_KIND, MessageKind
 from hetprof.executor.loop.staleness import VersionCounter, schedule
@@ -78,18 +79,7 @@ class Worker:
             dtypes={task: dtype_name(self.ctx.train_dtype if Task(task).kind == TaskKind.TRAINING
                                      else self.ctx.infer_dtype) for task in self.runners})
         self._own_rollout: dict[str, torch.Tensor] | None = None
-        self.validator = self._validator()
-
-    def _validator(self):
-        """Generation replica 0 evaluates the validation split, the leader records it (evaluation.py)."""
-        gen = self.topo.tasks[Task.ACTOR_GEN]
-        if not (self.workload.data.eval_every and self.ctx.validation_prompts
-                and (self.is_leader or self.rank in gen.replica_ranks[0])):
-            return None
-        from hetprof.executor.loop.evaluation import Validator
-
-        return Validator(self.ctx.validation_prompts, self.ctx.reward_fn, self.ctx.tokenizer, self.workload,
-                         self.opts.iterations)
+        self.validator = validator_for(self.ctx, self.is_leader)
 
     def close(self) -> None:
         """Release what the runners hold (a vLLM engine's processes)."""

@@ -113,7 +113,7 @@ def train_means(reports: list[IterationReport], task: str = Task.ACTOR_TRAIN,
 
 def critic_means(reports: list[IterationReport]) -> dict[str, float]:
     """The critic's update statistics (PPO), prefixed `critic_`; empty when no critic trains."""
-    stats = [s for r in reports for t, s in r.train_stats.items() if t == Task.CRITIC_TRAIN and s]
+    stats = [s for r in reports if (s := r.train_stats.get(Task.CRITIC_TRAIN))]
     keys = sorted({k for s in stats for k in s} - {"n", "optimizer_steps", "update_seconds", "logprob_seconds"})
     return {f"critic_{k}": v for k, v in train_means(reports, Task.CRITIC_TRAIN, tuple(keys)).items()} if stats else {}
 
