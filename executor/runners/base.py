@@ -3,8 +3,9 @@
 A runner owns its task's model, its placement (the task's ranks) and, for a trainer, its learner.
 The loop calls `run` with the task's input; the timing wrapper (loop/timing.py) asks `spans` and
 `priced` what to record. Weight sync asks a trainer (`sync_model`, `full_weights`) and a copy's
-runner (`sync_model`, `sync_target`, `apply_weights`, `weights_arrived`); checkpoints ask the trainers (`units`,
-`state`, `load_state`). `RunnerBase` answers "nothing here" for everything a family does not own.
+runner (`sync_model`, `sync_target`, `apply_weights`, `weights_arrived`); checkpoints and exports
+ask every runner for its `units` (a trainer's `state`, `load_state`). `RunnerBase` answers "nothing
+here" for everything a family does not own.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ WorkTiming = dict[str, Any]  # one priced unit of work and its seconds (records/
 @runtime_checkable
 class TaskRunner(Protocol):
     task: str
-    placement: TaskRanks
+    placement: TaskRanks  # the task's ranks: its replicas, shares, stages
+    module: torch.nn.Module | None  # the model it owns (None: it uses another runner's)
+    reports: bool  # whether this rank reports its replica's work (the replica's first rank)
 
     def run(self, work: Any) -> Any:
         """The task's work on this rank's share of a batch."""
@@ -39,6 +42,18 @@ class TaskRunner(Protocol):
         """The work done in the plan's priced units, per task, with its measured seconds."""
 
     def close(self) -> None: ...
+
+    def full_weights(self) -> Tensors | None: ...
+
+    def sync_model(self) -> torch.nn.Module: ...
+
+    def sync_target(self) -> torch.nn.Module: ...
+
+    def apply_weights(self) -> Callable[[Tensors], Any]: ...
+
+    def weights_arrived(self) -> dict[str, float]: ...
+
+    def units(self, lead_only: bool) -> list[str]: ...
 
 
 class RunnerBase:
