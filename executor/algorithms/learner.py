@@ -27,10 +27,10 @@ import torch.distributed as dist
 from torch import nn
 
 from hetprof.executor.algorithms.base import Algorithm, RLBatch
+from hetprof.executor.algorithms.objectives import OBJECTIVES
 from hetprof.executor.algorithms.replicas import ReplicaCoordination
 from hetprof.executor.models.logprobs import first_response_column, token_logprobs
-from hetprof.executor.models.packing import packed_values
-from hetprof.runtime.packedpass import entropy_from_logits, logits_to_logprobs, packed_token_logprobs
+from hetprof.runtime.packedpass import logits_to_logprobs, packed_token_logprobs
 from hetprof.specs.vocabulary import Role
 
 
@@ -44,7 +44,7 @@ class Learner:
                  lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
                  process_group: dist.ProcessGroup | None = None, parallel: Any = None,
                  max_tokens_per_microbatch: int | None = None):
-        if role not in ("actor", "critic"):
+        if role not in OBJECTIVES:
             raise ValueError(f"role must be 'actor' or 'critic', got {role!r}")
         if role == Role.CRITIC and not algorithm.needs_critic:
             raise ValueError(f"algorithm {algorithm.name!r} trains no critic")
@@ -70,6 +70,7 @@ class Learner:
         self.steps = 0  # optimizer steps taken
         self.updates = 0  # update() calls (weight versions produced)
         self._rng = torch.Generator().manual_seed(seed)
+        self.objective = OBJECTIVES[role](algorithm, temperature, self.max_tokens)
         self.replicas = ReplicaCoordination(model, parallel, process_group, micro_batches, self.max_tokens)
 
     @torch.no_grad()
@@ -110,7 +111,7 @@ class Learner:
         if len(batch) == 0:
             raise ValueError("an update needs at least one sequence (a replica with no share must not train)")
         logprob_seconds = 0.0
-        if self.role == Role.ACTOR and self.recompute_proximal and batch.proximal_logprobs is None:
+        if self.objective.recomputes_proximal and self.recompute_proximal and batch.proximal_logprobs is None:
             batch.proximal_logprobs = self.proximal_logprobs(batch)
             logprob_seconds = time.perf_counter() - start
         if batch.advantages is None:
@@ -160,42 +161,14 @@ class Learner:
                     "micro_batches": sum(pieces) / max(1, len(pieces)),  # per optimizer step
                     "logprob_seconds": logprob_seconds, "optimizer_seconds": stepping,
                     "lr": float(self.optimizer.param_groups[0]["lr"])})
-        if self.role == Role.ACTOR:
-            out["reward_mean"] = float(batch.rewards.float().mean())
+        out.update(self.objective.batch_stats(batch))
         return out
 
     def _micro_step(self, micro: RLBatch, denom: torch.Tensor, sync: bool, weight: float = 1.0) -> dict[str, float]:
         with self.replicas.gradient_sync(sync):
-            if self.role == Role.ACTOR and self.max_tokens is not None:
-                lp, ent = packed_token_logprobs(self.model, micro.input_ids, micro.attention_mask, self.temperature,
-                                                with_entropy=True, needed=micro.mask,
-                                                entropy_grad=self.algorithm.config.entropy_coef > 0)
-                loss, stats = self.algorithm.loss(micro, lp, ent, denominator=denom)
-            elif self.role == Role.ACTOR:
-                lp, ent = token_logprobs(self.model, micro.input_ids, micro.attention_mask, self.temperature,
-                                         with_entropy=True, from_column=first_response_column(micro.mask),
-                                         entropy_grad=self.algorithm.config.entropy_coef > 0)
-                loss, stats = self.algorithm.loss(micro, lp, ent, denominator=denom)
-            elif self.max_tokens is not None:
-                values = packed_values(self.model, micro.input_ids, micro.attention_mask)[:, :-1]
-                loss, stats = self.algorithm.value_loss(micro, values, denominator=denom)
-            else:
-                values = self.model(micro.input_ids, micro.attention_mask)[:, :-1]
-                loss, stats = self.algorithm.value_loss(micro, values, denominator=denom)
+            loss, stats = self.objective.loss(self.model, micro, denom)
             (loss * weight if weight != 1.0 else loss).backward()
         return stats
-
-    def _loss_from_output(self, micro: RLBatch, output: torch.Tensor, denom: torch.Tensor
-                          ) -> tuple[torch.Tensor, dict[str, float]]:
-        """The loss of a micro-batch from the model's output (logits or values), as `_micro_step`."""
-        if self.role == Role.CRITIC:
-            return self.algorithm.value_loss(micro, output[:, :-1], denominator=denom)
-        col = first_response_column(micro.mask)
-        logits = output[:, col:-1]
-        lp = _left_zero_pad(logits_to_logprobs(logits, micro.input_ids[:, col + 1:], self.temperature), col)
-        grad = self.algorithm.config.entropy_coef > 0
-        ent = _left_zero_pad(entropy_from_logits(logits if grad else logits.detach(), self.temperature), col)
-        return self.algorithm.loss(micro, lp, ent, denominator=denom)
 
     def _pipeline_step(self, mini: RLBatch, denom: torch.Tensor) -> list[dict[str, float]]:
         """Forward and backward of a mini-batch through the pipeline; the last stage computes each
@@ -203,7 +176,7 @@ class Learner:
         stats: list[dict[str, float]] = []
 
         def loss_of(output: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-            loss, st = self._loss_from_output(mini.select(rows), output, denom)
+            loss, st = self.objective.loss_from_output(mini.select(rows), output, denom)
             stats.append(st)
             return loss
 
@@ -237,7 +210,3 @@ def forward_module(model: nn.Module) -> nn.Module:
     per-forward bookkeeping only prepares a backward, a cost no profiled row times (docs/DESIGN.md §10
     has its size); anything else as it is."""
     return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
-
-
-def _left_zero_pad(x: torch.Tensor, columns: int) -> torch.Tensor:
-    return x if columns == 0 else torch.cat([x.new_zeros(x.shape[0], columns), x], dim=1)
