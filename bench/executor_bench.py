@@ -42,15 +42,15 @@ from executor_vllm import VLLM_RUNS, vllm_rows
 from rich.table import Table
 from weightsync_rows import SYNC_WORLD, sync_bandwidth
 
-from hetprof.executor.records import read_log
-from hetprof.executor.weightsync import DEFAULT_BUCKET_MB
+from hetprof.executor.parallel.weightsync import DEFAULT_BUCKET_MB
+from hetprof.executor.records.run_log import read_log
 
 
 # ---- 2b: the same overhead with TensorBoard on and off ----------------------------------------
 def tensorboard_ab(work: Path, iterations: int, slots: int, pairs: int) -> dict[str, dict[str, float]]:
     """Overhead and iteration time of one data-parallel plan run with TensorBoard on, then off, `pairs`
     times in alternating order (a shared machine's drift falls on both arms alike)."""
-    from hetprof.executor.handwritten_plan import handwritten_plan
+    from hetprof.executor.launch.handwritten_plan import handwritten_plan
     from hetprof.specs import ClusterSpec, WorkloadSpec
 
     cluster = ClusterSpec.from_dict({"name": "bench-cpu", "hosts": [{"name": "localhost",

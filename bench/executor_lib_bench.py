@@ -42,12 +42,12 @@ def main(quick: bool, model_name: str, threads: int, seed: int) -> None:
     from rich.table import Table
 
     from hetprof.executor.algorithms import RLBatch, get_algorithm
+    from hetprof.executor.algorithms.learner import Learner
     from hetprof.executor.backends import get_backend
-    from hetprof.executor.data import PromptSource
-    from hetprof.executor.learner import Learner
-    from hetprof.executor.logprobs import token_logprobs
-    from hetprof.executor.modeling import build_causal_lm
-    from hetprof.executor.tokenizer import CharTokenizer
+    from hetprof.executor.models.logprobs import token_logprobs
+    from hetprof.executor.models.modeling import build_causal_lm
+    from hetprof.executor.models.tokenizer import CharTokenizer
+    from hetprof.executor.prompts.data import PromptSource
     from hetprof.runtime.generation import pad_left, position_ids
 
     torch.set_num_threads(threads)
@@ -127,12 +127,12 @@ def _grpo_reward_rise(iterations: int, seed: int) -> tuple[float, float]:
     import torch
 
     from hetprof.executor.algorithms import RLBatch, get_algorithm
+    from hetprof.executor.algorithms.learner import Learner
     from hetprof.executor.backends import get_backend
-    from hetprof.executor.data import PromptSource
-    from hetprof.executor.learner import Learner
-    from hetprof.executor.modeling import build_causal_lm
-    from hetprof.executor.rewards import get_reward
-    from hetprof.executor.tokenizer import CharTokenizer
+    from hetprof.executor.models.modeling import build_causal_lm
+    from hetprof.executor.models.tokenizer import CharTokenizer
+    from hetprof.executor.prompts.data import PromptSource
+    from hetprof.executor.runners.rewards import get_reward
 
     tok = CharTokenizer()
     actor = build_causal_lm("tiny", seed=seed)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from hetprof.executor.records import read_log
+from hetprof.executor.records.run_log import read_log
 
 ROOT = Path(__file__).resolve().parents[1]
 HETPROF = str(Path(sys.executable).with_name("hetprof"))
@@ -42,8 +42,8 @@ def truthful_workload(work: Path, slots: int, spec_file: Path = WORKLOAD, max_to
     """
     import yaml
 
-    from hetprof.executor.data import PromptSource
-    from hetprof.executor.tokenizer import CharTokenizer
+    from hetprof.executor.models.tokenizer import CharTokenizer
+    from hetprof.executor.prompts.data import PromptSource
 
     spec = yaml.safe_load(spec_file.read_text())
     tok = CharTokenizer()

@@ -47,9 +47,9 @@ def generation_rates(workload: Path, slots: int, rounds: int) -> dict[str, float
     cap), calls alternated so both see the same machine; vLLM's engine core in its own process, as
     in a run. Also `vllm_call_s`: vLLM's median call, the run's generation call made alone."""
     from hetprof.executor.backends import get_backend
-    from hetprof.executor.data import PromptSource
-    from hetprof.executor.modeling import build_causal_lm
-    from hetprof.executor.tokenizer import CharTokenizer
+    from hetprof.executor.models.modeling import build_causal_lm
+    from hetprof.executor.models.tokenizer import CharTokenizer
+    from hetprof.executor.prompts.data import PromptSource
     from hetprof.specs import WorkloadSpec
 
     spec = WorkloadSpec.load(workload)

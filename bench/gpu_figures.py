@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from hetprof.executor.predicted_vs_measured import load_records, summary
+from hetprof.executor.records.predicted_vs_measured import load_records, summary
 from hetprof.profiles import ProfileDB
 from hetprof.specs.catalog import builtin
 

@@ -33,9 +33,9 @@ import time
 
 import torch
 
-from hetprof.executor.data import PromptSource
-from hetprof.executor.modeling import build_causal_lm
-from hetprof.executor.tokenizer import CharTokenizer
+from hetprof.executor.models.modeling import build_causal_lm
+from hetprof.executor.models.tokenizer import CharTokenizer
+from hetprof.executor.prompts.data import PromptSource
 from hetprof.profiler import taskmodels
 from hetprof.profiler.hostinfo import last_level_cache_bytes
 from hetprof.profiler.suites.tasks import grid, response_columns

@@ -73,8 +73,8 @@ def main(quick: bool, threads: int, budget: int, seed: int, cluster: str | None,
     from rich.table import Table
 
     from hetprof.executor.algorithms import get_algorithm
-    from hetprof.executor.learner import Learner
-    from hetprof.executor.modeling import build_causal_lm
+    from hetprof.executor.algorithms.learner import Learner
+    from hetprof.executor.models.modeling import build_causal_lm
     from hetprof.specs.models import ModelShape
 
     torch.set_num_threads(threads)

@@ -22,7 +22,7 @@ from rich.table import Table
 from hetprof.costmodels.data import Phase
 from hetprof.costmodels.features import phase_features
 from hetprof.costmodels.fitted import FittedCostModel
-from hetprof.executor.records import read_log
+from hetprof.executor.records.run_log import read_log
 from hetprof.profiles import ProfileDB
 from hetprof.specs.models import ModelShape
 

@@ -13,7 +13,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from hetprof.executor.weightsync import DEFAULT_BUCKET_MB, WeightSync, copy_into, flatten_params
+from hetprof.executor.parallel.weightsync import DEFAULT_BUCKET_MB, WeightSync, copy_into, flatten_params
 from hetprof.runtime.distributed import file_init_method, leave_process_group
 
 

@@ -33,7 +33,7 @@ def _recorded_run(source: str) -> str:
 
 
 def _rewards() -> list[str]:
-    from hetprof.executor.rewards import available_rewards
+    from hetprof.executor.runners.rewards import available_rewards
 
     return available_rewards()
 
@@ -87,7 +87,7 @@ def run(plan: str, iterations: int, backend: str | None, checkpoint_dir: str | N
                    hetprof run plan.json --nnodes 2 --node-rank 1 --rdzv 10.0.0.1:29400   (on host 1)
     Measured stage times go to the log, the console, TensorBoard and the profile database (run records).
     """
-    from hetprof.executor.launch import launch
+    from hetprof.executor.launch.elastic import launch
     from hetprof.executor.options import RunOptions
 
     options = RunOptions(
@@ -125,11 +125,11 @@ def validate(source: str, skip: int, gantt: str | None, iteration: int | None) -
     \b
     Timeline:  hetprof validate run.jsonl --gantt run.png
     """
-    from hetprof.executor.predicted_vs_measured import load_records, render
+    from hetprof.executor.records.predicted_vs_measured import load_records, render
 
     records = load_records(source, db_path())
     render(records, skip=skip)
     if gantt:
-        from hetprof.executor.measured_gantt import save_measured_gantt
+        from hetprof.executor.records.measured_gantt import save_measured_gantt
 
         click.echo(f"timeline: {save_measured_gantt(records, gantt, skip=skip, iteration=iteration)}")

@@ -50,7 +50,7 @@ def learner_collectives(costs: LayoutPricing, layout: TaskLayout) -> float:
     """The learner's own all-reduces across its data-parallel replicas, once an update: every
     mini-batch's loss-denominator token count (fp32), and with a token budget every mini-batch's
     pack count (int64, the most any replica needs) — latency-bound messages over the slowest link.
-    Why priced: each is a collective every replica waits at (executor/learner.py)."""
+    Why priced: each is a collective every replica waits at (executor/algorithms/learner.py)."""
     if layout.dp <= 1:
         return 0.0
     hosts = {costs.devices[d].host for d in layout.devices()}

@@ -171,7 +171,7 @@ class TaskCosts:
         """A forward (inference) or forward + backward (training) pass over `batch` sequences: with a
         token budget, each of the `packs(batch)` packs at its own sequences and tokens; else one call
         at the priced widths. Pipelined replicas run fixed-shape padded micro-batches
-        (executor/learner.py), so a plan for `hetprof run` prices them padded."""
+        (executor/algorithms/learner.py), so a plan for `hetprof run` prices them padded."""
         if self.token_budget is None:
             return self._composed(task, sig, tp, batch, split, self.sequence_response, self.sequence_prompt)
         if self.runs_padded and len(sig[0]) > 1:

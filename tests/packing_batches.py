@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from hetprof.executor.algorithms import RLBatch
-from hetprof.executor.logprobs import token_logprobs
-from hetprof.executor.modeling import build_causal_lm
+from hetprof.executor.models.logprobs import token_logprobs
+from hetprof.executor.models.modeling import build_causal_lm
 
 PROMPTS = [3, 9, 2, 6, 4, 12, 5, 7]
 RESPONSES = [40, 2, 17, 5, 60, 1, 9, 3]

@@ -17,7 +17,7 @@ from hetprof.costmodels.analytical import AnalyticalCostModel
 from hetprof.costmodels.data import Phase, Placement, Work
 from hetprof.costmodels.fitted import FittedCostModel
 from hetprof.costmodels.runrows import run_task_rows
-from hetprof.executor.records import db_rows, write_db
+from hetprof.executor.records.run_log import db_rows, write_db
 from hetprof.profiles import ProfileDB
 from hetprof.specs.models import PRESETS
 
@@ -32,7 +32,7 @@ def phase(kind: str, batch: int, tokens: int, seconds: float, **extra) -> dict:
 
 
 def record(i: int, gen: list[dict], train: list[dict], pp: int = 1) -> dict:
-    """An iteration record as the runtime writes it (see executor/records.py)."""
+    """An iteration record as the runtime writes it (see executor/records/run_log.py)."""
     return {"run": "r1", "plan_hash": "h", "iteration": i, "version": i + 1, "mode": "sync", "iteration_s": 1.0,
             "stages": {"actor_gen": 0.4, "actor_train": 0.5}, "replicas": {}, "predicted": {},
             "predicted_iteration_s": 1.0, "devices": {"actor_gen": ["h:0"], "actor_train": ["h:0"]},

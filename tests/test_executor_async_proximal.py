@@ -17,9 +17,9 @@ import torch.multiprocessing as mp
 from test_executor_runtime_run import write_plan
 from test_rl_math_reference import ref_gae
 
-from hetprof.executor.logprobs import token_logprobs
-from hetprof.executor.modeling import unwrap
-from hetprof.executor.records import read_log
+from hetprof.executor.models.logprobs import token_logprobs
+from hetprof.executor.models.modeling import unwrap
+from hetprof.executor.records.run_log import read_log
 from hetprof.runtime.distributed import file_init_method, leave_process_group
 from hetprof.specs import Plan
 from hetprof.specs.vocabulary import Task
@@ -38,24 +38,24 @@ def _worker(rank: int, init: str, plan_path: str, out: str) -> None:
 
 
 def _run(rank: int, plan_path: str, out: str) -> None:
+    from hetprof.executor.loop.worker import Worker
     from hetprof.executor.options import RunOptions
-    from hetprof.executor.process_groups import ProcessGroups
-    from hetprof.executor.runtime import Worker
-    from hetprof.executor.topology import Topology
+    from hetprof.executor.parallel.process_groups import ProcessGroups
+    from hetprof.executor.parallel.topology import Topology
 
     topo = Topology(Plan.load(plan_path), {d: r for r, d in enumerate(DEVICES)})
     options = RunOptions(plan_path=plan_path, iterations=3, log=f"{out}/run.jsonl", quiet=True, timeout_s=60)
     worker = Worker(options, topo, ProcessGroups.build(topo), rank, torch.device("cpu"))
     if worker.is_leader:
-        _observe_advantages(worker.models, f"{out}/seen.pt")
+        _observe_advantages(worker, f"{out}/seen.pt")
     worker.run()
 
 
-def _observe_advantages(models, path: str) -> None:
+def _observe_advantages(worker, path: str) -> None:
     """Wrap the leader's advantage step: record its inputs, its returns, the trainer's own log-probs and
     how many π_prox forwards the leader's learner has run so far."""
-    original, seen = models.advantages, []
-    learner = models.learners[Task.ACTOR_TRAIN]
+    original, seen = worker.leader.advantages, []
+    learner = worker.runners[Task.ACTOR_TRAIN].learner
     recompute, passes = learner.proximal_logprobs, []
 
     def proximal_logprobs(rows):
@@ -65,12 +65,12 @@ def _observe_advantages(models, path: str) -> None:
     learner.proximal_logprobs = proximal_logprobs
 
     def advantages(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        trainer = unwrap(models.models[Task.ACTOR_TRAIN])  # the module, not DDP: no collective here
+        trainer = unwrap(worker.runners[Task.ACTOR_TRAIN].module)  # the module, not DDP: no collective here
         was = trainer.training
         trainer.eval()
         with torch.no_grad():
             proximal = token_logprobs(trainer, batch["input_ids"], batch["attention_mask"],
-                                      models.training.temperature)
+                                      worker.workload.training.temperature)
         trainer.train(was)
         result = original(batch)
         seen.append({"proximal": proximal, "behaviour": batch["logprobs"][:, 1:], "ref": batch["ref_logprobs"],
@@ -80,7 +80,7 @@ def _observe_advantages(models, path: str) -> None:
         torch.save(seen, path)
         return result
 
-    models.advantages = advantages
+    worker.leader.advantages = advantages
 
 
 def _reference_returns(seen: dict[str, torch.Tensor], policy: str) -> np.ndarray:

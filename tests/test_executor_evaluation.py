@@ -6,10 +6,10 @@ from __future__ import annotations
 import torch
 
 from hetprof.executor.backends.base import Rollout
-from hetprof.executor.data import Prompt
-from hetprof.executor.evaluation import Validator
-from hetprof.executor.rewards import get_reward
-from hetprof.executor.tokenizer import CharTokenizer
+from hetprof.executor.loop.evaluation import Validator
+from hetprof.executor.models.tokenizer import CharTokenizer
+from hetprof.executor.prompts.data import Prompt
+from hetprof.executor.runners.rewards import get_reward
 from hetprof.specs import WorkloadSpec
 
 

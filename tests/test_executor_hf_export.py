@@ -10,10 +10,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hetprof.executor.hf_export import _prune, _write_actor, _write_critic, export_folder
-from hetprof.executor.hf_tokenizer import char_tokenizer_fast
-from hetprof.executor.modeling import build_causal_lm, build_value_model
-from hetprof.executor.tokenizer import CHARS, CharTokenizer
+from hetprof.executor.checkpoints.hf_export import _prune, _write_actor, _write_critic, export_folder
+from hetprof.executor.models.hf_tokenizer import char_tokenizer_fast
+from hetprof.executor.models.modeling import build_causal_lm, build_value_model
+from hetprof.executor.models.tokenizer import CHARS, CharTokenizer
 from hetprof.specs import WorkloadSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,8 +21,8 @@ WORKLOAD = WorkloadSpec.load(ROOT / "examples" / "workloads" / "grpo-tiny.yaml")
 
 
 def run_models():
-    """The few attributes of RankModels an export reads."""
-    return types.SimpleNamespace(tokenizer=CharTokenizer(), training=WORKLOAD.training, workload=WORKLOAD)
+    """The few attributes of the rank context an export reads."""
+    return types.SimpleNamespace(tokenizer=CharTokenizer(), workload=WORKLOAD)
 
 
 FAST = char_tokenizer_fast()
@@ -73,7 +73,7 @@ def test_old_exports_are_pruned_per_role_and_empty_iterations_removed(tmp_path):
 
 
 def test_an_export_needs_a_tokenizer_it_knows():
-    from hetprof.executor.hf_tokenizer import save_tokenizer
+    from hetprof.executor.models.hf_tokenizer import save_tokenizer
 
     with pytest.raises(TypeError, match="cannot export"):
         save_tokenizer(object(), "unused")

@@ -14,8 +14,8 @@ from click.testing import CliRunner
 
 from hetprof.cli import cli
 from hetprof.errors import HetprofError, SpecError
-from hetprof.executor.handwritten_plan import handwritten_plan
-from hetprof.executor.launch_checks import check_generation_backend, check_writable, load_plan
+from hetprof.executor.launch.checks import check_generation_backend, check_writable, load_plan
+from hetprof.executor.launch.handwritten_plan import handwritten_plan
 from hetprof.specs import ClusterSpec, WorkloadSpec
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,15 +8,15 @@ from collections import Counter
 import pytest
 
 from hetprof.errors import SpecError
-from hetprof.executor.data import (
+from hetprof.executor.models.tokenizer import VOCAB_SIZE, CharTokenizer, encode_batch, load_tokenizer
+from hetprof.executor.prompts.data import (
     ANSWER_CUE,
     Prompt,
     PromptSource,
     arithmetic_prompts,
     write_jsonl,
 )
-from hetprof.executor.prompt_files import load_jsonl
-from hetprof.executor.tokenizer import VOCAB_SIZE, CharTokenizer, encode_batch, load_tokenizer
+from hetprof.executor.prompts.prompt_files import load_jsonl
 from hetprof.runtime.generation import pad_left
 from hetprof.specs.models import PRESETS
 
@@ -143,7 +143,7 @@ def test_local_hf_tokenizer_directory(tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from hetprof.executor.tokenizer import HFTokenizer
+    from hetprof.executor.models.tokenizer import HFTokenizer
 
     vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "[UNK]": 3, "two": 4, "plus": 5, "is": 6, "4": 7}
     raw = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))

@@ -11,10 +11,10 @@ import torch
 
 from hetprof.errors import ExecutionError, SpecError
 from hetprof.executor.backends import GenerationBackend, available_backends, get_backend, register_backend
-from hetprof.executor.data import arithmetic_prompts
-from hetprof.executor.logprobs import token_logprobs
-from hetprof.executor.modeling import build_causal_lm
-from hetprof.executor.tokenizer import CharTokenizer
+from hetprof.executor.models.logprobs import token_logprobs
+from hetprof.executor.models.modeling import build_causal_lm
+from hetprof.executor.models.tokenizer import CharTokenizer
+from hetprof.executor.prompts.data import arithmetic_prompts
 from hetprof.runtime.sampling import sample_tokens
 
 TOK = CharTokenizer()
@@ -193,7 +193,7 @@ def test_vllm_backend_generates_and_takes_new_weights():  # pragma: no cover - G
 
 
 def test_logprob_options_agree_with_the_plain_recompute(model):
-    from hetprof.executor.logprobs import first_response_column
+    from hetprof.executor.models.logprobs import first_response_column
 
     out = get_backend("hf")(model, TOK).generate(_prompts(), 6, generator=torch.Generator().manual_seed(4))
     with torch.no_grad():

@@ -11,13 +11,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from hetprof.executor.algorithms import RLBatch, get_algorithm
+from hetprof.executor.algorithms.learner import Learner, forward_module
 from hetprof.executor.backends import get_backend
-from hetprof.executor.data import PromptSource
-from hetprof.executor.learner import Learner, forward_module
-from hetprof.executor.logprobs import first_response_column, token_logprobs
-from hetprof.executor.modeling import build_causal_lm, build_value_model
-from hetprof.executor.rewards import get_reward
-from hetprof.executor.tokenizer import CharTokenizer
+from hetprof.executor.models.logprobs import first_response_column, token_logprobs
+from hetprof.executor.models.modeling import build_causal_lm, build_value_model
+from hetprof.executor.models.tokenizer import CharTokenizer
+from hetprof.executor.prompts.data import PromptSource
+from hetprof.executor.runners.rewards import get_reward
 from hetprof.runtime.distributed import file_init_method, leave_process_group
 from hetprof.safety.processes import skip_teardown_at_exit
 

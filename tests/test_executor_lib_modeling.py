@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from hetprof.errors import SpecError
-from hetprof.executor.logprobs import token_logprobs
-from hetprof.executor.modeling import (
+from hetprof.executor.models.logprobs import token_logprobs
+from hetprof.executor.models.modeling import (
     build_causal_lm,
     build_reward_model,
     build_value_model,
@@ -16,7 +16,7 @@ from hetprof.executor.modeling import (
     torch_dtype,
     unwrap,
 )
-from hetprof.executor.tokenizer import CharTokenizer
+from hetprof.executor.models.tokenizer import CharTokenizer
 from hetprof.runtime.generation import pad_left
 from hetprof.specs.models import PRESETS
 

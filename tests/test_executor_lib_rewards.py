@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from hetprof.errors import SpecError
-from hetprof.executor.modeling import build_reward_model
-from hetprof.executor.rewards import (
+from hetprof.executor.models.modeling import build_reward_model
+from hetprof.executor.models.tokenizer import CharTokenizer
+from hetprof.executor.runners.rewards import (
     RewardModelScorer,
     answers_match,
     get_reward,
@@ -17,7 +18,6 @@ from hetprof.executor.rewards import (
     register_reward,
     well_formed,
 )
-from hetprof.executor.tokenizer import CharTokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -16,14 +16,14 @@ import torch.multiprocessing as mp
 
 from hetprof.errors import HetprofError
 from hetprof.executor.algorithms import RLBatch, get_algorithm
+from hetprof.executor.algorithms.learner import Learner
 from hetprof.executor.backends import get_backend
-from hetprof.executor.data import PromptSource
-from hetprof.executor.handwritten_plan import handwritten_plan
-from hetprof.executor.launch_checks import check_backend
-from hetprof.executor.learner import Learner
-from hetprof.executor.modeling import build_causal_lm
-from hetprof.executor.records import read_log
-from hetprof.executor.tokenizer import CharTokenizer
+from hetprof.executor.launch.checks import check_backend
+from hetprof.executor.launch.handwritten_plan import handwritten_plan
+from hetprof.executor.models.modeling import build_causal_lm
+from hetprof.executor.models.tokenizer import CharTokenizer
+from hetprof.executor.prompts.data import PromptSource
+from hetprof.executor.records.run_log import read_log
 from hetprof.runtime.dataparallel import wrap_replica
 from hetprof.runtime.distributed import file_init_method, leave_process_group
 from hetprof.safety.processes import skip_teardown_at_exit

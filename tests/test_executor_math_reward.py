@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from hetprof.executor.rewards import available_rewards, get_reward
+from hetprof.executor.runners.rewards import available_rewards, get_reward
 
 
 @pytest.mark.parametrize(("response", "answer", "score"), [

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from hetprof.executor.optimizer import build_optimizer, build_scheduler, lr_factor, optimizer_steps
+from hetprof.executor.algorithms.optimizer import build_optimizer, build_scheduler, lr_factor, optimizer_steps
 from hetprof.specs import OptimizerParams, WorkloadSpec
 from hetprof.specs.loader import from_data
 
@@ -53,8 +53,8 @@ def test_optimizer_steps_count_epochs_and_mini_batches():
 
 def test_learner_honours_the_schedule_and_the_grad_clip():
     from hetprof.executor.algorithms import RLBatch, get_algorithm
-    from hetprof.executor.learner import Learner
-    from hetprof.executor.modeling import build_causal_lm
+    from hetprof.executor.algorithms.learner import Learner
+    from hetprof.executor.models.modeling import build_causal_lm
 
     torch.manual_seed(0)
     model = build_causal_lm("tiny", seed=0)

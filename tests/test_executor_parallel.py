@@ -20,14 +20,14 @@ import torch.multiprocessing as mp
 
 from hetprof.errors import ExecutionError
 from hetprof.executor.algorithms import AlgorithmConfig, RLBatch, get_algorithm
-from hetprof.executor.handwritten_plan import handwritten_plan
-from hetprof.executor.launch_checks import check_supported
-from hetprof.executor.learner import Learner
-from hetprof.executor.modeling import build_causal_lm, build_reward_model, build_value_model
-from hetprof.executor.parallel import ShardedModel
-from hetprof.executor.process_groups import ProcessGroups
-from hetprof.executor.topology import Topology
-from hetprof.executor.weightsync import WeightSync, copy_into, state_digest
+from hetprof.executor.algorithms.learner import Learner
+from hetprof.executor.launch.checks import check_supported
+from hetprof.executor.launch.handwritten_plan import handwritten_plan
+from hetprof.executor.models.modeling import build_causal_lm, build_reward_model, build_value_model
+from hetprof.executor.parallel.process_groups import ProcessGroups
+from hetprof.executor.parallel.sharded import ShardedModel
+from hetprof.executor.parallel.topology import Topology
+from hetprof.executor.parallel.weightsync import WeightSync, copy_into, state_digest
 from hetprof.runtime.distributed import file_init_method, leave_process_group
 from hetprof.safety.processes import skip_teardown_at_exit
 from hetprof.specs import ClusterSpec, Plan, WorkloadSpec

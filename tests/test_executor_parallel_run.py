@@ -15,7 +15,7 @@ import pytest
 from test_executor_parallel import DEVS, make_plan
 
 from hetprof.costmodels.runrows import run_task_rows
-from hetprof.executor.records import read_log
+from hetprof.executor.records.run_log import read_log
 from hetprof.profiles import ProfileDB
 
 pytestmark = pytest.mark.slow  # multi-process: `make test-fast` leaves it out

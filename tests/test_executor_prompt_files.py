@@ -7,8 +7,8 @@ import json
 import pytest
 
 from hetprof.errors import SpecError
-from hetprof.executor.data import Prompt, arithmetic_prompts, encode_prompt
-from hetprof.executor.prompt_files import load_prompts, prompt_sets
+from hetprof.executor.prompts.data import Prompt, arithmetic_prompts, encode_prompt
+from hetprof.executor.prompts.prompt_files import load_prompts, prompt_sets
 from hetprof.specs import DataParams
 
 ROWS = [{"question": "1+1=", "solution": "2", "id": 1}, {"question": "2+3=", "solution": "5", "id": 2},
@@ -110,7 +110,7 @@ def _chat_tokenizer(folder, template: str | None):
 
 
 def test_prompts_are_wrapped_in_the_tokenizers_chat_template(tmp_path):
-    from hetprof.executor.tokenizer import load_tokenizer
+    from hetprof.executor.models.tokenizer import load_tokenizer
 
     template = ("{% for m in messages %}<s> {{ m['role'] }} : {{ m['content'] }} </s> {% endfor %}"
                 "{% if add_generation_prompt %}assistant :{% endif %}")
@@ -125,7 +125,7 @@ def test_prompts_are_wrapped_in_the_tokenizers_chat_template(tmp_path):
 
 
 def test_a_chat_prompt_renders_every_turn_and_rewards_see_its_text(tmp_path):
-    from hetprof.executor.tokenizer import load_tokenizer
+    from hetprof.executor.models.tokenizer import load_tokenizer
 
     template = ("{% for m in messages %}<s> {{ m['role'] }} : {{ m['content'] }} </s> {% endfor %}"
                 "{% if add_generation_prompt %}assistant :{% endif %}")
@@ -153,7 +153,7 @@ def test_verl_style_rows_chat_turns_and_a_nested_answer(tmp_path):
 
 
 def test_a_template_that_cannot_render_is_named(tmp_path):
-    from hetprof.executor.tokenizer import load_tokenizer
+    from hetprof.executor.models.tokenizer import load_tokenizer
 
     _chat_tokenizer(tmp_path / "broken", "{{ raise_exception('no user turns here') }}")
     with pytest.raises(SpecError, match="data.chat_template.*no user turns here"):

@@ -15,8 +15,8 @@ from click.testing import CliRunner
 from test_executor_runtime_run import HETPROF, ROOT, hetprof_run
 from test_executor_tensorboard import event_scalars
 
-from hetprof.executor.handwritten_plan import handwritten_plan
-from hetprof.executor.records import read_log
+from hetprof.executor.launch.handwritten_plan import handwritten_plan
+from hetprof.executor.records.run_log import read_log
 from hetprof.specs import ClusterSpec, WorkloadSpec
 
 PLACEMENT = {"actor_gen": ["localhost:0"], "ref_infer": ["localhost:1"], "critic_infer": ["localhost:0"],
@@ -79,7 +79,7 @@ def test_a_ppo_run_leaves_curves_loadable_models_a_trace_and_a_timeline(tmp_path
 
 
 def test_tensorboard_goes_beside_the_log_unless_moved_or_turned_off(tmp_path, monkeypatch):
-    import hetprof.executor.launch as launch
+    import hetprof.executor.launch.elastic as launch
     from hetprof.executor.cli import run
 
     seen = []

@@ -8,8 +8,9 @@ import pytest
 
 from hetprof.costmodels.runrows import run_task_rows
 from hetprof.errors import ExecutionError
-from hetprof.executor.handwritten_plan import handwritten_plan
-from hetprof.executor.iteration_report import (
+from hetprof.executor.launch.handwritten_plan import handwritten_plan
+from hetprof.executor.parallel.topology import Topology
+from hetprof.executor.records.iteration_report import (
     BatchStats,
     IterationReport,
     RankInfo,
@@ -17,9 +18,8 @@ from hetprof.executor.iteration_report import (
     prefill_timing,
     train_timing,
 )
-from hetprof.executor.records import db_rows, read_db, work_description, write_db
-from hetprof.executor.run_record import RecordContext, build_record
-from hetprof.executor.topology import Topology
+from hetprof.executor.records.run_log import db_rows, read_db, work_description, write_db
+from hetprof.executor.records.run_record import RecordContext, build_record
 from hetprof.profiles import ProfileDB
 from hetprof.specs import Prediction, WorkloadSpec
 

@@ -10,17 +10,17 @@ from rich.console import Console
 from test_executor_run_record import context, reports
 
 from hetprof.errors import HetprofError
-from hetprof.executor.measured_gantt import (
+from hetprof.executor.records.measured_gantt import (
     legend_handles,
     measured_bars,
     pick_iteration,
     predicted_bars,
     save_measured_gantt,
 )
-from hetprof.executor.progress import RunProgress, wanted
-from hetprof.executor.records import RunLog, read_db, write_db
-from hetprof.executor.run_record import build_record, timeline
-from hetprof.executor.trace import IterationTrace, skipped_steps
+from hetprof.executor.records.progress import RunProgress, wanted
+from hetprof.executor.records.run_log import RunLog, read_db, write_db
+from hetprof.executor.records.run_record import build_record, timeline
+from hetprof.executor.records.trace import IterationTrace, skipped_steps
 
 
 def timed_reports(shift: float = 0.0):

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from hetprof.executor.handwritten_plan import handwritten_plan
-from hetprof.executor.records import read_log
+from hetprof.executor.launch.handwritten_plan import handwritten_plan
+from hetprof.executor.records.run_log import read_log
 from hetprof.runtime.distributed import unassigned_port
 from hetprof.specs import WorkloadSpec
 

@@ -20,8 +20,8 @@ import pytest
 
 from hetprof.costmodels.runrows import run_task_rows
 from hetprof.errors import ExecutionError
-from hetprof.executor.handwritten_plan import handwritten_plan
-from hetprof.executor.records import read_log
+from hetprof.executor.launch.handwritten_plan import handwritten_plan
+from hetprof.executor.records.run_log import read_log
 from hetprof.profiles import ProfileDB
 from hetprof.specs import ClusterSpec, WorkloadSpec
 
@@ -168,7 +168,7 @@ def test_killed_worker_stops_the_run_naming_it_and_resume_completes(tmp_path):
 
 
 def test_resume_refuses_a_different_plan_before_starting_workers(tmp_path):
-    from hetprof.executor import checkpoint
+    from hetprof.executor.checkpoints import checkpoint
 
     plan = write_plan(tmp_path / "plan.json", 2,
                       {"actor_gen": ["localhost:0"], "ref_infer": ["localhost:1"], "actor_train": ["localhost:1"]})
@@ -180,7 +180,7 @@ def test_resume_refuses_a_different_plan_before_starting_workers(tmp_path):
 
 
 def test_layouts_the_runtime_cannot_carry_out_are_refused_up_front(tmp_path):
-    from hetprof.executor.launch_checks import check_supported
+    from hetprof.executor.launch.checks import check_supported
     from hetprof.specs import Plan
 
     plan_path = write_plan(tmp_path / "plan.json", 2,

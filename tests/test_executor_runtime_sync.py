@@ -14,7 +14,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from hetprof.executor.weightsync import WeightSync, copy_into, flatten_params, make_buckets, state_digest
+from hetprof.executor.parallel.weightsync import (
+    WeightSync,
+    copy_into,
+    flatten_params,
+    make_buckets,
+    state_digest,
+)
 from hetprof.runtime.distributed import file_init_method, leave_process_group
 from hetprof.safety.processes import skip_teardown_at_exit
 
@@ -117,7 +123,7 @@ def test_state_digest_sees_a_single_changed_bit():
 
 
 def _p2p(rank: int, out: str) -> None:
-    from hetprof.executor.messages import Outbox, recv_tensors
+    from hetprof.executor.loop.messages import Outbox, recv_tensors
 
     if rank == 0:
         box = Outbox()

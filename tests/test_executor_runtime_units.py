@@ -12,17 +12,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hetprof.errors import ExecutionError, HetprofError, SpecError
-from hetprof.executor import checkpoint
-from hetprof.executor.batch_split import row_slices, split_counts
-from hetprof.executor.handwritten_plan import handwritten_plan
-from hetprof.executor.launch import describe_failures, node_host
-from hetprof.executor.launch_checks import check_supported, host_devices, planned_hosts
-from hetprof.executor.messages import concat_padded
+from hetprof.executor.checkpoints import checkpoint
+from hetprof.executor.launch.checks import check_supported, host_devices, planned_hosts
+from hetprof.executor.launch.elastic import describe_failures, node_host
+from hetprof.executor.launch.handwritten_plan import handwritten_plan
+from hetprof.executor.loop.batch_split import row_slices, split_counts
+from hetprof.executor.loop.messages import concat_padded
+from hetprof.executor.loop.staleness import VersionCounter, generation_version, schedule
 from hetprof.executor.options import RunOptions
-from hetprof.executor.predicted_vs_measured import summary
-from hetprof.executor.records import db_rows, plan_hash, read_db, read_log, write_db
-from hetprof.executor.staleness import VersionCounter, generation_version, schedule
-from hetprof.executor.topology import Topology
+from hetprof.executor.parallel.topology import Topology
+from hetprof.executor.records.predicted_vs_measured import summary
+from hetprof.executor.records.run_log import db_rows, plan_hash, read_db, read_log, write_db
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOAD = ROOT / "examples" / "workloads" / "grpo-tiny.yaml"
@@ -152,7 +152,7 @@ def test_node_host_refuses_a_node_count_the_plan_does_not_have():
 
 
 def test_resume_without_a_checkpoint_is_refused_up_front(tmp_path):
-    from hetprof.executor.launch_checks import check_resumable
+    from hetprof.executor.launch.checks import check_resumable
 
     plan = handwritten_plan(cluster({"h": 2}), workload(), {"actor_gen": ["h:0"], "ref_infer": ["h:1"],
                                                        "actor_train": ["h:1"]})

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from test_executor_run_record import context, reports
 
-from hetprof.executor.run_record import build_record
-from hetprof.executor.tensorboard_log import TensorBoardLog, samples_markdown, scalars
+from hetprof.executor.records.run_record import build_record
+from hetprof.executor.records.tensorboard_log import TensorBoardLog, samples_markdown, scalars
 
 
 def event_scalars(folder) -> tuple[dict[str, list[tuple[int, float]]], list[str], list[str]]:

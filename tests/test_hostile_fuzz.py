@@ -29,8 +29,8 @@ from hypothesis import strategies as st
 
 from hetprof.cli import cli
 from hetprof.errors import HetprofError
-from hetprof.executor.launch_checks import load_plan
-from hetprof.executor.sizebounds import check_run_sizes
+from hetprof.executor.launch.checks import load_plan
+from hetprof.executor.launch.sizebounds import check_run_sizes
 from hetprof.profiles import ProfileDB, export
 from hetprof.profiles.content import content_id
 from hetprof.profiles.rowchecks import check_row
@@ -276,7 +276,7 @@ _BIG = st.sampled_from([10**18, -1, 0, 2**63, 1e308, "1e999", "x" * 10_000, "\ud
 
 @pytest.fixture(scope="module")
 def plan_data(tmp_path_factory) -> dict:
-    from hetprof.executor.handwritten_plan import handwritten_plan
+    from hetprof.executor.launch.handwritten_plan import handwritten_plan
 
     cluster = ClusterSpec.from_dict({"name": "cpu", "hosts": [{"name": "localhost", "gpus": {"type": "cpu",
                                                                                               "count": 2}}]})

@@ -19,8 +19,8 @@ from hostile_files import fill
 
 from hetprof.cli import cli
 from hetprof.errors import ExecutionError, HetprofError
-from hetprof.executor.peerloss import LINGER_S, linger_if_peer_lost, peer_lost
-from hetprof.executor.sizebounds import check_run_sizes
+from hetprof.executor.launch.peerloss import LINGER_S, linger_if_peer_lost, peer_lost
+from hetprof.executor.launch.sizebounds import check_run_sizes
 from hetprof.safety.processes import isolated_children
 from hetprof.specs import WorkloadSpec
 
@@ -90,7 +90,7 @@ def test_point08_survivors_of_a_lost_peer_linger_and_others_do_not():
 
 
 def _write_plan(path: Path, **workload: object) -> Path:
-    from hetprof.executor.handwritten_plan import handwritten_plan
+    from hetprof.executor.launch.handwritten_plan import handwritten_plan
     from hetprof.specs import ClusterSpec
 
     cluster = ClusterSpec.from_dict({"name": "cpu", "hosts": [{"name": "localhost", "gpus": {"type": "cpu",

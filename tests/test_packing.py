@@ -13,11 +13,11 @@ from packing_batches import ragged_batch
 
 from hetprof.errors import SpecError
 from hetprof.executor.algorithms import RLBatch, get_algorithm
-from hetprof.executor.batch_split import token_share_slices
-from hetprof.executor.learner import Learner
-from hetprof.executor.logprobs import token_logprobs
-from hetprof.executor.modeling import build_causal_lm, build_reward_model, build_value_model
-from hetprof.executor.packing import packed_sequence_scores, packed_values, priced_pass
+from hetprof.executor.algorithms.learner import Learner
+from hetprof.executor.loop.batch_split import token_share_slices
+from hetprof.executor.models.logprobs import token_logprobs
+from hetprof.executor.models.modeling import build_causal_lm, build_reward_model, build_value_model
+from hetprof.executor.models.packing import packed_sequence_scores, packed_values, priced_pass
 from hetprof.runtime.packedpass import pack, packed_token_logprobs, unpack
 from hetprof.runtime.tokenbudget import micro_batch_count, micro_batches_by_tokens
 from hetprof.specs.workload import WorkloadSpec
@@ -231,7 +231,7 @@ def test_a_packed_steps_record_prices_back_to_the_step_it_took():
     a profiled training row times); the planner prices `packs` such passes and one step, so the
     record priced back is the measured step. Hand-computed: 2 steps of 0.5 s, 0.05 s of Adam each,
     2.5 packs: one pack = 0.45 / 2.5 + 0.05 = 0.23 s."""
-    from hetprof.executor.iteration_report import train_timing
+    from hetprof.executor.records.iteration_report import train_timing
     from hetprof.planner.passtime import packed_seconds
 
     row = train_timing(12, 70, 1.0, ppo_epochs=1, mini_batches=2, packs=2.5, optimizer_seconds=0.1)

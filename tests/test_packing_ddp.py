@@ -13,8 +13,8 @@ import torch.multiprocessing as mp
 from packing_batches import ragged_batch
 
 from hetprof.executor.algorithms import RLBatch, get_algorithm
-from hetprof.executor.learner import Learner
-from hetprof.executor.modeling import build_causal_lm
+from hetprof.executor.algorithms.learner import Learner
+from hetprof.executor.models.modeling import build_causal_lm
 from hetprof.runtime.distributed import file_init_method, leave_process_group
 from hetprof.safety.processes import skip_teardown_at_exit
 

@@ -15,10 +15,10 @@ from test_planner_search_baselines import run, sim_of
 
 from hetprof.costmodels.runrows import phase_row
 from hetprof.errors import ExecutionError, SpecError
-from hetprof.executor.handwritten_plan import handwritten_plan
-from hetprof.executor.launch_checks import check_supported
-from hetprof.executor.records import work_description
-from hetprof.executor.topology import Topology
+from hetprof.executor.launch.checks import check_supported
+from hetprof.executor.launch.handwritten_plan import handwritten_plan
+from hetprof.executor.parallel.topology import Topology
+from hetprof.executor.records.run_log import work_description
 from hetprof.planner.candidate import Candidate
 from hetprof.planner.memcheck import check_plan
 from hetprof.planner.search import layouts

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from hetprof.cli import cli
 from hetprof.costmodels import Placement, get_cost_model
 from hetprof.errors import InfeasibleError
-from hetprof.executor.launch_checks import check_supported
+from hetprof.executor.launch.checks import check_supported
 from hetprof.planner.candidate import Candidate, even_layout
 from hetprof.planner.search import SearchContext, get_search, layouts
 from hetprof.planner.simulator import Simulator

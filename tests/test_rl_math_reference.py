@@ -23,7 +23,7 @@ import torch
 from hetprof.executor.algorithms import RLBatch, get_algorithm
 from hetprof.executor.algorithms.advantages import gae, group_normalised, terminal_rewards
 from hetprof.executor.algorithms.base import k3_kl
-from hetprof.executor.learner import replica_denominators
+from hetprof.executor.algorithms.replicas import replica_denominators
 from hetprof.runtime.packedpass import entropy_from_logits, logits_to_logprobs
 
 RNG = np.random.default_rng(20261124)

@@ -84,8 +84,8 @@ def test_a_sequence_longer_than_a_ranks_budget_splits_its_activations_over_the_g
 
 def test_hetprof_run_refuses_a_what_if_plan_that_splits_sequences():
     from hetprof.errors import ExecutionError
-    from hetprof.executor.handwritten_plan import handwritten_plan
-    from hetprof.executor.launch_checks import check_supported
+    from hetprof.executor.launch.checks import check_supported
+    from hetprof.executor.launch.handwritten_plan import handwritten_plan
 
     cluster = {"name": "c", "hosts": [{"name": "h", "gpus": {"type": "cpu", "count": 2}}]}
     data = _workload(sequence_parallel=2).to_dict()

@@ -19,10 +19,10 @@ import torch
 
 from hetprof.errors import ExecutionError
 from hetprof.executor.backends import get_backend
-from hetprof.executor.data import arithmetic_prompts
-from hetprof.executor.logprobs import token_logprobs
-from hetprof.executor.modeling import build_causal_lm, hf_config
-from hetprof.executor.tokenizer import CharTokenizer
+from hetprof.executor.models.logprobs import token_logprobs
+from hetprof.executor.models.modeling import build_causal_lm, hf_config
+from hetprof.executor.models.tokenizer import CharTokenizer
+from hetprof.executor.prompts.data import arithmetic_prompts
 from hetprof.runtime.vllm_engine import CPU_HEAD_DIMS, check_head_dim, engine_settings
 from hetprof.safety.process_guard import proc_stat, start_time
 
@@ -97,8 +97,8 @@ STARTING_WORKER = """
 import sys, torch, torch.distributed as dist
 dist.init_process_group("gloo", init_method="file://" + sys.argv[1] + "/pg", rank=0, world_size=1)
 from hetprof.executor.backends import get_backend
-from hetprof.executor.modeling import build_causal_lm
-from hetprof.executor.tokenizer import CharTokenizer
+from hetprof.executor.models.modeling import build_causal_lm
+from hetprof.executor.models.tokenizer import CharTokenizer
 get_backend("vllm")(build_causal_lm("tiny-2x", seed=0), CharTokenizer(), device="cpu", kv_cache_gib=0.25)
 open(sys.argv[1] + "/up", "w").close()
 """

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from hetprof.executor.hf_export import _write_actor
-from hetprof.executor.logprobs import token_logprobs
-from hetprof.executor.modeling import build_causal_lm
-from hetprof.executor.tokenizer import CharTokenizer
+from hetprof.executor.checkpoints.hf_export import _write_actor
+from hetprof.executor.models.logprobs import token_logprobs
+from hetprof.executor.models.modeling import build_causal_lm
+from hetprof.executor.models.tokenizer import CharTokenizer
 from hetprof.runtime.vllm_engine import engine_settings
 from hetprof.specs import WorkloadSpec
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from hetprof.executor.handwritten_plan import handwritten_plan
-from hetprof.executor.records import read_log
+from hetprof.executor.launch.handwritten_plan import handwritten_plan
+from hetprof.executor.records.run_log import read_log
 from hetprof.specs import ClusterSpec, WorkloadSpec
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm,

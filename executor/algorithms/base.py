@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from hetprof.errors import SpecError
-from hetprof.executor.logprobs import masked_mean
+from hetprof.executor.models.logprobs import masked_mean
 
 if TYPE_CHECKING:
     from hetprof.executor.backends.base import Rollout

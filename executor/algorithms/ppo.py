@@ -9,7 +9,7 @@ import torch
 from hetprof.executor.algorithms import register_algorithm
 from hetprof.executor.algorithms.advantages import gae, terminal_rewards, whiten
 from hetprof.executor.algorithms.base import Algorithm, RLBatch
-from hetprof.executor.logprobs import masked_mean
+from hetprof.executor.models.logprobs import masked_mean
 
 
 @register_algorithm("ppo")

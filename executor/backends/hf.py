@@ -22,8 +22,8 @@ from torch import nn
 from hetprof.errors import ExecutionError
 from hetprof.executor.backends import register_backend
 from hetprof.executor.backends.base import GenerationBackend, PhaseClock, Rollout, check_sampling
-from hetprof.executor.modeling import unwrap
-from hetprof.executor.tokenizer import Tokenizer
+from hetprof.executor.models.modeling import unwrap
+from hetprof.executor.models.tokenizer import Tokenizer
 from hetprof.runtime.generation import sample_continuations
 
 

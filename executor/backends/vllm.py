@@ -32,8 +32,8 @@ from torch import nn
 from hetprof.errors import ExecutionError
 from hetprof.executor.backends import register_backend
 from hetprof.executor.backends.base import GenerationBackend, Rollout, check_sampling
-from hetprof.executor.modeling import unwrap
-from hetprof.executor.tokenizer import Tokenizer
+from hetprof.executor.models.modeling import unwrap
+from hetprof.executor.models.tokenizer import Tokenizer
 from hetprof.runtime.generation import pad_left
 from hetprof.runtime.vllm_engine import (
     WORKER_EXTENSION,
@@ -161,7 +161,7 @@ class VLLMBackend(GenerationBackend):
     @torch.no_grad()
     def logprob_gap(self) -> float:
         """Largest |vLLM − trainer recompute| over the probe's response tokens."""
-        from hetprof.executor.logprobs import token_logprobs
+        from hetprof.executor.models.logprobs import token_logprobs
 
         ids = torch.tensor([self.probe], device=self.device)
         self.model.eval()  # the generator's copy: never trained, no dropout

@@ -1,6 +1,6 @@
 """Token-budget micro-batches: which sequences share one packed forward of at most N tokens.
 
-The executor packs by these groups (executor/learner.py, hetprof/runtime/packedpass.py) and the planner
+The executor packs by these groups (executor/algorithms/learner.py, hetprof/runtime/packedpass.py) and the planner
 packs a sample of the workload's lengths with them to price a packed step (planner/taskcosts.py);
 both call this one function so the packs priced are the packs run.
 The profiler's workload grid (profiler/workloadgrid.py) measures the shapes that count implies.

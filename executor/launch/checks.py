@@ -1,0 +1,254 @@
+"""Before any worker starts: which devices and hosts a plan uses, and whether this executor can carry it out.
+
+The plan names devices (`host:index`); the launcher on each host starts one worker per planned device
+of that host, local rank i running the host's i-th device. Anything the runtime cannot carry out
+(see `check_supported`: pipelined generation, a GPU plan on a machine without CUDA, ...) is refused
+here, naming the task and its layout, so a run fails in the launcher rather than in a collective.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from hetprof.errors import ExecutionError, HetprofError, SpecError
+from hetprof.executor.prompts.data import Prompt
+from hetprof.specs import RUNNABLE_BACKENDS, ClusterSpec, Plan, WorkloadSpec
+from hetprof.specs.executable import layout_problems, workload_problems
+from hetprof.specs.layout import EXTRA_DEGREES
+from hetprof.specs.overrides import apply_overrides, from_override
+
+# What `hetprof run --set` may change: how the run trains and what it reads, never what the plan
+# placed or priced (the tasks, the models, the batch shapes) — those need `hetprof plan --set`.
+RUN_OVERRIDABLE = ("optimizer", "data", "training.lr", "training.critic_lr", "training.clip_eps", "training.gamma",
+                   "training.lam", "training.temperature", "training.top_p")
+
+
+def load_plan(path: str | Path, overrides: Sequence[str] = ()) -> Plan:
+    """Read and validate a plan file (what every worker and the launcher start from), with the
+    `--set` overrides of its workload applied."""
+    plan = Plan.load(path)
+    if overrides:
+        for item in overrides:
+            key = item.partition("=")[0].strip()
+            if not any(key == k or key.startswith((k + ".", k + "[")) for k in RUN_OVERRIDABLE):
+                raise SpecError(f"--set {item}", key, "a field `hetprof run` may change (optimizer.*, data.*, "
+                                "training.lr, critic_lr, clip_eps, gamma, lam, temperature, top_p); this one "
+                                "changes what the plan was made for: replan with `hetprof plan --set`")
+        workload = apply_overrides(plan.workload, overrides)
+        try:
+            WorkloadSpec.from_dict(workload, file=str(path))
+        except SpecError as exc:
+            raise from_override(exc, overrides) from None
+        plan = dataclasses.replace(plan, workload=workload)
+    plan.validate()
+    return plan
+
+
+def planned_devices(plan: Plan) -> list[str]:
+    """The devices the plan's tasks use, in cluster order (hosts as listed, then index)."""
+    used = {d for t in plan.tasks for d in t.devices()}
+    return [d.id for d in plan.cluster_spec().devices() if d.id in used]
+
+
+def planned_hosts(plan: Plan) -> list[str]:
+    """Hosts holding at least one planned device, in cluster order: node rank R runs host R."""
+    hosts: list[str] = []
+    for dev in planned_devices(plan):
+        host = dev.rsplit(":", 1)[0]
+        if host not in hosts:
+            hosts.append(host)
+    return hosts
+
+
+def host_devices(plan: Plan, host: str) -> list[str]:
+    """Planned devices of one host: local rank i of that host's launcher runs the i-th."""
+    return [d for d in planned_devices(plan) if d.rsplit(":", 1)[0] == host]
+
+
+def device_kind(cluster: ClusterSpec, device_id: str) -> str:
+    """'cpu' for CPU worker slots, 'cuda' for GPUs."""
+    for d in cluster.devices():
+        if d.id == device_id:
+            return "cpu" if d.type == "cpu" else "cuda"
+    raise ExecutionError(f"device {device_id} is not in the plan's cluster")
+
+
+def check_supported(plan: Plan, cuda_available: bool | None = None) -> str:
+    """Refuse what this executor cannot carry out; returns the torch.distributed backend to use.
+
+    Carried out: data parallelism everywhere (uneven shares); tensor parallelism (torch's
+    tensor-parallel API over each stage's devices) for every task; pipeline stages
+    (torch.distributed.pipelining, the plan's layer split) for training tasks and for the reference
+    and reward models, combined with TP and DP. Refused, naming the task and its layout, what
+    `hetprof.specs.executable` lists (the planner plans within the same rules): pipeline stages for
+    actor_gen and critic_infer, a pipelined training task whose replicas split the layers
+    differently, a TP degree that does not divide the heads, KV heads and FFN width; and here two
+    replicas of one task on one device, and a GPU plan on a machine without CUDA.
+    """
+    for problem in workload_problems(plan.workload_spec()):
+        raise ExecutionError(f"{problem}; it is refused rather than ignored — the plan is a what-if "
+                             f"(made with --any-layout): replan without it")
+    roles = plan.workload_spec().roles()
+    for t in plan.tasks:
+        lay = t.layout
+        problems = [p for tp in sorted(set(lay.tp_degrees()))  # each replica's degree
+                    for p in layout_problems(t.task, t.kind, roles[t.role], tp, lay.pp, lay.layer_splits, str(lay),
+                                             lay.sharding)]
+        problems += [f"task {t.task} has layout {lay}: this executor runs no expert, context or sequence "
+                     f"parallelism ({name.upper()}{getattr(lay, name)})" for name in EXTRA_DEGREES if getattr(lay, name) != 1]
+        if problems:
+            raise ExecutionError(f"{problems[0]}; it is refused rather than changed — replan with `hetprof plan` "
+                                 f"(it plans within what `hetprof run` carries out unless given --any-layout) "
+                                 f"or edit the plan")
+        devices = t.devices()
+        if len(set(devices)) != len(devices):
+            raise ExecutionError(f"task {t.task} places two replicas on one device ({devices}); "
+                                 f"one device runs one replica of a task")
+    cluster = plan.cluster_spec()
+    kinds = {device_kind(cluster, d) for d in planned_devices(plan)}
+    if kinds == {"cpu"}:
+        return "gloo"
+    if cuda_available is None:
+        cuda_available = torch.cuda.is_available()
+    if not cuda_available:
+        raise ExecutionError("the plan places tasks on GPUs but this machine has no CUDA device; "
+                             "plan for a cluster of `type: cpu` slots to run without a GPU")
+    if kinds == {"cuda"}:
+        return "nccl"
+    return "gloo"  # mixed CPU slots and GPUs: gloo reaches both
+
+
+def check_backend(plan: Plan, backend: str | None, path: str | Path = "the plan") -> str:
+    """The generation backend to run: the plan's own, or `backend` if it is the same one.
+
+    A plan's generation times were priced for one engine (continuous batching or the padded loop),
+    so running it with another would measure something the plan did not predict: refused (exit 2).
+    """
+    if plan.backend not in RUNNABLE_BACKENDS:
+        raise HetprofError(f"{path} was planned for the {plan.backend} generation backend, which `hetprof run` "
+                           f"cannot run (it runs {', '.join(RUNNABLE_BACKENDS)}): replan with `hetprof plan --backend "
+                           f"{RUNNABLE_BACKENDS[0]}` or `--backend {RUNNABLE_BACKENDS[1]}`")
+    if backend is None or backend == plan.backend:
+        return plan.backend
+    raise HetprofError(f"{path} was planned for the {plan.backend} generation backend, not {backend} (--backend): "
+                       f"run it with --backend {plan.backend} or replan with `hetprof plan --backend {backend}`")
+
+
+def plan_is_cpu(plan: Plan) -> bool:
+    """Whether every planned device is a `cpu` worker slot (one core each)."""
+    cluster = plan.cluster_spec()
+    used = {d for t in plan.tasks for d in t.devices()}
+    return all(d.type == "cpu" for d in cluster.devices() if d.id in used)
+
+
+def check_resumable(checkpoint_dir: str | Path, plan: Plan) -> int:
+    """Refuse --resume before any worker starts when there is nothing (or another plan's) to resume."""
+    from hetprof.executor.checkpoints.checkpoint import committed
+    from hetprof.executor.records.run_log import plan_hash
+
+    meta = committed(checkpoint_dir)
+    if meta is None:
+        raise HetprofError(f"--resume: no complete checkpoint under {checkpoint_dir}")  # a missing file: bad input
+    if meta.get("plan_hash") != plan_hash(plan):
+        raise ExecutionError(f"--resume: the checkpoint under {checkpoint_dir} was made for plan "
+                             f"{meta.get('plan_hash')}, not this plan ({plan_hash(plan)})")
+    return int(meta["iteration"])
+
+
+# ---- what the run reads and writes: refused as bad input (exit 2) before any worker starts ------------
+
+def check_inputs(plan: Plan, plan_path: str | Path, backend: str, reward: str, prompts: str | None, seed: int,
+                 outputs: dict[str, tuple[str | None, str]]) -> None:
+    """The prompts (every row) and the chat template, the reward, the generation backend's package
+    and the output paths — each a one-line error naming the file (and line)."""
+    workload = plan.workload_spec()
+    for option, (path, kind) in outputs.items():
+        check_writable(option, path, kind)
+    check_generation_backend(backend, plan_path)
+    from hetprof.executor.runners.rewards import get_reward
+
+    get_reward(reward)
+    check_prompts(workload, prompts, seed)
+
+
+def check_writable(option: str, path: str | None, kind: str) -> None:
+    """`path` (a "file" or a "folder") can be created or written; the nearest existing folder decides."""
+    if not path:
+        return
+    target = Path(path)
+    problem = None
+    if target.exists():
+        if kind == "file" and target.is_dir():
+            problem = "it is a folder"
+        elif kind == "folder" and not target.is_dir():
+            problem = "it is a file"
+        elif not os.access(target, os.W_OK):
+            problem = "it is not writable"
+    else:
+        parent = target.parent
+        while not parent.exists():
+            parent = parent.parent
+        if not parent.is_dir():
+            problem = f"{parent} is a file, not a folder"
+        elif not os.access(parent, os.W_OK | os.X_OK):
+            problem = f"{parent} is not writable"
+    if problem:
+        raise HetprofError(f"{option} {path}: cannot write there ({problem})")
+
+
+def check_generation_backend(backend: str, plan_path: str | Path) -> None:
+    """The backend is registered and its engine's package importable in this Python."""
+    import importlib.util
+
+    from hetprof.executor.backends import get_backend
+
+    get_backend(backend)
+    package = BACKEND_PACKAGES.get(backend)
+    if package and importlib.util.find_spec(package) is None:
+        raise HetprofError(f"{plan_path} runs the {backend} generation backend, but {package} is not installed in "
+                           f"this Python (pip install 'hetprof[{backend}]'), or replan with `hetprof plan --backend hf`")
+
+
+BACKEND_PACKAGES = {"vllm": "vllm"}  # engines that live in an optional package
+
+
+def check_prompts(workload: WorkloadSpec, prompts: str | None, seed: int) -> None:
+    """Read every prompt (and validation prompt) as the workers will, and render one in the chat template."""
+    from hetprof.executor.models.tokenizer import load_tokenizer
+    from hetprof.executor.prompts.data import encode_prompt
+    from hetprof.executor.prompts.prompt_files import prompt_sets
+    from hetprof.executor.runners.context import model_ref
+    from hetprof.specs.vocabulary import Role
+
+    sets = prompt_sets(workload.data, workload.base_dir, prompts, seed)
+    tokenizer = load_tokenizer(model_ref(workload, Role.ACTOR))
+    check_prompt_lengths(workload, [*sets.train, *sets.validation],
+                         lambda prompt: encode_prompt(tokenizer, prompt, workload.data.chat_template))
+
+
+TOKENIZER_SLACK = 8  # tokens a tokenizer may add that cover no byte of the text (a leading "▁", say)
+
+
+def check_prompt_lengths(workload: WorkloadSpec, prompts: Sequence[Prompt],
+                         encode: Callable[[Prompt], list[int]]) -> None:
+    """Each prompt as sent (chat template included) plus response_len.max fits the positions of the
+    models that read it; the generator would refuse it mid-run. A token covers at least one UTF-8
+    byte of the text, so only prompts whose bytes come near the limit are encoded (large sets stay fast)."""
+    shapes = workload.roles()
+    limit = min(shapes[role].max_position for role in ("actor", "reference", "critic") if role in shapes)
+    cap = workload.response_len.cap
+    room = limit - cap
+    overhead = len(encode(Prompt(""))) + TOKENIZER_SLACK  # a turn's template tokens and BOS
+    for prompt in prompts:
+        if len(prompt.text.encode("utf-8")) + overhead * max(1, len(prompt.messages)) <= room:
+            continue
+        tokens = len(encode(prompt))
+        if tokens > room:
+            raise HetprofError(f"{prompt.source or 'a prompt'}: the prompt's {tokens} tokens + response_len.max {cap} "
+                               f"exceed the model's {limit} positions (max_position_embeddings); shorten or drop "
+                               f"that prompt, or lower response_len.max")

@@ -1,0 +1,1 @@
+"""One rank's iteration dataflow: the loop steps, staleness, and how batches move between ranks."""

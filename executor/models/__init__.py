@@ -1,0 +1,1 @@
+"""The models an RL job runs, their tokenizers, and the log-prob and packed passes over them."""

@@ -1,0 +1,202 @@
+"""Prompts from local files: JSONL line by line, JSON, Parquet, Arrow and CSV through Hugging Face `datasets`.
+
+JSONL is read here line by line so that a bad line is named `file:LINE` — the error a user can fix
+in an editor; the other formats are tables, read by `datasets` (a folder written by
+`Dataset.save_to_disk` too), and a bad row is named `file row N`. Each row's prompt and answer come
+from the columns the workload's `data` section names. Nothing is cached on disk: each read lands in
+memory from a temporary cache folder, so concurrent workers never share a cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from hetprof.errors import SpecError
+from hetprof.executor.prompts.data import Prompt, arithmetic_prompts
+from hetprof.specs import DataParams
+
+BUILTIN_SIZE = 4096  # the built-in arithmetic set's size (PromptSource.builtin's default)
+
+SUFFIX_FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet",
+                  ".arrow": "arrow", ".csv": "csv"}
+DATASETS_BUILDERS = {"json": "json", "parquet": "parquet", "arrow": "arrow", "csv": "csv"}
+
+
+def file_format(path: Path, declared: str = "auto") -> str:
+    """The format to read `path` as: the declared one, a saved-dataset folder, else by suffix."""
+    if declared != "auto":
+        return declared
+    if path.is_dir():
+        return "saved"
+    fmt = SUFFIX_FORMATS.get(path.suffix.lower())
+    if fmt is None:
+        raise SpecError(str(path), "data.format", f"a file ending in {', '.join(SUFFIX_FORMATS)} "
+                        "or data.format set", path.suffix or "no suffix")
+    return fmt
+
+
+def load_prompts(path: str | Path, prompt_field: str = "prompt", answer_field: str = "answer",
+                 fmt: str = "auto") -> list[Prompt]:
+    """Every prompt of a file; a bad row is refused naming the file, the line or row, and the field."""
+    path = Path(path)
+    if not path.exists():
+        raise SpecError(str(path), "", "an existing, readable prompt file", "no such file")
+    kind = file_format(path, fmt)
+    rows = _jsonl_rows(path) if kind == "jsonl" else _table_rows(path, kind)
+    prompts = [_prompt(where, row, prompt_field, answer_field) for where, row in rows]
+    if not prompts:
+        raise SpecError(str(path), "", "at least one prompt", "no rows")
+    return prompts
+
+
+def load_jsonl(path: str | Path) -> list[Prompt]:
+    """Prompts from a `{"prompt", "answer"}` JSONL file; any bad line is refused with its file and line."""
+    return load_prompts(path, fmt="jsonl")
+
+
+def _jsonl_rows(path: Path) -> Iterator[tuple[str, Any]]:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(str(path), "", "a readable UTF-8 JSONL file", str(exc)) from None
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            yield f"{path}:{lineno}", json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise SpecError(str(path), "", "one JSON object per line", f"invalid JSON ({exc.msg})",
+                            position=(lineno, exc.colno)) from None
+
+
+def _table_rows(path: Path, kind: str) -> Iterator[tuple[str, Any]]:
+    # the Arrow table converted at once: iterating a Dataset builds each row through its formatter
+    for index, row in enumerate(read_table(path, kind).to_list(), start=1):
+        yield f"{path} row {index}", row
+
+
+def read_table(path: Path, kind: str) -> Any:
+    """A `datasets.Dataset` of a table file (or saved folder), held in memory."""
+    if kind == "json":
+        _check_json_syntax(path)
+    import datasets
+
+    datasets.disable_progress_bars()  # the error below is the one line a user sees, not its log
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)
+    try:
+        if kind == "saved":
+            loaded = datasets.load_from_disk(str(path), keep_in_memory=True)
+            return loaded[next(iter(loaded))] if isinstance(loaded, datasets.DatasetDict) else loaded
+        with tempfile.TemporaryDirectory(prefix="hetprof-data-") as cache:
+            # CSV cells stay text: "7" must not become 7.0, nor an empty answer NaN
+            text_cells = {"features": _text_columns(path), "na_filter": False} if kind == "csv" else {}
+            return datasets.load_dataset(DATASETS_BUILDERS[kind], data_files=str(path), split="train",
+                                         cache_dir=cache, keep_in_memory=True, **text_cells)
+    except Exception as exc:  # datasets and pyarrow raise many types; every one means "not this format"
+        cause = exc.__cause__ or exc
+        first = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+        raise SpecError(str(path), "", f"a readable {kind} file", first[:200]) from None
+
+
+def _text_columns(path: Path) -> Any:
+    """Every column of a CSV file typed as text (its header names them)."""
+    import csv
+
+    import datasets
+
+    with path.open(encoding="utf-8", newline="") as f:
+        header = next(csv.reader(f), [])
+    return datasets.Features({name: datasets.Value("string") for name in header})
+
+
+def _check_json_syntax(path: Path) -> None:
+    """A JSON file's syntax error named by line and column (datasets' own message has neither)."""
+    try:
+        json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise SpecError(str(path), "", "valid JSON", exc.msg, position=(exc.lineno, exc.colno)) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(str(path), "", "a readable UTF-8 JSON file", str(exc)) from None
+
+
+def _prompt(where: str, row: Any, prompt_field: str, answer_field: str) -> Prompt:
+    if not isinstance(row, dict):
+        raise SpecError(where, "", f"a JSON object (a row) with '{prompt_field}' (and '{answer_field}')", row)
+    value = field_value(row, prompt_field)
+    messages = _messages(where, prompt_field, value) if isinstance(value, list) else ()
+    text = "\n\n".join(content for _, content in messages) if messages else value
+    if not isinstance(text, str) or not text.strip():
+        hint = "" if value is not None else f" (columns: {', '.join(map(str, row)) or 'none'})"
+        raise SpecError(where, prompt_field, f"a non-empty string or a list of chat turns{hint}", value)
+    answer = field_value(row, answer_field)
+    if isinstance(answer, bool) or not (answer is None or isinstance(answer, (str, int, float))):
+        raise SpecError(where, answer_field, "a string or a number (or absent)", answer)
+    return Prompt(text, None if answer is None or answer == "" else str(answer), source=where, messages=messages)
+
+
+def field_value(row: dict, name: str) -> Any:
+    """`row[name]`, else the nested field a dotted name spells (`reward_model.ground_truth`); None if absent."""
+    if name in row:
+        return row[name]
+    value: Any = row
+    for part in name.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def _messages(where: str, name: str, turns: list) -> tuple[tuple[str, str], ...]:
+    """A chat prompt's turns ([{"role", "content"}, ...], as verl and OpenRLHF datasets hold them)."""
+    out = []
+    for i, turn in enumerate(turns):
+        if not (isinstance(turn, dict) and isinstance(turn.get("role"), str) and isinstance(turn.get("content"), str)):
+            raise SpecError(where, f"{name}[{i}]", "a chat turn {\"role\": str, \"content\": str}", turn)
+        out.append((turn["role"], turn["content"]))
+    return tuple(out)
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptSets:
+    """The training prompts and the validation prompts (empty: no validation) of a run."""
+
+    train: list[Prompt]
+    validation: list[Prompt]
+
+
+def resolve(path: str | None, base_dir: str | None) -> Path | None:
+    """A spec's file reference: relative paths are relative to the spec's folder."""
+    if not path:
+        return None
+    p = Path(path).expanduser()
+    return p if p.is_absolute() or not base_dir else Path(base_dir) / p
+
+
+def prompt_sets(data: DataParams, base_dir: str | None, prompts: str | None = None, seed: int = 0) -> PromptSets:
+    """The run's prompts: `prompts` (--prompts) or the spec's `data.prompts`, else the built-in set;
+    validation from `data.validation`, or the `data.validation_size` prompts a seeded shuffle puts
+    first, held out of training (the same on every rank and every resume)."""
+    source = Path(prompts) if prompts else resolve(data.prompts, base_dir)
+    if source is None:
+        train = arithmetic_prompts(BUILTIN_SIZE, seed=seed)
+    else:
+        train = load_prompts(source, data.prompt_field, data.answer_field, data.format)
+    validation_file = resolve(data.validation, base_dir)
+    if validation_file is not None:
+        return PromptSets(train, load_prompts(validation_file, data.prompt_field, data.answer_field, data.format))
+    if not data.validation_size:
+        return PromptSets(train, [])
+    if data.validation_size >= len(train):
+        raise SpecError(str(source or "the built-in prompts"), "data.validation_size",
+                        f"fewer than the {len(train)} prompts there", data.validation_size)
+    order = list(range(len(train)))
+    random.Random(f"validation:{seed}").shuffle(order)
+    validation = [train[i] for i in sorted(order[: data.validation_size])]
+    held = set(validation)  # a duplicate of a held-out prompt is held out too: no validation leaks
+    return PromptSets([p for p in train if p not in held], validation)

@@ -1,0 +1,1 @@
+"""What a run measured: iteration reports, the recorder, run records, TensorBoard, traces and Gantt charts."""
