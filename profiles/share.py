@@ -28,7 +28,7 @@ from typing import BinaryIO
 from hetprof import __version__
 from hetprof.errors import ImportRefused, ProfileDBError
 from hetprof.profiles import source, staging
-from hetprof.profiles.bounds import Limits, Watch, open_regular, regular_file
+from hetprof.profiles.bounds import EXPANSION_FREE_BYTES, Limits, Watch, open_regular, regular_file
 from hetprof.profiles.db import ProfileDB
 from hetprof.profiles.rowchecks import check_row
 from hetprof.profiles.samplekeys import check_sample_places
@@ -167,6 +167,10 @@ def _read_lines(path: Path, limits: Limits) -> Iterator[bytes]:
                 if not line:
                     return
                 total += len(line)
+                if total > EXPANSION_FREE_BYTES and total > limits.max_expansion * raw.tell():
+                    raise ImportRefused(f"{path}: {total:,} bytes uncompressed from the first {raw.tell():,} bytes "
+                                        f"of the file, more than {limits.max_expansion:g} times as many "
+                                        "(--max-expansion)")
                 if len(line) > limits.max_row_bytes:
                     raise ImportRefused(f"{path}: line {n} is longer than {limits.max_row_bytes:,} bytes "
                                         "(--max-row-bytes)")
