@@ -243,24 +243,25 @@ class ProfileDB:
     # ---- reads -----------------------------------------------------------------------------
 
     def stored(self, table: str, column: str, value: object, row_id: object) -> object:
-        """A stored value as its readers take it: JSON parsed, text, numbers and times of their column's kind.
+        """A stored value as its readers take it: JSON parsed, a number of its column's range.
 
         Rows that came through hetprof were checked on the way in; a database written with other tools
-        may hold anything, and is refused here in one line instead of a traceback in a reader.
+        may hold anything, and is refused here in one line instead of a traceback in a reader (a
+        `created` of 1e308 is no date). Text needs no check: the schema's TEXT columns hold text, and
+        readers print it as text. Stages that judge rows themselves (fitted models) still can.
         """
-        col = TABLES[table].column(column)
+        col = _COLUMNS[table].get(column)  # None for the id
+        if col is None or value is None and col.nullable:
+            return value
         try:
-            if value is None and (col is None or col.nullable):
-                return value
-            if col is None:  # the id
-                VALIDATORS["id"](value)
-                return value
             if col.is_json:
                 parsed = json.loads(value) if isinstance(value, str) else None
                 if not isinstance(parsed, list if col.kind == "json_str_list" else dict):
                     raise Invalid(f"expected {'a JSON list' if col.kind == 'json_str_list' else 'a JSON object'}")
                 return parsed
-            VALIDATORS[col.kind](value)
+            check = _READ_CHECKS.get(col.kind)
+            if check is not None:
+                check(value)
             return value
         except (Invalid, ValueError, RecursionError) as exc:
             raise ProfileDBError(f"{visible(self.path)}: {table} row {visible(row_id)[:16]!r}: {table}.{column}: "
@@ -272,8 +273,13 @@ class ProfileDB:
 
         cur = self.conn.execute(sql, args)
         cols = [d[0] for d in cur.description]
-        rows = [[self.stored(table, c, v, row[0]) for c, v in zip(cols, row, strict=True)] for row in cur.fetchall()]
-        return pd.DataFrame(rows, columns=cols)
+        rows = cur.fetchall()
+        df = pd.DataFrame(rows, columns=cols)
+        for i, name in enumerate(cols):
+            col = _COLUMNS[table].get(name)
+            if col is not None and (col.is_json or col.kind in _READ_CHECKS):  # text is taken as it is
+                df[name] = [self.stored(table, name, row[i], row[0]) for row in rows]
+        return df
 
     def devices(self):
         return self._frame("SELECT * FROM devices ORDER BY host, name", table="devices")
@@ -371,6 +377,13 @@ class ProfileDB:
     def dump(self) -> dict[str, list[tuple]]:
         """Every content row, sorted: what two databases must share to be 'the same'."""
         return {name: sorted(self.conn.execute(f"SELECT * FROM {name}").fetchall()) for name in TABLES}
+
+
+_COLUMNS = {t.name: {c.name: c for c in t.columns} for t in TABLES.values()}
+# What a reader needs of a stored number: its type, and for a time, a date (rowchecks' rules for the kind).
+_READ_CHECKS = {"count": VALIDATORS["int"], "int": VALIDATORS["int"], "real": VALIDATORS["real"],
+                "seconds": VALIDATORS["real"], "duration": VALIDATORS["real"], "rate": VALIDATORS["real"],
+                "time": VALIDATORS["time"]}
 
 
 def _prefix_filter(column: str, prefix: str | None) -> tuple[str, tuple]:
