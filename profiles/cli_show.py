@@ -156,6 +156,7 @@ def _fmt(value: object) -> object:
 def _show_recorded_run(console: Any, pdb: Any, run: str, limit: int, wide: bool) -> None:
     """A run of `hetprof run`: when and where it ran, and each task's median measured time against the plan's."""
     head = recorded(pdb, run=run)[0]
+    records = raw(pdb, RUN, run)  # read (and checked) before anything is printed
     console.print(shown(f"run {run}", "bold"))
     for label, value in (("plan", head["plan_hash"]), ("hosts", head["hosts"] or "—"),
                          ("iterations", f"{head['iterations']} recorded ({head['first_iteration']}…{head['last_iteration']})"),
@@ -163,7 +164,7 @@ def _show_recorded_run(console: Any, pdb: Any, run: str, limit: int, wide: bool)
                          ("source", head["source"])):
         console.print(shown(f"  {label}: ") + shown(value))
     per_task: dict[str, list[dict]] = {}
-    for rec in raw(pdb, RUN, run):
+    for rec in records:
         per_task.setdefault(rec["task"], []).append(rec)
     cols = [Col("task"), Col("iterations", "right", drop=2), Col("median s", "right"), Col("predicted s", "right"),
             Col("measured / predicted", "right", drop=1)]

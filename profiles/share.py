@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from hetprof import __version__
+from hetprof.display import visible
 from hetprof.errors import ImportRefused, ProfileDBError
 from hetprof.profiles import source, staging
 from hetprof.profiles.bounds import EXPANSION_FREE_BYTES, Limits, Watch, open_regular, regular_file
@@ -107,8 +108,12 @@ def export(db: ProfileDB, out: str | Path, device: str | None = None, host: str 
     with _exclusive_partial(out) as (tmp, raw), gzip.open(raw, "wb", compresslevel=6) as f:
         f.write((json.dumps(header, sort_keys=True) + "\n").encode())
         for name, row in _selected_rows(db, device, host):
-            line = (json.dumps([name, *row], ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-                    + "\n").encode()
+            try:
+                line = (json.dumps([name, *row], ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+                        + "\n").encode()
+            except ValueError:  # SQLite stores infinity; only a database written with other tools holds one
+                raise ProfileDBError(f"{visible(db.path)}: {name} row {visible(row[0])[:16]!r} holds a non-finite "
+                                     "number (written outside hetprof)") from None
             body.update(line)
             f.write(line)
             counts[name] += 1

@@ -312,3 +312,13 @@ def test_a_sample_that_is_not_json_is_refused_by_fit_in_one_line(tmp_path):
         db.add_benchmark("task.decode", None, "node-a", {}, [{"params": {"batch": 1}, "metrics": {"seconds": 0.1}}])
     _set(theirs, "UPDATE samples SET metrics = '[1, 2' WHERE seq = 0")
     _refused(["fit", "--no-store", "--db", str(theirs)], str(theirs), "samples.metrics")
+
+
+def test_an_infinite_number_is_refused_by_list_and_export_before_they_print_or_write(tmp_path):
+    theirs = tmp_path / "theirs.db"
+    _fill(theirs)
+    _set(theirs, "UPDATE links SET alpha_s = 9e999")  # SQLite stores infinity
+    _refused(["db", "list", "--db", str(theirs)], str(theirs), "links.alpha_s", "finite")
+    out = tmp_path / "out.hpx"
+    _refused(["db", "export", "--db", str(theirs), str(out)], str(theirs), "links row", "non-finite")
+    assert not out.exists() and not list(tmp_path.glob(".out.hpx.*"))
