@@ -82,6 +82,9 @@ def check_database(conn: sqlite3.Connection, origin: str) -> int:
         if what:
             raise ImportRefused(f"{origin}: {what} {visible(name)[:64]!r} on {visible(table)[:64]!r}: a profile "
                                 "database holds no triggers, views or virtual tables; refused before any use")
+    meta = ("table", "meta")  # checked before it is read: a meta without its key would be scanned whole
+    if meta in found and found[meta] != expected_objects(1)[0][meta]:
+        _differs(origin, meta, "")
     version = read_version(conn)
     if version == 0 and found:
         kind, name = next(iter(found))
@@ -96,9 +99,13 @@ def check_database(conn: sqlite3.Connection, origin: str) -> int:
             raise ImportRefused(f"{origin}: {key[0]} {visible(key[1])[:64]!r} on {visible(table)[:64]!r} is not part "
                                 f"of a hetprof profile database (schema v{version})")
         if expected[key] != (table, sql):
-            raise ImportRefused(f"{origin}: {key[0]} {visible(key[1])[:64]!r} is not defined as hetprof's schema "
-                                f"v{version} defines it (a constraint, collation, default or expression differs)")
+            _differs(origin, key, f" v{version}")
     missing = sorted(expected.keys() - found.keys() - optional)
     if missing:
         raise ImportRefused(f"{origin}: {missing[0][0]} {missing[0][1]!r} of hetprof's schema v{version} is missing")
     return version
+
+
+def _differs(origin: str, key: Key, version: str) -> None:
+    raise ImportRefused(f"{origin}: {key[0]} {visible(key[1])[:64]!r} is not defined as hetprof's schema{version} "
+                        "defines it (a constraint, collation, default or expression differs)")

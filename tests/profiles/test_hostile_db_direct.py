@@ -322,3 +322,9 @@ def test_an_infinite_number_is_refused_by_list_and_export_before_they_print_or_w
     out = tmp_path / "out.hpx"
     _refused(["db", "export", "--db", str(theirs), str(out)], str(theirs), "links row", "non-finite")
     assert not out.exists() and not list(tmp_path.glob(".out.hpx.*"))
+
+
+def test_a_meta_table_without_its_key_is_refused_before_it_is_read(tmp_path):
+    theirs = _theirs(tmp_path, ["DROP TABLE meta", "CREATE TABLE meta (key TEXT, value TEXT)",
+                                f"INSERT INTO meta VALUES ('schema_version', '{SCHEMA_VERSION}')"])
+    _refused(["db", "info", "--db", str(theirs)], str(theirs), "table 'meta'", "not defined as")
