@@ -267,7 +267,7 @@ class ProfileDB:
             raise ProfileDBError(f"{visible(self.path)}: {table} row {visible(row_id)[:16]!r}: {table}.{column}: "
                                  f"{str(exc)[:120]} (written outside hetprof)") from None
 
-    def _frame(self, sql: str, args: tuple = (), table: str = ""):
+    def _frame(self, sql: str, args: tuple = (), *, table: str):
         """The rows of `sql` (columns of `table`, its id first) as a DataFrame, each value `stored`-checked."""
         import pandas as pd
 
