@@ -47,15 +47,6 @@ class Table:
     def column_names(self) -> list[str]:
         return ["id", *(c.name for c in self.columns)]
 
-    def column(self, name: str) -> Column | None:
-        """The content column `name`; None for the id (and for a name the table lacks: KeyError)."""
-        if name == "id":
-            return None
-        for c in self.columns:
-            if c.name == name:
-                return c
-        raise KeyError(f"{self.name} has no column {name!r}")
-
     @property
     def key_sql(self) -> str:
         """The key columns, comma-separated: what lookups join on and scans order by."""
