@@ -3,7 +3,7 @@
 A teammate's export or database is read before anything is known about it, so every read is
 bounded up front and refused with one line past a bound, instead of finding out by running out of
 memory or patience. The defaults fit a million-sample profile several times over; the CLI options
-`--max-bytes`, `--max-rows`, `--max-row-bytes` and `--deadline` change them per call.
+`--max-bytes`, `--max-rows`, `--max-row-bytes`, `--max-expansion` and `--deadline` change them per call.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from hetprof.errors import ImportRefused
 from hetprof.safety import safefiles
 from hetprof.safety.processes import Terminated
 
+EXPANSION_FREE_BYTES = 64 * 2**20  # decompressed bytes read before the expansion bound applies: a small file
+# may compress well (one repetitive model) and costs little whatever its ratio
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # Ctrl-C, kill, a closed terminal
 PROGRESS_STEPS = 50_000  # SQLite VM steps between deadline checks: a deadline is met promptly, the check stays cheap
 
@@ -36,9 +38,12 @@ class Limits:
     max_rows: int = 10_000_000  # rows of all tables together
     max_row_bytes: int = 16 * 2**20  # one row (a fitted model's parameters are the largest)
     deadline_s: float = 900.0  # wall seconds for reading and checking everything
+    # Decompressed bytes of an export per byte of its file. Real exports expand 2-5 fold (their row
+    # ids do not compress); a file of repeated text expands up to 1000 fold, into memory, as rows.
+    max_expansion: float = 32.0
 
     def __post_init__(self) -> None:
-        for name in ("max_bytes", "max_rows", "max_row_bytes", "deadline_s"):
+        for name in ("max_bytes", "max_rows", "max_row_bytes", "deadline_s", "max_expansion"):
             if not getattr(self, name) > 0:
                 raise ImportRefused(f"limit {name} must be positive, got {getattr(self, name)!r}")
 
@@ -59,6 +64,24 @@ def regular_file(path: Path) -> None:
     """Refuse what is not a regular file (a FIFO would hang the reader, /dev/zero never ends) with the
     reason, not a misleading 'no such file'."""
     open_regular(path).close()
+
+
+def regular_companions(path: Path) -> list[Path]:
+    """The -wal, -shm and -journal files beside a database, each refused unless a regular file: SQLite
+    opens them too, and a FIFO there would hang it."""
+    found = [path.with_name(path.name + suffix) for suffix in ("-wal", "-shm", "-journal")]
+    found = [c for c in found if os.path.lexists(c)]
+    for companion in found:
+        regular_file(companion)
+    return found
+
+
+def regular_database(path: Path) -> None:
+    """Refuse a database path (if anything is there) or a companion of it that is not a regular file
+    (a symlink to /dev/null, a FIFO, a device), before SQLite opens it."""
+    if os.path.lexists(path):
+        regular_file(path)
+    regular_companions(path)
 
 
 def open_regular(path: Path) -> BinaryIO:

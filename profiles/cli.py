@@ -9,7 +9,7 @@ import click
 from hetprof.cli import db_option
 from hetprof.display import Col, fitted_table, print_wide, shown, visible, when
 from hetprof.profiles.cli_common import open_db as _open
-from hetprof.profiles.cli_common import wide_option
+from hetprof.profiles.cli_common import recorded, wide_option
 from hetprof.profiles.cli_show import show
 from hetprof.safety.processes import exit_on_signals
 
@@ -24,7 +24,8 @@ def _size(_ctx: click.Context, param: click.Parameter, value: str | None) -> int
 
 
 def limit_options(fn):
-    """--max-bytes, --max-rows, --max-row-bytes and --deadline: the bounds of reading a shared file."""
+    """--max-bytes, --max-rows, --max-row-bytes, --max-expansion and --deadline: the bounds of reading a shared
+    file."""
     from hetprof.profiles.bounds import Limits
 
     d = Limits()
@@ -34,6 +35,8 @@ def limit_options(fn):
                       help="largest row accepted (bytes; K/M/G suffixes)")(fn)
     fn = click.option("--max-rows", type=click.IntRange(min=1), default=d.max_rows, show_default=True,
                       help="most rows accepted, all tables together")(fn)
+    fn = click.option("--max-expansion", type=click.FloatRange(min=1), default=d.max_expansion, show_default=True,
+                      help="most uncompressed bytes of an export per byte of its file")(fn)
     return click.option("--max-bytes", callback=_size, default=str(d.max_bytes), show_default=True,
                         help="most bytes read: an export's uncompressed size, a database's file size")(fn)
 
@@ -42,7 +45,8 @@ def limits_from(options: dict):
     from hetprof.profiles.bounds import Limits
 
     return Limits(max_bytes=options["max_bytes"], max_rows=options["max_rows"],
-                  max_row_bytes=options["max_row_bytes"], deadline_s=options["deadline"])
+                  max_row_bytes=options["max_row_bytes"], deadline_s=options["deadline"],
+                  max_expansion=options["max_expansion"])
 
 
 def _console():
@@ -155,39 +159,35 @@ def list_cmd(benchmark: str | None, limit: int, wide: bool) -> None:
 
     Every name in the first column is what `hetprof db show` (and, for runs, `hetprof validate`) accepts.
     """
-    from hetprof.profiles.names import recorded_runs
-
     console = _console()
-    with _open(readonly=True) as pdb:
+    with _open(readonly=True) as pdb:  # everything is read (and checked) before anything is printed
         runs = pdb.runs(benchmark).sort_values("created", ascending=False).head(limit)
-        cols = [Col("id"), Col("benchmark"), Col("host", drop=2), Col("samples", "right", drop=3),
-                Col("params", drop=5), Col("when", drop=4), Col("source", drop=1)]
-        rows = [[r["id"][:10], r["benchmark"], r["host"], r["n_samples"], json.dumps(r["params"]),
-                 when(r["created"], short=True), r["source"]] for _, r in runs.iterrows()]
-        print_wide(console, fitted_table(console, cols, rows, title=f"benchmark runs ({len(runs)} shown)",
-                                         wide=wide), wide)
-        links = pdb.links()
-        if len(links):
-            cols = [Col("id"), Col("src → dst"), Col("α", "right"), Col("β", "right"),
-                    Col("residual", "right", drop=1)]
-            rows = [[r["id"][:12], f"{r['src_host']} → {r['dst_host']}", f"{r['alpha_s'] * 1e3:.3f} ms",
-                     f"{r['beta_Bps'] * 8 / 1e6:.1f} Mbit/s", f"{r['residual'] or 0:.3g}"]
-                    for _, r in links.tail(limit).iterrows()]
-            print_wide(console, fitted_table(console, cols, rows, title="links", wide=wide), wide)
-        recorded = recorded_runs(pdb.conn, limit)
-        if recorded:
-            cols = [Col("run"), Col("iterations", "right"), Col("hosts", drop=2), Col("started", drop=1),
-                    Col("plan", drop=3)]
-            rows = [[r["run"], r["iterations"], r["hosts"] or "", when(r["started"], short=True), r["plan_hash"][:12]]
-                    for r in recorded]
-            print_wide(console, fitted_table(console, cols, rows, title="runs of `hetprof run`", wide=wide), wide)
-        models = pdb.cost_models()
-        if len(models):
-            cols = [Col("id"), Col("name", drop=3), Col("task"), Col("family", drop=2),
-                    Col("held-out MAPE", "right", drop=1), Col("created", drop=4)]
-            rows = [[r["id"][:12], r["name"], r["task_type"], r["family"], _pct(r["metrics"].get("heldout_mape")),
-                     when(r["created"], short=True)] for _, r in models.tail(limit).iterrows()]
-            print_wide(console, fitted_table(console, cols, rows, title="cost models", wide=wide), wide)
+        links, runs_of_run, models = pdb.links(), recorded(pdb, limit), pdb.cost_models()
+    cols = [Col("id"), Col("benchmark"), Col("host", drop=2), Col("samples", "right", drop=3),
+            Col("params", drop=5), Col("when", drop=4), Col("source", drop=1)]
+    rows = [[r["id"][:10], r["benchmark"], r["host"], r["n_samples"], json.dumps(r["params"]),
+             when(r["created"], short=True), r["source"]] for _, r in runs.iterrows()]
+    print_wide(console, fitted_table(console, cols, rows, title=f"benchmark runs ({len(runs)} shown)",
+                                     wide=wide), wide)
+    if len(links):
+        cols = [Col("id"), Col("src → dst"), Col("α", "right"), Col("β", "right"),
+                Col("residual", "right", drop=1)]
+        rows = [[r["id"][:12], f"{r['src_host']} → {r['dst_host']}", f"{r['alpha_s'] * 1e3:.3f} ms",
+                 f"{r['beta_Bps'] * 8 / 1e6:.1f} Mbit/s", f"{r['residual'] or 0:.3g}"]
+                for _, r in links.tail(limit).iterrows()]
+        print_wide(console, fitted_table(console, cols, rows, title="links", wide=wide), wide)
+    if runs_of_run:
+        cols = [Col("run"), Col("iterations", "right"), Col("hosts", drop=2), Col("started", drop=1),
+                Col("plan", drop=3)]
+        rows = [[r["run"], r["iterations"], r["hosts"] or "", when(r["started"], short=True), r["plan_hash"][:12]]
+                for r in runs_of_run]
+        print_wide(console, fitted_table(console, cols, rows, title="runs of `hetprof run`", wide=wide), wide)
+    if len(models):
+        cols = [Col("id"), Col("name", drop=3), Col("task"), Col("family", drop=2),
+                Col("held-out MAPE", "right", drop=1), Col("created", drop=4)]
+        rows = [[r["id"][:12], r["name"], r["task_type"], r["family"], _pct(r["metrics"].get("heldout_mape")),
+                 when(r["created"], short=True)] for _, r in models.tail(limit).iterrows()]
+        print_wide(console, fitted_table(console, cols, rows, title="cost models", wide=wide), wide)
 
 
 def _readable_before_opening(source: str) -> None:

@@ -15,9 +15,8 @@ import click
 
 from hetprof.cli import db_option
 from hetprof.display import Col, fitted_table, print_wide, shown, when
-from hetprof.profiles.cli_common import open_db, wide_option
-from hetprof.profiles.names import RUN, recorded_runs, resolve
-from hetprof.profiles.schema import TABLES
+from hetprof.profiles.cli_common import open_db, recorded, wide_option
+from hetprof.profiles.names import RUN, resolve
 
 
 @click.command()
@@ -64,9 +63,8 @@ def raw(pdb: Any, kind: str, key: str) -> dict[str, Any] | list[dict[str, Any]]:
 def _rows(pdb: Any, table: str, column: str, key: str) -> list[dict[str, Any]]:
     cur = pdb.conn.execute(f"SELECT * FROM {table} WHERE {column} = ?", (key,))
     names = [d[0] for d in cur.description]
-    json_cols = {c.name for c in TABLES[table].columns if c.is_json}
-    return [{k: json.loads(v) if k in json_cols and isinstance(v, str) else v
-             for k, v in zip(names, values, strict=True)} for values in cur.fetchall()]
+    return [{k: pdb.stored(table, k, v, values[0]) for k, v in zip(names, values, strict=True)}
+            for values in cur.fetchall()]
 
 
 def _compact(value: object) -> str:
@@ -157,7 +155,8 @@ def _fmt(value: object) -> object:
 
 def _show_recorded_run(console: Any, pdb: Any, run: str, limit: int, wide: bool) -> None:
     """A run of `hetprof run`: when and where it ran, and each task's median measured time against the plan's."""
-    head = recorded_runs(pdb.conn, run=run)[0]
+    head = recorded(pdb, run=run)[0]
+    records = raw(pdb, RUN, run)  # read (and checked) before anything is printed
     console.print(shown(f"run {run}", "bold"))
     for label, value in (("plan", head["plan_hash"]), ("hosts", head["hosts"] or "—"),
                          ("iterations", f"{head['iterations']} recorded ({head['first_iteration']}…{head['last_iteration']})"),
@@ -165,7 +164,7 @@ def _show_recorded_run(console: Any, pdb: Any, run: str, limit: int, wide: bool)
                          ("source", head["source"])):
         console.print(shown(f"  {label}: ") + shown(value))
     per_task: dict[str, list[dict]] = {}
-    for rec in raw(pdb, RUN, run):
+    for rec in records:
         per_task.setdefault(rec["task"], []).append(rec)
     cols = [Col("task"), Col("iterations", "right", drop=2), Col("median s", "right"), Col("predicted s", "right"),
             Col("measured / predicted", "right", drop=1)]

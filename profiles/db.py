@@ -20,11 +20,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from hetprof import __version__
+from hetprof.display import visible
 from hetprof.errors import ProfileDBError
 from hetprof.paths import default_db_path
+from hetprof.profiles.bounds import regular_database
 from hetprof.profiles.content import canonical_json, content_id, flat_json, sample_id
-from hetprof.profiles.rowchecks import Invalid, check_flat, check_values
+from hetprof.profiles.rowchecks import VALIDATORS, Invalid, check_flat, check_values
 from hetprof.profiles.schema import SCHEMA_VERSION, TABLES, migrate, read_version
+from hetprof.profiles.structure import check_database
 
 T = TypeVar("T")
 BUSY_TIMEOUT_MS = 5_000
@@ -62,6 +65,7 @@ class ProfileDB:
         self.path = Path(path) if path is not None else default_db_path()
         if readonly and not self.path.exists():
             raise ProfileDBError(f"{self.path}: no such profile database")
+        regular_database(self.path)  # a FIFO would hang SQLite, /dev/null would end in a traceback
         if not readonly:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -70,11 +74,26 @@ class ProfileDB:
                 self.conn = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
             else:
                 self.conn = sqlite3.connect(self.path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
+        except sqlite3.DatabaseError as exc:
+            raise ProfileDBError(f"{self.path}: not a readable profile database ({exc})") from None
+        try:
+            self._open(readonly)
+        except BaseException:
+            self.conn.close()
+            raise
+
+    def _open(self, readonly: bool) -> None:
+        """Settings, the schema check (before anything else reads or writes the file), migrations."""
+        try:
             self.conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            self.conn.execute("PRAGMA trusted_schema=OFF")  # SQL stored in the file calls no function with side effects
             # Row ids are random hashes, so every insert lands at a random place in the id index;
             # with SQLite's default 2 MB page cache a 10⁶-sample database thrashes. The cache grows
             # only as pages are touched, so a small database pays nothing for the larger bound.
             self.conn.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
+            # The file may come from someone else: only hetprof's own tables and indexes, checked before
+            # the first write (a trigger would fire on it) and the first read (a view would run).
+            version = self._retry(lambda: check_database(self.conn, visible(self.path)))
             if not readonly:
                 self._retry(lambda: self.conn.execute("PRAGMA journal_mode=WAL"))
                 self.conn.execute("PRAGMA synchronous=NORMAL")
@@ -82,11 +101,9 @@ class ProfileDB:
                 # instead of every 4 MB copies each hot page back once instead of many times.
                 self.conn.execute(f"PRAGMA wal_autocheckpoint={WAL_CHECKPOINT_PAGES}")
             self.conn.execute("PRAGMA foreign_keys=ON")
-            version = self._retry(lambda: read_version(self.conn))
         except sqlite3.DatabaseError as exc:
             raise ProfileDBError(f"{self.path}: not a readable profile database ({exc})") from None
         if version < 0 or version > SCHEMA_VERSION:
-            self.conn.close()
             raise ProfileDBError(
                 f"{self.path}: schema version {version} is newer than this hetprof understands "
                 f"({SCHEMA_VERSION}); upgrade hetprof to read it")
@@ -225,35 +242,64 @@ class ProfileDB:
 
     # ---- reads -----------------------------------------------------------------------------
 
-    def _frame(self, sql: str, args: tuple = (), json_cols: tuple[str, ...] = ()):
+    def stored(self, table: str, column: str, value: object, row_id: object) -> object:
+        """A stored value as its readers take it: JSON parsed, a number of its column's range.
+
+        Rows that came through hetprof were checked on the way in; a database written with other tools
+        may hold anything, and is refused here in one line instead of a traceback in a reader (a
+        `created` of 1e308 is no date). Text needs no check: the schema's TEXT columns hold text, and
+        readers print it as text. Stages that judge rows themselves (fitted models) still can.
+        """
+        col = _COLUMNS[table].get(column)  # None for the id
+        if col is None or value is None and col.nullable:
+            return value
+        try:
+            if col.is_json:
+                parsed = json.loads(value) if isinstance(value, str) else None
+                if not isinstance(parsed, list if col.kind == "json_str_list" else dict):
+                    raise Invalid(f"expected {'a JSON list' if col.kind == 'json_str_list' else 'a JSON object'}")
+                return parsed
+            check = _READ_CHECKS.get(col.kind)
+            if check is not None:
+                check(value)
+            return value
+        except (Invalid, ValueError, RecursionError) as exc:
+            raise ProfileDBError(f"{visible(self.path)}: {table} row {visible(row_id)[:16]!r}: {table}.{column}: "
+                                 f"{str(exc)[:120]} (written outside hetprof)") from None
+
+    def _frame(self, sql: str, args: tuple = (), *, table: str):
+        """The rows of `sql` (columns of `table`, its id first) as a DataFrame, each value `stored`-checked."""
         import pandas as pd
 
         cur = self.conn.execute(sql, args)
         cols = [d[0] for d in cur.description]
-        df = pd.DataFrame(cur.fetchall(), columns=cols)
-        for c in json_cols:
-            df[c] = [json.loads(v) for v in df[c]]
+        rows = cur.fetchall()
+        df = pd.DataFrame(rows, columns=cols)
+        for i, name in enumerate(cols):
+            col = _COLUMNS[table].get(name)
+            if col is not None and (col.is_json or col.kind in _READ_CHECKS):  # text is taken as it is
+                df[name] = [self.stored(table, name, row[i], row[0]) for row in rows]
         return df
 
     def devices(self):
-        return self._frame("SELECT * FROM devices ORDER BY host, name", json_cols=("extra",))
+        return self._frame("SELECT * FROM devices ORDER BY host, name", table="devices")
 
     def links(self):
-        return self._frame("SELECT * FROM links ORDER BY created")
+        return self._frame("SELECT * FROM links ORDER BY created", table="links")
 
     def runs(self, benchmark: str | None = None):
         where, args = _prefix_filter("benchmark", benchmark)
-        return self._frame(f"SELECT * FROM runs {where} ORDER BY created", args, json_cols=("params",))
+        return self._frame(f"SELECT * FROM runs {where} ORDER BY created", args, table="runs")
 
     def run_records(self, run: str | None = None):
         where, args = ("WHERE run = ?", (run,)) if run else ("", ())
         return self._frame(f"SELECT * FROM run_records {where} ORDER BY run, iteration, task", args,
-                           json_cols=("device_ids", "extra"))
+                           table="run_records")
 
     def cost_models(self, task_type: str | None = None):
         where, args = ("WHERE task_type = ?", (task_type,)) if task_type else ("", ())
         return self._frame(f"SELECT id, name, task_type, family, metrics, snapshot, created FROM cost_models "
-                           f"{where} ORDER BY created", args, json_cols=("metrics",))
+                           f"{where} ORDER BY created", args, table="cost_models")
 
     def get_cost_model(self, model_id: str) -> dict:
         row = self.conn.execute("SELECT id, name, task_type, family, params, metrics, snapshot, created "
@@ -261,9 +307,7 @@ class ProfileDB:
         if len(row) != 1:
             raise ProfileDBError(f"cost model {model_id!r}: {'no' if not row else 'several'} matching models")
         keys = ("id", "name", "task_type", "family", "params", "metrics", "snapshot", "created")
-        out = dict(zip(keys, row[0], strict=True))
-        out["params"], out["metrics"] = json.loads(out["params"]), json.loads(out["metrics"])
-        return out
+        return {k: self.stored("cost_models", k, v, row[0][0]) for k, v in zip(keys, row[0], strict=True)}
 
     def samples(self, benchmark: str | None = None):
         """Raw samples flattened: one row per sample, its params and metrics as columns."""
@@ -275,10 +319,16 @@ class ProfileDB:
             "s.params, s.metrics FROM samples s JOIN runs r ON r.id = s.run_id "
             f"LEFT JOIN devices d ON d.id = r.device_id {where} ORDER BY r.created, s.seq", args)
         rows = []
-        for sid, rid, bench, dev, dname, ctype, host, source, seq, p, m in cur:
-            rows.append({"sample_id": sid, "run_id": rid, "benchmark": bench, "device_id": dev,
-                         "device_name": dname, "catalog_type": ctype, "host": host, "run_source": source,
-                         "seq": seq, **json.loads(p), **json.loads(m)})
+        sid = None
+        try:
+            for sid, rid, bench, dev, dname, ctype, host, source, seq, p, m in cur:
+                rows.append({"sample_id": sid, "run_id": rid, "benchmark": bench, "device_id": dev,
+                             "device_name": dname, "catalog_type": ctype, "host": host, "run_source": source,
+                             "seq": seq, **json.loads(p), **json.loads(m)})
+        except (ValueError, TypeError, RecursionError):  # a database written with other tools: checked on this path only
+            for column, value in zip(("params", "metrics"), (p, m), strict=True):
+                self.stored("samples", column, value, sid)
+            raise
         base = ["sample_id", "run_id", "benchmark", "device_id", "device_name", "catalog_type", "host", "run_source",
                 "seq"]
         return pd.DataFrame(rows, columns=None if rows else base)
@@ -305,14 +355,35 @@ class ProfileDB:
         benchmarks = dict(self.conn.execute(
             "SELECT r.benchmark, COUNT(s.id) FROM runs r LEFT JOIN samples s ON s.run_id = r.id "
             "GROUP BY r.benchmark ORDER BY r.benchmark").fetchall())
-        origins = [{"kind": k, "origin": o, "at": a, "added": json.loads(ad)} for k, o, a, ad in
-                   self.conn.execute("SELECT kind, origin, at, added FROM origins ORDER BY seq")]
+        origins = [self._origin(*row) for row in
+                   self.conn.execute("SELECT seq, kind, origin, at, added FROM origins ORDER BY seq")]
         return {"path": str(self.path), "schema_version": read_version(self.conn), "counts": counts,
                 "devices": devices, "hosts": hosts, "benchmarks": benchmarks, "origins": origins}
+
+    def _origin(self, seq: object, kind: object, origin: object, at: object, added: object) -> dict[str, Any]:
+        """One row of `origins` (never content-checked: this copy's own history), refused unless readable."""
+        try:
+            if kind not in ("import", "merge") or not isinstance(origin, str):
+                raise Invalid(f"expected kind import or merge and a path, got {visible(kind)[:20]!r}")
+            VALIDATORS["time"](at)
+            counts = json.loads(added) if isinstance(added, str) else None
+            if not isinstance(counts, dict) or not all(type(v) is int for v in counts.values()):
+                raise Invalid("added: expected a JSON object of row counts")
+        except (Invalid, ValueError, RecursionError) as exc:
+            raise ProfileDBError(f"{visible(self.path)}: origins row {visible(seq)[:12]}: {str(exc)[:120]} "
+                                 "(written outside hetprof)") from None
+        return {"kind": kind, "origin": origin, "at": at, "added": counts}
 
     def dump(self) -> dict[str, list[tuple]]:
         """Every content row, sorted: what two databases must share to be 'the same'."""
         return {name: sorted(self.conn.execute(f"SELECT * FROM {name}").fetchall()) for name in TABLES}
+
+
+_COLUMNS = {t.name: {c.name: c for c in t.columns} for t in TABLES.values()}
+# What a reader needs of a stored number: its type, and for a time, a date (rowchecks' rules for the kind).
+_READ_CHECKS = {"count": VALIDATORS["int"], "int": VALIDATORS["int"], "real": VALIDATORS["real"],
+                "seconds": VALIDATORS["real"], "duration": VALIDATORS["real"], "rate": VALIDATORS["real"],
+                "time": VALIDATORS["time"]}
 
 
 def _prefix_filter(column: str, prefix: str | None) -> tuple[str, tuple]:

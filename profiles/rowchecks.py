@@ -13,6 +13,7 @@ import json
 import math
 import re
 from collections.abc import Callable
+from datetime import datetime, timezone
 
 from hetprof.errors import ImportRefused
 from hetprof.profiles.content import canonical_json, content_id, flat_json, sample_id
@@ -23,6 +24,9 @@ MAX_JSON = 64 * 1024
 MAX_MODEL_JSON = 8 * 1024 * 1024
 MAX_JSON_DEPTH = 12
 SOURCES = ("measured", "reference", "datasheet", "run", "fitted")  # reference: published figures
+# The latest stored time: a year short of datetime's last, so it is a date in every local time zone.
+MAX_TIME = datetime(datetime.max.year, 1, 1, tzinfo=timezone.utc).timestamp()
+DURATION_METRIC = "seconds"  # a measured time: a sample that took no time (or less) was not measured
 
 _IDENT = re.compile(r"^[A-Za-z0-9_.:+-]{1,64}$")
 _BENCHMARK = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z0-9_]+){1,4}$")
@@ -78,6 +82,13 @@ def _float(v: object) -> None:
     if type(v) is not float:
         raise Invalid(f"expected a finite float, got {v!r}"[:80])
     _real(v)
+
+
+def _time(v: object) -> None:
+    """A Unix time every reader can show as a date: from the epoch up to MAX_TIME."""
+    _float(v)
+    if not 0.0 <= v <= MAX_TIME:  # type: ignore[operator]
+        raise Invalid(f"expected a time between 1970 and 9999 (0 to {MAX_TIME:.0f} s), got {v!r}")
 
 
 def _seconds(v: object) -> None:
@@ -221,6 +232,9 @@ def check_flat(parsed: object, numbers_only: bool) -> None:
                 _real(val)
             except Invalid as exc:
                 raise Invalid(f"value of {key!r}: {exc}") from None
+        duration = parsed.get(DURATION_METRIC)
+        if duration is not None and not duration > 0:
+            raise Invalid(f"value of {DURATION_METRIC!r}: expected a positive duration in seconds, got {duration!r}")
         return
     for key, val in parsed.items():
         if type(val) in _NON_TEXT_SCALARS:
@@ -242,7 +256,7 @@ def _json_str_list(v: object) -> None:
 
 VALIDATORS: dict[str, Callable[[object], None]] = {
     "short": _short, "ident": _ident, "benchmark": _benchmark, "count": _count, "int": _int,
-    "real": _float, "seconds": _seconds, "duration": _duration, "rate": _rate, "time": _float, "source": _source, "id": _id,
+    "real": _float, "seconds": _seconds, "duration": _duration, "rate": _rate, "time": _time, "source": _source, "id": _id,
     "id_or_empty": _id_or_empty, "json_object": _json_object, "json_model": _json_model,
     "json_flat_params": _json_flat_params, "json_flat_metrics": _json_flat_metrics,
     "json_str_list": _json_str_list,

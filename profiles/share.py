@@ -26,9 +26,10 @@ from pathlib import Path
 from typing import BinaryIO
 
 from hetprof import __version__
+from hetprof.display import visible
 from hetprof.errors import ImportRefused, ProfileDBError
 from hetprof.profiles import source, staging
-from hetprof.profiles.bounds import Limits, Watch, open_regular, regular_file
+from hetprof.profiles.bounds import EXPANSION_FREE_BYTES, Limits, Watch, open_regular, regular_file
 from hetprof.profiles.db import ProfileDB
 from hetprof.profiles.rowchecks import check_row
 from hetprof.profiles.samplekeys import check_sample_places
@@ -107,8 +108,12 @@ def export(db: ProfileDB, out: str | Path, device: str | None = None, host: str 
     with _exclusive_partial(out) as (tmp, raw), gzip.open(raw, "wb", compresslevel=6) as f:
         f.write((json.dumps(header, sort_keys=True) + "\n").encode())
         for name, row in _selected_rows(db, device, host):
-            line = (json.dumps([name, *row], ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-                    + "\n").encode()
+            try:
+                line = (json.dumps([name, *row], ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+                        + "\n").encode()
+            except ValueError:  # SQLite stores infinity; only a database written with other tools holds one
+                raise ProfileDBError(f"{visible(db.path)}: {name} row {visible(row[0])[:16]!r} holds a non-finite "
+                                     "number (written outside hetprof)") from None
             body.update(line)
             f.write(line)
             counts[name] += 1
@@ -167,6 +172,10 @@ def _read_lines(path: Path, limits: Limits) -> Iterator[bytes]:
                 if not line:
                     return
                 total += len(line)
+                if total > EXPANSION_FREE_BYTES and total > limits.max_expansion * raw.tell():
+                    raise ImportRefused(f"{path}: {total:,} bytes uncompressed from the first {raw.tell():,} bytes "
+                                        f"of the file, more than {limits.max_expansion:g} times as many "
+                                        "(--max-expansion)")
                 if len(line) > limits.max_row_bytes:
                     raise ImportRefused(f"{path}: line {n} is longer than {limits.max_row_bytes:,} bytes "
                                         "(--max-row-bytes)")

@@ -11,7 +11,6 @@ every query runs under the merge's deadline, row cap and row size (see `bounds`)
 from __future__ import annotations
 
 import dataclasses
-import os
 import shutil
 import sqlite3
 import time
@@ -19,24 +18,21 @@ from pathlib import Path
 
 from hetprof.errors import ImportRefused
 from hetprof.profiles import staging
-from hetprof.profiles.bounds import Watch, regular_file
+from hetprof.profiles.bounds import Watch, regular_companions
 from hetprof.profiles.rowchecks import check_row
-from hetprof.profiles.schema import SCHEMA_VERSION, TABLES, read_version
+from hetprof.profiles.schema import TABLES
+from hetprof.profiles.structure import check_tables
 
 
 def take_snapshot(other: Path, folder: Path, watch: Watch) -> Path:
     """Copy `other` as it is now (one read transaction) to `folder`; refuse a file past the byte cap."""
     size = other.stat().st_size
-    for suffix in ("-wal", "-shm", "-journal"):  # SQLite opens these too: a FIFO there would hang it
-        companion = other.with_name(other.name + suffix)
-        if os.path.lexists(companion):
-            regular_file(companion)
-            size += companion.stat().st_size if suffix == "-wal" else 0
+    wal = other.with_name(other.name + "-wal")
+    size += sum(c.stat().st_size for c in regular_companions(other) if c == wal)
     if size > watch.limits.max_bytes:
         raise ImportRefused(f"{watch.origin}: {size:,} bytes is more than the {watch.limits.max_bytes:,} "
                             "bytes allowed (--max-bytes)")
     snapshot = folder / "source.db"
-    wal = other.with_name(other.name + "-wal")
     with watch.guard():
         src = watch.attach(sqlite3.connect(staging.read_only_uri(other), uri=True, isolation_level=None))
         try:
@@ -61,24 +57,6 @@ def take_snapshot(other: Path, folder: Path, watch: Watch) -> Path:
         finally:
             dst.close()
     return snapshot
-
-
-def check_tables(src: sqlite3.Connection, origin: str) -> None:
-    """Every table is a real table with exactly our columns, none of them computed."""
-    version = read_version(src)
-    if not 1 <= version <= SCHEMA_VERSION:
-        raise ImportRefused(f"{origin}: schema version {version} is not one this hetprof reads (1..{SCHEMA_VERSION})")
-    for name, table in TABLES.items():
-        found = src.execute("SELECT type, sql FROM main.sqlite_master WHERE name = ?", (name,)).fetchone()
-        if found is None or found[0] != "table" or not str(found[1]).upper().startswith("CREATE TABLE"):
-            what = "missing" if found is None else f"a {found[0]}" if found[0] != "table" else "a virtual table"
-            raise ImportRefused(f"{origin}: {name} is {what}, not a table")
-        info = src.execute(f"PRAGMA main.table_xinfo({name})").fetchall()
-        cols = [r[1] for r in info]
-        if cols != table.column_names:
-            raise ImportRefused(f"{origin}: table {name} has columns {cols}, expected {table.column_names}")
-        if any(r[6] for r in info):
-            raise ImportRefused(f"{origin}: table {name} has computed (generated) columns")
 
 
 def count_rows(src: sqlite3.Connection, watch: Watch) -> None:
