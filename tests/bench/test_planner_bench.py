@@ -11,7 +11,7 @@ import math
 from collections import Counter
 
 import pytest
-from bench_modules import load_bench
+from helpers.bench_modules import load_bench
 
 from hetprof.costmodels import get_cost_model
 from hetprof.planner.search.subpools import restricted_cluster, sub_clusters

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from bench_modules import load_bench
+from helpers.bench_modules import load_bench
 
 from hetprof.costmodels import get_cost_model
 from hetprof.errors import SpecError

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from costmodels_synth import MODELS, add_rows, true_seconds
+from helpers.costmodels_synth import MODELS, add_rows, true_seconds
 
 from hetprof.costmodels import Placement, Work, calloverhead, fitting
 from hetprof.costmodels.base import generation_phases

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from costmodels_synth import add_rows, true_seconds
+from helpers.costmodels_synth import add_rows, true_seconds
 
 from hetprof.costmodels import LinkSpec, Phase, Placement, Work, get_cost_model
 from hetprof.costmodels.families import FAMILIES, export_trees

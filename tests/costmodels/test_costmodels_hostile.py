@@ -11,7 +11,7 @@ import sqlite3
 import time
 
 import pytest
-from costmodels_synth import add_rows
+from helpers.costmodels_synth import add_rows
 
 from hetprof.costmodels import Phase, get_cost_model
 from hetprof.costmodels.features import FEATURES

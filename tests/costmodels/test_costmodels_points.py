@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from costmodels_synth import add_rows, true_seconds
+from helpers.costmodels_synth import add_rows, true_seconds
 
 from hetprof.costmodels import fitting, pointcorrections
 from hetprof.costmodels.data import Phase

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from costmodels_synth import add_rows, true_seconds
+from helpers.costmodels_synth import add_rows, true_seconds
 
 from hetprof.costmodels import fitting
 from hetprof.costmodels.analytical import AnalyticalCostModel

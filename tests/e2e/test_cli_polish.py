@@ -7,24 +7,15 @@ import re
 import time
 
 import pytest
-from click.testing import CliRunner
-from costmodels_synth import add_rows
+from helpers.cli import CLUSTER, NARROW, WORKLOAD, invoke, printed_names, write
+from helpers.costmodels_synth import add_rows
 from rich.console import Console
-from test_planner_core_cli import CLUSTER, WORKLOAD, write
 
-from hetprof.cli import cli
 from hetprof.display import Col, fitted_table, natural_width, print_wide, when
 from hetprof.profiles import DeviceInfo, ProfileDB
 
 RUN_A = "run-0a1b2c3d-20261124T101500"
 RUN_B = "run-0a1b2c3d-20261124T113000"  # same plan, later: shares RUN_A's first 20 characters
-NARROW = 64
-
-
-def invoke(*args: str, columns: int = NARROW):
-    return CliRunner().invoke(cli, list(args), env={"COLUMNS": str(columns)}, catch_exceptions=False)
-
-
 def records(run: str, iterations: int = 3) -> list[dict]:
     return [{"run": run, "plan_hash": "0a1b2c3d4e5f", "iteration": i, "task": task, "seconds": 1.0 + 0.1 * i,
              "predicted_s": 0.8, "host": "node0"}
@@ -95,11 +86,6 @@ def test_db_and_validate_tables_fit_a_narrow_terminal(filled_db, args):
     res = invoke("--db", str(filled_db), *args)
     assert res.exit_code == 0, res.output
     assert _lines_fit(res.output), res.output
-
-
-def printed_names(output: str) -> list[str]:
-    """The first cell of every table row `db list` printed: the names it offers."""
-    return [m.group(1) for m in re.finditer(r"^│ (\S+)\s+│", output, re.M)]
 
 
 def test_every_name_db_list_prints_is_accepted_by_db_show(filled_db):
@@ -290,10 +276,10 @@ def test_the_fallback_warning_names_partly_and_wholly_uncovered_types_in_one_lin
 def test_read_only_commands_leave_an_old_database_unmigrated_and_say_what_migrates_it(tmp_path):
     import sqlite3
 
-    from test_db_core import _v3_database
+    from helpers.old_databases import v3_database
 
     old = tmp_path / "old.db"
-    _v3_database(old)
+    v3_database(old)
     res = invoke("--db", str(old), "db", "info", columns=200)
     assert res.exit_code == 2 and "schema version 3 needs migrating" in res.output and "`hetprof fit`" in res.output
     conn = sqlite3.connect(old)

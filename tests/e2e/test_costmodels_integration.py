@@ -7,7 +7,7 @@ import os
 import subprocess
 
 import pytest
-from conftest import hetprof_cmd
+from helpers.commands import hetprof_cmd
 
 from hetprof.costmodels import Placement, Work, get_cost_model
 from hetprof.models import PRESETS

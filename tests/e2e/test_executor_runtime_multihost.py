@@ -15,15 +15,15 @@ import uuid
 from pathlib import Path
 
 import pytest
+from helpers.commands import rendezvous_port
 
-from hetprof.distributed import unassigned_port
 from hetprof.executor.handwritten_plan import handwritten_plan
 from hetprof.executor.records import read_log
 from hetprof.specs import WorkloadSpec
 
 pytestmark = pytest.mark.slow  # multi-process: `make test-fast` leaves it out
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HETPROF = str(Path(sys.executable).with_name("hetprof"))
 
 
@@ -78,7 +78,7 @@ def test_two_hosts_meet_by_rendezvous_and_complete_an_iteration(tmp_path, two_ho
     plan = handwritten_plan(cluster, workload, {"actor_gen": ["hosta:0"], "ref_infer": ["hostb:0"],
                                            "actor_train": ["hostb:0"]})
     plan.save(tmp_path / "plan.json")
-    port = unassigned_port()
+    port = rendezvous_port()
     procs = []
     for rank in (0, 1):
         cmd = ["ip", "netns", "exec", ns[rank], "env", f"GLOO_SOCKET_IFNAME={ifs[rank]}", HETPROF,

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from hetprof.cli import cli
 from hetprof.errors import ExecutionError, HetprofError, InfeasibleError, SpecError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def exit_code_rows() -> list[tuple[int, str, str]]:

@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm,
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                  reason="vLLM is not installed (make install-vllm)")]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HETPROF = str(Path(os.sys.executable).with_name("hetprof"))
 
 

@@ -16,7 +16,7 @@ from hetprof.executor.modeling import build_causal_lm, build_value_model
 from hetprof.executor.tokenizer import CHARS, CharTokenizer
 from hetprof.specs import WorkloadSpec
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WORKLOAD = WorkloadSpec.load(ROOT / "examples" / "workloads" / "grpo-tiny.yaml")
 
 

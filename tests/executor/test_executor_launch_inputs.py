@@ -18,7 +18,7 @@ from hetprof.executor.handwritten_plan import handwritten_plan
 from hetprof.executor.launch_checks import check_generation_backend, check_writable, load_plan
 from hetprof.specs import ClusterSpec, WorkloadSpec
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HETPROF = str(Path(sys.executable).with_name("hetprof"))
 
 

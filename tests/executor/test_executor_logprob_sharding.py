@@ -29,7 +29,7 @@ from hetprof.executor.tokenizer import CharTokenizer
 from hetprof.processes import skip_teardown_at_exit
 from hetprof.specs import ClusterSpec, WorkloadSpec
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HETPROF = str(Path(os.sys.executable).with_name("hetprof"))
 TOK = CharTokenizer()
 LR = 0.5

@@ -34,7 +34,7 @@ from hetprof.specs import ClusterSpec, Plan, WorkloadSpec
 
 pytestmark = pytest.mark.slow  # multi-process: `make test-fast` leaves it out
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WORLD = 4
 DEVS = [f"localhost:{i}" for i in range(WORLD)]
 

@@ -23,7 +23,7 @@ from hetprof.executor.topology import Topology
 from hetprof.profiles import ProfileDB
 from hetprof.specs import Prediction, WorkloadSpec
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WORKLOAD = ROOT / "examples" / "workloads" / "grpo-tiny.yaml"
 DEVICES = {"h:0": 0, "h:1": 1, "h:2": 2}
 

@@ -27,7 +27,7 @@ from hetprof.specs import ClusterSpec, WorkloadSpec
 
 pytestmark = pytest.mark.slow  # multi-process: `make test-fast` leaves it out
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HETPROF = str(Path(os.sys.executable).with_name("hetprof"))
 
 
@@ -103,7 +103,7 @@ def test_async_k2_keeps_every_trained_sample_within_two_versions_and_syncs_bitwi
                                                                                               "localhost:1"}
     assert set(learnable[learnable["benchmark"] == "task.prefill"]["tp"]) == {1, 2}  # ref_infer ran TP2
     # one run naming: the name the run prints first is what validate, db show and db list speak
-    from test_cli_polish import invoke, printed_names
+    from helpers.cli import invoke, printed_names
 
     name = re.search(r"^run (run-[0-9a-f]{8}-\d{8}T\d{6})$", done.stdout, re.M).group(1)
     db = str(tmp_path / "db.sqlite")

@@ -24,7 +24,7 @@ from hetprof.executor.records import db_rows, plan_hash, read_db, read_log, writ
 from hetprof.executor.staleness import VersionCounter, generation_version, schedule
 from hetprof.executor.topology import Topology
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WORKLOAD = ROOT / "examples" / "workloads" / "grpo-tiny.yaml"
 
 

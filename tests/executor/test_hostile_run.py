@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from hostile_files import fill
+from helpers.hostile_files import fill
 
 from hetprof.cli import cli
 from hetprof.errors import ExecutionError, HetprofError
@@ -24,7 +24,7 @@ from hetprof.executor.sizebounds import check_run_sizes
 from hetprof.processes import isolated_children
 from hetprof.specs import WorkloadSpec
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HETPROF = str(Path(sys.executable).with_name("hetprof"))
 PLANTED = "import pathlib, os\npathlib.Path(os.environ['HETPROF_MARKER']).write_text('ran')\n"
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from packing_batches import ragged_batch
+from helpers.packing_batches import ragged_batch
 
 from hetprof.distributed import file_init_method, leave_process_group
 from hetprof.executor.algorithms import RLBatch, get_algorithm

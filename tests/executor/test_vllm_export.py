@@ -20,7 +20,7 @@ from hetprof.vllm_engine import engine_settings
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WORKLOAD = WorkloadSpec.load(ROOT / "examples" / "workloads" / "grpo-tiny-vllm.yaml")
 
 

@@ -26,7 +26,7 @@ from hetprof.planner.search import layouts
 from hetprof.planner.search.arealhex import rollout_layout, rollout_milp, rollout_options
 from hetprof.specs import Plan, WorkloadSpec
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # Rollout pool: the 16 GB T4 cannot hold Qwen3-8B's weights at TP1 (it needs TP2), while the A100-80GB
 # replicas serve a 1024-sequence step fastest at TP1; H100s train.
 MIXED = [("t", "H100-SXM", 4, "us"), ("a", "A100-80GB", 2, "us"), ("b", "T4", 2, "us")]

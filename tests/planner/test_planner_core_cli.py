@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-import yaml
 from click.testing import CliRunner
+from helpers.cli import CLUSTER, WORKLOAD, write
 
 from hetprof.cli import cli
 from hetprof.costmodels import get_cost_model
@@ -15,21 +15,6 @@ from hetprof.planner.convert import to_plan
 from hetprof.planner.memcheck import check_plan
 from hetprof.planner.simulator import Simulator
 from hetprof.specs import ClusterSpec, Plan, WorkloadSpec
-
-CLUSTER = {"name": "duo", "hosts": [
-    {"name": "a", "gpus": {"type": "A100-40GB", "count": 2}, "region": "east"},
-    {"name": "b", "gpus": {"type": "L4", "count": 2}, "region": "west"}],
-    "network": {"inter_region": {"latency": "10ms", "bandwidth": "5Gbps"}}}
-WORKLOAD = {"name": "tiny-grpo", "algorithm": "grpo", "models": {"actor": "qwen3-0.6b"}, "prompts_per_step": 8,
-            "responses_per_prompt": 4, "prompt_len": {"mean": 64, "max": 128},
-            "response_len": {"mean": 128, "max": 512, "dist": "lognormal", "std": 100},
-            "training": {"recompute": True}}
-
-
-def write(tmp_path, name: str, data: dict) -> str:
-    path = tmp_path / name
-    path.write_text(yaml.safe_dump(data))
-    return str(path)
 
 
 def run(*args: str):

@@ -8,7 +8,7 @@ import math
 import subprocess
 
 import yaml
-from conftest import hetprof_cmd
+from helpers.commands import hetprof_cmd
 from test_planner_search_properties import cluster_from, small_sim, workload
 
 from hetprof.costmodels import get_cost_model

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers.commands import rendezvous_port
 
-from hetprof.distributed import unassigned_port
 from hetprof.errors import ExecutionError
 from hetprof.profiler import testbed
 from hetprof.profiler.link_worker import pairs, sweep_sizes
@@ -84,7 +84,7 @@ usable, why = testbed.available()
 
 
 def _start_link_pair(pair: testbed.ShapedPair, db: Path, rate: int) -> list[subprocess.Popen]:
-    port = unassigned_port()
+    port = rendezvous_port()
     procs = []
     for side in (0, 1):
         cmd = [*HETPROF, "--db", str(db), "profile", "--suite", "link", "--quick", "--nnodes", "2",
@@ -138,7 +138,7 @@ def test_namespaces_are_removed_when_the_body_fails():
 @pytest.mark.slow
 def test_three_hosts_per_region_measure_one_pair_per_region_pair(tmp_path):
     """Three hosts on loopback under one rendezvous: eu, eu, us -> the eu-eu and one eu-us pair."""
-    db, port = tmp_path / "p.db", unassigned_port()
+    db, port = tmp_path / "p.db", rendezvous_port()
     regions = ("eu", "eu", "us")
     procs = [subprocess.Popen([*HETPROF, "--db", str(db), "profile", "--suite", "link", "--quick", "--nnodes", "3",
                                "--node-rank", str(r), "--rdzv", f"127.0.0.1:{port}", "--rdzv-id", "three",

@@ -7,7 +7,7 @@ from pathlib import Path
 from hetprof.profiler.workloadgrid import dp_degrees, merge_points, workload_models, workload_points
 from hetprof.specs import WorkloadSpec
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_dp_degrees_dense_on_small_clusters_sampled_on_large():

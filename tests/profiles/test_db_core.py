@@ -11,15 +11,12 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.old_databases import sample, v3_database
 
 from hetprof.errors import ProfileDBError
 from hetprof.profiles import DeviceInfo, ProfileDB, merge
 from hetprof.profiles.content import canonical_json, sample_id
-from hetprof.profiles.schema import SCHEMA_VERSION, TABLES, _ddl, migrate
-
-
-def _sample(i: int, writer: int = 0) -> dict:
-    return {"params": {"size_bytes": 1024 * (i + 1), "writer": writer}, "metrics": {"seconds": 1e-4 * (i + 1)}}
+from hetprof.profiles.schema import SCHEMA_VERSION, TABLES, _ddl
 
 
 def _writer(path: str, writer: int, batches: int, per_batch: int) -> None:
@@ -27,7 +24,7 @@ def _writer(path: str, writer: int, batches: int, per_batch: int) -> None:
         dev = db.add_device(DeviceInfo(name=f"cpu-{writer}", kind="cpu", host=f"h{writer}"))
         for b in range(batches):
             db.add_benchmark("memory.copy", dev, f"h{writer}", {"batch": b, "writer": writer},
-                             [_sample(b * per_batch + i, writer) for i in range(per_batch)])
+                             [sample(b * per_batch + i, writer) for i in range(per_batch)])
 
 
 def test_eight_concurrent_writers_lose_nothing(db_path):
@@ -63,12 +60,12 @@ class _SlowSamples(list):
 def _doomed_writer(path: str, marker: str) -> None:
     with ProfileDB(path) as db:
         db.add_benchmark("memory.copy", None, "h", {"doomed": True},
-                         _SlowSamples([_sample(i) for i in range(2000)], marker))
+                         _SlowSamples([sample(i) for i in range(2000)], marker))
 
 
 def test_sigkill_mid_batch_leaves_all_or_nothing(db_path, tmp_path):
     with ProfileDB(db_path) as db:
-        db.add_benchmark("memory.copy", None, "h", {"first": True}, [_sample(i) for i in range(10)])
+        db.add_benchmark("memory.copy", None, "h", {"first": True}, [sample(i) for i in range(10)])
     marker = tmp_path / "marker"
     proc = mp.get_context("spawn").Process(target=_doomed_writer, args=(str(db_path), str(marker)))
     proc.start()
@@ -81,7 +78,7 @@ def test_sigkill_mid_batch_leaves_all_or_nothing(db_path, tmp_path):
     with ProfileDB(db_path) as db:
         assert db.conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         assert db.counts()["runs"] == 1 and db.counts()["samples"] == 10  # the killed batch: nothing
-        db.add_benchmark("memory.copy", None, "h", {"after": True}, [_sample(1)])  # still writable
+        db.add_benchmark("memory.copy", None, "h", {"after": True}, [sample(1)])  # still writable
 
 
 def test_rows_are_content_addressed(db_path):
@@ -144,24 +141,9 @@ def test_an_old_database_is_migrated(db_path):
         assert "WITHOUT ROWID" in sql and "PRIMARY KEY (run_id, seq, id)" in sql
 
 
-def _v3_database(path: Path) -> None:
-    """A database as schema v3 wrote it (samples keyed by id, indexed by run), holding two runs."""
-    conn = sqlite3.connect(path, isolation_level=None)
-    conn.execute("BEGIN")
-    migrate(conn, 0, target=3)
-    for r in range(2):
-        run = ProfileDB.row("runs", ["memory.copy", None, "h", "{}", 3, "0", float(r), "measured"])
-        conn.execute(TABLES["runs"].insert_sql(), run)
-        for i in reversed(range(3)):  # stored out of seq order: the migration's key sorts them
-            values = (run[0], i, canonical_json(_sample(i)["params"]), canonical_json(_sample(i)["metrics"]))
-            conn.execute(TABLES["samples"].insert_sql(), (sample_id(*values), *values))
-    conn.execute("COMMIT")
-    conn.close()
-
-
 def test_a_v3_database_keeps_every_sample_through_the_v4_migration(tmp_path):
     old, copy, fresh = tmp_path / "old.db", tmp_path / "copy.db", tmp_path / "fresh.db"
-    _v3_database(old)
+    v3_database(old)
     conn = sqlite3.connect(old)
     assert conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("3",)
     before = sorted(conn.execute("SELECT * FROM samples").fetchall())
@@ -205,7 +187,7 @@ def test_default_path_follows_env(tmp_path, monkeypatch):
 
 
 def test_the_sample_hash_shortcut_equals_the_generic_content_address():
-    from hetprof.profiles.content import canonical_json, content_id, sample_id
+    from hetprof.profiles.content import content_id
     from hetprof.profiles.schema import TABLES
 
     run = "ab" * 32

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from hostile_files import (
+from helpers.hostile_files import (
     database_with,
     device_values,
     dump,

@@ -207,7 +207,7 @@ def test_catalog_option_types_are_copied_into_the_cluster(tmp_path):
 
 def test_fit_compares_with_the_analytical_model_of_the_catalog_it_is_given(tmp_path):
     from click.testing import CliRunner
-    from costmodels_synth import add_rows
+    from helpers.costmodels_synth import add_rows
 
     from hetprof.cli import cli
     from hetprof.costmodels.fitting import fit_database

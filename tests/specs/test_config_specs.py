@@ -12,7 +12,7 @@ from hetprof.errors import SpecError
 from hetprof.specs import ClusterSpec, WorkloadSpec
 from hetprof.specs.overrides import apply_overrides, parse_override, split_field_path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "examples" / "workloads" / "grpo-tiny.yaml"
 CLUSTER = ROOT / "examples" / "clusters" / "cpu-local.yaml"
 

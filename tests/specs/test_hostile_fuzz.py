@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from hostile_files import dump, export_lines, fill
+from helpers.hostile_files import dump, export_lines, fill
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -37,7 +37,7 @@ from hetprof.profiles.rowchecks import check_row
 from hetprof.profiles.schema import TABLES
 from hetprof.specs import ClusterSpec, WorkloadSpec
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CAMPAIGN = os.environ.get("HYPOTHESIS_PROFILE") == "campaign"
 FUZZ = settings(max_examples=2000 if CAMPAIGN else 25, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,

@@ -7,9 +7,9 @@ import copy
 
 import pytest
 import torch
+from helpers.packing_batches import ragged_batch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from packing_batches import ragged_batch
 
 from hetprof.errors import SpecError
 from hetprof.executor.algorithms import RLBatch, get_algorithm

@@ -6,7 +6,7 @@ import subprocess
 
 import click
 from click.testing import CliRunner
-from conftest import hetprof_cmd
+from helpers.commands import hetprof_cmd
 
 from hetprof.cli import LazyGroup, cli
 
