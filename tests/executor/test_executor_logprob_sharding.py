@@ -84,9 +84,11 @@ def test_the_log_prob_pass_feeds_the_loss_its_old_log_probs():
     assert max(float((a - b).abs().max()) for a, b in zip(with_pass, without, strict=True)) > 1e-4
 
 
-def _sharded_worker(rank: int, world: int, init: str, path: str, rows: list[list[int]], sharding: str) -> None:
+def _sharded_worker(rank: int, world: int, init: str, path: str, rows: list[list[int]],
+                    shardings: list[str]) -> None:
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    _sharded_update(rank, path, rows, sharding)
+    for sharding in shardings:  # one process pair for every sharding: starting processes is the slow part
+        _sharded_update(rank, path, rows, sharding)
     leave_process_group()  # after the model and its groups' users are out of scope
     skip_teardown_at_exit()  # no interpreter teardown of torch and transformers per process
 
@@ -102,18 +104,29 @@ def _sharded_update(rank: int, path: str, rows: list[list[int]], sharding: str) 
     params = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in model.parameters()]
     if rank == 0:
         kinds = sorted({type(p).__name__ for p in model.parameters()})
-        torch.save({"params": [p.detach() for p in params], "kinds": kinds}, path + ".out")
+        torch.save({"params": [p.detach() for p in params], "kinds": kinds}, f"{path}.{sharding}.out")
+
+
+SHARDINGS = ["fsdp", "zero2"]
+
+
+@pytest.fixture(scope="module")
+def sharded_updates(tmp_path_factory) -> tuple[RLBatch, str]:
+    """One update per sharding by two gloo processes with uneven shares; (the batch, the outputs' stem)."""
+    tmp = tmp_path_factory.mktemp("shard")
+    batch = stale_batch()
+    path = str(tmp / "shard")
+    torch.save({k: v for k, v in vars(batch).items() if isinstance(v, torch.Tensor)}, path + ".batch")
+    mp.spawn(_sharded_worker, args=(2, file_init_method(tmp), path, [[0, 1, 2, 3, 4, 5], [6, 7]], SHARDINGS),
+             nprocs=2, join=True)
+    return batch, path
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sharding", ["fsdp", "zero2"])
-def test_fsdp2_on_gloo_with_uneven_shares_equals_the_single_process_update(tmp_path, sharding):
-    batch = stale_batch()
-    path = str(tmp_path / "shard")
-    torch.save({k: v for k, v in vars(batch).items() if isinstance(v, torch.Tensor)}, path + ".batch")
-    mp.spawn(_sharded_worker, args=(2, file_init_method(tmp_path), path, [[0, 1, 2, 3, 4, 5], [6, 7]], sharding),
-             nprocs=2, join=True)
-    out = torch.load(path + ".out", weights_only=False)
+@pytest.mark.parametrize("sharding", SHARDINGS)
+def test_fsdp2_on_gloo_with_uneven_shares_equals_the_single_process_update(sharded_updates, sharding):
+    batch, path = sharded_updates
+    out = torch.load(f"{path}.{sharding}.out", weights_only=False)
     assert out["kinds"] == ["DTensor"]  # really sharded
     for a, b in zip(learner_update(batch, recompute=True), out["params"], strict=True):
         assert torch.allclose(a, b, atol=1e-5), float((a - b).abs().max())

@@ -42,13 +42,17 @@ def _params(learner: Learner) -> list[torch.Tensor]:
     return [p.detach().clone() for p in learner.model.parameters()]
 
 
-def test_bad_settings_are_refused():
+def test_learner_refuses_what_it_cannot_do(batch):
+    model = build_causal_lm("tiny")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with pytest.raises(ValueError, match="role"):
-        _learner(role="judge")
+        Learner(model, opt, get_algorithm("grpo")(), role="judge")
     with pytest.raises(ValueError, match="trains no critic"):
-        _learner("grpo", role="critic")
+        Learner(model, opt, get_algorithm("grpo")(), role="critic")
     with pytest.raises(ValueError, match=">= 1"):
-        _learner(mini_batches=0)
+        Learner(model, opt, get_algorithm("grpo")(), mini_batches=0)
+    with pytest.raises(ValueError, match="at least one sequence"):
+        Learner(model, opt, get_algorithm("grpo")()).update(batch.select(torch.arange(0)))
 
 
 def test_one_update_takes_epochs_times_mini_batches_steps(batch):
@@ -60,11 +64,6 @@ def test_one_update_takes_epochs_times_mini_batches_steps(batch):
     assert stats["grad_norm"] > 0 and stats["update_seconds"] >= stats["optimizer_seconds"] > 0
     learner.update(copy.deepcopy(batch))
     assert learner.steps == 12 and learner.updates == 2
-
-
-def test_an_empty_batch_is_refused(batch):
-    with pytest.raises(ValueError, match="at least one sequence"):
-        _learner().update(batch.select(torch.arange(0)))
 
 
 def test_proximal_logprobs_are_the_policy_before_the_update_and_leave_the_mode_alone(batch):
@@ -86,20 +85,26 @@ def test_proximal_logprobs_are_the_policy_before_the_update_and_leave_the_mode_a
     assert kept.proximal_logprobs is None
 
 
-def test_a_resumed_learner_continues_exactly(batch):
-    first = _learner(mini_batches=2, seed=3, lr=0.1)
-    first.model.load_state_dict(build_causal_lm("tiny", seed=0).state_dict())
-    first.optimizer = torch.optim.Adam(first.model.parameters(), lr=1e-2)
+def test_learner_state_roundtrip_resumes_identically(batch, tmp_path):
+    def make():
+        model = build_causal_lm("tiny", seed=0)
+        return model, Learner(model, torch.optim.Adam(model.parameters(), lr=1e-3), get_algorithm("grpo")(),
+                              mini_batches=2, seed=5)
+
+    straight_model, straight = make()
+    straight.update(copy.deepcopy(batch))
+    straight.update(copy.deepcopy(batch))
+    first_model, first = make()
     first.update(copy.deepcopy(batch))
-    saved_model, saved = copy.deepcopy(first.model.state_dict()), copy.deepcopy(first.state_dict())
-    first.update(copy.deepcopy(batch))
-    resumed = _learner(mini_batches=2, seed=99)
-    resumed.model.load_state_dict(saved_model)
-    resumed.optimizer = torch.optim.Adam(resumed.model.parameters(), lr=1e-2)
-    resumed.load_state_dict(saved)
+    torch.save({"model": first_model.state_dict(), "learner": first.state_dict()}, tmp_path / "s.pt")
+    saved = torch.load(tmp_path / "s.pt", weights_only=True)  # tensors and numbers only
+    resumed_model, resumed = make()
+    resumed_model.load_state_dict(saved["model"])
+    resumed.load_state_dict(saved["learner"])
     assert (resumed.steps, resumed.updates) == (2, 1)
     resumed.update(copy.deepcopy(batch))
-    for a, b in zip(_params(first), _params(resumed), strict=True):
+    assert resumed.steps == straight.steps == 4
+    for a, b in zip(straight_model.parameters(), resumed_model.parameters(), strict=True):
         assert torch.equal(a, b)
 
 
