@@ -10,8 +10,9 @@ Layout: one folder per stage, named after the package it covers.
   e2e/         several stages through the CLI: `hetprof run` end to end, profile -> fit, exit codes
   bench/       the bench/ scripts' grids and cases
   helpers/     modules tests import (`from helpers.commands import hetprof_cmd`); no tests
-`make test` runs them on pytest-xdist workers, one test file per worker (--dist loadfile), so a
-module's shared end-to-end fixture runs once; anything named outside tmp_path must be per worker.
+`make test` runs them on pytest-xdist workers, each file whole on one worker (--dist loadfile), so a
+module's shared end-to-end run happens once; anything a test names outside its tmp_path (ports,
+namespaces, environment) must be unique per worker.
 """
 
 from __future__ import annotations
@@ -41,3 +42,4 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
