@@ -18,7 +18,8 @@ from hetprof.specs import ClusterSpec, Plan, WorkloadSpec
 
 
 def run(*args: str):
-    return CliRunner().invoke(cli, ["plan", *args], catch_exceptions=False)
+    # the width a pipe gets (planner/cli.py), whatever COLUMNS the test process was started with
+    return CliRunner().invoke(cli, ["plan", *args], env={"COLUMNS": "120"}, catch_exceptions=False)
 
 
 @pytest.fixture
