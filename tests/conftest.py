@@ -6,8 +6,8 @@ Layout: one folder per stage, named after the package it covers.
   profiles/    hetprof.profiles: the profile database, its sharing and hostile inputs
   costmodels/  hetprof.costmodels: analytical terms, fitted models, the registry
   planner/     hetprof.planner: simulator, task graph, pricing, searches, `hetprof plan`
-  executor/    hetprof.executor: learner, algorithms, backends, gloo parallel training
-  e2e/         several stages through the CLI: `hetprof run` end to end, profile -> fit, exit codes
+  executor/    hetprof.executor: learner, algorithms, backends, gloo parallel training, `hetprof run`
+  e2e/         across stages through the CLI: profile -> fit, exit codes, CLI polish, a two-host run
   bench/       the bench/ scripts' grids and cases
   helpers/     modules tests import (`from helpers.commands import hetprof_cmd`); no tests
 `make test` runs them on pytest-xdist workers, each file whole on one worker (--dist loadfile), so a
