@@ -29,10 +29,17 @@ install-vllm: $(STAMP)
 	$(BIN)/python -m pip uninstall -y -q torchvision torchaudio torchcodec
 	$(BIN)/python -c "import torch, vllm; assert torch.__version__.endswith('+cpu'), torch.__version__"
 
+# Test files run side by side on pytest-xdist workers, each file whole on one worker (a module's
+# shared end-to-end run happens once); one worker per core, since each end-to-end test starts gloo
+# ranks of its own, and with more runs than cores at once their collectives wait on ranks that
+# are not scheduled, so the runs took longer together than one after another.
+TEST_WORKERS ?= $(shell nproc)
+PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadfile
+
 # ruff first (seconds), then every test; multi-process and multi-host tests are marked `slow`.
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/pytest -q -p no:cacheprovider -m "not vllm"
+	$(BIN)/pytest -q -p no:cacheprovider $(PYTEST_PARALLEL) -m "not vllm"
 
 # The tests that start vLLM engines (tens of seconds each): after `make install-vllm`.
 test-vllm: install-vllm
@@ -41,7 +48,7 @@ test-vllm: install-vllm
 # The unit tests only: no worker processes, no network namespaces, no GPU.
 test-fast: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/pytest -q -p no:cacheprovider -m "not slow and not netns and not gpu and not vllm"
+	$(BIN)/pytest -q -p no:cacheprovider $(PYTEST_PARALLEL) -m "not slow and not netns and not gpu and not vllm"
 
 demo: $(STAMP)
 	$(BIN)/python examples/demo.py

@@ -1,11 +1,22 @@
-"""Shared test fixtures. Every test gets its own profile database so nothing touches ~/.hetprof."""
+"""Shared test fixtures. Every test gets its own profile database so nothing touches ~/.hetprof.
+
+Layout: one folder per stage, named after the package it covers.
+  specs/       the hetprof/ floor: vocabulary, specs, catalog, registry, cpuslots, sampling, packing, CLI root
+  profiler/    hetprof.profiler: device, task, collective and link suites, `hetprof profile`
+  profiles/    hetprof.profiles: the profile database, its sharing and hostile inputs
+  costmodels/  hetprof.costmodels: analytical terms, fitted models, the registry
+  planner/     hetprof.planner: simulator, task graph, pricing, searches, `hetprof plan`
+  executor/    hetprof.executor: learner, algorithms, backends, gloo parallel training, `hetprof run`
+  e2e/         across stages through the CLI: profile -> fit, exit codes, CLI polish, a two-host run
+  bench/       the bench/ scripts' grids and cases
+  helpers/     modules tests import (`from helpers.commands import hetprof_cmd`); no tests
+`make test` runs them on pytest-xdist workers, each file whole on one worker (--dist loadfile), so a
+module's shared end-to-end run happens once; anything a test names outside its tmp_path (ports,
+namespaces, environment) must be unique per worker.
+"""
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,23 +33,6 @@ def db_path(tmp_path) -> Path:
     return tmp_path / "profiles.db"
 
 
-def can_use_netns() -> tuple[bool, str]:
-    """Whether this process may create network namespaces (root with iproute2)."""
-    if os.geteuid() != 0:
-        return False, "needs root for ip netns"
-    if shutil.which("ip") is None or shutil.which("tc") is None:
-        return False, "needs iproute2 (ip, tc)"
-    probe = "hetprof-probe-ns"
-    ok = subprocess.run(["ip", "netns", "add", probe], capture_output=True).returncode == 0
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
-    return (True, "") if ok else (False, "ip netns add is not permitted here")
-
-
-def hetprof_cmd() -> list[str]:
-    """The installed `hetprof` console script next to this interpreter."""
-    return [str(Path(sys.executable).with_name("hetprof"))]
-
-
 @pytest.fixture
 def one_thread():
     """Tiny models gain nothing from intra-op threads, and on a shared CPU threads contend badly."""
@@ -48,3 +42,4 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+

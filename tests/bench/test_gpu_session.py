@@ -13,7 +13,7 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
-from bench_modules import BENCH, load_bench
+from helpers.bench_modules import BENCH, load_bench
 
 gpu_kit = load_bench("gpu_kit")
 gpu_report = load_bench("gpu_report")

@@ -1,0 +1,1 @@
+"""Modules the tests share (importable as `helpers.*`: pyproject's pytest `pythonpath` names tests/)."""
