@@ -21,7 +21,6 @@ from hetprof.profiler import testbed
 from hetprof.profiler.link_worker import pairs, sweep_sizes
 from hetprof.profiler.linkfit import fit_alpha_beta
 from hetprof.profiles import ProfileDB
-from hetprof.runtime.distributed import unassigned_port
 
 HETPROF = [str(Path(sys.executable).parent / "hetprof")]
 
