@@ -1,4 +1,4 @@
-"""executor/learner.py on one process: step counts, π_prox, resumable state, clipping, the critic role."""
+"""executor/algorithms/learner.py on one process: step counts, π_prox, resumable state, clipping, the critic role."""
 
 from __future__ import annotations
 
@@ -8,12 +8,13 @@ import pytest
 import torch
 
 from hetprof.executor.algorithms import RLBatch, get_algorithm
+from hetprof.executor.algorithms.learner import Learner, forward_module
+from hetprof.executor.algorithms.replicas import replica_denominators
 from hetprof.executor.backends import get_backend
-from hetprof.executor.data import PromptSource
-from hetprof.executor.learner import Learner, forward_module, replica_denominators
-from hetprof.executor.logprobs import first_response_column, token_logprobs
-from hetprof.executor.modeling import build_causal_lm, build_value_model
-from hetprof.executor.tokenizer import CharTokenizer
+from hetprof.executor.models.logprobs import first_response_column, token_logprobs
+from hetprof.executor.models.modeling import build_causal_lm, build_value_model
+from hetprof.executor.models.tokenizer import CharTokenizer
+from hetprof.executor.prompts.data import PromptSource
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

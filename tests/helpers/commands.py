@@ -8,7 +8,7 @@ import socket
 import sys
 from pathlib import Path
 
-from hetprof.distributed import ephemeral_range
+from hetprof.runtime.distributed import ephemeral_range
 
 
 def hetprof_cmd() -> list[str]:
@@ -24,7 +24,7 @@ def xdist_worker() -> tuple[int, int]:
 
 def rendezvous_port(host: str = "127.0.0.1", tries: int = 200) -> int:
     """A port free on `host` now, outside the ephemeral range and in this xdist worker's own residue
-    class: like `hetprof.distributed.unassigned_port`, but two workers of one test run never pick
+    class: like `hetprof.runtime.distributed.unassigned_port`, but two workers of one test run never pick
     the same port, so their rendezvous named in advance cannot meet by chance."""
     index, count = xdist_worker()
     low, high = ephemeral_range()

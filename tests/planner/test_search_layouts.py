@@ -8,7 +8,7 @@ import pytest
 
 from hetprof.costmodels import get_cost_model
 from hetprof.planner.search import layouts
-from hetprof.planner.search.layouts import Shape
+from hetprof.planner.search.layouts import DegreeOption
 from hetprof.planner.simulator import Simulator
 from hetprof.specs import ClusterSpec, WorkloadSpec
 
@@ -57,9 +57,9 @@ def test_shapes_for_hosts_by_hand():
     assert layouts.divisors(12) == [1, 2, 3, 4, 6, 12]
     # hosts of 2, 2 and 1 devices: 5 groups of TP1, 2 of TP2, none of TP4 (no host has 4)
     got = layouts.shapes_for_hosts((2, 2, 1), (1, 2, 4), 3)
-    assert got == [Shape(1, 1, 5), Shape(1, 2, 2), Shape(1, 3, 1), Shape(2, 1, 2), Shape(2, 2, 1)]
+    assert got == [DegreeOption(1, 1, 5), DegreeOption(1, 2, 2), DegreeOption(1, 3, 1), DegreeOption(2, 1, 2), DegreeOption(2, 2, 1)]
     assert layouts.shapes_for_hosts((), (1,), 2) == []
-    assert str(Shape(tp=2, pp=3, dp=4)) == "DP4×TP2×PP3"
+    assert str(DegreeOption(tp=2, pp=3, dp=4)) == "DP4×TP2×PP3"
 
 
 def test_feasible_shapes_follow_the_devices_hosts_and_the_models_limits(sim):
