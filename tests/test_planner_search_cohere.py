@@ -41,9 +41,9 @@ def _sim() -> Simulator:
 
 def test_cohere_gives_a_shared_group_one_shape_its_devices_allow():
     sim = _sim()
-    types, by_type = gpu_types(sim), devices_by_type(sim)
+    types, by_type = gpu_types(sim.planning), devices_by_type(sim.planning)
     arm = Arm((tuple(sim.tasks),), ((4,),), tuple(types))
-    assembler = Assembler(sim, 8, 4)
+    assembler = Assembler(sim.planning, 8, 4)
     order = [list(by_type[types[0]]), []]
     coherent = 0
     for seed in range(8):
@@ -63,9 +63,9 @@ def test_cohere_gives_a_shared_group_one_shape_its_devices_allow():
 def _one_group_evolution() -> tuple:
     """(simulator, assembler, evolution) of the arm with every task in one group on 4 GPUs a type."""
     sim = _sim()
-    arm = Arm((tuple(sim.tasks),), ((4,),), tuple(gpu_types(sim)))
-    assembler = Assembler(sim, 8, 4)
-    return sim, assembler, ArmEvolution(arm, 0, 0, assembler, devices_by_type(sim))
+    arm = Arm((tuple(sim.tasks),), ((4,),), tuple(gpu_types(sim.planning)))
+    assembler = Assembler(sim.planning, 8, 4)
+    return sim, assembler, ArmEvolution(arm, 0, 0, assembler, devices_by_type(sim.planning))
 
 
 def test_a_new_best_queues_its_group_coherent_neighbours_and_they_are_tried_next():

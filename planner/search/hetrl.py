@@ -64,7 +64,7 @@ from hetprof.planner.search.space import (
     problem_key,
 )
 from hetprof.planner.search.study import ArmStudy, PendingTrial, arm_distributions, arm_from_trial
-from hetprof.planner.search.subpools import sub_clusters, sub_simulator
+from hetprof.planner.search.subpools import sub_clusters
 
 if TYPE_CHECKING:
     from hetprof.planner.candidate import Candidate
@@ -116,7 +116,7 @@ class HetRLSearch(Search):
     config: HetRLConfig
 
     def _problem(self) -> tuple[_Problem, list[Arm], list[Arm]]:
-        sim = self.ctx.sim
+        sim = self.ctx.planning
         types, by_type = gpu_types(sim), devices_by_type(sim)
         totals = [len(by_type[t]) for t in types]
         groupings = all_groupings(sim)
@@ -144,14 +144,14 @@ class HetRLSearch(Search):
         (`subpools`), each with the full evaluation budget and an equal share of the clock, their
         plans offered to the whole cluster's ledger."""
         ctx = self.ctx
-        passes = sub_clusters(ctx.sim.cluster, within=True) if ctx.objective == "cost" and self.config.sub_pools else []
+        passes = sub_clusters(ctx.planning.cluster, within=True) if ctx.objective == "cost" and self.config.sub_pools else []
         started = time.perf_counter()
         found: list[Candidate] = []
         evaluations = 0
         info = {}
         for i, (name, cluster) in enumerate(passes):
             share = (ctx.time_budget_s - (time.perf_counter() - started)) / (len(passes) + 1 - i)
-            sub = dataclasses.replace(ctx, sim=sub_simulator(ctx.sim, cluster), time_budget_s=max(share, 0.0),
+            sub = dataclasses.replace(ctx, planning=ctx.planning.on_cluster(cluster), time_budget_s=max(share, 0.0),
                                       storage=None, study_name=None, warm_start=None, progress=None,
                                       config=dataclasses.replace(self.config, sub_pools=False))
             try:
@@ -180,11 +180,11 @@ class HetRLSearch(Search):
         problem, arms, structured = self._problem()
         # one study per problem (the simulator's seed draws its response lengths), whatever the
         # search's seed: processes sharing a storage each bring their own
-        name = ctx.study_name or f"hetrl-{problem_key(ctx.sim, ctx.objective, ctx.budget)}-lengths{ctx.sim.seed}"
+        name = ctx.study_name or f"hetrl-{problem_key(ctx.planning, ctx.objective, ctx.budget)}-lengths{ctx.planning.seed}"
         study = ArmStudy(name, ctx.seed, ctx.storage)
         self._resumed = study.resumed()
         self._offer_shared(study.best_stored(), ledger)
-        self._assembler = Assembler(ctx.sim, ctx.max_tp, ctx.max_pp)
+        self._assembler = Assembler(ctx.planning, ctx.max_tp, ctx.max_pp)
         self._seeds: dict[Arm, list[Candidate]] = {}
         self._states: dict[Arm, ArmEvolution] = {}
         self._milp = MilpArms(ctx, problem.types)
@@ -283,7 +283,7 @@ class HetRLSearch(Search):
         """Region-pair arms (`region_pair_arms`) for the best-screened two-group groupings: the list
         pairs regions only for generation alone, and a colocated grouping that screens well on one
         region's pool is often fastest split across two (each group's traffic in its datacenter)."""
-        pools = region_pools(self.ctx.sim, problem.types) if self.config.pair_groupings else []
+        pools = region_pools(self.ctx.planning, problem.types) if self.config.pair_groupings else []
         known, tried = set(structured), set()
         out: list[Arm] = []
         for arm in ranked:
@@ -366,7 +366,7 @@ class HetRLSearch(Search):
         says."""
         for cand in found:
             try:
-                score = ledger.ctx.sim.evaluate(cand)
+                score = ledger.ctx.planning.evaluate(cand)
             except (KeyError, ValueError):
                 continue                # a plan for devices this cluster does not have
             ledger.offer(cand, score, ledger.value(score))

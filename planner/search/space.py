@@ -23,7 +23,7 @@ from hetprof.planner.candidate import Candidate, TaskLayout
 from hetprof.planner.search import layouts
 
 if TYPE_CHECKING:
-    from hetprof.planner.simulator import Simulator
+    from hetprof.planner.planning import PlanningContext
 
 Grouping = tuple[tuple[str, ...], ...]
 Orders = tuple[tuple[str, ...], ...]
@@ -50,7 +50,7 @@ def canonical_grouping(grouping: Sequence[Sequence[str]], task_order: Sequence[s
     return tuple(sorted(groups, key=lambda g: rank[g[0]]))
 
 
-def all_groupings(sim: Simulator) -> list[Grouping]:
+def all_groupings(sim: PlanningContext) -> list[Grouping]:
     tasks = list(sim.tasks)
     return sorted({canonical_grouping(p, tasks) for p in set_partitions(tasks)},
                   key=lambda g: (len(g), grouping_label(g)))
@@ -60,11 +60,11 @@ def grouping_label(grouping: Grouping) -> str:
     return " | ".join("+".join(g) for g in grouping)
 
 
-def gpu_types(sim: Simulator) -> tuple[str, ...]:
+def gpu_types(sim: PlanningContext) -> tuple[str, ...]:
     return tuple(sorted({d.type for d in sim.devices.values()}))
 
 
-def devices_by_type(sim: Simulator) -> dict[str, tuple[str, ...]]:
+def devices_by_type(sim: PlanningContext) -> dict[str, tuple[str, ...]]:
     """Each type's devices in locality order (region, host, index)."""
     out: dict[str, list[str]] = {}
     for d in layouts.canonical_order(sim, sim.devices):
@@ -72,7 +72,7 @@ def devices_by_type(sim: Simulator) -> dict[str, tuple[str, ...]]:
     return {t: tuple(v) for t, v in out.items()}
 
 
-def counts_of(sim: Simulator, devices: Sequence[str], types: Sequence[str]) -> tuple[int, ...]:
+def counts_of(sim: PlanningContext, devices: Sequence[str], types: Sequence[str]) -> tuple[int, ...]:
     return tuple(sum(1 for d in devices if sim.devices[d].type == t) for t in types)
 
 
@@ -83,7 +83,7 @@ class Assembler:
     candidates; balancing it calls the simulator dozens of times, so it is done once.
     """
 
-    def __init__(self, sim: Simulator, max_tp: int = 8, max_pp: int = 4) -> None:
+    def __init__(self, sim: PlanningContext, max_tp: int = 8, max_pp: int = 4) -> None:
         self.sim = sim
         self.max_tp = max_tp
         self.max_pp = max_pp
@@ -142,7 +142,7 @@ class Assembler:
         return out
 
 
-def _device_sort(sim: Simulator):
+def _device_sort(sim: PlanningContext):
     devs = sim.devices
     return lambda d: (devs[d].region, devs[d].host, devs[d].index)
 
@@ -168,7 +168,7 @@ def decode_candidate(text: str) -> Candidate:
     return Candidate(data["groups"], data["group_devices"], lays, data.get("offload", ()))
 
 
-def problem_key(sim: Simulator, objective: str, budget: float | None) -> str:
+def problem_key(sim: PlanningContext, objective: str, budget: float | None) -> str:
     """A short hash naming one planning problem (cluster, workload, objective) for study names."""
     payload = json.dumps({"cluster": sim.cluster.to_dict(), "workload": sim.workload.to_dict(),
                           "objective": objective, "budget": budget}, sort_keys=True, default=str)
