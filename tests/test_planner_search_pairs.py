@@ -111,13 +111,13 @@ def _screened(**config) -> tuple[list, list, object, object]:
     """hetrl's screen alone on `_sim()`: (ranked arms, the structured list, the search, its ledger)."""
     from hetprof.planner.search import SearchContext
     from hetprof.planner.search.base import Ledger
-    from hetprof.planner.search.hetrl import HetRLConfig, HetRLSearch
+    from hetprof.planner.search.hetrl import HetRLConfig, HetRLSearch, arm_space
     from hetprof.planner.search.parallel import EvaluationPool
     from hetprof.planner.search.space import Assembler
 
     ctx = SearchContext(planning=_sim().planning, max_evals=10_000, config=HetRLConfig(enumerate_limit=0, **config))
     search = HetRLSearch(ctx)
-    problem, _, structured = search._problem()
+    problem, _, structured = arm_space(ctx.planning, search.config, ctx.objective)
     search._assembler, search._states, search._seeds, search._resumed = Assembler(ctx.planning), {}, {}, {}
     ledger = Ledger(ctx)
     return search._screen(structured, problem, ledger, EvaluationPool(ledger, 1, 8, 4)), structured, search, ledger
