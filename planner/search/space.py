@@ -12,7 +12,6 @@ the tests can compare their optima honestly.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import math
@@ -20,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from hetprof.planner.candidate import Candidate, TaskLayout
+from hetprof.planner.memo import memoised
 from hetprof.planner.search import layouts
 
 if TYPE_CHECKING:
@@ -87,12 +87,10 @@ class Assembler:
         self.sim = sim
         self.max_tp = max_tp
         self.max_pp = max_pp
-        self.layout = functools.lru_cache(maxsize=1 << 16)(self._layout)
-        self.shapes = functools.lru_cache(maxsize=1 << 16)(self._shapes)
-        self.best_shape = functools.lru_cache(maxsize=1 << 14)(self._best_shape)
         self.memo: dict = {}
 
-    def _layout(self, task: str, order: tuple[str, ...], tp: int, pp: int) -> TaskLayout | None:
+    @memoised(1 << 16)
+    def layout(self, task: str, order: tuple[str, ...], tp: int, pp: int) -> TaskLayout | None:
         return layouts.build_layout(self.sim, task, order, tp, pp, memo=self.memo)
 
     def own_seconds(self, task: str, order: tuple[str, ...], shape: ShapeChoice) -> float:
@@ -100,7 +98,8 @@ class Assembler:
         lay = self.layout(task, order, *shape)
         return math.inf if lay is None else layouts.layout_cost(self.sim, lay)
 
-    def _shapes(self, task: str, per_host: tuple[int, ...]) -> tuple[ShapeChoice, ...]:
+    @memoised(1 << 16)
+    def shapes(self, task: str, per_host: tuple[int, ...]) -> tuple[ShapeChoice, ...]:
         limits = layouts.degree_limits(self.sim, task, self.max_tp, self.max_pp)
         return tuple((s.tp, s.pp) for s in layouts.shapes_for_hosts(per_host, *limits))
 
@@ -111,7 +110,8 @@ class Assembler:
             per_host[self.sim.devices[d].host] = per_host.get(self.sim.devices[d].host, 0) + 1
         return self.shapes(task, tuple(sorted(per_host.values())))
 
-    def _best_shape(self, task: str, order: tuple[str, ...]) -> ShapeChoice | None:
+    @memoised(1 << 14)
+    def best_shape(self, task: str, order: tuple[str, ...]) -> ShapeChoice | None:
         return layouts.best_of(self.sim, self.shapes_for(task, order),
                                lambda tp, pp: self.layout(task, order, tp, pp))[1]
 
