@@ -53,7 +53,7 @@ def measure() -> dict:
             sim = Simulator(ClusterSpec.load(ROOT / "examples" / "clusters" / f"{cluster}.yaml"),
                             WorkloadSpec.load(ROOT / "examples" / "workloads" / f"{workload}.yaml"),
                             get_cost_model("analytical"), executable=False)
-            res = get_search("verl")(SearchContext(sim=sim, objective="throughput", seed=0, time_budget_s=60)).run()
+            res = get_search("verl")(SearchContext(planning=sim.planning, objective="throughput", seed=0, time_budget_s=60)).run()
             walls.append(time.perf_counter() - started)
         out["plans"].append({"iteration_s": res.score.iteration_s if res.score else float("nan"),
                              "wall_s": min(walls)})

@@ -57,7 +57,7 @@ def scaled(cluster: ClusterSpec, factor: int) -> ClusterSpec:
 
 def search(sim: Simulator, name: str, budget_s: float, seed: int, workers: int, evals: int | None = None, **kw):
     """One search; with `evals` it runs on that evaluation budget (the clock only as a safety cap)."""
-    ctx = SearchContext(sim=sim, seed=seed, time_budget_s=budget_s if evals is None else 3600.0, workers=workers,
+    ctx = SearchContext(planning=sim.planning, seed=seed, time_budget_s=budget_s if evals is None else 3600.0, workers=workers,
                         max_evals=evals, **kw)
     t0 = time.perf_counter()
     try:

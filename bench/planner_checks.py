@@ -15,7 +15,7 @@ import multiprocessing
 import statistics
 from collections.abc import Callable, Iterator
 
-from hetprof.planner.search.subpools import sub_clusters, sub_simulator
+from hetprof.planner.search.subpools import sub_clusters
 
 SCENARIOS = ["single-region", "multi-region", "multi-country", "multi-continent"]
 MODELS = ["4b", "8b", "14b"]
@@ -46,7 +46,7 @@ def cost_check(sim, run: Callable[[object], object]) -> dict:
     full_cost = full.score.cost_per_iteration if full is not None else math.inf
     subs: dict[str, float] = {}
     for name, cluster in sub_clusters(sim.cluster):
-        res = run(sub_simulator(sim, cluster))
+        res = run(sim.on_cluster(cluster))
         subs[name] = res.score.cost_per_iteration if res is not None else math.inf
     cheapest = min(subs.values(), default=math.inf)
     worst = full_cost / cheapest if math.isfinite(cheapest) else (1.0 if math.isfinite(full_cost) else math.inf)

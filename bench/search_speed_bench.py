@@ -52,7 +52,10 @@ def child(row: str, evals: int, seed: int, like_old: bool) -> dict:
     knobs = {f.name for f in dataclasses.fields(HetRLConfig)}
     off = {k: v for k, v in (("pool_pairs", False), ("screen_arms", 0)) if k in knobs}
     config = HetRLConfig(**off) if like_old and off else None
-    ctx = SearchContext(sim=sim, seed=seed, time_budget_s=3600.0, workers=1, max_evals=evals, config=config)
+    # a checkout from before the planning context takes the simulator itself
+    given = {"planning": sim.planning} if "planning" in {f.name for f in dataclasses.fields(SearchContext)} \
+        else {"sim": sim}
+    ctx = SearchContext(**given, seed=seed, time_budget_s=3600.0, workers=1, max_evals=evals, config=config)
     cpu0, wall0 = time.process_time(), time.perf_counter()
     res = search(ctx).run()
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0

@@ -15,7 +15,10 @@ import numpy as np
 
 from hetprof.costmodels import LinkSpec
 from hetprof.errors import InfeasibleError
+from hetprof.planner.memo import memoised
 from hetprof.specs import ClusterSpec
+
+LINK_MEMO = 100_000   # host sets whose slowest link is kept
 
 
 def measured_device_link(cost_model) -> Callable[[str], LinkSpec | None]:
@@ -85,8 +88,6 @@ class LinkTable:
         self.index = {h: i for i, h in enumerate(names)}
         self.seconds_per_byte = np.array([[1.0 / self._pair[(a, b)].beta_Bps for b in names] for a in names])
         self.latency = np.array([[self._pair[(a, b)].alpha_s for b in names] for a in names])
-        self._slowest: dict[frozenset[str], LinkSpec | None] = {}
-        self._between: dict[tuple[frozenset[str], frozenset[str]], LinkSpec] = {}
 
     def _missing_message(self, missing: list[tuple[str, str]]) -> str:
         regions = sorted({tuple(sorted((self.region[a], self.region[b]))) for a, b in missing})
@@ -105,18 +106,20 @@ class LinkTable:
 
     def slowest(self, hosts: Iterable[str]) -> LinkSpec | None:
         """The slowest link joining any two of `hosts` (None for a single host)."""
-        key = frozenset(hosts)
-        if key not in self._slowest:
-            links = [self.between(a, b) for a, b in itertools.combinations(sorted(key), 2)]
-            self._slowest[key] = _worst(links) if links else None
-        return self._slowest[key]
+        return self._slowest(frozenset(hosts))
+
+    @memoised(LINK_MEMO)
+    def _slowest(self, key: frozenset[str]) -> LinkSpec | None:
+        links = [self.between(a, b) for a, b in itertools.combinations(sorted(key), 2)]
+        return _worst(links) if links else None
 
     def slowest_between(self, hosts_a: Iterable[str], hosts_b: Iterable[str]) -> LinkSpec:
         """The slowest link from any host of one set to any of the other (same host: its local link)."""
-        key = (frozenset(hosts_a), frozenset(hosts_b))
-        if key not in self._between:
-            self._between[key] = _worst([self.between(a, b) for a in key[0] for b in key[1]])
-        return self._between[key]
+        return self._slowest_between(frozenset(hosts_a), frozenset(hosts_b))
+
+    @memoised(LINK_MEMO)
+    def _slowest_between(self, hosts_a: frozenset[str], hosts_b: frozenset[str]) -> LinkSpec:
+        return _worst([self.between(a, b) for a in hosts_a for b in hosts_b])
 
     def transfer_profile(self, src: np.ndarray, dst: np.ndarray) -> tuple[float, float]:
         """(latency, seconds per byte of payload) of data spread over hosts by `src` going to `dst`.

@@ -85,7 +85,7 @@ def run_search(sim: Simulator, name: str, options: PlanOptions,
     # the study is named by the problem (hetrl's default), not the search's seed: runs with other
     # search seeds on one --storage join the same search
     seed = options.seed if options.search_seed is None else options.search_seed
-    ctx = SearchContext(sim=sim, objective=options.objective, budget=options.budget, seed=seed,
+    ctx = SearchContext(planning=sim.planning, objective=options.objective, budget=options.budget, seed=seed,
                         time_budget_s=options.budget_s, max_tp=options.max_tp, max_pp=options.max_pp,
                         max_evals=options.max_evals, storage=options.storage, workers=options.workers,
                         progress=progress)

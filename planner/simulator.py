@@ -2,13 +2,14 @@
 
 A candidate (task groups, their GPUs, every task's layout) becomes a predicted steady-state
 iteration time, its critical-path breakdown, per-device memory peaks, $ per iteration and a
-timeline. The pieces: `taskcosts` prices each task layout with the cost model over the real links,
-this module checks structure and memory (colocated tasks offload between phases when they do not
-fit together), prices every cross-group edge on the links between the hosts that hold the data,
-and `schedule` plays several iterations on the groups (sync, or async with staleness k; streaming).
+timeline. The pieces: `structure` checks the candidate is well-formed, `taskcosts` prices each task
+layout with the cost model over the real links, `residency` finds what colocated tasks hold and
+offload, `transfers` prices every cross-group edge on the links between the hosts that hold the
+data, and `schedule` plays several iterations on the groups (sync, or async with staleness k;
+streaming). Searches see the simulator only through its `planning` context (planner.planning).
 
-Scores are memoised per candidate and task layouts per layout, so a search that revisits or
-mutates candidates pays only for what changed.
+Scores are memoised per candidate and task layouts per layout (planner.memo), so a search that
+revisits or mutates candidates pays only for what changed.
 """
 
 from __future__ import annotations
@@ -16,58 +17,34 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
 
 from hetprof.costmodels import LinkSpec
 from hetprof.errors import InfeasibleError
+from hetprof.planner.basis import PricingBasis
 from hetprof.planner.candidate import Candidate
 from hetprof.planner.engines import default_backend
 from hetprof.planner.fits import check_fits
-from hetprof.planner.graph import Edge, build_graph
+from hetprof.planner.graph import build_graph
 from hetprof.planner.links import LinkTable, measured_device_link
-from hetprof.planner.schedule import Event, ScheduleInput, simulate, timeline
+from hetprof.planner.memo import memoised
+from hetprof.planner.planning import PlanningContext
+from hetprof.planner.residency import GroupMemory
+from hetprof.planner.schedule import Event, ScheduleInput, simulate
+from hetprof.planner.score import OBJECTIVES, Score, objective_value
+from hetprof.planner.structure import StructureCheck
 from hetprof.planner.taskcosts import TaskCosts, TaskEval
-from hetprof.specs import FOLLOWS, GENERATION_BACKENDS, SHARDING, ClusterSpec, WorkloadSpec, executable
+from hetprof.planner.transfers import Transfers
+from hetprof.specs import FOLLOWS, GENERATION_BACKENDS, ClusterSpec, WorkloadSpec
 from hetprof.specs.executable import workload_problems
 from hetprof.specs.layout import TaskLayout
-from hetprof.specs.vocabulary import TaskKind
 
-OBJECTIVES = ("throughput", "cost", "throughput-under-budget")
 CHUNKS = 8          # streaming granularity: a step's samples flow between groups in this many chunks
-MEMO_LIMIT = 20_000   # scores (and layout evaluations) kept before the memo is emptied
+SCORE_MEMO = 20_000   # candidates whose score is kept
 
 __all__ = ["OBJECTIVES", "Event", "Score", "Simulator"]
-
-
-@dataclasses.dataclass(frozen=True)
-class Score:
-    """What the simulator says about one candidate (see docs/CONTRACTS.md, "Planner internals")."""
-
-    iteration_s: float
-    feasible: bool
-    violations: tuple[str, ...] = ()
-    breakdown: dict[str, float] = dataclasses.field(default_factory=dict)
-    bottleneck: str = ""
-    task_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
-    memory_peak: dict[str, float] = dataclasses.field(default_factory=dict)
-    memory_headroom: dict[str, float] = dataclasses.field(default_factory=dict)
-    cost_per_iteration: float = math.inf
-    throughput: float = 0.0
-    price_per_hour: float = 0.0
-    offload_s: dict[str, float] = dataclasses.field(default_factory=dict)
-    transfer_s: dict[str, float] = dataclasses.field(default_factory=dict)
-    schedule: ScheduleInput | None = dataclasses.field(default=None, repr=False, compare=False)
-
-    def __hash__(self) -> int:
-        return hash((self.iteration_s, self.feasible, self.violations))
-
-    @functools.cached_property
-    def timeline(self) -> tuple[Event, ...]:
-        """Events of one steady-state iteration for the Gantt chart (replayed on first use)."""
-        return timeline(self.schedule) if self.schedule is not None else ()
 
 
 class Simulator:
@@ -96,20 +73,34 @@ class Simulator:
         self.devices = {d.id: d for d in cluster.devices()}
         self.links = LinkTable(cluster, db, local_link=measured_device_link(cost_model))
         lengths = workload.response_len.sample(workload.sequences_per_step, np.random.default_rng(seed))
-        # planning for `hetprof run`: price the padded widths it runs (TaskCosts says how)
-        self.costs = TaskCosts(cost_model, self.graph, workload, self.devices, self.links, lengths, chunks,
-                               padded=executable, backend=self.backend)
+        # planning for `hetprof run`: price the padded widths it runs (PricingBasis says how)
+        self.costs = TaskCosts(PricingBasis(cost_model, self.graph, workload, self.devices, self.links, lengths,
+                                            chunks, runs_padded=executable, backend=self.backend))
         # (ClusterSpec.price_per_hour looks a host up by expanding the spec; once per host is enough.)
         host_price = {h.name: h.price_per_hour if h.price_per_hour is not None else self.catalog.lookup(h.gpus.type).price_per_hour
                       for h in cluster.expanded_hosts()}
         self.price = {d: host_price[dev.host] for d, dev in self.devices.items()}
         self.capacity = {d: self.catalog.lookup(dev.type).memory_bytes for d, dev in self.devices.items()}
         self.staleness = workload.staleness if workload.mode == "async" else 0
-        self._scores: dict[Candidate, Score] = {}
-        self._residency: dict[tuple, tuple] = {}
-        self._edges: dict[tuple, float] = {}
-        self._layout_checks: dict[tuple, list[str]] = {}
-        self.evaluations = 0
+        self.structure = StructureCheck(self.graph, self.tasks, self.devices, cluster.name, workload.algorithm,
+                                        executable)
+        self.group_memory = GroupMemory(self.costs, self.devices, self.capacity, cost_model)
+        self.transfers = Transfers(self.costs, self.graph, workload, self.devices, self.links, cost_model,
+                                   self.backend)
+        self.evaluations = 0   # candidates scored (memo hits not counted)
+
+    @functools.cached_property
+    def planning(self) -> PlanningContext:
+        """What a search may read and call of this problem (planner.planning)."""
+        return PlanningContext(cluster=self.cluster, workload=self.workload, tasks=tuple(self.tasks), seed=self.seed,
+                               executable=self.executable, devices=self.devices, catalog=self.catalog,
+                               links=self.links, cost_model=self.cost_model, _graph=self.graph, _costs=self.costs,
+                               _score=self.evaluate, _rebuild=lambda cluster: self.on_cluster(cluster).planning)
+
+    def on_cluster(self, cluster: ClusterSpec) -> Simulator:
+        """A simulator of the same problem on another cluster (the same lengths seed and settings)."""
+        return Simulator(cluster, self.workload, self.cost_model, seed=self.seed, streaming=self.streaming,
+                         executable=self.executable, backend=self.backend)
 
     # ---- the contract's helpers -----------------------------------------------------------------
     def link(self, dev_a: str, dev_b: str) -> LinkSpec:
@@ -119,24 +110,18 @@ class Simulator:
     def replica_seconds(self, task: str, devices: Sequence[str], tp: int, pp: int, batch: int,
                         layer_split: Sequence[int] | None = None) -> float:
         """One replica's seconds for `batch` sequences of `task` on these devices (what balancers equalise)."""
-        for d in devices:
-            self._device(d)
-        return self.costs.replica_seconds(task, tuple(devices), tp, pp, int(batch), layer_split)
+        return self.planning.replica_seconds(task, devices, tp, pp, batch, layer_split)
 
     def task_eval(self, layout: TaskLayout) -> TaskEval:
         return self.costs.evaluate(layout)
 
     def objective_value(self, score: Score, objective: str, budget: float | None = None) -> float:
         """Lower is better. Budget is $/hour for the candidate's GPUs."""
-        if objective not in OBJECTIVES:
-            raise ValueError(f"unknown objective {objective!r} (one of {', '.join(OBJECTIVES)})")
-        if not score.feasible:
-            return math.inf
-        if objective == "cost":
-            return score.cost_per_iteration
-        if objective == "throughput-under-budget" and budget is not None and score.price_per_hour > budget + 1e-9:
-            return math.inf
-        return score.iteration_s
+        return objective_value(score, objective, budget)
+
+    def structure_problems(self, cand: Candidate) -> list[str]:
+        """Everything that makes a candidate malformed, as sentences (empty when well-formed)."""
+        return self.structure.problems(cand)
 
     def _device(self, d: str):
         try:
@@ -145,17 +130,11 @@ class Simulator:
             raise InfeasibleError(f"device {d!r} is not part of cluster {self.cluster.name!r}") from None
 
     # ---- scoring --------------------------------------------------------------------------------
+    @memoised(SCORE_MEMO)
     def evaluate(self, candidate: Candidate) -> Score:
-        hit = self._scores.get(candidate)
-        if hit is not None:
-            return hit
         self.evaluations += 1
-        problems = self.structure_problems(candidate)
-        score = self._infeasible(candidate, problems) if problems else self._score(candidate)
-        if len(self._scores) >= MEMO_LIMIT:
-            self._scores.clear()
-        self._scores[candidate] = score
-        return score
+        problems = self.structure.problems(candidate)
+        return self._infeasible(candidate, problems) if problems else self._score(candidate)
 
     def _infeasible(self, candidate: Candidate, problems: list[str], **kw) -> Score:
         price = sum(self.price.get(d, 0.0) for d in sorted(set(candidate.devices())))
@@ -181,7 +160,8 @@ class Simulator:
         peaks: dict[str, float] = {}
         swap: dict[str, tuple[float, float]] = {}
         for i, tasks in enumerate(cand_groups):
-            g_peak, g_swap, g_problems = self._group_residency(tuple(layouts[t] for t in tasks), i in cand.offload)
+            g_peak, g_swap, g_problems = self.group_memory.residency(tuple(layouts[t] for t in tasks),
+                                                                     i in cand.offload)
             peaks.update(g_peak)
             swap.update(g_swap)
             problems.extend(g_problems)
@@ -203,12 +183,12 @@ class Simulator:
                 continue
             seconds = 0.0
             if group_of[edge.src] != group_of[edge.dst]:
-                seconds = self._edge_seconds(edge, layouts[edge.src], layouts[edge.dst], evals)
+                seconds = self.transfers.edge_seconds(edge, layouts[edge.src], layouts[edge.dst])
                 transfer_s[edge.name] = seconds
             forward.append((edge, seconds))
         weights = []
         for edge in self.graph.backward_edges():
-            seconds = self._weight_sync_seconds(edge, layouts[edge.src], layouts[edge.dst])
+            seconds = self.transfers.weight_sync_seconds(edge, layouts[edge.src], layouts[edge.dst])
             transfer_s[edge.name] = seconds
             weights.append((edge, seconds))
         schedule = ScheduleInput(
@@ -228,194 +208,7 @@ class Simulator:
             price_per_hour=price, offload_s={t: a + b for t, (a, b) in swap.items() if a + b > 0},
             transfer_s=transfer_s, schedule=schedule)
 
-    # ---- structure ------------------------------------------------------------------------------
-    def structure_problems(self, cand: Candidate) -> list[str]:
-        """Everything that makes a candidate malformed, as sentences (empty when well-formed)."""
-        out: list[str] = []
-        expected = set(self.tasks)
-        grouped = [t for g in cand.groups for t in g]
-        for t in sorted(set(grouped) - expected):
-            out.append(f"task {t!r} is not part of this {self.workload.algorithm} workload ({', '.join(self.tasks)})")
-        for t in self.tasks:
-            n = grouped.count(t)
-            if n != 1:
-                out.append(f"task {t} is in {n} groups; every task must be in exactly one")
-        if len(cand.groups) != len(cand.group_devices):
-            out.append(f"{len(cand.groups)} groups but {len(cand.group_devices)} device lists")
-            return out
-        owner: dict[str, int] = {}
-        for gi, devs in enumerate(cand.group_devices):
-            if not devs:
-                out.append(f"group {gi} ({', '.join(cand.groups[gi])}) has no devices")
-            for d in devs:
-                if d not in self.devices:
-                    out.append(f"group {gi} names device {d!r}, which is not in cluster {self.cluster.name!r}")
-                elif d in owner and owner[d] != gi:
-                    out.append(f"device {d} is in groups {owner[d]} and {gi}; groups must not share devices")
-                owner.setdefault(d, gi)
-        names = dict(cand.layouts)
-        for gi, tasks in enumerate(cand.groups):
-            for t in tasks:
-                if t not in expected:
-                    continue
-                lay = names.get(t)
-                if lay is None:
-                    out.append(f"task {t} has no layout")
-                    continue
-                key = (lay, cand.group_devices[gi], gi)
-                found = self._layout_checks.get(key)
-                if found is None:
-                    if len(self._layout_checks) >= MEMO_LIMIT:
-                        self._layout_checks.clear()
-                    found = self._layout_checks[key] = self._layout_problems(lay, set(cand.group_devices[gi]), gi)
-                out.extend(found)
-        return out
-
-    def _layout_problems(self, lay: TaskLayout, group: set[str], gi: int) -> list[str]:
-        out: list[str] = []
-        t = lay.task
-        layers = self.graph.model_of(t).layers
-        if lay.tp < 1 or lay.pp < 1:
-            return [f"{t}: tp and pp must be >= 1 (got tp={lay.tp}, pp={lay.pp})"]
-        if lay.dp < 1:
-            return [f"{t}: a layout needs at least one replica"]
-        if lay.pp > layers:
-            out.append(f"{t}: pp={lay.pp} exceeds the model's {layers} layers")
-        seen: set[str] = set()
-        own_tp = self.graph.kind_of(t) == TaskKind.GENERATION  # only rollout replicas may differ in TP
-        for r, devs in enumerate(lay.replicas):
-            tp = len(devs) // lay.pp if own_tp else lay.tp  # at most the layout's largest degree, tp
-            if not 1 <= tp <= lay.tp or len(devs) != tp * lay.pp:
-                out.append(f"{t}: replica {r} has {len(devs)} devices, tp*pp = {lay.tp * lay.pp} expected")
-            for d in devs:
-                if d not in group:
-                    out.append(f"{t}: replica {r} uses {d}, which is not a device of its group {gi}")
-                if d in seen:
-                    out.append(f"{t}: device {d} appears twice in the layout")
-                seen.add(d)
-        if len(lay.shares) != lay.dp or any(s < 0 or not math.isfinite(s) for s in lay.shares):
-            out.append(f"{t}: {len(lay.shares)} batch shares for {lay.dp} replicas (need one non-negative share each)")
-        elif not math.isclose(sum(lay.shares), 1.0, abs_tol=1e-6):
-            out.append(f"{t}: batch shares sum to {sum(lay.shares):.6f}, not 1")
-        if len(lay.layer_splits) != lay.dp:
-            out.append(f"{t}: {len(lay.layer_splits)} layer splits for {lay.dp} replicas")
-        else:
-            for r, split in enumerate(lay.layer_splits):
-                if len(split) != lay.pp or any(x < 1 for x in split) or sum(split) != layers:
-                    out.append(f"{t}: replica {r}'s layer split {list(split)} is not {lay.pp} positive stages "
-                               f"summing to {layers} layers")
-        if lay.sharding not in SHARDING:
-            out.append(f"{t}: unknown sharding {lay.sharding!r} (one of {', '.join(SHARDING)})")
-        elif lay.sharding != "none" and self.graph.kind_of(t) != TaskKind.TRAINING:
-            out.append(f"{t}: {lay.sharding} sharding on a {self.graph.kind_of(t)} task (only training shards its state)")
-        if self.executable:
-            out.extend(f"{p} (`hetprof run` would refuse it; plan with --any-layout to allow it)"
-                       for tp in sorted(set(lay.tp_degrees()))
-                       for p in executable.layout_problems(t, self.graph.kind_of(t), self.graph.model_of(t), tp,
-                                                           lay.pp, lay.layer_splits, lay.describe(), lay.sharding))
-        return out
-
-    # ---- memory of colocated tasks --------------------------------------------------------------
-    def _group_residency(self, layouts: tuple[TaskLayout, ...], offload: bool = False) -> tuple:
-        """Per device: peak bytes, and whether the group's tasks must offload between phases.
-
-        Tasks that share a device keep their weights/optimizer state resident when everything fits
-        (only one task's activations or KV cache live at a time); otherwise — or when the group
-        offloads by configuration, as verl's hybrid engine does every step whatever fits — each task
-        reloads its state before it runs and offloads it after, over the host link.
-        A follower (the log-prob pass) reads its leader's weights: it adds only its working set.
-        """
-        key = (layouts, offload)
-        hit = self._residency.get(key)
-        if hit is not None:
-            return hit
-        if len(self._residency) >= MEMO_LIMIT:
-            self._residency.clear()
-        per_device: dict[str, list[tuple[str, object]]] = {}
-        for lay in layouts:
-            for d, est in self.costs.evaluate(lay).memory.items():
-                per_device.setdefault(d, []).append((lay.task, est))
-        peaks: dict[str, float] = {}
-        swap: dict[str, float] = {}
-        problems: list[str] = []
-        for d, items in per_device.items():
-            cap = self.capacity[d]
-            here = {t for t, _ in items}
-            own = [(t, e) for t, e in items if FOLLOWS.get(t) not in here]
-            resident = sum(e.offloadable for _, e in own) + max(e.total - e.offloadable for _, e in items)
-            if len(items) == 1 or (resident <= cap and not offload):
-                peaks[d] = resident if len(items) > 1 else items[0][1].total
-                continue
-            peaks[d] = max(e.total for _, e in items)
-            dtype_ = self.devices[d].type
-            held = dict(items)
-            for task, e in items:  # a follower reloads the weights its leader holds (shards, if sharded)
-                moved = held[FOLLOWS[task]].weights if FOLLOWS.get(task) in held else e.offloadable
-                swap[task] = max(swap.get(task, 0.0), self.cost_model.host_transfer_time(moved, dtype_))
-        out = (peaks, {t: (s, s) for t, s in swap.items()}, problems)
-        self._residency[key] = out
-        return out
-
-    # ---- transfers ------------------------------------------------------------------------------
-    def _edge_seconds(self, edge: Edge, src: TaskLayout, dst: TaskLayout, evals: dict[str, TaskEval]) -> float:
-        """Forward data of one step between two groups, over the links between the hosts holding it.
-
-        Sample r of the producer goes to the consumer replica that processes it, so host pair (a, b)
-        moves payload × f_a × f_b; each host's interface carries its flows in turn, so the busiest
-        sender or receiver decides (LinkTable.transfer_profile). The profile is linear in the
-        payload, so it is computed once per pair of layouts and shared by every edge between them.
-        """
-        key = (src, dst)
-        profile = self._edges.get(key)
-        if profile is None:
-            if len(self._edges) >= MEMO_LIMIT:
-                self._edges.clear()
-            profile = self._edges[key] = self.links.transfer_profile(evals[src.task].host_vector,
-                                                                     evals[dst.task].host_vector)
-        latency, per_byte = profile
-        total = edge.payload_bytes(self.workload.sequences_per_step, self.costs.prompt + self.costs.response)
-        return latency + total * per_byte if total > 0 else 0.0
-
-    def _weight_sync_seconds(self, edge: Edge, train: TaskLayout, gen: TaskLayout) -> float:
-        """Trainer -> consumer weights over the slowest link of the sync set: broadcast, shards in parallel
-        from the trainer's tp*pp ranks in one region (across regions the weights cross once); resharded
-        in place when the consumer sits on the trainer's GPUs (CostModel.reshard_time)."""
-        key = ("weights", edge, train, gen)
-        hit = self._edges.get(key)
-        if hit is not None:
-            return hit
-        if len(self._edges) >= MEMO_LIMIT:
-            self._edges.clear()
-        hosts = {self.devices[d].host for d in train.devices()} | {self.devices[d].host for d in gen.devices()}
-        link = self.links.slowest(hosts) or self.links.between(*hosts, *hosts)  # one host: its own link
-        shards = 1 if self.links.spans_regions(hosts) else train.tp * train.pp
-        model = self.graph.models[edge.model]
-        if set(gen.devices()) <= set(train.devices()):  # colocated: reshard in place on every GPU
-            pieces = shards * (train.dp if train.sharding == "fsdp" else 1)
-            # across hosts, every generator GPU of a host gathers through that host's network cards at once;
-            # the smallest-TP generator gathers the largest shard, so it finishes last
-            per_host = Counter(self.devices[d].host for d in gen.devices())
-            flows = max(per_host.values()) if len(hosts) > 1 else 1
-            seconds = self.cost_model.reshard_time(model, link, min(gen.tp_degrees()), pieces, self.workload.precision,
-                                                   flows)
-        else:  # across hosts of a region each stream takes its GPU's share of the cards; a WAN link is its own limit
-            lan = len(hosts) > 1 and not self.links.spans_regions(hosts)
-            cards = max(self._host_gpus[h] for h in hosts) if lan else 1
-            seconds = self.cost_model.weight_sync_time(model, link, receivers=gen.dp, dtype=self.workload.precision,
-                                                       shards=shards, flows=cards)
-        if self.graph.kind_of(edge.dst) == TaskKind.GENERATION:  # the engine then takes them in (its slowest kind)
-            seconds += max(self.cost_model.engine_reload_time(self.backend, self.devices[d].type, self.workload.precision,
-                                                              model.weight_bytes(self.workload.precision))
-                           for d in gen.devices())
-        self._edges[key] = seconds
-        return seconds
-
-    @functools.cached_property
-    def _host_gpus(self) -> Counter:
-        """GPUs per host: they share its network cards."""
-        return Counter(dev.host for dev in self.devices.values())
-
     # ---- up-front feasibility -------------------------------------------------------------------
     def check_fits(self, max_tp: int = 8, max_pp: int = 4) -> None:
         """Raise InfeasibleError if some task fits on no GPU type of the cluster (planner/fits.py)."""
-        check_fits(self, max_tp, max_pp)
+        check_fits(self.planning, max_tp, max_pp)

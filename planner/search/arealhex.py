@@ -136,7 +136,7 @@ class ArealHexSearch(Search):
     """γ binary search over the train/rollout partition; a rollout MILP per partition."""
 
     def run(self) -> SearchResult:
-        sim = self.ctx.sim
+        sim = self.ctx.planning
         ledger = Ledger(self.ctx)           # an evaluation budget binds it like every search
         train_tasks = tuple(t for t in sim.tasks if t not in (Task.ACTOR_GEN, Task.REWARD_INFER))
         roll_tasks = tuple(t for t in sim.tasks if t in (Task.ACTOR_GEN, Task.REWARD_INFER))
@@ -159,7 +159,7 @@ class ArealHexSearch(Search):
 
     def _gamma_search(self, hosts, ledger: Ledger, train_tasks, roll_tasks, visited: list[dict]) -> None:
         """Binary search on γ, the training side's share of the cluster's FLOPs: grow the slower side."""
-        sim = self.ctx.sim
+        sim = self.ctx.planning
         flops = {h: sum(sim.catalog.lookup(sim.devices[d].type).peak_flops("bf16") for d in ds) for h, ds in hosts}
         whole = sum(flops.values())
         lo, hi = 0.0, 1.0
@@ -187,7 +187,7 @@ class ArealHexSearch(Search):
     def _training_first_hosts(self, first_region: str | None = None) -> list[tuple[str, list[str]]]:
         """Hosts ranked for training: most FLOPs per byte of HBM bandwidth first, then (given)
         `first_region`'s hosts, then locality."""
-        sim = self.ctx.sim
+        sim = self.ctx.planning
         by_host: dict[str, list[str]] = {}
         for d in layouts.canonical_order(sim, sim.devices):
             by_host.setdefault(sim.devices[d].host, []).append(d)
@@ -203,7 +203,7 @@ class ArealHexSearch(Search):
         return [(h, by_host[h]) for h in order]
 
     def _partition(self, hosts, flops, whole, gamma, train_tasks, roll_tasks):
-        sim, ctx = self.ctx.sim, self.ctx
+        sim, ctx = self.ctx.planning, self.ctx
         train, acc = [], 0.0
         for h, ds in hosts:
             if acc >= gamma * whole and train:

@@ -21,7 +21,7 @@ from hetprof.planner.search.space import Grouping, devices_by_type
 from hetprof.specs.vocabulary import Task
 
 if TYPE_CHECKING:
-    from hetprof.planner.simulator import Simulator
+    from hetprof.planner.planning import PlanningContext
 
 ETA = 3     # successive halving keeps the best 1/ETA of arms per rung
 PART_SHARES = (0.5, 0.75)   # parts of a sub-pool that colocated arms also try (cheaper, often as fast)
@@ -81,7 +81,7 @@ def enumerate_arms(groupings: Sequence[Grouping], types: Sequence[str], totals: 
     return arms
 
 
-def region_cuts(sim: Simulator, by_type: dict[str, tuple[str, ...]], types: Sequence[str]) -> list[tuple[int, ...]]:
+def region_cuts(sim: PlanningContext, by_type: dict[str, tuple[str, ...]], types: Sequence[str]) -> list[tuple[int, ...]]:
     """Per GPU kind, the counts that hand one side a whole-region block of its locality-ordered
     GPUs: every place the region changes, seen from either end (c and total - c)."""
     out = []
@@ -124,12 +124,12 @@ def _split_one_kind(grouping: Grouping, types: Sequence[str], totals: Sequence[i
     return out
 
 
-def type_region_counts(sim: Simulator) -> Counter[tuple[str, str]]:
+def type_region_counts(sim: PlanningContext) -> Counter[tuple[str, str]]:
     """The cluster's GPUs counted per (type, region)."""
     return Counter((d.type, d.region) for d in sim.devices.values())
 
 
-def sub_pools(sim: Simulator, types: Sequence[str]) -> list[tuple[tuple[int, ...], str | None]]:
+def sub_pools(sim: PlanningContext, types: Sequence[str]) -> list[tuple[tuple[int, ...], str | None]]:
     """The sub-pools a user would try by hand: each region, each GPU type, each type within a
     region — as GPU counts per type, with the region the GPUs must come from (None: any)."""
     count = type_region_counts(sim)
@@ -153,7 +153,7 @@ def sub_pools(sim: Simulator, types: Sequence[str]) -> list[tuple[tuple[int, ...
     return list(out)
 
 
-def one_region_pools(sim: Simulator, types: Sequence[str]) -> list[tuple[tuple[int, ...], str]]:
+def one_region_pools(sim: PlanningContext, types: Sequence[str]) -> list[tuple[tuple[int, ...], str]]:
     """Each region's GPUs, and each GPU type's within a region that has several, as counts per type
     with their region, most bf16 FLOPs first (training is compute-bound: the pool that would train
     fastest is offered first); none on a one-region cluster."""
@@ -168,7 +168,7 @@ def one_region_pools(sim: Simulator, types: Sequence[str]) -> list[tuple[tuple[i
     return sorted(pools, key=lambda p: (-sum(n * f for n, f in zip(p[0], flops, strict=True)), p[1], p[0]))
 
 
-def pool_pairs(sim: Simulator, types: Sequence[str]) -> list[tuple[tuple[tuple[int, ...], str], ...]]:
+def pool_pairs(sim: PlanningContext, types: Sequence[str]) -> list[tuple[tuple[tuple[int, ...], str], ...]]:
     """Ordered pairs of disjoint one-region pools (a region, or a GPU type within it): generation
     on the first, everything else on the second, the rest idle — the disaggregated plan of a
     geo-distributed cluster, where each stage stays inside one datacenter and only weights and
@@ -190,7 +190,7 @@ def pool_pairs(sim: Simulator, types: Sequence[str]) -> list[tuple[tuple[tuple[i
     return sorted(((a, b) for a in pools for b in pools if a is not b and disjoint(a, b)), key=rank)
 
 
-def region_pools(sim: Simulator, types: Sequence[str]) -> list[tuple[tuple[int, ...], str]]:
+def region_pools(sim: PlanningContext, types: Sequence[str]) -> list[tuple[tuple[int, ...], str]]:
     """Each region's whole GPU pool as counts per type, regions in name order; none on one region."""
     count = type_region_counts(sim)
     regions = sorted({r for _, r in count})
@@ -210,7 +210,7 @@ def region_pair_arms(grouping: Grouping, pools: Sequence[tuple[tuple[int, ...], 
             for ca, ra in pools for cb, rb in pools if ra != rb and sum(ca) and sum(cb)]
 
 
-def host_splits(sim: Simulator, types: Sequence[str]) -> list[tuple[tuple[tuple[int, ...], str], ...]]:
+def host_splits(sim: PlanningContext, types: Sequence[str]) -> list[tuple[tuple[tuple[int, ...], str], ...]]:
     """On a one-region cluster, the disaggregated plans a pair of pools names elsewhere: generation
     alone on whole hosts of one GPU type (a block at every host boundary of its locality order), the
     rest of the cluster on everything else — pair-shaped, as `pool_pairs` gives them. Blocks with the

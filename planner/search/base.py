@@ -18,7 +18,8 @@ from hetprof.errors import InfeasibleError, SpecError
 
 if TYPE_CHECKING:
     from hetprof.planner.candidate import Candidate
-    from hetprof.planner.simulator import Score, Simulator
+    from hetprof.planner.planning import PlanningContext
+    from hetprof.planner.score import Score
 
 
 # Objective values within this relative distance count as equal; the cheaper plan then wins.
@@ -88,7 +89,7 @@ class SearchContext:
     `config` holds the search's own knobs (its `Search.config_type`; None: that type's defaults).
     """
 
-    sim: Simulator
+    planning: PlanningContext
     objective: str = "throughput"
     budget: float | None = None
     seed: int = 0
@@ -169,10 +170,10 @@ class Ledger:
     def value(self, score: Score) -> float:
         if not score.feasible:
             return math.inf
-        return float(self.ctx.sim.objective_value(score, self.ctx.objective, self.ctx.budget))
+        return float(self.ctx.planning.objective_value(score, self.ctx.objective, self.ctx.budget))
 
     def evaluate(self, candidate: Candidate) -> tuple[float, Score]:
-        score = self.ctx.sim.evaluate(candidate)
+        score = self.ctx.planning.evaluate(candidate)
         self.evaluations += 1
         value = self.value(score)
         self.offer(candidate, score, value)

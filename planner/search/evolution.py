@@ -28,8 +28,12 @@ from hetprof.planner.search.space import Assembler, ShapeChoice
 from hetprof.specs.vocabulary import TASK_KIND, Task, TaskKind
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from hetprof.planner.candidate import Candidate
     from hetprof.planner.search.base import Ledger
+    from hetprof.planner.search.space import Grouping
+    from hetprof.specs import Device
 
 POPULATION = 6
 TOURNAMENT = 2
@@ -96,11 +100,12 @@ class ArmEvolution:
         orders = [list(o) for o in genome.orders]
         shapes = genome.shape_map()
         touched: set[int] = set()
-        ops: list[Callable[[], bool]] = [lambda: self._swap_across(orders, touched, block=False),
-                                         lambda: self._swap_across(orders, touched, block=True),
-                                         lambda: self._swap_tasklets(orders, touched),
-                                         lambda: self._reshape(orders, shapes),
-                                         lambda: self._cohere(orders, shapes)]
+        devs, grouping, rng, allowed = self.assembler.sim.devices, self.arm.grouping, self.rng, self.assembler.shapes_for
+        ops: list[Callable[[], bool]] = [lambda: swap_across(orders, touched, False, devs, rng),
+                                         lambda: swap_across(orders, touched, True, devs, rng),
+                                         lambda: swap_tasklets(orders, touched, grouping, rng),
+                                         lambda: reshape(orders, shapes, grouping, allowed, rng),
+                                         lambda: cohere(orders, shapes, grouping, allowed, rng)]
         moves = 1 + int(self.rng.integers(0, 2))
         done = 0
         for _ in range(8 * moves):
@@ -112,73 +117,6 @@ class ArmEvolution:
             return None
         greedy = bool(self.rng.random() < 0.5)
         return self._repair(tuple(tuple(o) for o in orders), shapes, touched, greedy)
-
-    def _swap_across(self, orders: list[list[str]], touched: set[int], block: bool) -> bool:
-        """Swap GPUs of one kind between two groups (the idle pool counts as a group)."""
-        devs = self.assembler.sim.devices
-        holders: dict[str, list[int]] = {}
-        for g, o in enumerate(orders):
-            for t in sorted({devs[d].type for d in o}):
-                holders.setdefault(t, []).append(g)
-        types = [t for t in sorted(holders) if len(holders[t]) >= 2]
-        if not types:
-            return False
-        t = types[int(self.rng.integers(0, len(types)))]
-        ga, gb = (int(x) for x in self.rng.choice(holders[t], size=2, replace=False))
-        a_idx = [i for i, d in enumerate(orders[ga]) if devs[d].type == t]
-        b_idx = [i for i, d in enumerate(orders[gb]) if devs[d].type == t]
-        ia = a_idx[int(self.rng.integers(0, len(a_idx)))]
-        ib = b_idx[int(self.rng.integers(0, len(b_idx)))]
-        if block:
-            ha, hb = devs[orders[ga][ia]].host, devs[orders[gb][ib]].host
-            if ha == hb:
-                return False
-            a_idx = [i for i in a_idx if devs[orders[ga][i]].host == ha]
-            b_idx = [i for i in b_idx if devs[orders[gb][i]].host == hb]
-            pairs = list(zip(a_idx, b_idx, strict=False))
-        else:
-            pairs = [(ia, ib)]
-        for i, j in pairs:
-            orders[ga][i], orders[gb][j] = orders[gb][j], orders[ga][i]
-        touched.update((ga, gb))
-        return True
-
-    def _swap_tasklets(self, orders: list[list[str]], touched: set[int]) -> bool:
-        """Swap two GPUs inside a group: they trade tasklets (replica, stage) for every task."""
-        k = len(self.arm.grouping)
-        groups = [g for g in range(k) if len(orders[g]) >= 2]
-        if not groups:
-            return False
-        g = groups[int(self.rng.integers(0, len(groups)))]
-        i, j = (int(x) for x in self.rng.choice(len(orders[g]), size=2, replace=False))
-        orders[g][i], orders[g][j] = orders[g][j], orders[g][i]
-        return True
-
-    def _reshape(self, orders: list[list[str]], shapes: dict[str, ShapeChoice]) -> bool:
-        """Give one task another TP×PP its group's devices allow."""
-        tasks = [(g, t) for g, ts in enumerate(self.arm.grouping) for t in ts]
-        g, task = tasks[int(self.rng.integers(0, len(tasks)))]
-        allowed = [s for s in self.assembler.shapes_for(task, orders[g]) if s != shapes.get(task)]
-        if not allowed:
-            return False
-        shapes[task] = allowed[int(self.rng.integers(0, len(allowed)))]
-        return True
-
-    def _cohere(self, orders: list[list[str]], shapes: dict[str, ShapeChoice]) -> bool:
-        """Give every task of one group the same TP×PP (generation may keep its own).
-
-        Shapes picked one task at a time can each be fastest alone yet together overflow the
-        shared GPUs' memory; a group-wide shape is several coordinated reshapes in one move.
-        """
-        groups = [g for g, ts in enumerate(self.arm.grouping) if len(ts) >= 2]
-        if not groups:
-            return False
-        g = groups[int(self.rng.integers(0, len(groups)))]
-        tasks = list(self.arm.grouping[g])
-        keep_generation = bool(self.rng.random() < 0.5)
-        if keep_generation:
-            tasks = [t for t in tasks if TASK_KIND[Task(t)] != TaskKind.GENERATION] or tasks
-        return set_common_shape(tasks, shapes, lambda t: self.assembler.shapes_for(t, orders[g]), self.rng)
 
     def coherent_neighbours(self, genome: Genome) -> list[Genome]:
         """The reshapes tried after a new best, in turns: group-wide (`group_reshapes`) and one
@@ -318,6 +256,84 @@ class ArmEvolution:
             if value < self.best_value:
                 self.best_value, self.best_candidate = value, cand
             self.adopt(genome_from_candidate(cand, all_devices), ledger)
+
+
+# ---- the mutation moves: each edits a genome's orders or shapes in place, True if it changed them ----
+# (module functions of the arm's own generator, so a move draws the same numbers wherever it runs)
+Allowed = Callable[[str, Sequence[str]], Sequence[ShapeChoice]]   # a task's TP×PP choices on a group's devices
+
+
+def swap_across(orders: list[list[str]], touched: set[int], block: bool, devs: Mapping[str, Device],
+                rng: np.random.Generator) -> bool:
+    """Swap GPUs of one kind between two groups (the idle pool counts as a group)."""
+    holders: dict[str, list[int]] = {}
+    for g, o in enumerate(orders):
+        for t in sorted({devs[d].type for d in o}):
+            holders.setdefault(t, []).append(g)
+    types = [t for t in sorted(holders) if len(holders[t]) >= 2]
+    if not types:
+        return False
+    t = types[int(rng.integers(0, len(types)))]
+    ga, gb = (int(x) for x in rng.choice(holders[t], size=2, replace=False))
+    a_idx = [i for i, d in enumerate(orders[ga]) if devs[d].type == t]
+    b_idx = [i for i, d in enumerate(orders[gb]) if devs[d].type == t]
+    ia = a_idx[int(rng.integers(0, len(a_idx)))]
+    ib = b_idx[int(rng.integers(0, len(b_idx)))]
+    if block:
+        ha, hb = devs[orders[ga][ia]].host, devs[orders[gb][ib]].host
+        if ha == hb:
+            return False
+        a_idx = [i for i in a_idx if devs[orders[ga][i]].host == ha]
+        b_idx = [i for i in b_idx if devs[orders[gb][i]].host == hb]
+        pairs = list(zip(a_idx, b_idx, strict=False))
+    else:
+        pairs = [(ia, ib)]
+    for i, j in pairs:
+        orders[ga][i], orders[gb][j] = orders[gb][j], orders[ga][i]
+    touched.update((ga, gb))
+    return True
+
+
+def swap_tasklets(orders: list[list[str]], touched: set[int], grouping: Grouping, rng: np.random.Generator) -> bool:
+    """Swap two GPUs inside a group: they trade tasklets (replica, stage) for every task."""
+    k = len(grouping)
+    groups = [g for g in range(k) if len(orders[g]) >= 2]
+    if not groups:
+        return False
+    g = groups[int(rng.integers(0, len(groups)))]
+    i, j = (int(x) for x in rng.choice(len(orders[g]), size=2, replace=False))
+    orders[g][i], orders[g][j] = orders[g][j], orders[g][i]
+    return True
+
+
+def reshape(orders: list[list[str]], shapes: dict[str, ShapeChoice], grouping: Grouping, allowed: Allowed,
+            rng: np.random.Generator) -> bool:
+    """Give one task another TP×PP its group's devices allow."""
+    tasks = [(g, t) for g, ts in enumerate(grouping) for t in ts]
+    g, task = tasks[int(rng.integers(0, len(tasks)))]
+    others = [s for s in allowed(task, orders[g]) if s != shapes.get(task)]
+    if not others:
+        return False
+    shapes[task] = others[int(rng.integers(0, len(others)))]
+    return True
+
+
+def cohere(orders: list[list[str]], shapes: dict[str, ShapeChoice], grouping: Grouping, allowed: Allowed,
+           rng: np.random.Generator) -> bool:
+    """Give every task of one group the same TP×PP (generation may keep its own).
+
+    Shapes picked one task at a time can each be fastest alone yet together overflow the
+    shared GPUs' memory; a group-wide shape is several coordinated reshapes in one move.
+    """
+    groups = [g for g, ts in enumerate(grouping) if len(ts) >= 2]
+    if not groups:
+        return False
+    g = groups[int(rng.integers(0, len(groups)))]
+    tasks = list(grouping[g])
+    keep_generation = bool(rng.random() < 0.5)
+    if keep_generation:
+        tasks = [t for t in tasks if TASK_KIND[Task(t)] != TaskKind.GENERATION] or tasks
+    return set_common_shape(tasks, shapes, lambda t: allowed(t, orders[g]), rng)
 
 
 def _alternate(first: list[Genome], second: list[Genome]) -> list[Genome]:

@@ -75,7 +75,7 @@ class ExhaustiveSearch(Search):
                                   "it is meant for small clusters (use --search hetrl)")
 
     def _full(self, ledger: Ledger, limit: int) -> int:
-        sim = self.ctx.sim
+        sim = self.ctx.planning
         asm = Assembler(sim, self.ctx.max_tp, self.ctx.max_pp)
         hosts: dict[str, list[str]] = {}
         for d in sorted(sim.devices, key=lambda d: (sim.devices[d].host, sim.devices[d].index)):
@@ -99,7 +99,7 @@ class ExhaustiveSearch(Search):
 
     def _group_choices(self, grouping: Grouping, groups: list[tuple[str, ...]], asm: Assembler, ledger: Ledger,
                        seen: set, count: int, limit: int) -> int:
-        sim = self.ctx.sim
+        sim = self.ctx.planning
         tasks = [t for g in grouping for t in g]
         owner = {t: gi for gi, g in enumerate(grouping) for t in g}
         shape_lists = [asm.shapes_for(t, groups[owner[t]]) for t in tasks]
@@ -125,7 +125,7 @@ class ExhaustiveSearch(Search):
         grouping = self.config.grouping
         if grouping is None:
             raise InfeasibleError("exhaustive over the restricted space needs ExhaustiveConfig.grouping")
-        space = RestrictedSpace(self.ctx.sim, tuple(tuple(g) for g in grouping), self.ctx.max_tp, self.ctx.max_pp)
+        space = RestrictedSpace(self.ctx.planning, tuple(tuple(g) for g in grouping), self.ctx.max_tp, self.ctx.max_pp)
         tasks = [t for g in space.grouping for t in g]
         count = 0
         for counts in space.feasible_counts():

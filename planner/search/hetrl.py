@@ -64,10 +64,13 @@ from hetprof.planner.search.space import (
     problem_key,
 )
 from hetprof.planner.search.study import ArmStudy, PendingTrial, arm_distributions, arm_from_trial
-from hetprof.planner.search.subpools import sub_clusters, sub_simulator
+from hetprof.planner.search.subpools import sub_clusters
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from hetprof.planner.candidate import Candidate
+    from hetprof.planner.planning import PlanningContext
 
 ENUMERATE_LIMIT = 1500      # arms: below this every (grouping, counts) arm is tried
 BRACKET_ARMS = 27           # TPE-proposed arms per extra bracket
@@ -108,6 +111,83 @@ class _Problem:
         return [d for t in sorted(self.by_type) for d in self.by_type[t]]
 
 
+def arm_space(sim: PlanningContext, config: HetRLConfig, objective: str) -> tuple[_Problem, list[Arm], list[Arm]]:
+    """The problem's arms: every (grouping, counts) arm when few enough (`enumerate_limit`), else the
+    structured ones; and the structured arms a screening ranks."""
+    types, by_type = gpu_types(sim), devices_by_type(sim)
+    totals = [len(by_type[t]) for t in types]
+    groupings = all_groupings(sim)
+    exact = arm_count(groupings, totals) <= config.enumerate_limit
+    cuts, pools = region_cuts(sim, by_type, types), sub_pools(sim, types)
+    if not exact:
+        # parts of sub-pools only where GPUs are priced: they crowd a throughput search's arms
+        parts = objective != "throughput"
+        pairs = (pool_pairs(sim, types) or host_splits(sim, types)) if config.pool_pairs else []
+        trainers = one_region_pools(sim, types) if config.pool_pairs else []
+        structured = structured_arms(groupings, types, totals, cuts, pools, parts, pairs, trainers)
+        return _Problem(types, by_type, totals, groupings, exact), structured, structured
+    # enumeration names every count split, but not where a sub-pool's GPUs come from: those
+    # arms join the rest, sampled like them, after the structured arms a budget takes first.
+    # Pairs of pools are left out: on a cluster this small evolution's swaps move a group
+    # between regions in a few steps, and more arms only thin the sample.
+    pooled = [a for a in structured_arms(groupings, types, totals, cuts, pools) if a.region]
+    arms = enumerate_arms(groupings, types, totals) + pooled
+    structured = structured_arms(groupings, types, totals, cuts)
+    return _Problem(types, by_type, totals, groupings, exact), arms, structured
+
+
+def offer_shared(found: list[Candidate], ledger: Ledger) -> None:
+    """Offer stored or other processes' best plans to this ledger, scored here (one problem,
+    one score); they are not this process's evaluations, so its own work stays what its budget
+    says."""
+    for cand in found:
+        try:
+            score = ledger.ctx.planning.evaluate(cand)
+        except (KeyError, ValueError):
+            continue                # a plan for devices this cluster does not have
+        ledger.offer(cand, score, ledger.value(score))
+
+
+def tpe_items(study: ArmStudy, problem: _Problem, ledger: Ledger) -> list[tuple[Any, Arm | None]]:
+    """Arms the study's TPE sampler proposes from all recorded trials."""
+    items: list[tuple[Any, Arm | None]] = []
+    for _ in range(BRACKET_ARMS):
+        if ledger.exhausted:
+            break
+        trial = study.study.ask()
+        items.append((trial, arm_from_trial(trial, problem.groupings, problem.types, problem.totals)))
+    return items
+
+
+def region_pairs(ranked: list[Arm], structured: list[Arm], problem: _Problem, value: Callable[[Arm], float],
+                 pools: list, limit: int) -> list[Arm]:
+    """Region-pair arms (`region_pair_arms`) for the best-screened two-group groupings (at most
+    `limit`; `value`: an arm's screened objective): the list pairs regions only for generation alone,
+    and a colocated grouping that screens well on one region's pool is often fastest split across two
+    (each group's traffic in its datacenter)."""
+    known, tried = set(structured), set()
+    out: list[Arm] = []
+    for arm in ranked:
+        if len(tried) >= limit or not pools:
+            break
+        if arm.grouping in tried or not math.isfinite(value(arm)):
+            continue
+        new = [a for a in region_pair_arms(arm.grouping, pools, problem.types) if a not in known]
+        if new:                     # groupings the list already pairs (generation alone) do not count
+            tried.add(arm.grouping)
+            out += new
+    return out
+
+
+def stopped_by(ledger: Ledger) -> str:
+    """Why a run ended, for its report."""
+    if ledger.max_evals and ledger.evaluations >= ledger.max_evals:
+        return "evaluations"
+    if ledger.clock() >= ledger.deadline:
+        return "time"
+    return "search space exhausted"
+
+
 @register_search("hetrl")
 class HetRLSearch(Search):
     """Successive halving over (grouping, GPU counts) arms; evolution over placements inside each."""
@@ -115,43 +195,20 @@ class HetRLSearch(Search):
     config_type = HetRLConfig
     config: HetRLConfig
 
-    def _problem(self) -> tuple[_Problem, list[Arm], list[Arm]]:
-        sim = self.ctx.sim
-        types, by_type = gpu_types(sim), devices_by_type(sim)
-        totals = [len(by_type[t]) for t in types]
-        groupings = all_groupings(sim)
-        exact = arm_count(groupings, totals) <= self.config.enumerate_limit
-        cuts, pools = region_cuts(sim, by_type, types), sub_pools(sim, types)
-        if not exact:
-            # parts of sub-pools only where GPUs are priced: they crowd a throughput search's arms
-            parts = self.ctx.objective != "throughput"
-            pairs = (pool_pairs(sim, types) or host_splits(sim, types)) if self.config.pool_pairs else []
-            trainers = one_region_pools(sim, types) if self.config.pool_pairs else []
-            structured = structured_arms(groupings, types, totals, cuts, pools, parts, pairs, trainers)
-            return _Problem(types, by_type, totals, groupings, exact), structured, structured
-        # enumeration names every count split, but not where a sub-pool's GPUs come from: those
-        # arms join the rest, sampled like them, after the structured arms a budget takes first.
-        # Pairs of pools are left out: on a cluster this small evolution's swaps move a group
-        # between regions in a few steps, and more arms only thin the sample.
-        pooled = [a for a in structured_arms(groupings, types, totals, cuts, pools) if a.region]
-        arms = enumerate_arms(groupings, types, totals) + pooled
-        structured = structured_arms(groupings, types, totals, cuts)
-        return _Problem(types, by_type, totals, groupings, exact), arms, structured
-
     def run(self) -> SearchResult:
         """The search of the whole cluster; with objective cost first the same search (without
         passes of its own) on each one-region, one-GPU-type and type-within-region sub-cluster
         (`subpools`), each with the full evaluation budget and an equal share of the clock, their
         plans offered to the whole cluster's ledger."""
         ctx = self.ctx
-        passes = sub_clusters(ctx.sim.cluster, within=True) if ctx.objective == "cost" and self.config.sub_pools else []
+        passes = sub_clusters(ctx.planning.cluster, within=True) if ctx.objective == "cost" and self.config.sub_pools else []
         started = time.perf_counter()
         found: list[Candidate] = []
         evaluations = 0
         info = {}
         for i, (name, cluster) in enumerate(passes):
             share = (ctx.time_budget_s - (time.perf_counter() - started)) / (len(passes) + 1 - i)
-            sub = dataclasses.replace(ctx, sim=sub_simulator(ctx.sim, cluster), time_budget_s=max(share, 0.0),
+            sub = dataclasses.replace(ctx, planning=ctx.planning.on_cluster(cluster), time_budget_s=max(share, 0.0),
                                       storage=None, study_name=None, warm_start=None, progress=None,
                                       config=dataclasses.replace(self.config, sub_pools=False))
             try:
@@ -177,14 +234,14 @@ class HetRLSearch(Search):
         """The search of the whole cluster; `offered` plans (the sub-pool passes') join at the end."""
         ctx = self.ctx
         ledger = Ledger(ctx)
-        problem, arms, structured = self._problem()
+        problem, arms, structured = arm_space(ctx.planning, self.config, ctx.objective)
         # one study per problem (the simulator's seed draws its response lengths), whatever the
         # search's seed: processes sharing a storage each bring their own
-        name = ctx.study_name or f"hetrl-{problem_key(ctx.sim, ctx.objective, ctx.budget)}-lengths{ctx.sim.seed}"
+        name = ctx.study_name or f"hetrl-{problem_key(ctx.planning, ctx.objective, ctx.budget)}-lengths{ctx.planning.seed}"
         study = ArmStudy(name, ctx.seed, ctx.storage)
         self._resumed = study.resumed()
-        self._offer_shared(study.best_stored(), ledger)
-        self._assembler = Assembler(ctx.sim, ctx.max_tp, ctx.max_pp)
+        offer_shared(study.best_stored(), ledger)
+        self._assembler = Assembler(ctx.planning, ctx.max_tp, ctx.max_pp)
         self._seeds: dict[Arm, list[Candidate]] = {}
         self._states: dict[Arm, ArmEvolution] = {}
         self._milp = MilpArms(ctx, problem.types)
@@ -210,18 +267,12 @@ class HetRLSearch(Search):
                 if ledger.evaluations == before:
                     break               # every arm is exhausted and nothing new was proposed
                 budget *= 2
-            self._offer_shared(study.pull() + offered, ledger)
+            offer_shared(study.pull() + offered, ledger)
         finally:
             pool.close()
-        if ledger.max_evals and ledger.evaluations >= ledger.max_evals:
-            stopped_by = "evaluations"
-        elif ledger.clock() >= ledger.deadline:
-            stopped_by = "time"
-        else:
-            stopped_by = "search space exhausted"
         return ledger.result("hetrl", arms=len(arms), arms_enumerated=problem.exact, stages=stages,
                              brackets=brackets, best_arm=best_arm.arm.label if best_arm else None, study=name,
-                             storage=ctx.storage, stopped_by=stopped_by,
+                             storage=ctx.storage, stopped_by=stopped_by(ledger),
                              resumed_candidates=len(self._resumed), shared_trials=study.shared,
                              milp=self._milp.info or None)
 
@@ -251,7 +302,7 @@ class HetRLSearch(Search):
             survivor = halving.bracket(states, trials, budget, final=final)
             ranked_states.extend(states)
             recording = ledger.clock()
-            self._offer_shared(study.record(trials, distributions), ledger)
+            offer_shared(study.record(trials, distributions), ledger)
             # the last bracket's recording runs after the clock's last look: the reserve holds it
             ledger.closing_s = max(ledger.closing_s, ledger.clock() - recording)
             best_arm = survivor if best_arm is None or survivor.value <= best_arm.value else best_arm
@@ -261,7 +312,7 @@ class HetRLSearch(Search):
             items = []
             if use_milp:
                 items += self._milp_items(brackets, ranked_states, carry, ledger, problem)
-            items += self._tpe_items(study, problem, ledger)
+            items += tpe_items(study, problem, ledger)
         return brackets, best_arm
 
     def _screen(self, structured: list[Arm], problem: _Problem, ledger: Ledger, pool: EvaluationPool) -> list[Arm]:
@@ -273,29 +324,13 @@ class HetRLSearch(Search):
         pool.advance(states, 1, ledger.deadline, lambda: ledger.exhausted)
         order = sorted(range(len(head)), key=lambda i: (states[i].value, i))
         head = [head[i] for i in order]
-        paired = self._region_pairs(head, structured, problem)
+        pools = region_pools(self.ctx.planning, problem.types) if self.config.pair_groupings else []
+        paired = region_pairs(head, structured, problem, lambda a: self._states[a].value, pools,
+                              self.config.pair_groupings)
         pair_states = [self._state(arm, problem, ledger) for arm in paired]
         pool.advance(pair_states, 1, ledger.deadline, lambda: ledger.exhausted)
         screened = sorted(head + paired, key=lambda a: self._states[a].value)     # stable: ties keep list order
         return screened + structured[len(head):]
-
-    def _region_pairs(self, ranked: list[Arm], structured: list[Arm], problem: _Problem) -> list[Arm]:
-        """Region-pair arms (`region_pair_arms`) for the best-screened two-group groupings: the list
-        pairs regions only for generation alone, and a colocated grouping that screens well on one
-        region's pool is often fastest split across two (each group's traffic in its datacenter)."""
-        pools = region_pools(self.ctx.sim, problem.types) if self.config.pair_groupings else []
-        known, tried = set(structured), set()
-        out: list[Arm] = []
-        for arm in ranked:
-            if len(tried) >= self.config.pair_groupings or not pools:
-                break
-            if arm.grouping in tried or not math.isfinite(self._states[arm].value):
-                continue
-            new = [a for a in region_pair_arms(arm.grouping, pools, problem.types) if a not in known]
-            if new:                     # groupings the list already pairs (generation alone) do not count
-                tried.add(arm.grouping)
-                out += new
-        return out
 
     def _state(self, arm: Arm, problem: _Problem, ledger: Ledger) -> ArmEvolution:
         """The arm's evolution: continued when met before, else started warmed (`_warm`)."""
@@ -348,28 +383,6 @@ class HetRLSearch(Search):
                 self._seeds[arm] = cands
                 items.append((None, arm))
         return items
-
-    def _tpe_items(self, study: ArmStudy, problem: _Problem, ledger: Ledger) -> list[tuple[Any, Arm | None]]:
-        """Arms the study's TPE sampler proposes from all recorded trials."""
-        items: list[tuple[Any, Arm | None]] = []
-        for _ in range(BRACKET_ARMS):
-            if ledger.exhausted:
-                break
-            trial = study.study.ask()
-            items.append((trial, arm_from_trial(trial, problem.groupings, problem.types, problem.totals)))
-        return items
-
-    @staticmethod
-    def _offer_shared(found: list[Candidate], ledger: Ledger) -> None:
-        """Offer stored or other processes' best plans to this ledger, scored here (one problem,
-        one score); they are not this process's evaluations, so its own work stays what its budget
-        says."""
-        for cand in found:
-            try:
-                score = ledger.ctx.sim.evaluate(cand)
-            except (KeyError, ValueError):
-                continue                # a plan for devices this cluster does not have
-            ledger.offer(cand, score, ledger.value(score))
 
     def _warm(self, state: ArmEvolution, ledger: Ledger, problem: _Problem) -> None:
         """Start an arm from what is known: a stored candidate of this arm, the context's warm start

@@ -47,7 +47,7 @@ class ILPSearch(Search):
         from hetprof.planner.search.hetrl import HetRLConfig
 
         ctx = self.ctx
-        sub = SearchContext(sim=ctx.sim, objective=ctx.objective, budget=ctx.budget, seed=ctx.seed,
+        sub = SearchContext(planning=ctx.planning, objective=ctx.objective, budget=ctx.budget, seed=ctx.seed,
                             time_budget_s=max(1.0, ctx.time_budget_s / 3), max_tp=ctx.max_tp,
                             max_pp=ctx.max_pp, max_evals=self.config.heuristic_evals,
                             config=HetRLConfig(milp_arms=False))
@@ -67,7 +67,7 @@ class ILPSearch(Search):
         limit = float(cfg.time_limit_s if cfg.time_limit_s is not None else max(1.0, ctx.time_budget_s - heuristic_s))
         limits = SolveLimits(time_limit_s=limit, shortlist=cfg.shortlist, total_s=cfg.total_s,
                              max_nodes=cfg.max_nodes)
-        found = solve_restricted(ctx.sim, grouping, ledger, limits, max_tp=ctx.max_tp, max_pp=ctx.max_pp,
+        found = solve_restricted(ctx.planning, grouping, ledger, limits, max_tp=ctx.max_tp, max_pp=ctx.max_pp,
                                  warm=warm)
         self.solutions = found.solutions
         first = found.first

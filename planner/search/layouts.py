@@ -25,7 +25,7 @@ from hetprof.specs.plan import TASKS
 from hetprof.specs.vocabulary import TaskKind
 
 if TYPE_CHECKING:
-    from hetprof.planner.simulator import Simulator
+    from hetprof.planner.planning import PlanningContext
 
 MAX_LAYER_MOVES = 8
 Sharded = tuple[int, str]  # (dp, sharding) of a training layout's state
@@ -46,17 +46,17 @@ class DegreeOption:
         return f"DP{self.dp}×TP{self.tp}×PP{self.pp}"
 
 
-def task_model(sim: Simulator, task: str) -> ModelShape:
+def task_model(sim: PlanningContext, task: str) -> ModelShape:
     """The model a task runs (its role's shape in the workload)."""
-    return sim.graph.model_of(task)
+    return sim.model_of(task)
 
 
-def task_batch(sim: Simulator) -> int:
+def task_batch(sim: PlanningContext) -> int:
     """Sequences every task handles per iteration (prompts × responses)."""
     return int(sim.workload.sequences_per_step)
 
 
-def canonical_order(sim: Simulator, devices: Iterable[str]) -> tuple[str, ...]:
+def canonical_order(sim: PlanningContext, devices: Iterable[str]) -> tuple[str, ...]:
     """A deterministic, locality-first device order: region, then host, then index.
 
     Hosts of one region are adjacent, so consecutive TP groups (the stages of one pipeline
@@ -66,7 +66,7 @@ def canonical_order(sim: Simulator, devices: Iterable[str]) -> tuple[str, ...]:
     return tuple(sorted(devices, key=lambda d: (devs[d].region, devs[d].host, devs[d].index)))
 
 
-def tp_groups(sim: Simulator, order: Sequence[str], tp: int) -> list[tuple[str, ...]]:
+def tp_groups(sim: PlanningContext, order: Sequence[str], tp: int) -> list[tuple[str, ...]]:
     """Cut an ordered device list into same-host groups of `tp`, in the order they complete.
 
     Walking the order, a host's devices wait until `tp` of them have appeared; the group then
@@ -84,7 +84,7 @@ def tp_groups(sim: Simulator, order: Sequence[str], tp: int) -> list[tuple[str, 
     return groups
 
 
-def arrange(sim: Simulator, order: Sequence[str], tp: int, pp: int) -> list[tuple[str, ...]]:
+def arrange(sim: PlanningContext, order: Sequence[str], tp: int, pp: int) -> list[tuple[str, ...]]:
     """Replicas (tp·pp device ids each, stage-major) from an ordered device list."""
     groups = tp_groups(sim, order, tp)
     dp = len(groups) // pp
@@ -95,7 +95,7 @@ def divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
-def degree_limits(sim: Simulator, task: str, max_tp: int = 8, max_pp: int = 4) -> tuple[tuple[int, ...], int]:
+def degree_limits(sim: PlanningContext, task: str, max_tp: int = 8, max_pp: int = 4) -> tuple[tuple[int, ...], int]:
     """The TP degrees and the most pipeline stages `task` may have: TP divides the heads, PP ≤ the
     layers, and — when the simulator plans for `hetprof run` (`sim.executable`) — only what the
     executor carries out (hetprof/specs/executable.py: no stages for generation or critic inference,
@@ -109,7 +109,7 @@ def degree_limits(sim: Simulator, task: str, max_tp: int = 8, max_pp: int = 4) -
     return tps, stages
 
 
-def feasible_shapes(sim: Simulator, task: str, devices: Sequence[str], max_tp: int = 8,
+def feasible_shapes(sim: PlanningContext, task: str, devices: Sequence[str], max_tp: int = 8,
                     max_pp: int = 4) -> list[DegreeOption]:
     """Every TP×PP×DP the device set can host within `degree_limits`, TP within a host.
 
@@ -138,7 +138,7 @@ def shapes_for_hosts(per_host: Sequence[int], tps: Sequence[int], stages: int) -
 
 # ---- balancing -----------------------------------------------------------------------------------
 
-def replica_time(sim: Simulator, task: str, devices: tuple[str, ...], tp: int, pp: int, batch: int,
+def replica_time(sim: PlanningContext, task: str, devices: tuple[str, ...], tp: int, pp: int, batch: int,
                      split: tuple[int, ...] | None) -> float:
     try:
         t = sim.replica_seconds(task, devices, tp, pp, batch, split)
@@ -147,14 +147,14 @@ def replica_time(sim: Simulator, task: str, devices: tuple[str, ...], tp: int, p
     return float(t) if t is not None and t == t else math.inf
 
 
-def replica_overflow(sim: Simulator, task: str, replica: tuple[str, ...], tp: int, split: Sequence[int], batch: int,
+def replica_overflow(sim: PlanningContext, task: str, replica: tuple[str, ...], tp: int, split: Sequence[int], batch: int,
                      shards: Sharded = (1, "none")) -> float:
     """Bytes by which the replica's stages exceed their GPUs' memory at this batch (0 if it fits);
     `shards` is (dp, sharding): how a training replica's state is sharded over its peers."""
     over = 0.0
     for s, layers in enumerate(split):
         dev = sim.devices[replica[s * tp]]
-        need = sim.costs.memory(task, dev.type, tp, layers, max(1, batch), *shards).total
+        need = sim.replica_memory(task, dev.type, tp, layers, max(1, batch), *shards).total
         over += max(0.0, need - sim.catalog.lookup(dev.type).memory_bytes)
     return over
 
@@ -180,7 +180,7 @@ def _proportional(total: int, weights: Sequence[float], minimum: int = 1) -> lis
     return [b + minimum for b in base]
 
 
-def balance_layers(sim: Simulator, task: str, replica: tuple[str, ...], tp: int, pp: int,
+def balance_layers(sim: PlanningContext, task: str, replica: tuple[str, ...], tp: int, pp: int,
                    batch: int, shards: Sharded = (1, "none")) -> tuple[int, ...]:
     """Layers per stage for one replica: seeded by device speed, then improved one layer at a time."""
     layers = task_model(sim, task).layers
@@ -197,7 +197,7 @@ def balance_layers(sim: Simulator, task: str, replica: tuple[str, ...], tp: int,
         if overflow > bar:
             return overflow, math.inf
         if kind == TaskKind.GENERATION:  # stage balance from one pipelined call, not a whole engine run per trial
-            seconds = sim.costs.pipeline_seconds(task, replica, tp, pp, min(batch, sim.workload.generation.max_num_seqs),
+            seconds = sim.pipeline_seconds(task, replica, tp, pp, min(batch, sim.workload.generation.max_num_seqs),
                                                  candidate)
         else:
             seconds = replica_time(sim, task, replica, tp, pp, batch, tuple(candidate))
@@ -224,7 +224,7 @@ def balance_layers(sim: Simulator, task: str, replica: tuple[str, ...], tp: int,
     return tuple(split)
 
 
-def _replica_key(sim: Simulator, replica: tuple[str, ...], tp: int, pp: int, memo: dict | None = None) -> tuple:
+def _replica_key(sim: PlanningContext, replica: tuple[str, ...], tp: int, pp: int, memo: dict | None = None) -> tuple:
     """Replicas with equal device types and equal stage-to-stage links behave identically."""
     if memo is not None:
         hit = memo.get(("kind", replica, tp, pp))
@@ -240,7 +240,7 @@ def _replica_key(sim: Simulator, replica: tuple[str, ...], tp: int, pp: int, mem
     return types, tuple(hops), hosts
 
 
-def _curve(sim: Simulator, task: str, replica: tuple[str, ...], tp: int, pp: int, split: tuple[int, ...], total: int,
+def _curve(sim: PlanningContext, task: str, replica: tuple[str, ...], tp: int, pp: int, split: tuple[int, ...], total: int,
            shards: Sharded, memo: dict) -> Curve:
     """The time curve of `replica`, shared with every replica that is priced exactly alike: the same
     stage signature (what decides its seconds), the same stage GPU types (what decides its memory),
@@ -248,7 +248,7 @@ def _curve(sim: Simulator, task: str, replica: tuple[str, ...], tp: int, pp: int
     the same numbers whichever such replica built it, so sharing changes no layout, only the work."""
     first_types = tuple(sim.devices[replica[s * tp]].type for s in range(pp))
     held = (1, "none") if shards[1] == "none" or shards[0] == 1 else shards
-    key = ("exact-curve", task, sim.costs.stage_signature(replica, tp, pp), first_types, tp, pp, split, total, held)
+    key = ("exact-curve", task, sim.stage_signature(replica, tp, pp), first_types, tp, pp, split, total, held)
     hit = memo.get(key)
     if hit is None:
         hit = memo[key] = Curve(_Timer(sim, task, replica, tp, pp, split, shards), total)
@@ -258,7 +258,7 @@ def _curve(sim: Simulator, task: str, replica: tuple[str, ...], tp: int, pp: int
 class _Timer:
     """One replica kind's seconds at a batch, and whether that batch fits its GPUs' memory."""
 
-    def __init__(self, sim: Simulator, task: str, replica: tuple[str, ...], tp: int, pp: int,
+    def __init__(self, sim: PlanningContext, task: str, replica: tuple[str, ...], tp: int, pp: int,
                  split: tuple[int, ...], shards: Sharded = (1, "none")) -> None:
         self.sim, self.task, self.replica, self.tp, self.pp, self.split = sim, task, replica, tp, pp, split
         self.shards = shards
@@ -279,7 +279,7 @@ class _Timer:
         return replica_time(self.sim, self.task, self.replica, self.tp, self.pp, b, self.split)
 
 
-def build_layout(sim: Simulator, task: str, order: Sequence[str], tp: int, pp: int,
+def build_layout(sim: PlanningContext, task: str, order: Sequence[str], tp: int, pp: int,
                  balanced: bool = True, memo: dict | None = None) -> TaskLayout | None:
     """The layout of `task` with degrees tp×pp on devices taken in `order`; None if none fits.
 
@@ -290,7 +290,7 @@ def build_layout(sim: Simulator, task: str, order: Sequence[str], tp: int, pp: i
     return balanced_layout(sim, task, arrange(sim, order, tp, pp), tp, pp, balanced, memo)
 
 
-def balanced_layout(sim: Simulator, task: str, replicas: Sequence[tuple[str, ...]], tp: int, pp: int,
+def balanced_layout(sim: PlanningContext, task: str, replicas: Sequence[tuple[str, ...]], tp: int, pp: int,
                     balanced: bool = True, memo: dict | None = None) -> TaskLayout | None:
     """A layout over given replicas with balanced (or, balanced=False, equal) layer splits and shares.
 
@@ -322,7 +322,7 @@ def balanced_layout(sim: Simulator, task: str, replicas: Sequence[tuple[str, ...
     return best
 
 
-def sharding_levels(sim: Simulator, task: str, dp: int, tp: int, pp: int) -> tuple[str, ...]:
+def sharding_levels(sim: PlanningContext, task: str, dp: int, tp: int, pp: int) -> tuple[str, ...]:
     """The shardings a layout is tried with, least sharded first: none for all but multi-replica
     training; zero1 never, as zero2 moves the same bytes and holds less; none alone where `hetprof
     run` shards nothing (TP/PP replicas, hetprof/specs/executable.py)."""
@@ -333,7 +333,7 @@ def sharding_levels(sim: Simulator, task: str, dp: int, tp: int, pp: int) -> tup
     return ("none", "zero2", "fsdp")
 
 
-def _layout_at(sim: Simulator, task: str, replicas: list[tuple[str, ...]], tp: int, pp: int, balanced: bool,
+def _layout_at(sim: PlanningContext, task: str, replicas: list[tuple[str, ...]], tp: int, pp: int, balanced: bool,
                memo: dict, sharding: str) -> TaskLayout | None:
     """balanced_layout at one sharding level."""
     model = task_model(sim, task)
@@ -376,7 +376,7 @@ def _layout_at(sim: Simulator, task: str, replicas: list[tuple[str, ...]], tp: i
                       sharding=sharding)
 
 
-def layout_seconds(sim: Simulator, layout: TaskLayout) -> float:
+def layout_seconds(sim: PlanningContext, layout: TaskLayout) -> float:
     """The layout's task time as its slowest replica (no DP traffic, no colocation effects)."""
     total = task_batch(sim)
     worst = 0.0
@@ -386,13 +386,13 @@ def layout_seconds(sim: Simulator, layout: TaskLayout) -> float:
     return worst
 
 
-def layout_cost(sim: Simulator, layout: TaskLayout) -> float:
+def layout_cost(sim: PlanningContext, layout: TaskLayout) -> float:
     """The task's own seconds on this layout (gradient sync included), inf if it alone overflows memory."""
     judged = sim.task_eval(layout)
     return math.inf if judged.violations else float(judged.seconds)
 
 
-def best_of(sim: Simulator, shapes: Sequence[tuple[int, int]], build) -> tuple[TaskLayout | None, tuple[int, int] | None]:
+def best_of(sim: PlanningContext, shapes: Sequence[tuple[int, int]], build) -> tuple[TaskLayout | None, tuple[int, int] | None]:
     """The fastest of the layouts `build(tp, pp)` gives, trying few pipeline depths per TP.
 
     For each TP degree, deeper pipelines are tried only until one fits memory, plus one more:
@@ -416,7 +416,7 @@ def best_of(sim: Simulator, shapes: Sequence[tuple[int, int]], build) -> tuple[T
     return best, best_shape
 
 
-def best_layout(sim: Simulator, task: str, devices: Sequence[str], max_tp: int = 8, max_pp: int = 4,
+def best_layout(sim: PlanningContext, task: str, devices: Sequence[str], max_tp: int = 8, max_pp: int = 4,
                 order: Sequence[str] | None = None) -> TaskLayout | None:
     """The fastest balanced layout of `task` on `devices` by its own time, or None if none fits."""
     order = tuple(order) if order is not None else canonical_order(sim, devices)

@@ -57,7 +57,7 @@ class MilpArms:
         CBC's node limit bounds each solve, so the answer does not depend on machine load; the
         search's `deadline` (perf_counter) only cuts a solve that would outlast the whole search.
         """
-        ctx, sim = self.ctx, self.ctx.sim
+        ctx, sim = self.ctx, self.ctx.planning
         groupings = self._groupings(ranked, count)
         out: dict[Arm, list[Candidate]] = {}
         started = time.perf_counter()

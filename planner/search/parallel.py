@@ -25,16 +25,16 @@ from hetprof.planner.search.space import Assembler, decode_candidate, encode_can
 
 if TYPE_CHECKING:
     from hetprof.planner.candidate import Candidate
+    from hetprof.planner.planning import PlanningContext
     from hetprof.planner.search.base import Ledger
     from hetprof.planner.search.evolution import ArmEvolution
-    from hetprof.planner.simulator import Simulator
 
 # A forked worker's simulator and assembler: set once per process by the pool initializer and only
 # ever read by that process's own tasks.
 _WORKER: dict[str, Any] = {}
 
 
-def _init_worker(sim: Simulator, objective: str, budget: float | None, max_tp: int, max_pp: int) -> None:
+def _init_worker(sim: PlanningContext, objective: str, budget: float | None, max_tp: int, max_pp: int) -> None:
     _WORKER.update(sim=sim, objective=objective, budget=budget, assembler=Assembler(sim, max_tp, max_pp))
 
 
@@ -71,7 +71,7 @@ class EvaluationPool:
         if workers > 1:
             self.pool = concurrent.futures.ProcessPoolExecutor(
                 max_workers=workers, mp_context=multiprocessing.get_context("fork"),
-                initializer=_init_worker, initargs=(ctx.sim, ctx.objective, ctx.budget, max_tp, max_pp))
+                initializer=_init_worker, initargs=(ctx.planning, ctx.objective, ctx.budget, max_tp, max_pp))
 
     def close(self) -> None:
         if self.pool is not None:
@@ -109,6 +109,6 @@ class EvaluationPool:
             states[i].__dict__.update(new_state.__dict__)
             for value, text in found:
                 cand = decode_candidate(text)
-                ledger.offer(cand, ledger.ctx.sim.evaluate(cand), value)
+                ledger.offer(cand, ledger.ctx.planning.evaluate(cand), value)
             ledger.tell()
         ledger.bounded(since=returned)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from hetprof.planner.search import layouts
 
 if TYPE_CHECKING:
-    from hetprof.planner.simulator import Simulator
+    from hetprof.planner.planning import PlanningContext
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,11 +23,11 @@ class Pool:
     name: str
     devices: tuple[str, ...]
 
-    def regions(self, sim: Simulator) -> set[str]:
+    def regions(self, sim: PlanningContext) -> set[str]:
         return {sim.devices[d].region for d in self.devices}
 
 
-def hosts(sim: Simulator) -> dict[str, tuple[str, ...]]:
+def hosts(sim: PlanningContext) -> dict[str, tuple[str, ...]]:
     """Each host's devices, hosts in locality order (region, host)."""
     out: dict[str, list[str]] = {}
     for d in layouts.canonical_order(sim, sim.devices):
@@ -35,11 +35,11 @@ def hosts(sim: Simulator) -> dict[str, tuple[str, ...]]:
     return {h: tuple(ds) for h, ds in out.items()}
 
 
-def _pool(sim: Simulator, name: str, members: list[tuple[str, ...]]) -> Pool:
+def _pool(sim: PlanningContext, name: str, members: list[tuple[str, ...]]) -> Pool:
     return Pool(name, layouts.canonical_order(sim, [d for ds in members for d in ds]))
 
 
-def host_pools(sim: Simulator) -> list[Pool]:
+def host_pools(sim: PlanningContext) -> list[Pool]:
     """All GPUs, each region, each GPU type, each type within a region (one pool per device set)."""
     by_host = hosts(sim)
     first = {h: sim.devices[ds[0]] for h, ds in by_host.items()}
@@ -58,7 +58,7 @@ def host_pools(sim: Simulator) -> list[Pool]:
     return list(out.values())
 
 
-def region_pools(sim: Simulator, rank: dict[str, float]) -> list[Pool]:
+def region_pools(sim: PlanningContext, rank: dict[str, float]) -> list[Pool]:
     """Pools inside one region: the region, each type in it, and its hosts ranked by `rank` (host ->
     key, lower first) cut at every host count, from either end."""
     by_host = hosts(sim)

@@ -21,13 +21,13 @@ from hetprof.planner.search import layouts
 from hetprof.planner.search.space import Grouping, devices_by_type, gpu_types
 
 if TYPE_CHECKING:
-    from hetprof.planner.simulator import Simulator
+    from hetprof.planner.planning import PlanningContext
 
 
 class RestrictedSpace:
     """Host blocks per type and the candidate each (counts, shapes) choice stands for."""
 
-    def __init__(self, sim: Simulator, grouping: Grouping, max_tp: int = 8, max_pp: int = 4) -> None:
+    def __init__(self, sim: PlanningContext, grouping: Grouping, max_tp: int = 8, max_pp: int = 4) -> None:
         self.sim = sim
         self.grouping = grouping
         self.max_tp, self.max_pp = max_tp, max_pp

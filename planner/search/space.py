@@ -12,7 +12,6 @@ the tests can compare their optima honestly.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import math
@@ -20,11 +19,12 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from hetprof.planner.candidate import Candidate
+from hetprof.planner.memo import memoised
 from hetprof.planner.search import layouts
 from hetprof.specs.layout import TaskLayout
 
 if TYPE_CHECKING:
-    from hetprof.planner.simulator import Simulator
+    from hetprof.planner.planning import PlanningContext
 
 Grouping = tuple[tuple[str, ...], ...]
 Orders = tuple[tuple[str, ...], ...]
@@ -51,7 +51,7 @@ def canonical_grouping(grouping: Sequence[Sequence[str]], task_order: Sequence[s
     return tuple(sorted(groups, key=lambda g: rank[g[0]]))
 
 
-def all_groupings(sim: Simulator) -> list[Grouping]:
+def all_groupings(sim: PlanningContext) -> list[Grouping]:
     tasks = list(sim.tasks)
     return sorted({canonical_grouping(p, tasks) for p in set_partitions(tasks)},
                   key=lambda g: (len(g), grouping_label(g)))
@@ -61,11 +61,11 @@ def grouping_label(grouping: Grouping) -> str:
     return " | ".join("+".join(g) for g in grouping)
 
 
-def gpu_types(sim: Simulator) -> tuple[str, ...]:
+def gpu_types(sim: PlanningContext) -> tuple[str, ...]:
     return tuple(sorted({d.type for d in sim.devices.values()}))
 
 
-def devices_by_type(sim: Simulator) -> dict[str, tuple[str, ...]]:
+def devices_by_type(sim: PlanningContext) -> dict[str, tuple[str, ...]]:
     """Each type's devices in locality order (region, host, index)."""
     out: dict[str, list[str]] = {}
     for d in layouts.canonical_order(sim, sim.devices):
@@ -73,7 +73,7 @@ def devices_by_type(sim: Simulator) -> dict[str, tuple[str, ...]]:
     return {t: tuple(v) for t, v in out.items()}
 
 
-def counts_of(sim: Simulator, devices: Sequence[str], types: Sequence[str]) -> tuple[int, ...]:
+def counts_of(sim: PlanningContext, devices: Sequence[str], types: Sequence[str]) -> tuple[int, ...]:
     return tuple(sum(1 for d in devices if sim.devices[d].type == t) for t in types)
 
 
@@ -84,16 +84,14 @@ class Assembler:
     candidates; balancing it calls the simulator dozens of times, so it is done once.
     """
 
-    def __init__(self, sim: Simulator, max_tp: int = 8, max_pp: int = 4) -> None:
+    def __init__(self, sim: PlanningContext, max_tp: int = 8, max_pp: int = 4) -> None:
         self.sim = sim
         self.max_tp = max_tp
         self.max_pp = max_pp
-        self.layout = functools.lru_cache(maxsize=1 << 16)(self._layout)
-        self.shapes = functools.lru_cache(maxsize=1 << 16)(self._shapes)
-        self.best_shape = functools.lru_cache(maxsize=1 << 14)(self._best_shape)
         self.memo: dict = {}
 
-    def _layout(self, task: str, order: tuple[str, ...], tp: int, pp: int) -> TaskLayout | None:
+    @memoised(1 << 16)
+    def layout(self, task: str, order: tuple[str, ...], tp: int, pp: int) -> TaskLayout | None:
         return layouts.build_layout(self.sim, task, order, tp, pp, memo=self.memo)
 
     def own_seconds(self, task: str, order: tuple[str, ...], shape: ShapeChoice) -> float:
@@ -101,7 +99,8 @@ class Assembler:
         lay = self.layout(task, order, *shape)
         return math.inf if lay is None else layouts.layout_cost(self.sim, lay)
 
-    def _shapes(self, task: str, per_host: tuple[int, ...]) -> tuple[ShapeChoice, ...]:
+    @memoised(1 << 16)
+    def shapes(self, task: str, per_host: tuple[int, ...]) -> tuple[ShapeChoice, ...]:
         limits = layouts.degree_limits(self.sim, task, self.max_tp, self.max_pp)
         return tuple((s.tp, s.pp) for s in layouts.shapes_for_hosts(per_host, *limits))
 
@@ -112,7 +111,8 @@ class Assembler:
             per_host[self.sim.devices[d].host] = per_host.get(self.sim.devices[d].host, 0) + 1
         return self.shapes(task, tuple(sorted(per_host.values())))
 
-    def _best_shape(self, task: str, order: tuple[str, ...]) -> ShapeChoice | None:
+    @memoised(1 << 14)
+    def best_shape(self, task: str, order: tuple[str, ...]) -> ShapeChoice | None:
         return layouts.best_of(self.sim, self.shapes_for(task, order),
                                lambda tp, pp: self.layout(task, order, tp, pp))[1]
 
@@ -143,7 +143,7 @@ class Assembler:
         return out
 
 
-def _device_sort(sim: Simulator):
+def _device_sort(sim: PlanningContext):
     devs = sim.devices
     return lambda d: (devs[d].region, devs[d].host, devs[d].index)
 
@@ -169,7 +169,7 @@ def decode_candidate(text: str) -> Candidate:
     return Candidate(data["groups"], data["group_devices"], lays, data.get("offload", ()))
 
 
-def problem_key(sim: Simulator, objective: str, budget: float | None) -> str:
+def problem_key(sim: PlanningContext, objective: str, budget: float | None) -> str:
     """A short hash naming one planning problem (cluster, workload, objective) for study names."""
     payload = json.dumps({"cluster": sim.cluster.to_dict(), "workload": sim.workload.to_dict(),
                           "objective": objective, "budget": budget}, sort_keys=True, default=str)

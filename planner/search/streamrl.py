@@ -38,7 +38,7 @@ class StreamRLBaseline(Search):
         if key not in cache:
             lays = {}
             for task in tasks:
-                lay = layouts.best_layout(self.ctx.sim, task, pool.devices, self.ctx.max_tp, self.ctx.max_pp)
+                lay = layouts.best_layout(self.ctx.planning, task, pool.devices, self.ctx.max_tp, self.ctx.max_pp)
                 if lay is None:
                     lays = None
                     break
@@ -47,7 +47,7 @@ class StreamRLBaseline(Search):
         return cache[key]
 
     def run(self) -> SearchResult:
-        sim = self.ctx.sim
+        sim = self.ctx.planning
         ledger = Ledger(self.ctx)
         pools = region_pools(sim, bandwidth_rank(sim))
         rest = [t for t in sim.tasks if t != Task.ACTOR_GEN]

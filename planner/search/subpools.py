@@ -11,12 +11,7 @@ planner bench's `--cost-check` compares against that.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from hetprof.specs import ClusterSpec
-
-if TYPE_CHECKING:
-    from hetprof.planner.simulator import Simulator
 
 
 def restricted_cluster(cluster: ClusterSpec, region: str | None = None,
@@ -59,11 +54,3 @@ def sub_clusters(cluster: ClusterSpec, within: bool = False) -> list[tuple[str, 
             seen.add(frozenset(sub.host_names()))
             kept.append((name, sub))
     return kept
-
-
-def sub_simulator(sim: Simulator, cluster: ClusterSpec) -> Simulator:
-    """A simulator of the same problem on a sub-cluster (the same lengths seed and settings)."""
-    from hetprof.planner.simulator import Simulator
-
-    return Simulator(cluster, sim.workload, sim.cost_model, seed=sim.seed, streaming=sim.streaming,
-                     executable=sim.executable, backend=sim.backend)

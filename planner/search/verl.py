@@ -63,7 +63,7 @@ class VerlBaseline(Search):
     config: VerlConfig
 
     def _settings(self, pool: Pool) -> Iterator[tuple[str, Candidate]]:
-        sim, ctx = self.ctx.sim, self.ctx
+        sim, ctx = self.ctx.planning, self.ctx
         order = pool.devices
         tasks = list(sim.tasks)
         others = [t for t in tasks if t != Task.ACTOR_GEN]
@@ -86,7 +86,7 @@ class VerlBaseline(Search):
                     yield knobs, Candidate((tuple(tasks),), (order,), lays)
 
     def run(self) -> SearchResult:
-        sim = self.ctx.sim
+        sim = self.ctx.planning
         ledger = Ledger(self.ctx)
         pools = host_pools(sim) if self.config.choose_pool else host_pools(sim)[:1]
         chosen, tried = "", 0

@@ -160,5 +160,5 @@ def test_published_qwen3_8b_layouts_on_8_h100_fit_in_memory():
     pp2 = even_layout("actor_train", devs, 1, 2, 36)
     assert not colocated(pp2).feasible
     assert colocated(dataclasses.replace(pp2, sharding="zero1")).feasible
-    chosen = layouts.best_layout(sim, "actor_train", devs)
+    chosen = layouts.best_layout(sim.planning, "actor_train", devs)
     assert chosen.sharding != "none" and sim.task_eval(chosen).violations == ()

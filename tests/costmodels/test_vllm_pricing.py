@@ -115,5 +115,5 @@ def test_a_vllm_plan_prices_the_profiled_reload_into_its_weight_sync_and_an_hf_p
     for backend in ("hf", "vllm"):
         sim = Simulator(cluster, wl, cm, backend=backend)
         (edge,) = [e for e in sim.graph.backward_edges() if e.dst == "actor_gen"]
-        sync[backend] = sim._weight_sync_seconds(edge, train, gen)
+        sync[backend] = sim.transfers.weight_sync_seconds(edge, train, gen)
     assert sync["vllm"] - sync["hf"] == pytest.approx(0.05)

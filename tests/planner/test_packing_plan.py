@@ -91,7 +91,7 @@ def test_a_packed_pass_is_priced_as_the_whole_packs_the_executor_runs():
     three packs with one optimizer step: 54 − 2 × 2 = 50 ms, twice per step (2 mini-batches)."""
     spec = fixed_lengths()
     sim = Simulator(cluster(), spec, PerCallAndToken(None), executable=True)
-    assert sim.costs.packs(8) == ((3, 300.0, 2), (2, 300.0, 1))
+    assert sim.costs.basis.packs(8) == ((3, 300.0, 2), (2, 300.0, 1))
     assert sim.replica_seconds("ref_infer", A[:1], 1, 1, 8) == pytest.approx(0.054)
     assert sim.replica_seconds("actor_train", A[:1], 1, 1, 16) == pytest.approx(2 * 0.050 * spec.ppo_epochs)
 
@@ -99,13 +99,14 @@ def test_a_packed_pass_is_priced_as_the_whole_packs_the_executor_runs():
 def test_runnable_plan_prices_packed_passes_at_mean_lengths_in_the_budgets_micro_batches(cm):
     packed = Simulator(cluster(), workload(), cm, executable=True)
     padded = Simulator(cluster(), workload(None), cm, executable=True)
-    costs = packed.costs
+    costs = packed.costs.basis
+    pricer = packed.costs.replicas
     groups = costs.packs(64)
     assert sum(count for _, _, count in groups) > 1  # 64 sequences of ~384 tokens need several 8192-token packs
     assert sum(n * count for n, _, count in groups) == 64
-    sig = costs._stage_signature(A[:1], 1, 1)
+    sig = pricer.stage_signature(A[:1], 1, 1)
     split = (costs.graph.model_of("ref_infer").layers,)
-    calls = sum(count * costs._composed("ref_infer", sig, 1, n, split, length - costs.prompt, costs.prompt)
+    calls = sum(count * pricer.composed("ref_infer", sig, 1, n, split, length - costs.prompt, costs.prompt)
                 for n, length, count in groups)
     assert packed.replica_seconds("ref_infer", A[:1], 1, 1, 64) == pytest.approx(calls)
     # the padded plan prices the step's longest response, several times the mean here
@@ -130,7 +131,7 @@ def test_memory_is_bounded_by_the_token_budget():
 
 def test_workload_grid_measures_the_packed_shapes_the_planner_prices(cm):
     w = workload(5000)
-    costs = Simulator(cluster(), w, cm, executable=True).costs
+    costs = Simulator(cluster(), w, cm, executable=True).costs.basis
     points = workload_points(w, 4)
     for per_replica in (64, 32, 16):  # dp 1, 2, 4
         for batch, kind in ((per_replica, "prefill"), (per_replica // w.mini_batches, "train")):
@@ -162,7 +163,7 @@ def test_a_packed_mini_batch_is_priced_with_one_optimizer_step():
     sim = Simulator(cluster(), spec, StepInPass(None), executable=True)
     plain = Simulator(cluster(), spec, AnalyticalCostModel(None), executable=True)
     mini = 64 // spec.mini_batches
-    packs = sum(count for _, _, count in sim.costs.packs(mini))
+    packs = sum(count for _, _, count in sim.costs.basis.packs(mini))
     assert packs > 1
     steps = spec.mini_batches * spec.ppo_epochs
     over = plain.replica_seconds("actor_train", A[:1], 1, 1, 64) - sim.replica_seconds("actor_train", A[:1], 1, 1, 64)
@@ -190,7 +191,7 @@ def test_prompt_lengths_spread_into_the_packs_like_responses():
 def test_a_pack_of_sequences_shorter_than_the_mean_prompt_is_priced_at_its_tokens():
     """Prompts spread: first-fit leaves a last pack of two short sequences (251 tokens each) under
     the mean prompt (256); it is priced as 251 prompt tokens and no response, at its own tokens."""
-    from hetprof.planner.taskcosts import pack_tokens
+    from hetprof.planner.replicas import pack_tokens
 
     assert pack_tokens(251.0, 256.0) == (0.0, 251.0)
     assert pack_tokens(600.0, 256.0) == (344.0, 256.0)
@@ -201,7 +202,7 @@ def test_a_pack_of_sequences_shorter_than_the_mean_prompt_is_priced_at_its_token
         "response_len": {"mean": 512, "max": 1024, "dist": "lognormal", "std": 256},
         "training": {"max_tokens_per_microbatch": 16384}})
     sim = Simulator(cluster(), spec, PerCallAndToken(None), executable=True)
-    groups = sim.costs.packs(415)
-    assert any(length < sim.costs.prompt for _, length, _ in groups)
+    groups = sim.costs.basis.packs(415)
+    assert any(length < sim.costs.basis.prompt for _, length, _ in groups)
     expected = sum(count * (0.01 + 1e-5 * n * length) for n, length, count in groups)
     assert sim.replica_seconds("ref_infer", A[:1], 1, 1, 415) == pytest.approx(expected)

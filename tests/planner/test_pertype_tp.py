@@ -118,7 +118,7 @@ def test_simulator_prices_and_checks_each_generation_replica_at_its_own_tp(mixed
     judged = sim.task_eval(lay)
     assert judged.violations == () and lay.describe() == "DP3(2×TP1+1×TP2)×PP1"
     for index, devices, gpu, tp in ((0, ("a:0",), "A100-80GB", 1), (2, ("b:0", "b:1"), "T4", 2)):
-        batch = max(1, round(lay.shares[index] * sim.costs.sequences))
+        batch = max(1, round(lay.shares[index] * sim.costs.basis.sequences))
         assert judged.memory[devices[0]] == sim.costs.memory("actor_gen", gpu, tp, 36, batch)
         assert judged.replica_seconds[index] == sim.replica_seconds("actor_gen", devices, tp, 1, batch, (36,))
     uneven = TaskLayout("ref_infer", 2, 1, (("t:0",), ("t:1", "t:2")), (0.5, 0.5), ((36,),) * 2)
@@ -129,16 +129,16 @@ def test_simulator_prices_and_checks_each_generation_replica_at_its_own_tp(mixed
 def test_arealhex_phase1_picks_tp1_on_the_large_type_and_tp2_where_memory_needs_it(mixed_sim):
     sim = mixed_sim
     pool = [d for d in sim.devices if not d.startswith("t:")]
-    options = {(o.gpu_type, o.tp) for o in rollout_options(sim, pool, 8)}
+    options = {(o.gpu_type, o.tp) for o in rollout_options(sim.planning, pool, 8)}
     assert ("T4", 1) not in options and {("T4", 2), ("A100-80GB", 1), ("A100-80GB", 2)} <= options
-    chosen = rollout_milp(sim, pool, 8)
+    chosen = rollout_milp(sim.planning, pool, 8)
     assert {t: (o.tp, n) for t, (o, n) in chosen.items()} == {"A100-80GB": (1, 2), "T4": (2, 1)}
-    mixed = rollout_layout(sim, chosen)
+    mixed = rollout_layout(sim.planning, chosen)
     assert mixed.tp_degrees() == (1, 1, 2) and all(s > 0 for s in mixed.shares)
     # better than either single degree over the same pool (TP1 leaves the T4s out, TP2 halves the A100s' replicas)
-    order = layouts.canonical_order(sim, pool)
+    order = layouts.canonical_order(sim.planning, pool)
     for tp in (1, 2):
-        uniform = layouts.build_layout(sim, "actor_gen", order, tp, 1)
+        uniform = layouts.build_layout(sim.planning, "actor_gen", order, tp, 1)
         assert sim.task_eval(mixed).seconds < sim.task_eval(uniform).seconds
 
 

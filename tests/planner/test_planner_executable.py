@@ -38,13 +38,13 @@ def _sim(runnable: bool) -> Simulator:
 
 def test_degrees_follow_the_executors_rules():
     free, runnable = _sim(False), _sim(True)
-    assert layouts.degree_limits(free, "actor_gen", 8, 4)[1] == 4
-    assert layouts.degree_limits(runnable, "actor_gen", 8, 4)[1] == 1
-    assert layouts.degree_limits(runnable, "critic_infer", 8, 4)[1] == 1
-    assert layouts.degree_limits(runnable, "actor_train", 8, 4)[1] == 4
+    assert layouts.degree_limits(free.planning, "actor_gen", 8, 4)[1] == 4
+    assert layouts.degree_limits(runnable.planning, "actor_gen", 8, 4)[1] == 1
+    assert layouts.degree_limits(runnable.planning, "critic_infer", 8, 4)[1] == 1
+    assert layouts.degree_limits(runnable.planning, "actor_train", 8, 4)[1] == 4
     m = PRESETS["qwen3-4b"]  # 32 heads, 8 KV heads: TP16 would split no KV head
-    assert all(executable.tp_divides(m, tp) for tp in layouts.degree_limits(runnable, "actor_train", 16, 1)[0])
-    assert 16 not in layouts.degree_limits(runnable, "actor_train", 16, 1)[0]
+    assert all(executable.tp_divides(m, tp) for tp in layouts.degree_limits(runnable.planning, "actor_train", 16, 1)[0])
+    assert 16 not in layouts.degree_limits(runnable.planning, "actor_train", 16, 1)[0]
 
 
 def test_a_layout_the_executor_refuses_is_infeasible_with_its_reason():
@@ -59,10 +59,10 @@ def test_a_layout_the_executor_refuses_is_infeasible_with_its_reason():
 
 def test_training_replicas_share_one_layer_split():
     sim = _sim(True)
-    order = layouts.canonical_order(sim, list(sim.devices))
+    order = layouts.canonical_order(sim.planning, list(sim.devices))
     mixed = [order[0], order[4], order[5], order[1]]  # replicas A100→L40S and L40S→A100
-    free = layouts.build_layout(_sim(False), "actor_train", mixed, 1, 2)
-    held = layouts.build_layout(sim, "actor_train", mixed, 1, 2)
+    free = layouts.build_layout(_sim(False).planning, "actor_train", mixed, 1, 2)
+    held = layouts.build_layout(sim.planning, "actor_train", mixed, 1, 2)
     assert len(set(free.layer_splits)) == 2  # each replica balanced to its own stages
     assert len(set(held.layer_splits)) == 1 and held.dp == 2
 
@@ -79,7 +79,7 @@ def test_a_generator_that_fits_only_in_stages_is_refused_naming_the_rule():
 def test_searched_plans_are_ones_the_executor_accepts():
     sim = _sim(True)
     for name in ("hetrl", "verl"):
-        res = get_search(name)(SearchContext(sim=sim, seed=0, max_pp=4, max_evals=200, time_budget_s=60)).run()
+        res = get_search(name)(SearchContext(planning=sim.planning, seed=0, max_pp=4, max_evals=200, time_budget_s=60)).run()
         assert res.candidate is not None
         for task, lay in res.candidate.layouts:
             assert not executable.layout_problems(task, sim.graph.kind_of(task), sim.graph.model_of(task),
@@ -121,17 +121,17 @@ def test_runnable_plans_price_the_widths_the_run_pads_to():
     packed = Simulator(_cluster(), wl, cm)
     longest_prompt = wl.prompt_len.expected_longest(wl.prompts_per_step)
     longest_response = wl.response_len.expected_longest(wl.sequences_per_step)
-    assert padded.costs.sequence_prompt == longest_prompt and padded.costs.sequence_response == longest_response
-    assert packed.costs.sequence_prompt == 256 and packed.costs.sequence_response == 256
+    assert padded.costs.basis.sequence_prompt == longest_prompt and padded.costs.basis.sequence_response == longest_response
+    assert packed.costs.basis.sequence_prompt == 256 and packed.costs.basis.sequence_response == 256
     dev = next(iter(padded.devices))
     batch = 16
     for sim, prompt, response in ((padded, longest_prompt, longest_response), (packed, 256.0, 256.0)):
-        step = cm.task_time(sim.costs.work("actor_train", batch // wl.mini_batches, None, response, prompt),
+        step = cm.task_time(sim.costs.basis.work("actor_train", batch // wl.mini_batches, None, response, prompt),
                             Placement(sim.devices[dev].type, 1)).seconds
         assert sim.replica_seconds("actor_train", [dev], 1, 1, batch) == pytest.approx(
             step * wl.mini_batches * wl.ppo_epochs)
     # a generator replica pads its own prompts: fewer prompts, narrower than the whole step
-    assert 256 < padded.costs.generation_prompt(16) < longest_prompt
+    assert 256 < padded.costs.basis.generation_prompt(16) < longest_prompt
     # memory keeps the declared means, so the independent checker recomputes the same bytes
     assert padded.costs.memory("actor_train", "A100-80GB", 1, 36, 8) == packed.costs.memory(
         "actor_train", "A100-80GB", 1, 36, 8)

@@ -21,7 +21,7 @@ def sim_of(hosts: list[tuple[str, str, int, str]], wan: tuple[str, str], mode: s
 
 
 def run(sim: Simulator, name: str):
-    return get_search(name)(SearchContext(sim=sim, seed=0, max_pp=2)).run()
+    return get_search(name)(SearchContext(planning=sim.planning, seed=0, max_pp=2)).run()
 
 
 def regions(sim: Simulator, devices) -> set[str]:

@@ -6,7 +6,7 @@ import numpy as np
 
 from hetprof.costmodels import get_cost_model
 from hetprof.planner.search.arms import Arm
-from hetprof.planner.search.evolution import ArmEvolution, set_common_shape
+from hetprof.planner.search.evolution import ArmEvolution, cohere, set_common_shape
 from hetprof.planner.search.space import Assembler, devices_by_type, gpu_types
 from hetprof.planner.simulator import Simulator
 from hetprof.specs import ClusterSpec, WorkloadSpec
@@ -41,21 +41,20 @@ def _sim() -> Simulator:
 
 def test_cohere_gives_a_shared_group_one_shape_its_devices_allow():
     sim = _sim()
-    types, by_type = gpu_types(sim), devices_by_type(sim)
+    types, by_type = gpu_types(sim.planning), devices_by_type(sim.planning)
     arm = Arm((tuple(sim.tasks),), ((4,),), tuple(types))
-    assembler = Assembler(sim, 8, 4)
+    assembler = Assembler(sim.planning, 8, 4)
     order = [list(by_type[types[0]]), []]
     coherent = 0
     for seed in range(8):
-        evo = ArmEvolution(arm, 0, seed, assembler, by_type)
         shapes = {t: (1, 1) for t in sim.tasks}
-        assert evo._cohere(order, shapes)
+        assert cohere(order, shapes, arm.grouping, assembler.shapes_for, np.random.default_rng([seed, 0]))
         rest = {s for t, s in shapes.items() if t != "actor_gen"}
         assert len(rest) == 1 and rest != {(1, 1)}
         assert all(shapes[t] in assembler.shapes_for(t, order[0]) for t in sim.tasks)
         coherent += shapes["actor_gen"] != (1, 1)   # generation joins the common shape half the time
         again = {t: (1, 1) for t in sim.tasks}
-        ArmEvolution(arm, 0, seed, assembler, by_type)._cohere(order, again)
+        cohere(order, again, arm.grouping, assembler.shapes_for, ArmEvolution(arm, 0, seed, assembler, by_type).rng)
         assert again == shapes                      # same seed, same move
     assert 0 < coherent < 8
 
@@ -63,9 +62,9 @@ def test_cohere_gives_a_shared_group_one_shape_its_devices_allow():
 def _one_group_evolution() -> tuple:
     """(simulator, assembler, evolution) of the arm with every task in one group on 4 GPUs a type."""
     sim = _sim()
-    arm = Arm((tuple(sim.tasks),), ((4,),), tuple(gpu_types(sim)))
-    assembler = Assembler(sim, 8, 4)
-    return sim, assembler, ArmEvolution(arm, 0, 0, assembler, devices_by_type(sim))
+    arm = Arm((tuple(sim.tasks),), ((4,),), tuple(gpu_types(sim.planning)))
+    assembler = Assembler(sim.planning, 8, 4)
+    return sim, assembler, ArmEvolution(arm, 0, 0, assembler, devices_by_type(sim.planning))
 
 
 def test_a_new_best_queues_its_group_coherent_neighbours_and_they_are_tried_next():

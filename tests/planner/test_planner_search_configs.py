@@ -29,13 +29,13 @@ def test_unknown_or_out_of_range_knobs_are_refused_by_name():
 
 
 def test_a_search_refuses_another_searchs_config():
-    ctx = SearchContext(sim=small_sim(), config=ILPConfig())
+    ctx = SearchContext(planning=small_sim().planning, config=ILPConfig())
     with pytest.raises(SpecError, match="HetRLConfig"):
         get_search("hetrl")(ctx)
-    assert isinstance(get_search("hetrl")(SearchContext(sim=small_sim())).config, HetRLConfig)
+    assert isinstance(get_search("hetrl")(SearchContext(planning=small_sim().planning)).config, HetRLConfig)
 
 
 @pytest.mark.parametrize("url", ["notaurl", "nosuchdriver://x/y", "sqlite:////nonexistent-dir/sub/study.db"])
 def test_a_storage_url_that_cannot_be_opened_is_refused_by_name(url):
     with pytest.raises(SpecError, match="'storage'"):
-        get_search("hetrl")(SearchContext(sim=small_sim(), max_evals=10, storage=url)).run()
+        get_search("hetrl")(SearchContext(planning=small_sim().planning, max_evals=10, storage=url)).run()

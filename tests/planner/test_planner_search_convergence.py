@@ -25,7 +25,7 @@ def geo_sim(hosts=None, mode: str = "sync") -> Simulator:
 
 
 def hetrl(sim: Simulator, **kw):
-    return get_search("hetrl")(SearchContext(sim=sim, seed=kw.pop("seed", 5), max_pp=2, time_budget_s=600,
+    return get_search("hetrl")(SearchContext(planning=sim.planning, seed=kw.pop("seed", 5), max_pp=2, time_budget_s=600,
                                              **kw)).run()
 
 

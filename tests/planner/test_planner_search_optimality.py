@@ -44,7 +44,7 @@ def make_sim(cluster: str, mode: str = "sync", model: str = "qwen3-0.6b", prompt
 
 
 def run(sim: Simulator, name: str, **kw):
-    ctx = SearchContext(sim=sim, seed=kw.pop("seed", 0), max_pp=2, time_budget_s=120, **kw)
+    ctx = SearchContext(planning=sim.planning, seed=kw.pop("seed", 0), max_pp=2, time_budget_s=120, **kw)
     return get_search(name)(ctx).run()
 
 

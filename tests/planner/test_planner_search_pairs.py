@@ -36,8 +36,8 @@ def _sim() -> Simulator:
 
 def test_pairs_are_disjoint_one_region_pools_largest_and_best_linked_first():
     sim = _sim()
-    types = gpu_types(sim)                      # A100-40GB, L4, L40S
-    pairs = pool_pairs(sim, types)
+    types = gpu_types(sim.planning)                      # A100-40GB, L4, L40S
+    pairs = pool_pairs(sim.planning, types)
     for (ca, ra), (cb, rb) in pairs:
         assert ra != rb or not any(x and y for x, y in zip(ca, cb, strict=True))
     # the largest pairs hold the whole west region (4 GPUs) and another region (2): east first, over the faster link
@@ -51,9 +51,9 @@ def test_pairs_are_disjoint_one_region_pools_largest_and_best_linked_first():
 
 def test_a_pair_arm_seeds_each_group_in_its_own_region():
     sim = _sim()
-    types, by_type = gpu_types(sim), devices_by_type(sim)
-    arms = structured_arms(all_groupings(sim), types, [len(by_type[t]) for t in types],
-                           pairs=pool_pairs(sim, types))
+    types, by_type = gpu_types(sim.planning), devices_by_type(sim.planning)
+    arms = structured_arms(all_groupings(sim.planning), types, [len(by_type[t]) for t in types],
+                           pairs=pool_pairs(sim.planning, types))
     paired = [a for a in arms if a.regions]
     assert paired and all(a.grouping[0] == ("actor_gen",) for a in paired)
     arm = next(a for a in paired if a.regions == ("west", "east") and a.counts == ((2, 0, 0), (2, 0, 0)))
@@ -67,9 +67,9 @@ def test_a_pair_arm_seeds_each_group_in_its_own_region():
 
 def test_a_trainer_arm_keeps_training_in_one_region_and_hands_the_rest_everything_else():
     sim = _sim()
-    types, by_type = gpu_types(sim), devices_by_type(sim)
-    arms = structured_arms(all_groupings(sim), types, [len(by_type[t]) for t in types],
-                           trainers=one_region_pools(sim, types))
+    types, by_type = gpu_types(sim.planning), devices_by_type(sim.planning)
+    arms = structured_arms(all_groupings(sim.planning), types, [len(by_type[t]) for t in types],
+                           trainers=one_region_pools(sim.planning, types))
     trained = [a for a in arms if a.regions]
     assert trained and all("actor_train" in a.grouping[1] and a.regions[0] is None for a in trained)
     # training on the west A100s; generation on every other GPU, the east A100s included
@@ -83,12 +83,12 @@ def test_a_trainer_arm_keeps_training_in_one_region_and_hands_the_rest_everythin
 
 def test_training_pools_come_most_flops_first_so_a_small_budget_tries_the_fastest_trainer():
     sim = _sim()
-    types, by_type = gpu_types(sim), devices_by_type(sim)
-    pools = one_region_pools(sim, types)
+    types, by_type = gpu_types(sim.planning), devices_by_type(sim.planning)
+    pools = one_region_pools(sim.planning, types)
     # west (2 A100 + 2 L40S) holds the most bf16 FLOPs, then its two L40S, then two A100s, then the L4s
     assert pools[0] == ((2, 0, 2), "west") and pools[1] == ((0, 0, 2), "west")
     assert pools[-1] == ((0, 2, 0), "north")
-    arms = structured_arms(all_groupings(sim), types, [len(by_type[t]) for t in types], trainers=pools)
+    arms = structured_arms(all_groupings(sim.planning), types, [len(by_type[t]) for t in types], trainers=pools)
     first = next(a for a in arms if a.regions)
     assert first.regions == (None, "west") and first.counts[1] == (2, 0, 2)
 
@@ -100,25 +100,25 @@ def test_a_one_region_cluster_gets_generation_on_whole_hosts_of_one_type_most_ba
                                         {"name": "l4", "gpus": {"type": "L4", "count": 2}, "region": "dc"}],
         "network": {"intra_region": {"latency": "0.1ms", "bandwidth": "100Gbps"}}})
     sim = Simulator(cluster, _sim().workload, get_cost_model("analytical"))
-    types = gpu_types(sim)                      # A100-40GB, L4
-    splits = host_splits(sim, types)
+    types = gpu_types(sim.planning)                      # A100-40GB, L4
+    splits = host_splits(sim.planning, types)
     # two of three A100 hosts, then one (the L4 host is the whole type: no boundary inside it)
     assert splits == [(((4, 0), "dc"), ((2, 2), "dc")), (((2, 0), "dc"), ((4, 2), "dc"))]
-    assert host_splits(_sim(), gpu_types(_sim())) == []      # several regions: pool pairs name these
+    assert host_splits(_sim().planning, gpu_types(_sim().planning)) == []      # several regions: pool pairs name these
 
 
 def _screened(**config) -> tuple[list, list, object, object]:
     """hetrl's screen alone on `_sim()`: (ranked arms, the structured list, the search, its ledger)."""
     from hetprof.planner.search import SearchContext
     from hetprof.planner.search.base import Ledger
-    from hetprof.planner.search.hetrl import HetRLConfig, HetRLSearch
+    from hetprof.planner.search.hetrl import HetRLConfig, HetRLSearch, arm_space
     from hetprof.planner.search.parallel import EvaluationPool
     from hetprof.planner.search.space import Assembler
 
-    ctx = SearchContext(sim=_sim(), max_evals=10_000, config=HetRLConfig(enumerate_limit=0, **config))
+    ctx = SearchContext(planning=_sim().planning, max_evals=10_000, config=HetRLConfig(enumerate_limit=0, **config))
     search = HetRLSearch(ctx)
-    problem, _, structured = search._problem()
-    search._assembler, search._states, search._seeds, search._resumed = Assembler(ctx.sim), {}, {}, {}
+    problem, _, structured = arm_space(ctx.planning, search.config, ctx.objective)
+    search._assembler, search._states, search._seeds, search._resumed = Assembler(ctx.planning), {}, {}, {}
     ledger = Ledger(ctx)
     return search._screen(structured, problem, ledger, EvaluationPool(ledger, 1, 8, 4)), structured, search, ledger
 
@@ -139,8 +139,8 @@ def test_region_pair_arms_put_each_group_of_a_colocated_grouping_on_its_own_regi
     from hetprof.planner.search.arms import region_pair_arms, region_pools
 
     sim = _sim()
-    types, by_type = gpu_types(sim), devices_by_type(sim)     # A100-40GB, L4, L40S
-    pools = region_pools(sim, types)
+    types, by_type = gpu_types(sim.planning), devices_by_type(sim.planning)     # A100-40GB, L4, L40S
+    pools = region_pools(sim.planning, types)
     assert pools == [((2, 0, 0), "east"), ((0, 2, 0), "north"), ((2, 0, 2), "west")]
     grouping = (("actor_gen", "actor_train"), ("actor_logprob",))
     arms = region_pair_arms(grouping, pools, types)
@@ -151,8 +151,8 @@ def test_region_pair_arms_put_each_group_of_a_colocated_grouping_on_its_own_regi
     assert {sim.devices[d].region for d in orders[0]} == {"west"} and len(orders[0]) == 4
     assert {sim.devices[d].region for d in orders[1]} == {"east"}
     # the structured list pairs regions for generation alone only: these arms are new
-    structured = structured_arms(all_groupings(sim), types, [len(by_type[t]) for t in types],
-                                 pairs=pool_pairs(sim, types), trainers=one_region_pools(sim, types))
+    structured = structured_arms(all_groupings(sim.planning), types, [len(by_type[t]) for t in types],
+                                 pairs=pool_pairs(sim.planning, types), trainers=one_region_pools(sim.planning, types))
     assert not set(arms) & set(structured)
 
 
@@ -182,10 +182,10 @@ def test_a_seed_placement_takes_each_later_kind_from_the_regions_its_group_alrea
         "network": {"intra_region": {"latency": "0.1ms", "bandwidth": "100Gbps"},
                     "links": [{"between": ["east", "west"], "latency": "60ms", "bandwidth": "1Gbps"}]}})
     sim = Simulator(cluster, _sim().workload, get_cost_model("analytical"))
-    types, by_type = gpu_types(sim), devices_by_type(sim)     # A100-40GB, L40S; east's L40S first in locality order
+    types, by_type = gpu_types(sim.planning), devices_by_type(sim.planning)     # A100-40GB, L40S; east's L40S first in locality order
     assert sim.devices[by_type["L40S"][0]].region == "east"
     grouping = (("actor_gen", "actor_train"), ("ref_infer",))
-    arm = structured_arms([grouping], types, [2, 4], region_cuts(sim, by_type, types))
+    arm = structured_arms([grouping], types, [2, 4], region_cuts(sim.planning, by_type, types))
     arm = next(a for a in arm if a.counts == ((2, 2), (0, 2)) and not a.regions)
     for variant in range(4):
         orders = initial_orders(arm, by_type, variant, np.random.default_rng(0), lambda d: sim.devices[d].region)

@@ -49,7 +49,7 @@ def test_no_search_emits_a_plan_the_memory_checker_rejects(hosts, algorithm, mod
     sim = Simulator(cluster_from(hosts), workload(algorithm, mode, model, prompts), get_cost_model("analytical"))
     for name in ("hetrl", "ilp", "verl", "streamrl", "arealhex"):
         config = ILPConfig(time_limit_s=5, heuristic_evals=60, shortlist=2) if name == "ilp" else None
-        ctx = SearchContext(sim=sim, seed=1, max_pp=2, max_evals=150, time_budget_s=30, config=config)
+        ctx = SearchContext(planning=sim.planning, seed=1, max_pp=2, max_evals=150, time_budget_s=30, config=config)
         try:
             res = get_search(name)(ctx).run()
         except InfeasibleError:
@@ -67,13 +67,13 @@ def small_sim(mode: str = "sync") -> Simulator:
 @pytest.mark.parametrize("name", ["hetrl", "ilp", "arealhex", "streamrl", "verl"])
 def test_same_seed_gives_the_same_plan(name):
     opts = ILPConfig(time_limit_s=10, heuristic_evals=200, shortlist=3) if name == "ilp" else None
-    a = get_search(name)(SearchContext(sim=small_sim(), seed=7, max_pp=2, max_evals=400, config=opts)).run()
-    b = get_search(name)(SearchContext(sim=small_sim(), seed=7, max_pp=2, max_evals=400, config=opts)).run()
+    a = get_search(name)(SearchContext(planning=small_sim().planning, seed=7, max_pp=2, max_evals=400, config=opts)).run()
+    b = get_search(name)(SearchContext(planning=small_sim().planning, seed=7, max_pp=2, max_evals=400, config=opts)).run()
     assert a.candidate == b.candidate and a.objective_value == b.objective_value
 
 
 def test_hetrl_trace_only_improves_and_ends_at_the_result():
-    res = get_search("hetrl")(SearchContext(sim=small_sim(), seed=3, max_pp=2, max_evals=600)).run()
+    res = get_search("hetrl")(SearchContext(planning=small_sim().planning, seed=3, max_pp=2, max_evals=600)).run()
     bests = [p["best"] for p in res.trace]
     assert bests == sorted(bests, reverse=True) and len(set(bests)) == len(bests)
     assert bests[-1] == res.objective_value
@@ -82,7 +82,7 @@ def test_hetrl_trace_only_improves_and_ends_at_the_result():
 
 def test_hetrl_study_is_stored_and_resumes(tmp_path):
     storage = f"sqlite:///{tmp_path / 'study.db'}"
-    ctx = SearchContext(sim=small_sim(), seed=0, max_pp=2, max_evals=250, storage=storage, study_name="s")
+    ctx = SearchContext(planning=small_sim().planning, seed=0, max_pp=2, max_evals=250, storage=storage, study_name="s")
     assert not (tmp_path / "study.db").exists()
     first = get_search("hetrl")(ctx).run()
     import optuna
@@ -91,7 +91,7 @@ def test_hetrl_study_is_stored_and_resumes(tmp_path):
     states = {t.state.name for t in study.trials}
     assert {"COMPLETE", "PRUNED"} <= states
     assert any("candidate" in t.user_attrs for t in study.trials)
-    second = get_search("hetrl")(SearchContext(sim=small_sim(), seed=0, max_pp=2, max_evals=250, storage=storage,
+    second = get_search("hetrl")(SearchContext(planning=small_sim().planning, seed=0, max_pp=2, max_evals=250, storage=storage,
                                                study_name="s")).run()
     assert second.extra["resumed_candidates"] > 0
     assert second.objective_value <= first.objective_value
@@ -99,8 +99,8 @@ def test_hetrl_study_is_stored_and_resumes(tmp_path):
 
 
 def test_parallel_workers_find_the_same_plan():
-    one = get_search("hetrl")(SearchContext(sim=small_sim(), seed=2, max_pp=2, max_evals=300)).run()
-    two = get_search("hetrl")(SearchContext(sim=small_sim(), seed=2, max_pp=2, max_evals=300, workers=2)).run()
+    one = get_search("hetrl")(SearchContext(planning=small_sim().planning, seed=2, max_pp=2, max_evals=300)).run()
+    two = get_search("hetrl")(SearchContext(planning=small_sim().planning, seed=2, max_pp=2, max_evals=300, workers=2)).run()
     assert math.isclose(one.objective_value, two.objective_value, rel_tol=1e-9)
 
 
@@ -109,31 +109,31 @@ def test_registry_names_and_errors():
     with pytest.raises(SpecError, match="one of"):
         get_search("nope")
     with pytest.raises(SpecError, match="objective"):
-        SearchContext(sim=small_sim(), objective="fastest")
+        SearchContext(planning=small_sim().planning, objective="fastest")
     with pytest.raises(SpecError, match="budget"):
-        SearchContext(sim=small_sim(), objective="throughput-under-budget")
+        SearchContext(planning=small_sim().planning, objective="throughput-under-budget")
     with pytest.raises(SpecError, match="max_tp"):
-        SearchContext(sim=small_sim(), max_tp=0)
+        SearchContext(planning=small_sim().planning, max_tp=0)
 
 
 def test_exhaustive_refuses_a_large_cluster():
     big = Simulator(cluster_from([("A100-40GB", 2, "us")] * 4 + [("L4", 2, "eu")] * 2),
                     workload("grpo", "sync", "qwen3-0.6b", 16), get_cost_model("analytical"))
     with pytest.raises(InfeasibleError, match="small clusters"):
-        get_search("exhaustive")(SearchContext(sim=big, config=ExhaustiveConfig(max_candidates=1000))).run()
+        get_search("exhaustive")(SearchContext(planning=big.planning, config=ExhaustiveConfig(max_candidates=1000))).run()
 
 
 def test_candidates_round_trip_as_plain_json():
-    res = get_search("verl")(SearchContext(sim=small_sim())).run()
+    res = get_search("verl")(SearchContext(planning=small_sim().planning)).run()
     assert decode_candidate(encode_candidate(res.candidate)) == res.candidate
 
 
 def test_layouts_respect_tp_within_host_and_balance_to_speed():
     sim = small_sim()
     devs = list(sim.devices)
-    for s in layouts.feasible_shapes(sim, "actor_train", devs, max_tp=8, max_pp=4):
+    for s in layouts.feasible_shapes(sim.planning, "actor_train", devs, max_tp=8, max_pp=4):
         assert s.tp in (1, 2)                              # no host has more than 2 GPUs
-        lay = layouts.build_layout(sim, "actor_train", layouts.canonical_order(sim, devs), s.tp, s.pp)
+        lay = layouts.build_layout(sim.planning, "actor_train", layouts.canonical_order(sim.planning, devs), s.tp, s.pp)
         if lay is None:
             continue
         for r, split in zip(lay.replicas, lay.layer_splits, strict=True):
@@ -142,11 +142,11 @@ def test_layouts_respect_tp_within_host_and_balance_to_speed():
                 assert len({sim.devices[d].host for d in r[st_ * s.tp:(st_ + 1) * s.tp]}) == 1
         assert math.isclose(sum(lay.shares), 1.0)
     # two A100s and two L4s, one replica each: the A100s take more of the batch
-    lay = layouts.build_layout(sim, "ref_infer", ("h0:0", "h1:0"), 1, 1)
+    lay = layouts.build_layout(sim.planning, "ref_infer", ("h0:0", "h1:0"), 1, 1)
     assert lay.shares[0] > lay.shares[1]
     # and the balanced split is never slower than an even one
-    even = layouts.build_layout(sim, "ref_infer", ("h0:0", "h1:0"), 1, 1, balanced=False)
-    assert layouts.layout_seconds(sim, lay) <= layouts.layout_seconds(sim, even) * (1 + 1e-9)
+    even = layouts.build_layout(sim.planning, "ref_infer", ("h0:0", "h1:0"), 1, 1, balanced=False)
+    assert layouts.layout_seconds(sim.planning, lay) <= layouts.layout_seconds(sim.planning, even) * (1 + 1e-9)
 
 
 def test_balance_shares_is_min_max():
@@ -159,12 +159,12 @@ def test_balance_shares_is_min_max():
 
 def test_objectives_cost_and_budget_are_honoured():
     sim = small_sim()
-    fast = get_search("hetrl")(SearchContext(sim=sim, seed=0, max_pp=2, max_evals=800)).run()
-    cheap = get_search("hetrl")(SearchContext(sim=sim, seed=0, max_pp=2, max_evals=800, objective="cost")).run()
+    fast = get_search("hetrl")(SearchContext(planning=sim.planning, seed=0, max_pp=2, max_evals=800)).run()
+    cheap = get_search("hetrl")(SearchContext(planning=sim.planning, seed=0, max_pp=2, max_evals=800, objective="cost")).run()
     assert cheap.score.cost_per_iteration <= fast.score.cost_per_iteration * (1 + 1e-9)
     assert fast.score.iteration_s <= cheap.score.iteration_s * (1 + 1e-9)
     budget = fast.score.price_per_hour * 0.6
-    capped = get_search("hetrl")(SearchContext(sim=sim, seed=0, max_pp=2, max_evals=800,
+    capped = get_search("hetrl")(SearchContext(planning=sim.planning, seed=0, max_pp=2, max_evals=800,
                                                objective="throughput-under-budget", budget=budget)).run()
     assert capped.score.price_per_hour <= budget + 1e-9
     assert capped.score.iteration_s >= fast.score.iteration_s * (1 - 1e-9)
@@ -181,7 +181,7 @@ def test_hetrl_milp_arms_are_deterministic_memory_safe_and_not_worse():
     """Forced onto the structured-arm path (as on a 64-GPU cluster), hetrl seeds arms from the
     restricted MILP; with an evaluation budget CBC runs under a node limit, so the plan repeats."""
     def go(milp: bool, evals: int):
-        ctx = SearchContext(sim=region_sim(), seed=4, max_pp=2, max_evals=evals,
+        ctx = SearchContext(planning=region_sim().planning, seed=4, max_pp=2, max_evals=evals,
                             config=HetRLConfig(enumerate_limit=0, milp_arms=milp, milp_from=1))
         return get_search("hetrl")(ctx).run()
     a, b, without = go(True, 800), go(True, 800), go(False, 100)
@@ -189,7 +189,7 @@ def test_hetrl_milp_arms_are_deterministic_memory_safe_and_not_worse():
     assert a.candidate == b.candidate and a.objective_value == b.objective_value
     sim = region_sim()
     assert check_plan(build_plan(sim, a.candidate, sim.evaluate(a.candidate), search="hetrl")) == []
-    ilp = get_search("ilp")(SearchContext(sim=sim, seed=4, max_pp=2, warm_start=a.candidate,
+    ilp = get_search("ilp")(SearchContext(planning=sim.planning, seed=4, max_pp=2, warm_start=a.candidate,
                                           config=ILPConfig(time_limit_s=10, shortlist=3))).run()
     assert a.objective_value <= ilp.objective_value * 1.02      # issue 5's goal, on a small instance
     assert without.extra["milp"] is None
@@ -199,8 +199,8 @@ def test_clock_paced_hetrl_stops_at_its_deadline_with_a_plan():
     """Without an evaluation budget the clock cuts the same sequence of work short (a warm start
     makes a plan certain however loaded the machine)."""
     sim = region_sim()
-    warm = get_search("verl")(SearchContext(sim=sim, max_pp=2)).run()
-    ctx = SearchContext(sim=sim, seed=0, max_pp=2, time_budget_s=2.0, config=HetRLConfig(enumerate_limit=0),
+    warm = get_search("verl")(SearchContext(planning=sim.planning, max_pp=2)).run()
+    ctx = SearchContext(planning=sim.planning, seed=0, max_pp=2, time_budget_s=2.0, config=HetRLConfig(enumerate_limit=0),
                         warm_start=warm.candidate)
     res = get_search("hetrl")(ctx).run()
     assert res.extra["stopped_by"] == "time" and res.objective_value <= warm.objective_value
@@ -214,24 +214,24 @@ def test_structured_arms_split_a_kind_at_its_region_boundary():
 
     sim = Simulator(cluster_from([("A100-40GB", 2, "us"), ("L40S", 1, "us"), ("L40S", 2, "eu"), ("L4", 2, "eu")]),
                     workload("grpo", "async", "qwen3-0.6b", 16), get_cost_model("analytical"))
-    types, by_type = gpu_types(sim), devices_by_type(sim)
+    types, by_type = gpu_types(sim.planning), devices_by_type(sim.planning)
     totals = [len(by_type[t]) for t in types]
-    cuts = region_cuts(sim, by_type, types)
+    cuts = region_cuts(sim.planning, by_type, types)
     assert dict(zip(types, cuts, strict=True)) == {"A100-40GB": (), "L4": (), "L40S": (1, 2)}
     split = ((("actor_gen",), ("ref_infer", "actor_train")))
-    arms = {(a.grouping, a.counts) for a in structured_arms(all_groupings(sim), types, totals, cuts)}
+    arms = {(a.grouping, a.counts) for a in structured_arms(all_groupings(sim.planning), types, totals, cuts)}
     assert (split, ((2, 2, 1), (0, 0, 2))) in arms          # generation on one region's L40S + the rest
     assert (split, ((0, 0, 2), (2, 2, 1))) in arms
     assert not any(c == ((2, 2, 1), (0, 0, 2)) for _, c in
-                   {(a.grouping, a.counts) for a in structured_arms(all_groupings(sim), types, totals)})
+                   {(a.grouping, a.counts) for a in structured_arms(all_groupings(sim.planning), types, totals)})
 
 
 def test_hetrl_on_structured_arms_matches_streamrl_on_a_geo_cluster():
     sim = Simulator(cluster_from([("A100-40GB", 2, "us"), ("L40S", 1, "us"), ("L40S", 2, "eu"), ("L4", 2, "eu")]),
                     workload("grpo", "async", "qwen3-0.6b", 16), get_cost_model("analytical"))
-    het = get_search("hetrl")(SearchContext(sim=sim, seed=0, max_pp=2, max_evals=600,
+    het = get_search("hetrl")(SearchContext(planning=sim.planning, seed=0, max_pp=2, max_evals=600,
                                             config=HetRLConfig(enumerate_limit=0))).run()
-    base = get_search("streamrl")(SearchContext(sim=sim, seed=0, max_pp=2)).run()
+    base = get_search("streamrl")(SearchContext(planning=sim.planning, seed=0, max_pp=2)).run()
     assert het.objective_value <= base.objective_value * (1 + 1e-9)
 
 
@@ -241,7 +241,7 @@ def test_hetrl_solves_the_milp_for_the_second_brackets_survivor(monkeypatch):
     from hetprof.planner.search import hetrl
 
     monkeypatch.setattr(hetrl, "MILP_GROUPINGS", 0)
-    ctx = SearchContext(sim=region_sim(), seed=4, max_pp=2, max_evals=2000,
+    ctx = SearchContext(planning=region_sim().planning, seed=4, max_pp=2, max_evals=2000,
                         config=HetRLConfig(enumerate_limit=0, milp_from=1))
     res = get_search("hetrl")(ctx).run()
     assert 1 <= len(res.extra["milp"]["groupings"]) <= hetrl.MILP_MAX and res.extra["brackets"] >= 3

@@ -37,7 +37,7 @@ def run(budget_s: float, steps: list[float], closing_s: float) -> tuple[float, i
     """A search loop as hetrl's: look, step, look ...; then the closing work. Returns (seconds, evaluations)."""
     clock = FakeClock()
     sim = SlowSim(clock, steps)
-    ledger = Ledger(SearchContext(sim=sim, time_budget_s=budget_s), clock=clock)
+    ledger = Ledger(SearchContext(planning=sim, time_budget_s=budget_s), clock=clock)
     ledger.closing_s = closing_s
     while not ledger.exhausted:
         ledger.evaluate(object())
@@ -63,7 +63,7 @@ def test_the_reserve_follows_the_steps_not_the_budget():
 
 def test_the_reserve_is_capped_at_a_share_of_the_budget():
     clock = FakeClock()
-    ledger = Ledger(SearchContext(sim=SlowSim(clock, [0.0]), time_budget_s=10.0), clock=clock)
+    ledger = Ledger(SearchContext(planning=SlowSim(clock, [0.0]), time_budget_s=10.0), clock=clock)
     assert not ledger.exhausted
     clock.now += 8.0                    # one enormous step
     assert ledger.exhausted
@@ -72,7 +72,7 @@ def test_the_reserve_is_capped_at_a_share_of_the_budget():
 
 def test_work_bounded_by_the_deadline_is_no_step():
     clock = FakeClock()
-    ledger = Ledger(SearchContext(sim=SlowSim(clock, [0.0]), time_budget_s=60.0), clock=clock)
+    ledger = Ledger(SearchContext(planning=SlowSim(clock, [0.0]), time_budget_s=60.0), clock=clock)
     assert not ledger.exhausted
     clock.now += 20.0                   # a solve under its own time limit
     ledger.bounded()
@@ -93,7 +93,7 @@ def test_the_milp_arms_keep_the_whole_shortlist_within_what_is_left(monkeypatch)
         raise InfeasibleError("no MILP in this test")
 
     monkeypatch.setattr(milp_arms, "solve_restricted", fake_solve)
-    ctx = SearchContext(sim=SlowSim(FakeClock(), [0.0]), time_budget_s=60.0)
+    ctx = SearchContext(planning=SlowSim(FakeClock(), [0.0]), time_budget_s=60.0)
     ranked = [types.SimpleNamespace(value=1.0, index=0, arm=types.SimpleNamespace(grouping=(("actor_gen",),)))]
     milp_arms.MilpArms(ctx, ("A100-40GB",)).arms(ranked, 1, time.perf_counter() + 7.0)
     (limits,) = seen
@@ -102,7 +102,7 @@ def test_the_milp_arms_keep_the_whole_shortlist_within_what_is_left(monkeypatch)
 
 def test_taking_in_bounded_work_counts_as_a_step():
     clock = FakeClock()
-    ledger = Ledger(SearchContext(sim=SlowSim(clock, [0.0]), time_budget_s=60.0), clock=clock)
+    ledger = Ledger(SearchContext(planning=SlowSim(clock, [0.0]), time_budget_s=60.0), clock=clock)
     assert not ledger.exhausted
     clock.now += 20.0                   # workers that read the deadline ...
     returned = clock()

@@ -80,7 +80,7 @@ def test_a_shared_memo_builds_the_layouts_a_fresh_one_does():
         order = tuple(rng.permutation(devices)[:int(rng.integers(2, len(devices) + 1))])
         task = ("actor_gen", "actor_train", "ref_infer")[int(rng.integers(0, 3))]
         for shape in ((1, 1), (1, 2), (2, 1)):
-            got = layouts.build_layout(sim, task, order, *shape, memo=shared)
-            assert got == layouts.build_layout(sim, task, order, *shape, memo={}), (task, order, shape)
+            got = layouts.build_layout(sim.planning, task, order, *shape, memo=shared)
+            assert got == layouts.build_layout(sim.planning, task, order, *shape, memo={}), (task, order, shape)
     assert any(k[0] == "exact-curve" for k in shared)
     assert sum(k[0] == "exact-curve" for k in shared) < sum(k[0] == "curve" for k in shared)

@@ -40,13 +40,13 @@ def sim() -> Simulator:
 
 
 def _arm(sim: Simulator, counts=((0, 2), (2, 1))) -> Arm:
-    types = gpu_types(sim)
+    types = gpu_types(sim.planning)
     assert types == ("A100-40GB", "L4")
     return Arm(GROUPING, counts, types)
 
 
 def _evolution(sim: Simulator, arm: Arm, seed: int = 0, index: int = 0) -> ArmEvolution:
-    return ArmEvolution(arm, index, seed, Assembler(sim, 8, 2), devices_by_type(sim))
+    return ArmEvolution(arm, index, seed, Assembler(sim.planning, 8, 2), devices_by_type(sim.planning))
 
 
 def _type_counts(order) -> Counter:
@@ -89,7 +89,7 @@ def test_mutations_keep_the_arms_counts_and_every_device_once(sim):
 
 
 def test_advance_spends_its_evaluations_on_new_genomes_and_keeps_the_best(sim):
-    ledger = Ledger(SearchContext(sim=sim, seed=0, max_pp=2, max_evals=10_000))
+    ledger = Ledger(SearchContext(planning=sim.planning, seed=0, max_pp=2, max_evals=10_000))
     evo = _evolution(sim, _arm(sim), seed=2)
     values = []
 
@@ -111,7 +111,7 @@ def test_advance_spends_its_evaluations_on_new_genomes_and_keeps_the_best(sim):
 
 def test_advance_is_deterministic_per_seed_and_index_and_stops_when_told(sim):
     def run(seed: int, index: int) -> list[float]:
-        ledger = Ledger(SearchContext(sim=sim, seed=0, max_pp=2, max_evals=10_000))
+        ledger = Ledger(SearchContext(planning=sim.planning, seed=0, max_pp=2, max_evals=10_000))
         values: list[float] = []
         evo = _evolution(sim, _arm(sim), seed=seed, index=index)
         evo.advance(25, lambda c: values.append(ledger.evaluate(c)[0]) or values[-1], lambda: False)

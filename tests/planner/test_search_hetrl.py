@@ -29,7 +29,7 @@ def _sim(hosts, model: str = "qwen3-0.6b") -> Simulator:
 
 
 def _hetrl(sim: Simulator, **ctx):
-    return get_search("hetrl")(SearchContext(sim=sim, seed=0, max_pp=2, **ctx)).run()
+    return get_search("hetrl")(SearchContext(planning=sim.planning, seed=0, max_pp=2, **ctx)).run()
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ import pytest
 from hetprof.costmodels import get_cost_model
 from hetprof.planner.search import layouts
 from hetprof.planner.search.layouts import DegreeOption
+from hetprof.planner.planning import PlanningContext
 from hetprof.planner.simulator import Simulator
 from hetprof.specs import ClusterSpec, WorkloadSpec
 
@@ -17,7 +18,7 @@ HOSTS = [("a", "A100-40GB", 2, "us"), ("b", "L4", 2, "eu"), ("c", "A100-40GB", 1
 DEVICES = [f"{h}:{i}" for h, _, n, _ in HOSTS for i in range(n)]
 
 
-def _sim(model: str = "qwen3-0.6b", executable: bool = False) -> Simulator:
+def _sim(model: str = "qwen3-0.6b", executable: bool = False) -> PlanningContext:
     cluster = ClusterSpec.from_dict({
         "name": "mixed", "hosts": [{"name": h, "gpus": {"type": t, "count": n}, "region": r} for h, t, n, r in HOSTS],
         "network": {"intra_region": {"latency": "0.2ms", "bandwidth": "10Gbps"},
@@ -25,11 +26,11 @@ def _sim(model: str = "qwen3-0.6b", executable: bool = False) -> Simulator:
     workload = WorkloadSpec.from_dict({
         "name": "w", "algorithm": "grpo", "mode": "sync", "models": {"actor": model}, "prompts_per_step": 8,
         "responses_per_prompt": 4, "prompt_len": {"mean": 128}, "response_len": {"mean": 192}})
-    return Simulator(cluster, workload, get_cost_model("analytical"), executable=executable)
+    return Simulator(cluster, workload, get_cost_model("analytical"), executable=executable).planning
 
 
 @pytest.fixture(scope="module")
-def sim() -> Simulator:
+def sim() -> PlanningContext:
     return _sim()
 
 

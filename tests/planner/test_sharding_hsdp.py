@@ -24,7 +24,7 @@ def test_a_shard_group_of_two_holds_what_fsdp_over_two_replicas_holds(tmp_path):
     cluster, cm = ClusterSpec.load(path), get_cost_model("analytical")
     hybrid = Simulator(cluster, _workload(shard_group=2), cm, executable=False).costs
     full = Simulator(cluster, _workload(), cm, executable=False).costs
-    layers = hybrid.graph.model_of("actor_train").layers
+    layers = hybrid.basis.graph.model_of("actor_train").layers
     for task in ("actor_train", "actor_logprob"):
         by_group = hybrid.memory(task, "H100-SXM", 1, layers, 2, dp=8, sharding="fsdp")
         assert by_group == full.memory(task, "H100-SXM", 1, layers, 2, dp=2, sharding="fsdp")

@@ -43,7 +43,7 @@ def test_every_generator_replica_is_priced_with_the_steps_longest_response(tmp_p
                     response_len={"mean": 256, "max": 4096, "dist": "lognormal", "std": 256})
     sim = Simulator(ClusterSpec.load(path), WorkloadSpec.from_dict(workload), get_cost_model("analytical"),
                     streaming=False, executable=False)
-    costs = sim.costs
+    costs = sim.costs.basis
     for batch in (1, 4, 32):
         lengths = costs.replica_lengths(batch)
         # the sync step waits for the replica holding the step's longest response, not a quantile of it

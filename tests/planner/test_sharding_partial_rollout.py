@@ -27,11 +27,11 @@ def _costs(tmp_path, partial: bool):
 
 def test_every_replica_decodes_the_steps_mean_length_under_partial_rollout(tmp_path):
     whole, partial = _costs(tmp_path, False), _costs(tmp_path, True)
-    assert whole.replica_lengths(8)[-1] == whole.lengths.max() > 4 * whole.lengths.mean()  # it waits for the tail
-    lengths = partial.replica_lengths(8)
+    assert whole.basis.replica_lengths(8)[-1] == whole.basis.lengths.max() > 4 * whole.basis.lengths.mean()  # it waits for the tail
+    lengths = partial.basis.replica_lengths(8)
     # the same tokens in all (the sample's mean each), none of them the tail: it carries over to the next step
-    assert np.allclose(lengths, partial.lengths.mean())
-    assert lengths.sum() == pytest.approx(partial.lengths.mean() * 8)
+    assert np.allclose(lengths, partial.basis.lengths.mean())
+    assert lengths.sum() == pytest.approx(partial.basis.lengths.mean() * 8)
 
 
 def test_partial_rollout_is_refused_for_a_sync_workload_naming_the_field():

@@ -26,7 +26,7 @@ def test_points_of_the_demo_workload_cover_what_the_simulator_asks():
     assert {(64, 67), (32, 67), (32, 71), (32, 70), (32, 74)} <= set(pts["prefill"])  # means and caps
     # the padded widths a runnable plan is priced at (and `hetprof run` computes) on two slots
     cluster = ClusterSpec.from_dict({"name": "two", "hosts": [{"name": "h", "gpus": {"type": "cpu", "count": 2}}]})
-    costs = Simulator(cluster, w, get_cost_model("analytical"), executable=True).costs
+    costs = Simulator(cluster, w, get_cost_model("analytical"), executable=True).costs.basis
     gen, whole = round(costs.generation_prompt(32)), round(costs.sequence_prompt + costs.sequence_response)
     assert gen > 67 and whole > 70
     assert {(32, gen), (32, whole)} <= set(pts["prefill"]) and (32, gen) in pts["generate"]
