@@ -7,9 +7,9 @@ import math
 import pytest
 
 from hetprof.costmodels import get_cost_model
+from hetprof.planner.planning import PlanningContext
 from hetprof.planner.search import layouts
 from hetprof.planner.search.layouts import DegreeOption
-from hetprof.planner.planning import PlanningContext
 from hetprof.planner.simulator import Simulator
 from hetprof.specs import ClusterSpec, WorkloadSpec
 
