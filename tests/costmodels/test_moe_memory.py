@@ -67,3 +67,16 @@ def test_dense_models_ignore_ep(sharding):
                 recompute=False, concurrent=0, dp=4, sharding=sharding)
     assert task_memory(**args) == task_memory(**args, ep=4)
     assert params_on_device(m, 36, 2) == (36 * m.params_per_layer + 2 * m.embedding_params + m.hidden) / 2
+
+
+def test_phase_prices_active_matmuls_and_mla_attention():
+    from hetprof.costmodels import phases
+    from hetprof.costmodels.data import Phase
+
+    d = PRESETS["deepseek-v3"]
+    decode = Phase("decode", d, layers=61, batch=4, tokens=1000, tp=2)
+    # decode: 4 sequences × 1000 cached keys, 2·128 heads·(192 + 128) per pair, over 2 ranks
+    assert phases.forward_attention_flops(decode) == 61 * 2 * 128 * (192 + 128) * 4 * 1000 / 2
+    assert phases.forward_matmul_flops(decode) == pytest.approx(61 * 4 * d.matmul_flops_per_token_per_layer() / 2)
+    q = PRESETS["qwen3-8b"]  # dense: 4·heads·head_dim per pair, as before
+    assert phases.forward_attention_flops(Phase("decode", q, 36, 4, 1000)) == 36 * 4.0 * 32 * 128 * 4000
