@@ -273,6 +273,9 @@ PRESETS: dict[str, ModelShape] = {m.name: m for m in [
     # The vocabulary matches the executor's character tokenizer.
     _qwen3("tiny", 2, 64, 192, 4, 2, True, vocab=64, head_dim=16, max_pos=512),
     _qwen3("tiny-2x", 4, 128, 384, 4, 2, True, vocab=64, head_dim=32, max_pos=512),
+    # Qwen3-MoE at the tiny shape: 8 experts of width 48, top-2 (2 × 48 active, half of tiny's FFN).
+    ModelShape("tiny-moe", "qwen3_moe", 2, 64, 192, 4, 2, 16, 64, True, 512, qk_norm=True,
+               moe=MoeShape(8, 2, 48, norm_topk_prob=True)),
 ]}
 
 

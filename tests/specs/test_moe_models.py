@@ -188,3 +188,38 @@ def test_dense_models_have_no_experts():
     assert m.size_label() == "8.2B"
     with pytest.raises(ValueError, match="deepseek_v3"):
         PRESETS["deepseek-v3"].to_hf_config()
+
+
+# Small configs of each family, built by transformers' own model classes: the parameter count
+# hetprof reads from the config.json equals the model's, exactly (dense layers, shared experts,
+# MLA ranks, biases and sinks included).
+TINY_CONFIGS = [
+    {**QWEN3_MOE_CONFIG, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 4, "num_attention_heads": 4,
+     "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 64, "num_experts": 8, "num_experts_per_tok": 2,
+     "moe_intermediate_size": 32, "decoder_sparse_step": 2, "mlp_only_layers": [3], "max_position_embeddings": 512},
+    {**DEEPSEEK_V3_CONFIG, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 4, "num_attention_heads": 4,
+     "num_key_value_heads": 4, "vocab_size": 64, "n_routed_experts": 8, "n_shared_experts": 2, "num_experts_per_tok": 2,
+     "moe_intermediate_size": 32, "first_k_dense_replace": 1, "q_lora_rank": 24, "kv_lora_rank": 16,
+     "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8, "n_group": 2, "topk_group": 1,
+     "max_position_embeddings": 512},
+    {**GPT_OSS_CONFIG, "hidden_size": 64, "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+     "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 64, "num_local_experts": 8, "num_experts_per_tok": 2,
+     "max_position_embeddings": 512, "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 1.0,
+                                                         "beta_fast": 32.0, "beta_slow": 1.0,
+                                                         "original_max_position_embeddings": 512}},
+]
+
+
+@pytest.mark.parametrize("cfg", TINY_CONFIGS, ids=lambda c: c["model_type"])
+def test_counts_equal_the_transformers_model(tmp_path, cfg):
+    transformers = pytest.importorskip("transformers")
+    shape = from_hf_config(_write(tmp_path, cfg))
+    model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**cfg))
+    assert shape.params == sum(p.numel() for p in model.parameters())
+
+
+def test_tiny_moe_preset_builds_in_transformers():
+    transformers = pytest.importorskip("transformers")
+    m = PRESETS["tiny-moe"]
+    model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**m.to_hf_config()))
+    assert m.params == sum(p.numel() for p in model.parameters()) and m.vocab == PRESETS["tiny"].vocab
