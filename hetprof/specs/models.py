@@ -144,7 +144,7 @@ class ModelShape:
         return layers + self.embedding_params + self.lm_head_params + self.hidden
 
     def size_label(self) -> str:
-        """Parameters for reports: '8.2B' dense, '30.5B total, 3.3B active' for MoE."""
+        """Parameters for reports: '8.2B' dense, '30.5B total, 3.4B active' for MoE (one decimal, rounded)."""
         if self.moe is None:
             return f"{self.params / 1e9:.1f}B"
         return f"{self.params / 1e9:.1f}B total, {self.active_params / 1e9:.1f}B active"
