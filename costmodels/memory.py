@@ -21,6 +21,14 @@ Counting conventions (the tests check each against hand arithmetic):
   prefetched), as activations since they are freed, not moved.
 - generation keeps the KV cache of its concurrent sequences (KV heads shard over tp, at least one
   per rank) plus a fixed workspace; at most GPU_MEMORY_UTILIZATION of the device is used, as vLLM does.
+  MLA (DeepSeek) caches one latent and rope key per token and layer, whole on every tp rank (vLLM's
+  MLA backends replicate it: the latent has no heads to split).
+- mixture of experts: expert parallelism over `ep` ranks splits the routed experts, and expert
+  tensor parallelism (`etp`, default tp: Megatron-core's --expert-tensor-parallel-size default)
+  splits each expert; the rest (attention, dense FFN, shared experts, router) shards over tp as
+  above. EP ranks come out of the data-parallel ranks, so the experts have dp·tp/(ep·etp)
+  replicas, over which ZeRO shards their gradients and optimizer state (Megatron's expert
+  data-parallel group). A dense model has no routed experts and none of this changes its bytes.
 """
 
 from __future__ import annotations
@@ -41,16 +49,34 @@ GEN_MAX_SAMPLED = 256  # sequences whose logits are materialised per decode step
 LOGIT_BYTES = 4
 
 
-def params_on_device(model: ModelShape, layers: int, tp: int, with_embeddings: bool = True) -> float:
-    """Parameters one device of a tp-way shard of `layers` layers holds."""
-    n = layers * model.params_per_layer
+def split_params_on_device(model: ModelShape, layers: int, tp: int, with_embeddings: bool = True,
+                           ep: int = 1, etp: int | None = None) -> tuple[float, float]:
+    """(tp-sharded, expert-sharded) parameters one device of `layers` layers holds: everything but
+    the routed experts over tp, the routed experts (their mean per layer) over ep·etp."""
+    experts = layers * model.routed_expert_params_per_layer
+    n = layers * model.params_per_layer - experts
     if with_embeddings:
         n += model.embedding_params + model.lm_head_params + model.hidden
-    return n / tp
+    return n / tp, experts / (ep * (tp if etp is None else etp))
+
+
+def params_on_device(model: ModelShape, layers: int, tp: int, with_embeddings: bool = True,
+                     ep: int = 1, etp: int | None = None) -> float:
+    """Parameters one device of a tp-way shard of `layers` layers holds (routed experts over ep·etp)."""
+    shared, experts = split_params_on_device(model, layers, tp, with_embeddings, ep, etp)
+    return shared + experts
+
+
+def expert_replicas(dp: int, tp: int, ep: int, etp: int | None = None) -> float:
+    """Copies of each expert shard among dp·tp ranks (Megatron's expert data-parallel size)."""
+    return max(1.0, dp * tp / (ep * (tp if etp is None else etp)))
 
 
 def kv_bytes_per_token(model: ModelShape, layers: int, tp: int, dtype: str = "bf16") -> float:
-    """KV-cache bytes one token adds on one device (K and V of its share of KV heads)."""
+    """KV-cache bytes one token adds on one device (K and V of its share of KV heads; MLA: the
+    latent and rope key, whole on every rank)."""
+    if model.mla is not None:
+        return float(layers * model.mla.cached_per_layer * DTYPE_BYTES[dtype])
     kv_heads = math.ceil(model.kv_heads / tp)
     return 2.0 * layers * kv_heads * model.head_dim * DTYPE_BYTES[dtype]
 
@@ -92,18 +118,27 @@ def generation_workspace(model: ModelShape, tp: int, dtype: str = "bf16") -> flo
 
 
 def max_concurrent_sequences(model: ModelShape, layers: int, tp: int, seq_len: int, dtype: str,
-                             memory_bytes: float, utilization: float = GPU_MEMORY_UTILIZATION) -> int:
+                             memory_bytes: float, utilization: float = GPU_MEMORY_UTILIZATION,
+                             ep: int = 1, etp: int | None = None) -> int:
     """How many sequences of `seq_len` tokens have room for their KV cache next to the weights, within
     `utilization` of the device (the share the engine is told it may use)."""
     usable = memory_bytes * utilization
-    free = usable - params_on_device(model, layers, tp) * DTYPE_BYTES[dtype] - generation_workspace(model, tp, dtype)
+    free = usable - params_on_device(model, layers, tp, ep=ep, etp=etp) * DTYPE_BYTES[dtype] - generation_workspace(model, tp, dtype)
     per_seq = max(1, seq_len) * kv_bytes_per_token(model, layers, tp, dtype)
     return max(0, int(free // per_seq))
 
 
+def _state(params: float, experts: float, per_param: float, copies: float, expert_copies: float) -> float:
+    """Bytes of `per_param` per parameter with the non-expert part sharded over `copies` replicas
+    and the routed experts over `expert_copies` (no experts: the dense formula, unchanged)."""
+    if not experts:
+        return params * per_param / copies
+    return (params - experts) * per_param / copies + experts * per_param / expert_copies
+
+
 def task_memory(kind: str, model: ModelShape, layers: int, tp: int, batch: int, seq_len: int, dtype: str,
                 recompute: bool, concurrent: int, dp: int = 1, sharding: str = "none",
-                token_budget: int | None = None, sp: int = 1) -> MemoryEstimate:
+                token_budget: int | None = None, sp: int = 1, ep: int = 1, etp: int | None = None) -> MemoryEstimate:
     """Peak bytes on one device of a (tp-sharded, `layers`-layer) replica during its phase.
 
     `concurrent` is the number of sequences whose KV cache generation holds at once (ignored by
@@ -114,13 +149,17 @@ def task_memory(kind: str, model: ModelShape, layers: int, tp: int, batch: int, 
     Under Ulysses sequence parallelism over `sp` ranks a micro-batch is formed for the group (`sp`
     replicas' sequences, `sp` budgets) and each rank holds 1/sp of its tokens: the same as one budget
     when many sequences fill it, but one sequence longer than the budget splits over the ranks.
+    `ep` and `etp` shard an MoE model's routed experts (module docstring); the sharding levels then
+    divide the expert state over its expert replicas, not over dp.
     """
     width = DTYPE_BYTES[dtype]
-    params = params_on_device(model, layers, tp)
+    shared, experts = split_params_on_device(model, layers, tp, ep=ep, etp=etp)
+    params = shared + experts
+    replicas = expert_replicas(dp, tp, ep, etp)
     weights = params * width
     grads = optimizer = kv = gathered = 0.0
     if kind == TaskKind.INFERENCE and dp > 1 and "params" in sharded_state(sharding):
-        weights /= dp
+        weights = _state(params, experts, width, dp, replicas)
         gathered = min(params, gathered_params(model, tp)) * width
     if kind == TaskKind.GENERATION:
         kv = concurrent * seq_len * kv_bytes_per_token(model, layers, tp, dtype)
@@ -135,15 +174,16 @@ def task_memory(kind: str, model: ModelShape, layers: int, tp: int, batch: int, 
             act = tokens * per_layer + logits + gathered  # layers run one after another, nothing kept
         elif kind == TaskKind.TRAINING:
             shards = sharded_state(sharding) if dp > 1 else ()
-            grads = params * width / (dp if "grads" in shards else 1)
-            optimizer = params * optimizer_bytes_per_param(dtype) / (dp if "optimizer" in shards else 1)
+            grads = _state(params, experts, width, *((dp, replicas) if "grads" in shards else (1, 1)))
+            optimizer = _state(params, experts, optimizer_bytes_per_param(dtype),
+                               *((dp, replicas) if "optimizer" in shards else (1, 1)))
             if recompute:
                 act = tokens * (layers * model.hidden * width + per_layer)
             else:
                 act = tokens * layers * per_layer
             act += 2 * logits  # logits and their gradient
             if "params" in shards:
-                weights /= dp
+                weights = _state(params, experts, width, dp, replicas)
                 act += min(params, gathered_params(model, tp)) * width
         else:
             raise ValueError(f"unknown work kind {kind!r}")

@@ -47,9 +47,9 @@ def forward_matmul_flops(p: Phase) -> float:
 
 
 def forward_attention_flops(p: Phase) -> float:
-    """Forward FLOPs of attention scores and values (QKᵀ, AV) on one device."""
-    m = p.model
-    return p.layers * 4.0 * m.heads * m.head_dim * attention_pairs(p) / p.tp
+    """Forward FLOPs of attention scores and values (QKᵀ, AV) on one device (the model's own count per
+    (query, key) pair: 4·heads·head_dim, or MLA's 2·heads·(qk + v head dims))."""
+    return p.layers * p.model.attention_flops_per_token_per_layer(1.0) * attention_pairs(p) / p.tp
 
 
 def forward_flops(p: Phase) -> float:
