@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -147,17 +148,16 @@ def plan_is_cpu(plan: Plan) -> bool:
 
 
 def check_resumable(checkpoint_dir: str | Path, plan: Plan) -> int:
-    """Refuse --resume before any worker starts when there is nothing (or another plan's) to resume."""
-    from hetprof.executor.checkpoint import committed
+    """Refuse --resume before any worker starts when there is nothing (or another plan's) to resume;
+    every state.pt it resumes from is checked here, and a damaged newest checkpoint is skipped for the
+    newest intact one with a warning (the leader picks the same)."""
+    from hetprof.executor.checkpoint import resume_point
     from hetprof.executor.records import plan_hash
 
-    meta = committed(checkpoint_dir)
-    if meta is None:
-        raise HetprofError(f"--resume: no complete checkpoint under {checkpoint_dir}")  # a missing file: bad input
-    if meta.get("plan_hash") != plan_hash(plan):
-        raise ExecutionError(f"--resume: the checkpoint under {checkpoint_dir} was made for plan "
-                             f"{meta.get('plan_hash')}, not this plan ({plan_hash(plan)})")
-    return int(meta["iteration"])
+    start, _, warnings = resume_point(checkpoint_dir, plan_hash(plan))
+    for warning in warnings:
+        print(f"warning: {warning}; resuming from an earlier checkpoint", file=sys.stderr)
+    return start
 
 
 # ---- what the run reads and writes: refused as bad input (exit 2) before any worker starts ------------
