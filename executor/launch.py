@@ -90,7 +90,8 @@ def launch(options: RunOptions, nnodes: int = 1, node_rank: int = 0, rdzv: str |
     check_inputs(plan, options.plan_path, options.backend, options.reward, options.prompts, options.seed,
                  {"--log": (options.log, "file"), "--checkpoint-dir": (options.checkpoint_dir, "folder"),
                   "--db": (options.db, "file"), "--tensorboard-dir": (options.tensorboard_dir, "folder"),
-                  "--trace": (options.trace_dir, "folder")})
+                  "--trace": (options.trace_dir, "folder")},
+                 options.overrides, options.allow_prompts_outside)
     check_supported(plan)
     host = node_host(plan, nnodes, node_rank)
     if options.resume and node_rank == 0:

@@ -163,10 +163,19 @@ def check_resumable(checkpoint_dir: str | Path, plan: Plan) -> int:
 # ---- what the run reads and writes: refused as bad input (exit 2) before any worker starts ------------
 
 def check_inputs(plan: Plan, plan_path: str | Path, backend: str, reward: str, prompts: str | None, seed: int,
-                 outputs: dict[str, tuple[str | None, str]]) -> None:
+                 outputs: dict[str, tuple[str | None, str]], overrides: Sequence[str] = (),
+                 allow_prompts_outside: bool = False) -> None:
     """The prompts (every row) and the chat template, the reward, the generation backend's package
-    and the output paths — each a one-line error naming the file (and line)."""
+    and the output paths — each a one-line error naming the file (and line). A plan's own prompt
+    files must lie in its folder unless `allow_prompts_outside` or the user set them (`--set data.*`)."""
     workload = plan.workload_spec()
+    if not allow_prompts_outside:
+        from hetprof.executor.prompt_files import check_confined
+
+        named = {f"data.{f}" for f in ("prompts", "validation") for item in overrides
+                 if item.partition("=")[0].strip() in ("data", f"data.{f}")}
+        named |= {"data.prompts"} if prompts else set()  # --prompts replaces the plan's own file
+        check_confined(workload.data, workload.base_dir, plan_path, sorted(named))
     for option, (path, kind) in outputs.items():
         check_writable(option, path, kind)
     check_generation_backend(backend, plan_path)
