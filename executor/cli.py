@@ -21,7 +21,7 @@ def _recorded_run(source: str) -> str:
     resolved as the argument is parsed (--db is eager, so it is known by then)."""
     from hetprof.errors import HetprofError
 
-    if Path(source).is_file():
+    if os.path.lexists(source):  # a FIFO or device is refused by the reader, naming it
         return source
     if source.endswith((".jsonl", ".json", ".log")) or os.sep in source:
         raise HetprofError(f"{source}: no such run log file")
@@ -131,6 +131,10 @@ def validate(source: str, skip: int, gantt: str | None, iteration: int | None) -
     """
     from hetprof.executor.predicted_vs_measured import load_records, render
 
+    if gantt:
+        from hetprof.executor.measured_gantt import check_gantt_path
+
+        check_gantt_path(gantt)
     records = load_records(source, db_path())
     render(records, skip=skip)
     if gantt:
