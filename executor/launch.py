@@ -19,6 +19,7 @@ import tempfile
 from hetprof.errors import ExecutionError, HetprofError
 from hetprof.executor.launch_checks import (
     check_backend,
+    check_host_capacity,
     check_inputs,
     check_resumable,
     check_supported,
@@ -97,6 +98,7 @@ def launch(options: RunOptions, nnodes: int = 1, node_rank: int = 0, rdzv: str |
     if options.resume and node_rank == 0:
         check_resumable(options.checkpoint_dir, plan)
     nproc = len(host_devices(plan, host))
+    check_host_capacity(plan, host)
     if nnodes > 1 and not rdzv:
         raise HetprofError("a multi-host run needs --rdzv HOST:PORT (node 0's address, reachable from all)")
     # One host: the agent's store binds port 0 itself (no other process needs to find it, and a

@@ -1,0 +1,41 @@
+"""Specs within their caps (issue 37): figures that would make a cost model divide to inf/NaN, and
+length distributions whose spread overflows, are refused in one line naming the field."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from hetprof.errors import SpecError
+from hetprof.specs import gpus
+from hetprof.specs.loader import from_data
+from hetprof.specs.workload import MAX_SPREAD, LengthDist
+
+
+@pytest.mark.parametrize("figure", ["memory_GB", "hbm_GBps", "bf16_tflops", "fp32_tflops", "intra_node_GBps",
+                                    "host_link_GBps"])
+@pytest.mark.parametrize("value", [1e-300, 1e-9, 1e300])
+def test_absurd_gpu_figures_are_refused_naming_the_field(figure, value):
+    with pytest.raises(SpecError, match=f"gpus.x.{figure}") as err:
+        gpus.parse({"gpus": {"x": {"memory_GB": 80, figure: value}}}, file="catalog.yaml")
+    assert err.value.exit_code == 2 and "catalog.yaml" in str(err.value)
+
+
+def test_the_packaged_catalog_is_within_the_figure_range():
+    from importlib.resources import files
+
+    import yaml
+
+    data = yaml.safe_load(files("hetprof").joinpath("data/gpus.yaml").read_text())
+    assert gpus.parse(data).gpus["cpu"].fp32_tflops == 0.1
+
+
+@pytest.mark.parametrize("dist", ["normal", "lognormal"])
+def test_an_extreme_spread_is_refused_and_the_largest_accepted_one_samples_finite(dist):
+    with pytest.raises(SpecError, match="std"):
+        from_data(LengthDist, {"mean": 1e-3, "std": 1e6, "dist": dist, "max": 10})
+    edge = from_data(LengthDist, {"mean": 1.0, "std": float(MAX_SPREAD), "dist": dist, "max": 4096})
+    lengths = edge.sample(1000, np.random.default_rng(0))
+    assert lengths.min() >= 1 and lengths.max() <= 4096 and math.isfinite(edge.expected_longest(8))
