@@ -225,7 +225,9 @@ def _prompt(where: str, row: Any, prompt_field: str, answer_field: str) -> Promp
     messages = _messages(where, prompt_field, value) if isinstance(value, list) else ()
     text = "\n\n".join(content for _, content in messages) if messages else value
     if not isinstance(text, str) or not text.strip():
-        hint = "" if value is not None else f" (columns: {', '.join(map(str, row)) or 'none'})"
+        # column names come from the file: escaped, so the refusal stays one line
+        names = ", ".join(str(k).encode("unicode_escape").decode("ascii") for k in row)
+        hint = "" if value is not None else f" (columns: {names or 'none'})"
         raise SpecError(where, prompt_field, f"a non-empty string or a list of chat turns{hint}", value)
     answer = field_value(row, answer_field)
     if isinstance(answer, bool) or not (answer is None or isinstance(answer, (str, int, float))):

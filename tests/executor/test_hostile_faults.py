@@ -1,0 +1,42 @@
+"""Faults end the run (issue 37): a worker armed with die_with_parent ends when its launcher is
+SIGKILLed (which runs no clean-up), instead of training on as an orphan."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from hetprof.safety.process_guard import proc_stat
+
+CHILD = ("import os, sys, time\n"
+         "from hetprof.safety.processes import die_with_parent\n"
+         "assert die_with_parent()\n"
+         "open(sys.argv[1], 'w').write(str(os.getpid()))\n"
+         "time.sleep(120)\n")
+PARENT = ("import subprocess, sys, time\n"
+          "subprocess.Popen([sys.executable, '-c', sys.argv[2], sys.argv[1]])\n"
+          "time.sleep(120)\n")
+
+
+def _alive(pid: int) -> bool:
+    fields = proc_stat(pid)
+    return fields is not None and fields[0] != "Z"
+
+
+def test_a_worker_ends_within_seconds_of_its_launcher_being_killed(tmp_path):
+    pidfile = tmp_path / "child.pid"
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(pidfile), CHILD])
+    try:
+        deadline = time.monotonic() + 60
+        while not (pidfile.is_file() and pidfile.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        child = int(pidfile.read_text())
+        assert _alive(child)
+    finally:
+        parent.kill()  # SIGKILL: the launcher runs no clean-up
+        parent.wait()
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child), "the child outlived its killed parent by 10 s"
