@@ -39,3 +39,37 @@ def test_an_extreme_spread_is_refused_and_the_largest_accepted_one_samples_finit
     edge = from_data(LengthDist, {"mean": 1.0, "std": float(MAX_SPREAD), "dist": dist, "max": 4096})
     lengths = edge.sample(1000, np.random.default_rng(0))
     assert lengths.min() >= 1 and lengths.max() <= 4096 and math.isfinite(edge.expected_longest(8))
+
+
+def _plan_cli(tmp_path, cluster: str, *args: str):
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    from hetprof.cli import cli
+
+    root = Path(__file__).resolve().parents[2]
+    path = tmp_path / "cluster.yaml"
+    path.write_text(cluster)
+    result = CliRunner().invoke(cli, ["--db", str(tmp_path / "db.sqlite"), "plan", "-c", str(path), "-w",
+                                      str(root / "examples" / "workloads" / "grpo-tiny.yaml"), *args])
+    return result, [ln for ln in result.output.splitlines() if ln.strip()]
+
+
+def test_a_cluster_beyond_the_planners_reach_is_refused_before_the_search(tmp_path):
+    import time
+
+    from hetprof.specs.cluster import MAX_PLANNED_DEVICES
+
+    started = time.monotonic()
+    result, lines = _plan_cli(tmp_path, "name: big\nhosts:\n  - {name: h, count: 4096, gpus: {type: H100, count: 16}}\n")
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    assert f"at most {MAX_PLANNED_DEVICES:,} devices" in lines[0] and "65536" in lines[0] and "cluster.yaml" in lines[0]
+    assert time.monotonic() - started < 30
+
+
+def test_a_what_if_beyond_the_planners_reach_is_refused_before_the_search(tmp_path):
+    result, lines = _plan_cli(tmp_path, "name: small\nhosts:\n  - {name: h, gpus: {type: H100, count: 8}, region: a}\n",
+                              "--what-if", "add 60000xH100@a")
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    assert "--what-if add 60000xH100@a" in lines[0] and "devices for `hetprof plan`" in lines[0]
