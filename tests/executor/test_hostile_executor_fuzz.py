@@ -51,7 +51,7 @@ def _report():
 
 
 def _refusable(path: Path, read, accept) -> None:
-    TRIED[read.__name__] = TRIED.get(read.__name__, 0) + 1
+    outcome = "loaded"
     tracemalloc.start()
     try:
         try:
@@ -59,10 +59,13 @@ def _refusable(path: Path, read, accept) -> None:
         except HetprofError as exc:
             text = str(exc)
             assert exc.exit_code == 2 and "\n" not in text and str(path.name) in text, text
+            outcome = "refused"
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
     assert peak < MEMORY_CAP, f"{peak >> 20} MiB traced"
+    key = f"{read.__name__} {outcome}"
+    TRIED[key] = TRIED.get(key, 0) + 1
 
 
 def _prompts_ok(prompts) -> None:

@@ -73,3 +73,28 @@ def test_a_what_if_beyond_the_planners_reach_is_refused_before_the_search(tmp_pa
                               "--what-if", "add 60000xH100@a")
     assert result.exit_code == 2 and len(lines) == 1, result.output
     assert "--what-if add 60000xH100@a" in lines[0] and "devices for `hetprof plan`" in lines[0]
+
+
+def test_a_large_flow_style_yaml_is_refused_by_size_before_parsing(tmp_path):
+    import time
+
+    from hetprof.specs import ClusterSpec
+    from hetprof.specs.loader import MAX_YAML_BYTES
+
+    entry = "  - {name: h%d, gpus: {type: H100, count: 8}, region: r}\n"
+    lines, size, i = ["name: x\nhosts:\n"], 0, 0
+    while size <= MAX_YAML_BYTES:
+        lines.append(entry % i)
+        size += len(lines[-1])
+        i += 1
+    path = tmp_path / "big.yaml"
+    path.write_text("".join(lines) + "bogus: 1\n")
+    started = time.monotonic()
+    with pytest.raises(SpecError, match="larger than") as err:
+        ClusterSpec.load(path)
+    assert err.value.exit_code == 2 and "big.yaml" in str(err.value) and time.monotonic() - started < 5
+    path.write_text("".join(lines[: len(lines) // 4]) + "bogus: 1\n")  # within the cap: named in seconds
+    started = time.monotonic()
+    with pytest.raises(SpecError, match="bogus"):
+        ClusterSpec.load(path)
+    assert time.monotonic() - started < 30
