@@ -254,8 +254,10 @@ def unit_folders(root: str | Path, iteration: int) -> list[Path]:
 
 
 def _unit_candidates(root: Path) -> Iterator[Path]:
-    for pattern in ("*/iter-*", "*/*/iter-*"):  # units are "task" or "task/stageN-tpM"
-        yield from root.glob(pattern)
+    """Checkpoint folders of units ("task" or "task/stageN-tpM"): those holding a meta.json or state.pt
+    (other folders under the root, such as hf_export's iter-NNNNNN/, are no unit's checkpoints)."""
+    for pattern in ("*/iter-*", "*/*/iter-*"):
+        yield from (p for p in root.glob(pattern) if os.path.lexists(p / META) or os.path.lexists(p / STATE))
 
 
 def check_iteration(root: str | Path, iteration: int, plan_hash: str, mmap: bool = True) -> str | None:
@@ -284,7 +286,7 @@ def resume_point(root: str | Path, plan_hash: str) -> tuple[int, str, list[str]]
         raise CheckpointRefused(f"--resume: no complete checkpoint under {root}")
     if meta.get("plan_hash") != plan_hash:
         raise ExecutionError(f"--resume: the checkpoint under {root} was made for plan "
-                             f"{meta.get('plan_hash')!r:.40}, not this plan ({plan_hash})")
+                             f"{str(meta.get('plan_hash'))[:40]}, not this plan ({plan_hash})")
     newest = meta["iteration"]
     units = {u for u in unit_folders(root, newest)}
     earlier = sorted({int(m.group(1)) for p in _unit_candidates(Path(root))

@@ -130,3 +130,10 @@ def test_no_intact_checkpoint_is_refused(tmp_path):
     with pytest.raises(HetprofError, match="no intact checkpoint") as err:
         checkpoint.resume_point(tmp_path, "h")
     assert err.value.exit_code == 2
+
+
+def test_folders_that_hold_no_checkpoint_are_not_units(tmp_path):
+    _save(tmp_path, "actor_train", 2)
+    (tmp_path / "hf" / "iter-000002" / "actor").mkdir(parents=True)  # hf_export's model folders
+    checkpoint.commit(tmp_path, 2, {"plan_hash": "h", "run": "run-a"})
+    assert checkpoint.resume_point(tmp_path, "h") == (2, "run-a", [])

@@ -115,7 +115,8 @@ def _marker_ok(meta) -> None:
                       st.fixed_dictionaries({"iteration": JSON_VALUE, "run": JSON_VALUE}).map(
                           lambda v: json.dumps(v, allow_nan=True)),
                       st.fixed_dictionaries({"iteration": st.integers(min_value=-5, max_value=10**12),
-                                             "run": st.text(max_size=20)}).map(json.dumps),
+                                             "run": st.one_of(st.text(max_size=20), st.from_regex(
+                                                 r"[A-Za-z0-9][A-Za-z0-9._-]{0,20}", fullmatch=True))}).map(json.dumps),
                       NASTY_TEXT))
 def test_fuzzed_committed_markers_load_or_are_refused_in_one_line(tmp_path_factory, data):
     root = tmp_path_factory.mktemp("fuzz")
