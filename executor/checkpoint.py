@@ -133,18 +133,25 @@ def save(directory: str | Path, iteration: int, state: dict[str, Any], meta: dic
 
 
 def _prune(root: Path, written: str, run: str, keep: int) -> None:
-    """Record `written` as this run's and remove this run's older folders beyond the newest `keep`.
-    A record of another run (or an unreadable one) is started afresh: what it names is left alone."""
+    prune_own(root, written, run, keep, WRITTEN, lambda name: shutil.rmtree(root / name, ignore_errors=True))
+
+
+def prune_own(root: Path, written: str, run: str, keep: int, record: str, remove: Callable[[str], None]) -> None:
+    """Record `written` (an iteration folder under `root`) as `run`'s in `root/record` and `remove` this
+    run's older folders beyond the newest `keep`. A record of another run (or an unreadable one) is
+    started afresh: what it names is left alone, and a folder nobody recorded is never touched."""
     try:
-        record = read_marker(root / WRITTEN)
-        ours = record["written"] if isinstance(record, dict) and record.get("run") == run else []
+        entry = read_marker(root / record)
+        ours = entry["written"] if isinstance(entry, dict) and entry.get("run") == run else []
     except (CheckpointRefused, KeyError):
+        ours = []
+    if not isinstance(ours, list):
         ours = []
     ours = [n for n in ours if isinstance(n, str) and ITER_NAME.fullmatch(n) and n != written] + [written]
     drop, ours = (ours[:-keep], ours[-keep:]) if keep > 0 else ([], ours)
-    _write_atomic(root / WRITTEN, json.dumps({"run": run, "written": ours}))
+    _write_atomic(root / record, json.dumps({"run": run, "written": ours}))
     for name in drop:
-        shutil.rmtree(root / name, ignore_errors=True)
+        remove(name)
 
 
 def atomic_folder(final: Path, write: Callable[[Path], None]) -> None:

@@ -137,3 +137,13 @@ def test_folders_that_hold_no_checkpoint_are_not_units(tmp_path):
     (tmp_path / "hf" / "iter-000002" / "actor").mkdir(parents=True)  # hf_export's model folders
     checkpoint.commit(tmp_path, 2, {"plan_hash": "h", "run": "run-a"})
     assert checkpoint.resume_point(tmp_path, "h") == (2, "run-a", [])
+
+
+def test_planted_export_folders_never_make_the_export_prune_itself(tmp_path):
+    from hetprof.executor.hf_export import _prune, export_folder
+
+    export_folder(tmp_path, 999999, "actor").mkdir(parents=True)  # planted
+    for it in (2, 4, 6):
+        export_folder(tmp_path, it, "actor").mkdir(parents=True)
+        _prune(tmp_path / "hf", "actor", keep=2, iteration=it)
+    assert sorted(p.name for p in (tmp_path / "hf").glob("iter-*")) == ["iter-000004", "iter-000006", "iter-999999"]
