@@ -31,6 +31,7 @@ from hetprof.executor.launch_checks import (
 from hetprof.executor.options import RunOptions
 from hetprof.executor.records import plan_hash
 from hetprof.executor.sizebounds import check_run_sizes
+from hetprof.safety.process_guard import stopped_descendants_killed
 from hetprof.safety.processes import isolated_children
 from hetprof.specs import Plan
 
@@ -132,7 +133,9 @@ def launch(options: RunOptions, nnodes: int = 1, node_rank: int = 0, rdzv: str |
     # imported them itself, seconds of CPU apiece, and a host with fewer cores than workers waited.
     multiprocessing.set_forkserver_preload(list(WORKER_PRELOAD))
     try:
-        with isolated_children():  # workers, and the resource tracker, never import from the plan's folder
+        # workers, and the resource tracker, never import from the plan's folder; a worker stopped past
+        # --timeout is killed, so the run ends naming it instead of its peers waiting in a collective
+        with isolated_children(), stopped_descendants_killed(options.timeout_s):
             elastic_launch(config, worker_main)(options, host)
     except ChildFailedError as exc:
         raise ExecutionError(describe_failures(exc, plan, host, log_dir)) from None

@@ -19,7 +19,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 
 from hetprof.safety.processes import child_env, python_argv, safe_cwd
 
@@ -57,6 +59,52 @@ def guard_children() -> subprocess.Popen | None:
     return subprocess.Popen(python_argv("-m", "hetprof.safety.process_guard", str(me), str(started)), cwd=safe_cwd(),
                             env=child_env(), start_new_session=True, stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL)
+
+
+def descendants(root: int) -> list[int]:
+    """Every live process below `root` (children, their children, ...), from one pass over /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if entry.isdigit() and (fields := proc_stat(int(entry))) is not None:
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    out, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+@contextlib.contextmanager
+def stopped_descendants_killed(limit_s: float, poll_s: float = POLL_S) -> Iterator[None]:
+    """While the block runs, SIGKILL any descendant of this process that stays stopped (SIGSTOP, a
+    debugger) past `limit_s`: its peers would wait in a collective that no timeout of theirs ends,
+    while a killed worker is seen by the launcher at once and the run ends naming it."""
+    done = threading.Event()
+    me = os.getpid()
+
+    def patrol() -> None:
+        since: dict[tuple[int, int], float] = {}  # (pid, start time) -> first seen stopped
+        while not done.wait(poll_s):
+            now, seen = time.monotonic(), set()
+            for pid in descendants(me):
+                fields = proc_stat(pid)
+                if fields is None or fields[0] not in ("T", "t"):
+                    continue
+                key = (pid, int(fields[19]))
+                seen.add(key)
+                if now - since.setdefault(key, now) > limit_s:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, signal.SIGKILL)
+            since = {k: v for k, v in since.items() if k in seen}
+
+    thread = threading.Thread(target=patrol, name="hetprof-stopped-workers", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 def watch(pid: int, started: int) -> None:

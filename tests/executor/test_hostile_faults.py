@@ -40,3 +40,28 @@ def test_a_worker_ends_within_seconds_of_its_launcher_being_killed(tmp_path):
     while _alive(child) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(child), "the child outlived its killed parent by 10 s"
+
+
+def test_a_stopped_descendant_is_killed_after_the_timeout():
+    import os
+    import signal
+
+    from hetprof.safety.process_guard import stopped_descendants_killed
+
+    # a grandchild, as a worker forked by the launcher's forkserver is
+    middle = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time\n"
+                               "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+                               "print(p.pid, flush=True)\ntime.sleep(120)\n"], stdout=subprocess.PIPE, text=True)
+    try:
+        worker = int(middle.stdout.readline())
+        started = time.monotonic()
+        with stopped_descendants_killed(limit_s=1.0, poll_s=0.1):
+            os.kill(worker, signal.SIGSTOP)
+            while _alive(worker) and time.monotonic() - started < 15:
+                time.sleep(0.1)
+        assert not _alive(worker), "a worker stopped past the timeout was left stopped"
+        assert time.monotonic() - started < 11  # --timeout (here 1 s) + 10 s
+        assert middle.poll() is None  # running processes are left alone
+    finally:
+        middle.kill()
+        middle.wait()
