@@ -31,7 +31,7 @@ from hetprof.executor.launch_checks import (
 from hetprof.executor.options import RunOptions
 from hetprof.executor.records import plan_hash
 from hetprof.executor.sizebounds import check_run_sizes
-from hetprof.safety.process_guard import stopped_descendants_killed
+from hetprof.safety.process_guard import stopped_descendants_killed, workers_die_with_me
 from hetprof.safety.processes import isolated_children
 from hetprof.specs import Plan
 
@@ -135,7 +135,7 @@ def launch(options: RunOptions, nnodes: int = 1, node_rank: int = 0, rdzv: str |
     try:
         # workers, and the resource tracker, never import from the plan's folder; a worker stopped past
         # --timeout is killed, so the run ends naming it instead of its peers waiting in a collective
-        with isolated_children(), stopped_descendants_killed(options.timeout_s):
+        with isolated_children(), stopped_descendants_killed(options.timeout_s), workers_die_with_me():
             elastic_launch(config, worker_main)(options, host)
     except ChildFailedError as exc:
         raise ExecutionError(describe_failures(exc, plan, host, log_dir)) from None

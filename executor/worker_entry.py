@@ -30,6 +30,7 @@ from hetprof.executor.topology import Topology
 from hetprof.runtime.cpuslots import bind_to_slot
 from hetprof.runtime.distributed import leave_process_group
 from hetprof.runtime.hostmemory import keep_freed_memory
+from hetprof.safety.process_guard import die_with_launcher
 from hetprof.safety.processes import die_with_parent, skip_teardown_at_exit
 from hetprof.specs import Plan
 
@@ -40,7 +41,8 @@ def worker_main(options: RunOptions, host: str) -> None:
     A failed worker leaves at once: its error is already in the agent's error file, and the
     interpreter's normal teardown would run gloo's destructors, which can wait forever on a hung peer.
     """
-    die_with_parent()  # a launcher killed outright takes its workers with it
+    die_with_parent()  # a launcher killed outright takes its workers with it: directly,
+    die_with_launcher()  # or through the forkserver between them (process_guard.py says why)
     try:
         _worker(options, host)
         skip_teardown_at_exit()  # success: nothing left for the interpreter's slow teardown

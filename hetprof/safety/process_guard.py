@@ -107,6 +107,42 @@ def stopped_descendants_killed(limit_s: float, poll_s: float = POLL_S) -> Iterat
         thread.join()
 
 
+LAUNCHER_ENV = "HETPROF_LAUNCHER"  # "PID:START_TIME" of the process whose workers must not outlive it
+
+
+@contextlib.contextmanager
+def workers_die_with_me() -> Iterator[None]:
+    """While the block runs, processes started below this one (through any forkserver: multiprocessing's
+    keeps running while any child holds its pipe, so a parent-death signal never reaches them) find
+    this process in LAUNCHER_ENV; `die_with_launcher()` in each makes it end once this process is gone."""
+    me = os.getpid()
+    before = os.environ.get(LAUNCHER_ENV)
+    os.environ[LAUNCHER_ENV] = f"{me}:{start_time(me)}"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(LAUNCHER_ENV, None)
+        else:
+            os.environ[LAUNCHER_ENV] = before
+
+
+def die_with_launcher() -> bool:
+    """End this process (SIGKILL: a dead launcher cannot collect anything) within POLL_S of the
+    process LAUNCHER_ENV names being gone; whether a launcher was named. A watcher thread polls it."""
+    pid, _, started = os.environ.get(LAUNCHER_ENV, "").partition(":")
+    if not (pid.isdigit() and started.isdigit()):
+        return False
+
+    def watcher() -> None:
+        while start_time(int(pid)) == int(started):
+            time.sleep(POLL_S)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watcher, name="hetprof-launcher-watch", daemon=True).start()
+    return True
+
+
 def watch(pid: int, started: int) -> None:
     """Wait until `pid` (started at `started`) has died, then kill its process group."""
     while start_time(pid) == started:

@@ -65,3 +65,44 @@ def test_a_stopped_descendant_is_killed_after_the_timeout():
     finally:
         middle.kill()
         middle.wait()
+
+
+WORKER = ("import os, sys, time\n"
+          "from hetprof.safety.process_guard import die_with_launcher\n"
+          "assert die_with_launcher()\n"
+          "open(sys.argv[1], 'w').write(str(os.getpid()))\n"
+          "time.sleep(120)\n")
+FORKSERVER = ("import subprocess, sys, time\n"  # stands between, and outlives the launcher, as a forkserver does
+              "subprocess.Popen([sys.executable, '-c', sys.argv[2], sys.argv[1]])\n"
+              "print(flush=True)\ntime.sleep(120)\n")
+LAUNCHER = ("import subprocess, sys, time\n"
+            "from hetprof.safety.process_guard import workers_die_with_me\n"
+            "with workers_die_with_me():\n"
+            "    subprocess.Popen([sys.executable, '-c', sys.argv[3], sys.argv[1], sys.argv[2]], start_new_session=True)\n"
+            "time.sleep(120)\n")
+
+
+def test_a_worker_behind_a_forkserver_ends_when_its_launcher_is_killed(tmp_path):
+    pidfile = tmp_path / "worker.pid"
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(pidfile), WORKER, FORKSERVER])
+    try:
+        deadline = time.monotonic() + 60
+        while not (pidfile.is_file() and pidfile.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        worker = int(pidfile.read_text())
+        middle = int(proc_stat(worker)[1])
+        assert _alive(worker) and middle != launcher.pid
+    finally:
+        launcher.kill()
+        launcher.wait()
+    try:
+        deadline = time.monotonic() + 10
+        while _alive(worker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(worker), "the worker outlived its killed launcher by 10 s"
+    finally:
+        import os
+        import signal
+
+        if _alive(middle):
+            os.kill(middle, signal.SIGKILL)
