@@ -298,6 +298,8 @@ def resume_point(root: str | Path, plan_hash: str) -> tuple[int, str, list[str]]
     units = {u for u in unit_folders(root, newest)}
     earlier = sorted({int(m.group(1)) for p in _unit_candidates(Path(root))
                       if (m := ITER_NAME.fullmatch(p.name)) and int(m.group(1)) < newest}, reverse=True)
+    if not units and not earlier:  # no unit's checkpoint on this host (multi-host, host-local folders):
+        return newest, meta["run"], []  # each unit's own host loads, and checks, its state
     warnings: list[str] = []
     for iteration in [newest, *earlier]:
         if iteration != newest and units - set(unit_folders(root, iteration)):

@@ -147,3 +147,8 @@ def test_planted_export_folders_never_make_the_export_prune_itself(tmp_path):
         export_folder(tmp_path, it, "actor").mkdir(parents=True)
         _prune(tmp_path / "hf", "actor", keep=2, iteration=it)
     assert sorted(p.name for p in (tmp_path / "hf").glob("iter-*")) == ["iter-000004", "iter-000006", "iter-999999"]
+
+
+def test_a_host_holding_no_unit_resumes_from_the_committed_iteration(tmp_path):
+    checkpoint.commit(tmp_path, 4, {"plan_hash": "h", "run": "run-a"})  # the units live on other hosts
+    assert checkpoint.resume_point(tmp_path, "h") == (4, "run-a", [])
