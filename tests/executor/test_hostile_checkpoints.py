@@ -152,3 +152,35 @@ def test_planted_export_folders_never_make_the_export_prune_itself(tmp_path):
 def test_a_host_holding_no_unit_resumes_from_the_committed_iteration(tmp_path):
     checkpoint.commit(tmp_path, 4, {"plan_hash": "h", "run": "run-a"})  # the units live on other hosts
     assert checkpoint.resume_point(tmp_path, "h") == (4, "run-a", [])
+
+
+@pytest.mark.parametrize("marker", ['{"iteration": 1e999, "run": "r"}', '{"iteration": 2, "run": "../ESCAPED_TB"}',
+                                    "[" * 100_000])
+def test_hetprof_run_resume_refuses_a_hostile_marker_in_one_line_before_any_worker(tmp_path, monkeypatch, marker):
+    from pathlib import Path
+
+    import torch.distributed.launcher.api as api
+    from click.testing import CliRunner
+
+    from hetprof.cli import cli
+    from hetprof.executor.handwritten_plan import handwritten_plan
+    from hetprof.specs import ClusterSpec, WorkloadSpec
+
+    def refuse(*_a, **_k):
+        raise AssertionError("a worker was started")
+
+    monkeypatch.setattr(api, "elastic_launch", refuse)
+    root = Path(__file__).resolve().parents[2]
+    cluster = ClusterSpec.from_dict({"name": "cpu", "hosts": [{"name": "localhost", "gpus": {"type": "cpu", "count": 2}}]})
+    base = WorkloadSpec.load(root / "examples" / "workloads" / "grpo-tiny.yaml").to_dict()
+    base.update({"prompts_per_step": 4, "responses_per_prompt": 4, "ppo_epochs": 1, "mini_batches": 1})
+    handwritten_plan(cluster, base, {"actor_gen": ["localhost:0"], "ref_infer": ["localhost:1"],
+                                     "actor_train": ["localhost:1"]}).save(tmp_path / "plan.json")
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / checkpoint.COMMIT).write_text(marker)
+    result = CliRunner().invoke(cli, ["--db", str(tmp_path / "db.sqlite"), "run", str(tmp_path / "plan.json"),
+                                      "--checkpoint-dir", str(tmp_path / "ckpt"), "--resume",
+                                      "--tensorboard-dir", str(tmp_path / "tb")])
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert result.exit_code == 2 and len(lines) == 1 and "COMMITTED.json" in lines[0], result.output
+    assert not (tmp_path / "ESCAPED_TB").exists()
