@@ -44,7 +44,7 @@ MAX_FILE_BYTES = 1 << 30  # on disk, any format
 MAX_ROWS = 2_000_000
 MAX_ROW_BYTES = 1 << 20
 MAX_TABLE_BYTES = 1 << 30  # decoded (decompressed, dictionaries expanded)
-MAX_TEXT_FILE_BYTES = 256 << 20  # JSON and CSV, which `datasets` holds several times over while parsing
+MAX_TEXT_FILE_BYTES = 64 << 20  # JSON and CSV, parsed whole (here and by `datasets`) into several times their size
 MAX_CSV_COLUMNS = 1024
 LIMITS = TableLimits(rows=MAX_ROWS, bytes=MAX_TABLE_BYTES, row_bytes=MAX_ROW_BYTES)
 
