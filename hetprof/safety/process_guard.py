@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from hetprof.safety.processes import child_env, python_argv, safe_cwd
 
 POLL_S = 0.2
+PATROL_S = 1.0  # stopped workers: one pass over /proc a second costs the cores the workers use next to nothing
 
 
 def proc_stat(pid: int) -> list[str] | None:
@@ -76,7 +77,7 @@ def descendants(root: int) -> list[int]:
 
 
 @contextlib.contextmanager
-def stopped_descendants_killed(limit_s: float, poll_s: float = POLL_S) -> Iterator[None]:
+def stopped_descendants_killed(limit_s: float, poll_s: float = PATROL_S) -> Iterator[None]:
     """While the block runs, SIGKILL any descendant of this process that stays stopped (SIGSTOP, a
     debugger) past `limit_s`: its peers would wait in a collective that no timeout of theirs ends,
     while a killed worker is seen by the launcher at once and the run ends naming it."""
