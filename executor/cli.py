@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import click
 
@@ -21,7 +20,7 @@ def _recorded_run(source: str) -> str:
     resolved as the argument is parsed (--db is eager, so it is known by then)."""
     from hetprof.errors import HetprofError
 
-    if Path(source).is_file():
+    if os.path.lexists(source):  # a FIFO or device is refused by the reader, naming it
         return source
     if source.endswith((".jsonl", ".json", ".log")) or os.sep in source:
         raise HetprofError(f"{source}: no such run log file")
@@ -72,12 +71,15 @@ def _rewards() -> list[str]:
               help="write a torch.profiler (Chrome/Perfetto) trace per rank to this folder")
 @click.option("--trace-iterations", type=click.IntRange(min=1), default=2, show_default=True,
               help="iterations the --trace covers (after the first, which warms up)")
+@click.option("--allow-prompts-outside", is_flag=True,
+              help="let the plan's data.prompts/data.validation name files outside the plan's folder "
+                   "(refused by default: a shared plan must not read your files elsewhere)")
 @db_option
 def run(plan: str, iterations: int, backend: str | None, checkpoint_dir: str | None, checkpoint_every: int, resume: bool,
         log: str | None, seed: int, prompts: str | None, reward: str, nnodes: int, node_rank: int, rdzv: str | None,
         local_addr: str | None, timeout_s: float, bucket_mb: float, verify_sync: bool, quiet: bool,
         tensorboard_dir: str | None, no_tensorboard: bool, trace_dir: str | None, trace_iterations: int,
-        overrides: tuple[str, ...] = ()) -> None:
+        overrides: tuple[str, ...] = (), allow_prompts_outside: bool = False) -> None:
     """Run PLAN (a plan JSON from `hetprof plan`) with one worker process per planned device.
 
     \b
@@ -97,7 +99,8 @@ def run(plan: str, iterations: int, backend: str | None, checkpoint_dir: str | N
         db=str(db_path()), seed=seed, prompts=os.path.abspath(prompts) if prompts else None, reward=reward,
         timeout_s=timeout_s, bucket_mb=bucket_mb, verify_sync=verify_sync, quiet=quiet, overrides=overrides,
         tensorboard_dir=None if no_tensorboard else _tensorboard_root(tensorboard_dir, log),
-        trace_dir=os.path.abspath(trace_dir) if trace_dir else None, trace_iterations=trace_iterations)
+        trace_dir=os.path.abspath(trace_dir) if trace_dir else None, trace_iterations=trace_iterations,
+        allow_prompts_outside=allow_prompts_outside)
     launch(options, nnodes=nnodes, node_rank=node_rank, rdzv=rdzv, local_addr=local_addr)
 
 
@@ -127,6 +130,10 @@ def validate(source: str, skip: int, gantt: str | None, iteration: int | None) -
     """
     from hetprof.executor.records.predicted_vs_measured import load_records, render
 
+    if gantt:
+        from hetprof.executor.records.measured_gantt import check_gantt_path
+
+        check_gantt_path(gantt)
     records = load_records(source, db_path())
     render(records, skip=skip)
     if gantt:

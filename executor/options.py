@@ -34,6 +34,7 @@ class RunOptions:
     tensorboard_dir: str | None = None  # event files under <dir>/<run name>; None: no TensorBoard
     trace_dir: str | None = None  # torch.profiler traces, one file per rank; None: no trace
     trace_iterations: int = 2
+    allow_prompts_outside: bool = False  # a plan's data.prompts may lie outside the plan's folder
 
     def validate(self) -> None:
         if self.iterations < 1:

@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from hetprof.cli import RegistryOption, catalog_option, db_option, db_path, existing_db_path
+from hetprof.specs.cluster import ClusterSpec, check_plannable
 from hetprof.specs.plan import GENERATION_BACKENDS
 
 OBJECTIVES = ("throughput", "cost", "throughput-under-budget")
@@ -71,6 +72,15 @@ def _print_effort(console, best) -> None:
     """How many plans the winning search scored, in how long, and what stopped it."""
     stopped = f", stopped by {best.extra['stopped_by']}" if best.extra.get("stopped_by") else ""
     console.print(f"{best.search} scored {best.extra.get('evaluations', 0):,} plans in {best.seconds:.1f} s{stopped}")
+
+
+def _check_plannable(cluster: ClusterSpec, cluster_path: str, what_ifs: tuple[str, ...]) -> None:
+    """The cluster and every what-if's within the planner's reach, before the first search starts."""
+    from hetprof.planner import session
+
+    check_plannable(cluster, cluster_path)
+    for text in what_ifs:
+        check_plannable(session.what_if_cluster(cluster, text), f"--what-if {text}")
 
 
 @click.command("plan")
@@ -151,6 +161,7 @@ def plan(cluster_path: str, workload_path: str, search: str, objective: str, bud
         raise SpecError("--budget", "", "a positive $/hour budget with --objective throughput-under-budget", budget)
     budget_s, workers = _effort(budget_s, max_evals, workers, max_tp, max_pp)
     cluster = ClusterSpec.load(cluster_path, catalog=load_catalog(catalog_path) if catalog_path else None)
+    _check_plannable(cluster, cluster_path, what_ifs)
     workload = WorkloadSpec.load(workload_path, overrides)
     options = session.PlanOptions(objective=objective, budget=budget, budget_s=budget_s, max_evals=max_evals,
                                   seed=seed, cost_model=cost_model, max_tp=max_tp, max_pp=max_pp, storage=storage,

@@ -110,7 +110,7 @@ class ReplicaPricer:
         """A forward (inference) or forward + backward (training) pass over `batch` sequences: with a
         token budget, each of the `packs(batch)` packs at its own sequences and tokens; else one call
         at the priced widths. Pipelined replicas run fixed-shape padded micro-batches
-        (executor/learner.py), so a plan for `hetprof run` prices them padded."""
+        (executor/algorithms/learner.py), so a plan for `hetprof run` prices them padded."""
         b = self.basis
         if b.token_budget is None:
             return self.composed(task, sig, tp, batch, split, b.sequence_response, b.sequence_prompt)

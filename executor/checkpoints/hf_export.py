@@ -58,7 +58,7 @@ def export_models(runners: Mapping[str, RunnerBase], ctx: RankContext, checkpoin
             state = unwrap(runner.module).state_dict()
         folder = export_folder(checkpoint_dir, iteration, role)
         atomic_folder(folder, lambda tmp, w=writer, s=state, r=role: w(tmp, s, ctx.model_ref(r), ctx))
-        _prune(Path(checkpoint_dir) / EXPORT, role, keep)
+        _prune(Path(checkpoint_dir) / EXPORT, role, keep, iteration)
         written.append(folder)
     return written
 
@@ -123,9 +123,14 @@ def _quiet_transformers() -> Any:
             logging.enable_progress_bar()
 
 
-def _prune(root: Path, role: str, keep: int) -> None:
-    """Drop all but the newest `keep` exports of `role`, and iteration folders left empty."""
-    for old in sorted(root.glob("iter-*"))[:-keep] if keep > 0 else []:
-        shutil.rmtree(old / role, ignore_errors=True)
+def _prune(root: Path, role: str, keep: int, iteration: int) -> None:
+    """Drop all but the newest `keep` exports of `role` this run wrote (by its own record: folders
+    another run or person put there are never removed), and iteration folders left empty."""
+    from hetprof.executor.checkpoints.checkpoint import iteration_folder, prune_own
+
+    def remove(name: str) -> None:
+        shutil.rmtree(root / name / role, ignore_errors=True)
         with contextlib.suppress(OSError):
-            old.rmdir()  # only once empty: another role's lead may still hold its export there
+            (root / name).rmdir()  # only once empty: another role's lead may still hold its export there
+
+    prune_own(root, iteration_folder(iteration), "", keep, f"WRITTEN-{role}.json", remove)

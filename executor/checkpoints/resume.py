@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from hetprof.errors import ExecutionError
+from hetprof.errors import ExecutionError, HetprofError
 from hetprof.executor.checkpoints import checkpoint
 from hetprof.executor.options import RunOptions
 
@@ -36,13 +36,11 @@ def agree_on_start(options: RunOptions, plan_hash: str, run_name: str, is_leader
 def _leader_start(options: RunOptions, plan_hash: str, run_name: str) -> dict[str, Any]:
     if not options.resume:
         return {"start": 0, "run": run_name}
-    meta = checkpoint.committed(options.checkpoint_dir)
-    if meta is None:
-        return {"error": f"--resume: no complete checkpoint under {options.checkpoint_dir}"}
-    if meta.get("plan_hash") != plan_hash:
-        return {"error": f"--resume: the checkpoint under {options.checkpoint_dir} was made "
-                         f"for plan {meta.get('plan_hash')}, not this plan ({plan_hash})"}
-    return {"start": int(meta["iteration"]), "run": meta["run"]}
+    try:  # the launcher checked the same and warned of any damaged checkpoint it skipped
+        start, run, _ = checkpoint.resume_point(options.checkpoint_dir, plan_hash)
+    except HetprofError as exc:
+        return {"error": str(exc)}
+    return {"start": start, "run": run}
 
 
 def load_units(runners: Mapping[str, RunnerBase], checkpoint_dir: str, start: int, device: torch.device) -> None:

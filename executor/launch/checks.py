@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from hetprof.specs import RUNNABLE_BACKENDS, ClusterSpec, Plan, WorkloadSpec
 from hetprof.specs.executable import layout_problems, workload_problems
 from hetprof.specs.layout import EXTRA_DEGREES
 from hetprof.specs.overrides import apply_overrides, from_override
+from hetprof.specs.vocabulary import TaskKind
 
 # What `hetprof run --set` may change: how the run trains and what it reads, never what the plan
 # placed or priced (the tasks, the models, the batch shapes) — those need `hetprof plan --set`.
@@ -57,12 +59,7 @@ def planned_devices(plan: Plan) -> list[str]:
 
 def planned_hosts(plan: Plan) -> list[str]:
     """Hosts holding at least one planned device, in cluster order: node rank R runs host R."""
-    hosts: list[str] = []
-    for dev in planned_devices(plan):
-        host = dev.rsplit(":", 1)[0]
-        if host not in hosts:
-            hosts.append(host)
-    return hosts
+    return list(dict.fromkeys(dev.rsplit(":", 1)[0] for dev in planned_devices(plan)))  # ordered, linear
 
 
 def host_devices(plan: Plan, host: str) -> list[str]:
@@ -72,10 +69,16 @@ def host_devices(plan: Plan, host: str) -> list[str]:
 
 def device_kind(cluster: ClusterSpec, device_id: str) -> str:
     """'cpu' for CPU worker slots, 'cuda' for GPUs."""
-    for d in cluster.devices():
-        if d.id == device_id:
-            return "cpu" if d.type == "cpu" else "cuda"
-    raise ExecutionError(f"device {device_id} is not in the plan's cluster")
+    return device_kinds(cluster, [device_id])[device_id]
+
+
+def device_kinds(cluster: ClusterSpec, device_ids: Sequence[str]) -> dict[str, str]:
+    """device_kind of many devices with one pass over the cluster (a plan may place thousands)."""
+    kinds = {d.id: "cpu" if d.type == "cpu" else "cuda" for d in cluster.devices()}
+    for device_id in device_ids:
+        if device_id not in kinds:
+            raise ExecutionError(f"device {device_id} is not in the plan's cluster")
+    return {d: kinds[d] for d in device_ids}
 
 
 def check_supported(plan: Plan, cuda_available: bool | None = None) -> str:
@@ -110,7 +113,7 @@ def check_supported(plan: Plan, cuda_available: bool | None = None) -> str:
             raise ExecutionError(f"task {t.task} places two replicas on one device ({devices}); "
                                  f"one device runs one replica of a task")
     cluster = plan.cluster_spec()
-    kinds = {device_kind(cluster, d) for d in planned_devices(plan)}
+    kinds = set(device_kinds(cluster, planned_devices(plan)).values())
     if kinds == {"cpu"}:
         return "gloo"
     if cuda_available is None:
@@ -139,6 +142,62 @@ def check_backend(plan: Plan, backend: str | None, path: str | Path = "the plan"
                        f"run it with --backend {plan.backend} or replan with `hetprof plan --backend {backend}`")
 
 
+MAX_SLOTS_PER_CORE = 4  # cpu slots may share a core (cpuslots.py); beyond this many a run only thrashes
+TRAINED_BYTES_PER_PARAM = 16  # fp32 weights, gradients and Adam's two moments
+SERVED_BYTES_PER_PARAM = 4  # fp32 weights
+
+
+def check_host_capacity(plan: Plan, host: str, cores: int | None = None, available: int | None = None) -> None:
+    """Refuse up front a plan this host cannot hold: more `cpu` slot workers than MAX_SLOTS_PER_CORE
+    per usable core, or more memory than the host has available — each worker at least this
+    launcher's own resident size (Python and torch loaded), plus the fp32 state of the models its
+    `cpu` slot holds. A worker that runs out fails after minutes, in a collective; this fails now."""
+    from hetprof.runtime.cpuslots import usable_cores
+
+    devices = host_devices(plan, host)
+    cluster = plan.cluster_spec()
+    kinds = device_kinds(cluster, devices)
+    cpu_slots = [d for d in devices if kinds[d] == "cpu"]
+    cores = len(usable_cores()) if cores is None else cores
+    if len(cpu_slots) > MAX_SLOTS_PER_CORE * cores:
+        raise HetprofError(f"the plan runs {len(cpu_slots)} cpu-slot workers on host {host}, which has {cores} usable "
+                           f"cores: at most {MAX_SLOTS_PER_CORE} per core run; replan for this host's cores")
+    available = _available_memory() if available is None else available
+    if available is None:
+        return
+    roles = plan.workload_spec().roles()
+    need = len(devices) * _own_resident_bytes()
+    on_cpu = set(cpu_slots)
+    for t in plan.tasks:
+        per_param = TRAINED_BYTES_PER_PARAM if t.kind == TaskKind.TRAINING else SERVED_BYTES_PER_PARAM
+        need += sum(1 for d in t.devices() if d in on_cpu) * roles[t.role].params * per_param
+    if need > available:
+        raise HetprofError(f"the plan's {len(devices)} workers on host {host} need at least {need / 2**30:.1f} GiB "
+                           f"(each worker's Python and torch, and the fp32 models of its cpu slots), more than the "
+                           f"{available / 2**30:.1f} GiB this host has available; replan for fewer workers or smaller models")
+
+
+def _available_memory() -> int | None:
+    """MemAvailable of /proc/meminfo in bytes (None where the platform has no such file)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _own_resident_bytes() -> int:
+    """This process's resident size: what a worker holds before its first model (it imports the same)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def plan_is_cpu(plan: Plan) -> bool:
     """Whether every planned device is a `cpu` worker slot (one core each)."""
     cluster = plan.cluster_spec()
@@ -147,26 +206,34 @@ def plan_is_cpu(plan: Plan) -> bool:
 
 
 def check_resumable(checkpoint_dir: str | Path, plan: Plan) -> int:
-    """Refuse --resume before any worker starts when there is nothing (or another plan's) to resume."""
-    from hetprof.executor.checkpoints.checkpoint import committed
+    """Refuse --resume before any worker starts when there is nothing (or another plan's) to resume;
+    every state.pt it resumes from is checked here, and a damaged newest checkpoint is skipped for the
+    newest intact one with a warning (the leader picks the same)."""
+    from hetprof.executor.checkpoints.checkpoint import resume_point
     from hetprof.executor.records.run_log import plan_hash
 
-    meta = committed(checkpoint_dir)
-    if meta is None:
-        raise HetprofError(f"--resume: no complete checkpoint under {checkpoint_dir}")  # a missing file: bad input
-    if meta.get("plan_hash") != plan_hash(plan):
-        raise ExecutionError(f"--resume: the checkpoint under {checkpoint_dir} was made for plan "
-                             f"{meta.get('plan_hash')}, not this plan ({plan_hash(plan)})")
-    return int(meta["iteration"])
+    start, _, warnings = resume_point(checkpoint_dir, plan_hash(plan))
+    for warning in warnings:
+        print(f"warning: {warning}; resuming from an earlier checkpoint", file=sys.stderr)
+    return start
 
 
 # ---- what the run reads and writes: refused as bad input (exit 2) before any worker starts ------------
 
 def check_inputs(plan: Plan, plan_path: str | Path, backend: str, reward: str, prompts: str | None, seed: int,
-                 outputs: dict[str, tuple[str | None, str]]) -> None:
+                 outputs: dict[str, tuple[str | None, str]], overrides: Sequence[str] = (),
+                 allow_prompts_outside: bool = False) -> None:
     """The prompts (every row) and the chat template, the reward, the generation backend's package
-    and the output paths — each a one-line error naming the file (and line)."""
+    and the output paths — each a one-line error naming the file (and line). A plan's own prompt
+    files must lie in its folder unless `allow_prompts_outside` or the user set them (`--set data.*`)."""
     workload = plan.workload_spec()
+    if not allow_prompts_outside:
+        from hetprof.executor.prompts.prompt_files import check_confined
+
+        named = {f"data.{f}" for f in ("prompts", "validation") for item in overrides
+                 if item.partition("=")[0].strip() in ("data", f"data.{f}")}
+        named |= {"data.prompts"} if prompts else set()  # --prompts replaces the plan's own file
+        check_confined(workload.data, workload.base_dir, plan_path, sorted(named))
     for option, (path, kind) in outputs.items():
         check_writable(option, path, kind)
     check_generation_backend(backend, plan_path)

@@ -19,6 +19,7 @@ import tempfile
 from hetprof.errors import ExecutionError, HetprofError
 from hetprof.executor.launch.checks import (
     check_backend,
+    check_host_capacity,
     check_inputs,
     check_resumable,
     check_supported,
@@ -30,6 +31,7 @@ from hetprof.executor.launch.checks import (
 from hetprof.executor.launch.sizebounds import check_run_sizes
 from hetprof.executor.options import RunOptions
 from hetprof.executor.records.run_log import plan_hash
+from hetprof.safety.process_guard import stopped_descendants_killed, workers_die_with_me
 from hetprof.safety.processes import isolated_children
 from hetprof.specs import Plan
 
@@ -90,12 +92,14 @@ def launch(options: RunOptions, nnodes: int = 1, node_rank: int = 0, rdzv: str |
     check_inputs(plan, options.plan_path, options.backend, options.reward, options.prompts, options.seed,
                  {"--log": (options.log, "file"), "--checkpoint-dir": (options.checkpoint_dir, "folder"),
                   "--db": (options.db, "file"), "--tensorboard-dir": (options.tensorboard_dir, "folder"),
-                  "--trace": (options.trace_dir, "folder")})
+                  "--trace": (options.trace_dir, "folder")},
+                 options.overrides, options.allow_prompts_outside)
     check_supported(plan)
     host = node_host(plan, nnodes, node_rank)
     if options.resume and node_rank == 0:
         check_resumable(options.checkpoint_dir, plan)
     nproc = len(host_devices(plan, host))
+    check_host_capacity(plan, host)
     if nnodes > 1 and not rdzv:
         raise HetprofError("a multi-host run needs --rdzv HOST:PORT (node 0's address, reachable from all)")
     # One host: the agent's store binds port 0 itself (no other process needs to find it, and a
@@ -129,7 +133,9 @@ def launch(options: RunOptions, nnodes: int = 1, node_rank: int = 0, rdzv: str |
     # imported them itself, seconds of CPU apiece, and a host with fewer cores than workers waited.
     multiprocessing.set_forkserver_preload(list(WORKER_PRELOAD))
     try:
-        with isolated_children():  # workers, and the resource tracker, never import from the plan's folder
+        # workers, and the resource tracker, never import from the plan's folder; a worker stopped past
+        # --timeout is killed, so the run ends naming it instead of its peers waiting in a collective
+        with isolated_children(), stopped_descendants_killed(options.timeout_s), workers_die_with_me():
             elastic_launch(config, worker_main)(options, host)
     except ChildFailedError as exc:
         raise ExecutionError(describe_failures(exc, plan, host, log_dir)) from None

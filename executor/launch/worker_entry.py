@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from hetprof.errors import ExecutionError
-from hetprof.executor.launch.checks import check_supported, device_kind, host_devices, load_plan
+from hetprof.executor.launch.checks import check_supported, device_kinds, host_devices, load_plan
 from hetprof.executor.launch.peerloss import linger_if_peer_lost
 from hetprof.executor.options import RunOptions
 from hetprof.executor.parallel.process_groups import ProcessGroups
@@ -30,7 +30,8 @@ from hetprof.executor.parallel.topology import Topology
 from hetprof.runtime.cpuslots import bind_to_slot
 from hetprof.runtime.distributed import leave_process_group
 from hetprof.runtime.hostmemory import keep_freed_memory
-from hetprof.safety.processes import skip_teardown_at_exit
+from hetprof.safety.process_guard import die_with_launcher
+from hetprof.safety.processes import die_with_parent, skip_teardown_at_exit
 from hetprof.specs import Plan
 
 
@@ -40,6 +41,8 @@ def worker_main(options: RunOptions, host: str) -> None:
     A failed worker leaves at once: its error is already in the agent's error file, and the
     interpreter's normal teardown would run gloo's destructors, which can wait forever on a hung peer.
     """
+    die_with_parent()  # a launcher killed outright takes its workers with it: directly,
+    die_with_launcher()  # or through the forkserver between them (process_guard.py says why)
     try:
         _worker(options, host)
         skip_teardown_at_exit()  # success: nothing left for the interpreter's slow teardown
@@ -58,9 +61,10 @@ def _worker(options: RunOptions, host: str) -> None:
     backend = check_supported(plan)
     local, cluster = host_devices(plan, host), plan.cluster_spec()
     device_id = local[int(os.environ["LOCAL_RANK"])]
-    if device_kind(cluster, device_id) == "cpu":
+    kinds = device_kinds(cluster, local)  # one pass over the cluster, however many devices
+    if kinds[device_id] == "cpu":
         torch.set_num_threads(1)  # a `cpu` slot is one core, as the profiler measured it
-        slots = [d for d in local if device_kind(cluster, d) == "cpu"]
+        slots = [d for d in local if kinds[d] == "cpu"]
         bind_to_slot(slots.index(device_id), len(slots))  # before gloo starts its threads (cpuslots.py says why)
         device = torch.device("cpu")
     else:

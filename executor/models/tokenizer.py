@@ -13,7 +13,7 @@ from __future__ import annotations
 import string
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -97,6 +97,7 @@ class HFTokenizer:
         self.bos_id = int(tok.bos_token_id) if tok.bos_token_id is not None else self.eos_id
         self._has_bos = tok.bos_token_id is not None
         self.vocab_size = len(tok)
+        self._bounded: Any = None  # the chat template compiled in the bounded sandbox, on first use
 
     @property
     def hf(self) -> PreTrainedTokenizerBase:
@@ -113,7 +114,22 @@ class HFTokenizer:
         return getattr(self._tok, "chat_template", None)
 
     def render_chat(self, turns: Sequence[dict[str, str]]) -> str:
-        """The turns ({"role", "content"}) in the chat template, ending where the assistant's reply starts."""
+        """The turns ({"role", "content"}) in the chat template, ending where the assistant's reply starts.
+        The template is code from the model folder: it is first rendered in a sandbox with time and
+        output caps (hetprof.safety.templates), and refused (TemplateLimit) past them."""
+        from hetprof.safety.templates import BoundedTemplate, TemplateLimit
+
+        try:
+            if self._bounded is None:
+                self._bounded = BoundedTemplate(self.chat_template or "")
+            self._bounded.render(messages=[dict(t) for t in turns], add_generation_prompt=True,
+                                 **{k: v for k, v in self._tok.special_tokens_map.items() if isinstance(v, str)})
+        except TemplateLimit as exc:
+            raise SpecError(str(getattr(self._tok, "name_or_path", "") or "tokenizer"), "chat_template",
+                            f"a template that renders in {self._bounded.seconds:g} s and "
+                            f"{self._bounded.chars:,} characters", str(exc)) from None
+        except Exception:  # noqa: BLE001 - the template's own errors: transformers raises (and names) them below
+            pass
         return self._tok.apply_chat_template(list(turns), tokenize=False, add_generation_prompt=True)
 
     def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:

@@ -91,6 +91,8 @@ def encode_prompt(tokenizer: Tokenizer, prompt: Prompt, chat_template: bool = Tr
     if chat_template and render is not None and getattr(tokenizer, "chat_template", None):
         try:
             rendered = render(prompt.turns())
+        except SpecError:  # the model folder's template past the sandbox's limits: named as such
+            raise
         except Exception as exc:  # a Jinja template can raise anything; name it as the model's problem
             raise SpecError(prompt.source or "chat template", "data.chat_template", "a template that renders "
                             "these turns (or data.chat_template: false)", f"{type(exc).__name__}: {exc}") from None

@@ -5,27 +5,48 @@ in an editor; the other formats are tables, read by `datasets` (a folder written
 `Dataset.save_to_disk` too), and a bad row is named `file row N`. Each row's prompt and answer come
 from the columns the workload's `data` section names. Nothing is cached on disk: each read lands in
 memory from a temporary cache folder, so concurrent workers never share a cache.
+
+A prompt file may come from someone else, so everything is bounded before it is materialised: only
+regular files (a FIFO or /dev/zero is refused at once) of at most MAX_FILE_BYTES; JSONL streamed with
+a cap on each line; Parquet read in batches after its footer's row count and size are checked
+(hetprof.safety.tables), Arrow IPC sized from its batches' metadata before decompression; at most
+MAX_ROWS rows of at most MAX_ROW_BYTES; every row nested at most loader.MAX_DEPTH deep, with finite
+numbers and no lone surrogates — each refusal one line naming the file (and line or row) and limit.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import random
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from hetprof.errors import SpecError
 from hetprof.executor.prompts.data import Prompt, arithmetic_prompts
+from hetprof.safety import safefiles
+from hetprof.safety.tables import TableLimits, check_ipc, parquet_rows
 from hetprof.specs import DataParams
+from hetprof.specs.loader import check_plain
 
 BUILTIN_SIZE = 4096  # the built-in arithmetic set's size (PromptSource.builtin's default)
 
 SUFFIX_FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet",
                   ".arrow": "arrow", ".csv": "csv"}
-DATASETS_BUILDERS = {"json": "json", "parquet": "parquet", "arrow": "arrow", "csv": "csv"}
+DATASETS_BUILDERS = {"json": "json", "arrow": "arrow", "csv": "csv"}
+
+# Far above real RL prompt sets (GSM8K, MATH, DAPO: thousands to ~1M rows of a few KB), far below
+# what stalls a run: a prompt of MAX_ROW_BYTES is ~250k tokens, beyond any model's context.
+MAX_FILE_BYTES = 1 << 30  # on disk, any format
+MAX_ROWS = 2_000_000
+MAX_ROW_BYTES = 1 << 20
+MAX_TABLE_BYTES = 1 << 30  # decoded (decompressed, dictionaries expanded)
+MAX_TEXT_FILE_BYTES = 64 << 20  # JSON and CSV, parsed whole (here and by `datasets`) into several times their size
+MAX_CSV_COLUMNS = 1024
+LIMITS = TableLimits(rows=MAX_ROWS, bytes=MAX_TABLE_BYTES, row_bytes=MAX_ROW_BYTES)
 
 
 def file_format(path: Path, declared: str = "auto") -> str:
@@ -48,11 +69,29 @@ def load_prompts(path: str | Path, prompt_field: str = "prompt", answer_field: s
     if not path.exists():
         raise SpecError(str(path), "", "an existing, readable prompt file", "no such file")
     kind = file_format(path, fmt)
+    if kind != "saved":
+        _check_file(path, MAX_TEXT_FILE_BYTES if kind in ("json", "csv") else MAX_FILE_BYTES)
     rows = _jsonl_rows(path) if kind == "jsonl" else _table_rows(path, kind)
-    prompts = [_prompt(where, row, prompt_field, answer_field) for where, row in rows]
+    prompts = []
+    for where, row in rows:
+        if len(prompts) >= MAX_ROWS:
+            raise SpecError(str(path), "", f"at most {MAX_ROWS:,} prompts", "more")
+        check_plain(row, where)  # depth, NaN/infinity, lone surrogates: named by row and field
+        prompts.append(_prompt(where, row, prompt_field, answer_field))
     if not prompts:
         raise SpecError(str(path), "", "at least one prompt", "no rows")
     return prompts
+
+
+def _check_file(path: Path, limit: int) -> None:
+    """A regular file of at most `limit` bytes (a FIFO, a device or a folder is refused at once)."""
+    try:
+        with safefiles.open_regular(path) as f:
+            size = os.fstat(f.fileno()).st_size
+    except safefiles.NotReadable as exc:
+        raise SpecError(str(path), "", "a regular prompt file", str(exc)) from None
+    if size > limit:
+        raise SpecError(str(path), "", f"a prompt file of at most {limit:,} bytes", f"{size:,} bytes")
 
 
 def load_jsonl(path: str | Path) -> list[Prompt]:
@@ -61,30 +100,72 @@ def load_jsonl(path: str | Path) -> list[Prompt]:
 
 
 def _jsonl_rows(path: Path) -> Iterator[tuple[str, Any]]:
+    """Line by line, each line at most MAX_ROW_BYTES: a file without newlines is refused at its first."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(str(path), "", "a readable UTF-8 JSONL file", str(exc)) from None
-    for lineno, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            yield f"{path}:{lineno}", json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise SpecError(str(path), "", "one JSON object per line", f"invalid JSON ({exc.msg})",
-                            position=(lineno, exc.colno)) from None
+        f = safefiles.open_regular(path)
+    except safefiles.NotReadable as exc:
+        raise SpecError(str(path), "", "a regular prompt file", str(exc)) from None
+    with f:
+        for lineno, raw in enumerate(iter(lambda: f.readline(MAX_ROW_BYTES + 1), b""), start=1):
+            if len(raw) > MAX_ROW_BYTES:
+                raise SpecError(f"{path}:{lineno}", "", f"a line of at most {MAX_ROW_BYTES:,} bytes", "a longer one")
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise SpecError(str(path), "", "UTF-8 text", f"byte {raw[exc.start]:#04x}",
+                                position=(lineno, exc.start + 1)) from None
+            if not line.strip():
+                continue
+            try:
+                yield f"{path}:{lineno}", json.loads(line, parse_constant=_no_constant)
+            except json.JSONDecodeError as exc:
+                raise SpecError(str(path), "", "one JSON object per line", f"invalid JSON ({exc.msg})",
+                                position=(lineno, exc.colno)) from None
+            except (ValueError, RecursionError) as exc:  # NaN, 5000-digit numbers, deep nesting
+                problem = "nested too deep" if isinstance(exc, RecursionError) else str(exc)[:120]
+                raise SpecError(f"{path}:{lineno}", "", "one plain JSON object per line", problem) from None
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def _table_rows(path: Path, kind: str) -> Iterator[tuple[str, Any]]:
+    if kind == "parquet":  # in checked batches: the footer and each batch's decoded size come first
+        index = 0
+        try:
+            for batch in parquet_rows(path, LIMITS):
+                for row in batch:
+                    index += 1
+                    yield f"{path} row {index}", row
+        except safefiles.NotReadable as exc:
+            raise SpecError(str(path), "", "a readable parquet file within the limits", str(exc)) from None
+        return
     # the Arrow table converted at once: iterating a Dataset builds each row through its formatter
     for index, row in enumerate(read_table(path, kind).to_list(), start=1):
         yield f"{path} row {index}", row
+
+
+def _check_arrow(path: Path) -> None:
+    """An Arrow file, or every .arrow file of a saved-dataset folder, decodes within LIMITS."""
+    files = sorted(path.glob("*.arrow")) if path.is_dir() else [path]
+    total = 0
+    for file in files:
+        try:
+            total += os.lstat(file).st_size
+            check_ipc(file, LIMITS)
+        except safefiles.NotReadable as exc:
+            raise SpecError(str(file), "", "a readable Arrow file within the limits", str(exc)) from None
+        if total > MAX_FILE_BYTES:
+            raise SpecError(str(path), "", f"a dataset of at most {MAX_FILE_BYTES:,} bytes", "more")
 
 
 def read_table(path: Path, kind: str) -> Any:
     """A `datasets.Dataset` of a table file (or saved folder), held in memory."""
     if kind == "json":
         _check_json_syntax(path)
+    if kind in ("arrow", "saved"):
+        _check_arrow(path)
     import datasets
 
     datasets.disable_progress_bars()  # the error below is the one line a user sees, not its log
@@ -98,6 +179,8 @@ def read_table(path: Path, kind: str) -> Any:
             text_cells = {"features": _text_columns(path), "na_filter": False} if kind == "csv" else {}
             return datasets.load_dataset(DATASETS_BUILDERS[kind], data_files=str(path), split="train",
                                          cache_dir=cache, keep_in_memory=True, **text_cells)
+    except SpecError:
+        raise
     except Exception as exc:  # datasets and pyarrow raise many types; every one means "not this format"
         cause = exc.__cause__ or exc
         first = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
@@ -110,19 +193,29 @@ def _text_columns(path: Path) -> Any:
 
     import datasets
 
-    with path.open(encoding="utf-8", newline="") as f:
-        header = next(csv.reader(f), [])
+    with safefiles.open_regular(path) as f:
+        head = f.read(MAX_ROW_BYTES + 1)
+    first = head.split(b"\n", 1)[0]
+    if len(first) > MAX_ROW_BYTES:
+        raise SpecError(str(path), "", f"a CSV header line of at most {MAX_ROW_BYTES:,} bytes", "a longer one")
+    header = next(csv.reader([first.decode("utf-8", "replace").rstrip("\r")]), [])
+    if len(header) > MAX_CSV_COLUMNS:
+        raise SpecError(str(path), "", f"a CSV file of at most {MAX_CSV_COLUMNS} columns", len(header))
     return datasets.Features({name: datasets.Value("string") for name in header})
 
 
 def _check_json_syntax(path: Path) -> None:
     """A JSON file's syntax error named by line and column (datasets' own message has neither)."""
     try:
-        json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(safefiles.read_bounded(path, MAX_TEXT_FILE_BYTES).decode("utf-8"),
+                          parse_constant=_no_constant)
     except json.JSONDecodeError as exc:
         raise SpecError(str(path), "", "valid JSON", exc.msg, position=(exc.lineno, exc.colno)) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(str(path), "", "a readable UTF-8 JSON file", str(exc)) from None
+    except RecursionError:
+        raise SpecError(str(path), "", "JSON nested a few levels deep", "deeper") from None
+    except (safefiles.NotReadable, UnicodeDecodeError, ValueError) as exc:
+        raise SpecError(str(path), "", "a readable UTF-8 JSON file", str(exc)[:160]) from None
+    check_plain(data, str(path))
 
 
 def _prompt(where: str, row: Any, prompt_field: str, answer_field: str) -> Prompt:
@@ -132,7 +225,9 @@ def _prompt(where: str, row: Any, prompt_field: str, answer_field: str) -> Promp
     messages = _messages(where, prompt_field, value) if isinstance(value, list) else ()
     text = "\n\n".join(content for _, content in messages) if messages else value
     if not isinstance(text, str) or not text.strip():
-        hint = "" if value is not None else f" (columns: {', '.join(map(str, row)) or 'none'})"
+        # column names come from the file: escaped, so the refusal stays one line
+        names = ", ".join(str(k).encode("unicode_escape").decode("ascii") for k in row)
+        hint = "" if value is not None else f" (columns: {names or 'none'})"
         raise SpecError(where, prompt_field, f"a non-empty string or a list of chat turns{hint}", value)
     answer = field_value(row, answer_field)
     if isinstance(answer, bool) or not (answer is None or isinstance(answer, (str, int, float))):
@@ -176,6 +271,25 @@ def resolve(path: str | None, base_dir: str | None) -> Path | None:
         return None
     p = Path(path).expanduser()
     return p if p.is_absolute() or not base_dir else Path(base_dir) / p
+
+
+ALLOW_OUTSIDE_FLAG = "--allow-prompts-outside"
+
+
+def check_confined(data: DataParams, base_dir: str | None, plan_path: str | Path, user_named: Sequence[str] = ()
+                   ) -> None:
+    """A plan's own prompt files (`data.prompts`, `data.validation`) lie inside the plan's folder:
+    a plan someone sent must not make the run read (and copy into its log) a file of the user's
+    elsewhere. Fields in `user_named` (set on the command line) are the user's own choice."""
+    folder = Path(plan_path).resolve().parent
+    for name in ("prompts", "validation"):
+        if f"data.{name}" in user_named:
+            continue
+        target = resolve(getattr(data, name), base_dir)
+        if target is not None and not target.resolve().is_relative_to(folder):
+            raise SpecError(str(plan_path), f"data.{name}", f"a file inside the plan's folder {folder} (a shared "
+                            f"plan reads no file of yours elsewhere; pass {ALLOW_OUTSIDE_FLAG} if you trust it, "
+                            "or name the file with --prompts)", str(target))
 
 
 def prompt_sets(data: DataParams, base_dir: str | None, prompts: str | None = None, seed: int = 0) -> PromptSets:

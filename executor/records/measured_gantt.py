@@ -75,6 +75,17 @@ def measured_bars(record: dict[str, Any]) -> list[dict[str, Any]]:
     return [dict(span) for span in record.get("timeline", [])]
 
 
+MAX_ROWS = 256  # device rows one picture holds legibly (and within matplotlib's image size)
+
+
+def check_gantt_path(path: str | Path) -> None:
+    """Refuse `validate --gantt` into a folder that does not exist before anything is drawn: a typo in
+    the folder must not make a new one nor read as success."""
+    folder = Path(path).parent
+    if not folder.is_dir():
+        raise HetprofError(f"--gantt {path}: the folder {folder} does not exist")
+
+
 def save_measured_gantt(records: list[dict[str, Any]], path: str | Path, skip: int = 1,
                         iteration: int | None = None) -> Path:
     """Draw one iteration's measured timeline above its predicted one; returns the PNG's path."""
@@ -86,6 +97,9 @@ def save_measured_gantt(records: list[dict[str, Any]], path: str | Path, skip: i
     record = pick_iteration(records, skip, iteration)
     measured, predicted = measured_bars(record), predicted_bars(record)
     rows = sorted({b["device"] for b in measured + predicted})
+    if len(rows) > MAX_ROWS:
+        raise HetprofError(f"--gantt: iteration {record['iteration']} spans {len(rows):,} devices, more than the "
+                           f"{MAX_ROWS} one picture draws")
     end = max([b["end"] for b in measured + predicted] + [1e-9])
     fig, axes = plt.subplots(2, 1, figsize=(11, 2.0 + 0.9 * len(rows)), sharex=True)
     pred_s = record.get("predicted_iteration_s")
@@ -100,7 +114,7 @@ def save_measured_gantt(records: list[dict[str, Any]], path: str | Path, skip: i
     fig.tight_layout()
     path = Path(path)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)  # the CLI refused a missing folder already
         fig.savefig(path, dpi=120, bbox_inches="tight")
     except (OSError, ValueError) as exc:  # an unwritable folder, or a suffix matplotlib has no format for
         raise HetprofError(f"--gantt {path}: cannot write the picture ({exc})") from None

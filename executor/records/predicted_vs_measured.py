@@ -8,6 +8,7 @@ used so one slow iteration on a shared machine does not decide the verdict.
 
 from __future__ import annotations
 
+import os
 import statistics
 from pathlib import Path
 from typing import Any
@@ -17,15 +18,17 @@ from rich.table import Table
 
 from hetprof.display import shown
 from hetprof.errors import HetprofError
-from hetprof.executor.records.run_log import read_db, read_log
+from hetprof.executor.records.run_log import check_record, read_db, read_log
 
 
 def load_records(source: str, db_file: str | Path | None) -> list[dict[str, Any]]:
     """Iteration records from a JSONL log path, else from the profile database by run id."""
-    if Path(source).is_file():
+    if os.path.lexists(source):  # a FIFO or device named as the log is refused by read_log, not taken for a run id
         records = read_log(source)
     elif db_file is not None and Path(db_file).is_file():
         records = read_db(db_file, source)
+        for rec in records:
+            check_record(rec, f"run {source} in {db_file}")
     else:
         raise HetprofError(f"{source!r} is neither a run log file nor a run id in the profile database "
                            f"({db_file or 'no database'})")

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -48,23 +50,86 @@ class RunLog:
             f.flush()
 
 
+MAX_LOG_BYTES = 1 << 30  # a 10,000-iteration log with timelines and samples is ~100 MB
+MAX_LINE_BYTES = 32 << 20  # one iteration's record
+MAX_BARS = 5_000  # timeline spans of one iteration (ranks × tasks × phases, ~1k at 64 ranks); --gantt draws
+# them all, ~1 s per thousand on a small machine
+
+
 def read_log(path: str | Path) -> list[dict[str, Any]]:
-    """Iteration records of a JSONL log; with a resumed run, the last record of an iteration wins."""
+    """Iteration records of a JSONL log; with a resumed run, the last record of an iteration wins.
+
+    The log may come from someone else: only a regular file of at most MAX_LOG_BYTES, read line by
+    line (each at most MAX_LINE_BYTES), each record plain JSON (depth, finite numbers) whose fields
+    have the types `check_record` names — any problem one HetprofError naming the file and line."""
+    from hetprof.safety import safefiles
+    from hetprof.specs.loader import check_plain
+
     path = Path(path)
     by_iter: dict[tuple[str, int], dict[str, Any]] = {}
     try:
-        lines = path.read_text().splitlines()
-    except OSError as exc:
-        raise HetprofError(f"run log {path}: {exc.strerror}") from None
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-            by_iter[(rec["run"], int(rec["iteration"]))] = rec
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-            raise HetprofError(f"run log {path}: line {n} is not an iteration record") from None
+        f = safefiles.open_regular(path)
+    except safefiles.NotReadable as exc:
+        raise HetprofError(f"run log {path}: {exc}") from None
+    with f:
+        if os.fstat(f.fileno()).st_size > MAX_LOG_BYTES:
+            raise HetprofError(f"run log {path}: larger than {MAX_LOG_BYTES:,} bytes")
+        for n, raw in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
+            where = f"run log {path}: line {n}"
+            if len(raw) > MAX_LINE_BYTES:
+                raise HetprofError(f"{where} is longer than {MAX_LINE_BYTES:,} bytes")
+            if not raw.strip():
+                continue
+            try:
+                rec = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+                check_plain(rec, None)
+            except RecursionError:
+                raise HetprofError(f"{where} is nested too deep") from None
+            except (ValueError, HetprofError):  # JSON, UTF-8, NaN/Infinity, depth, inf, surrogates
+                raise HetprofError(f"{where} is not an iteration record") from None
+            check_record(rec, where)
+            by_iter[(rec["run"], rec["iteration"])] = rec
     return [by_iter[k] for k in sorted(by_iter, key=lambda k: k[1])]
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _number(value: Any) -> bool:
+    return type(value) in (int, float) and math.isfinite(value)
+
+
+def check_record(rec: Any, where: str) -> None:
+    """The fields `hetprof validate` reads, typed: a HetprofError naming `where` and the field otherwise."""
+    def bad(name: str, expected: str) -> HetprofError:
+        return HetprofError(f"{where}: field '{name}': expected {expected}")
+
+    if not isinstance(rec, dict):
+        raise HetprofError(f"{where} is not an iteration record")
+    if not isinstance(rec.get("run"), str):
+        raise bad("run", "a run name")
+    if type(rec.get("iteration")) is not int or not 0 <= rec["iteration"] <= 10**9:
+        raise bad("iteration", "an integer in 0..1,000,000,000")
+    for name in ("iteration_s", "predicted_iteration_s"):
+        value = rec.get(name)
+        if value is not None and not (_number(value) and value >= 0):
+            raise bad(name, "a non-negative number of seconds")
+    for name in ("stages", "predicted"):
+        table = rec.get(name, {})
+        if not isinstance(table, dict) or not all(v is None or (_number(v) and v >= 0) for v in table.values()):
+            raise bad(name, "a mapping of task to non-negative seconds")
+    devices = rec.get("devices", {})
+    if not isinstance(devices, dict) or not all(isinstance(v, list) and all(isinstance(d, str) for d in v)
+                                                for v in devices.values()):
+        raise bad("devices", "a mapping of task to a list of device ids")
+    timeline = rec.get("timeline", [])
+    if not isinstance(timeline, list) or len(timeline) > MAX_BARS:
+        raise bad("timeline", f"a list of at most {MAX_BARS:,} spans")
+    for span in timeline:
+        if not (isinstance(span, dict) and isinstance(span.get("device"), str) and isinstance(span.get("task"), str)
+                and _number(span.get("start")) and _number(span.get("end"))):
+            raise bad("timeline", "spans {device, task, start, end} with finite times")
 
 
 SHAPE_KEYS = ("name", "layers", "hidden", "ffn", "heads", "kv_heads", "head_dim", "vocab")

@@ -19,11 +19,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 
 from hetprof.safety.processes import child_env, python_argv, safe_cwd
 
 POLL_S = 0.2
+PATROL_S = 1.0  # stopped workers: one pass over /proc a second costs the cores the workers use next to nothing
 
 
 def proc_stat(pid: int) -> list[str] | None:
@@ -57,6 +60,88 @@ def guard_children() -> subprocess.Popen | None:
     return subprocess.Popen(python_argv("-m", "hetprof.safety.process_guard", str(me), str(started)), cwd=safe_cwd(),
                             env=child_env(), start_new_session=True, stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL)
+
+
+def descendants(root: int) -> list[int]:
+    """Every live process below `root` (children, their children, ...), from one pass over /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if entry.isdigit() and (fields := proc_stat(int(entry))) is not None:
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    out, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+@contextlib.contextmanager
+def stopped_descendants_killed(limit_s: float, poll_s: float = PATROL_S) -> Iterator[None]:
+    """While the block runs, SIGKILL any descendant of this process that stays stopped (SIGSTOP, a
+    debugger) past `limit_s`: its peers would wait in a collective that no timeout of theirs ends,
+    while a killed worker is seen by the launcher at once and the run ends naming it."""
+    done = threading.Event()
+    me = os.getpid()
+
+    def patrol() -> None:
+        since: dict[tuple[int, int], float] = {}  # (pid, start time) -> first seen stopped
+        while not done.wait(poll_s):
+            now, seen = time.monotonic(), set()
+            for pid in descendants(me):
+                fields = proc_stat(pid)
+                if fields is None or fields[0] not in ("T", "t"):
+                    continue
+                key = (pid, int(fields[19]))
+                seen.add(key)
+                if now - since.setdefault(key, now) > limit_s:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, signal.SIGKILL)
+            since = {k: v for k, v in since.items() if k in seen}
+
+    thread = threading.Thread(target=patrol, name="hetprof-stopped-workers", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+LAUNCHER_ENV = "HETPROF_LAUNCHER"  # "PID:START_TIME" of the process whose workers must not outlive it
+
+
+@contextlib.contextmanager
+def workers_die_with_me() -> Iterator[None]:
+    """While the block runs, processes started below this one (through any forkserver: multiprocessing's
+    keeps running while any child holds its pipe, so a parent-death signal never reaches them) find
+    this process in LAUNCHER_ENV; `die_with_launcher()` in each makes it end once this process is gone."""
+    me = os.getpid()
+    before = os.environ.get(LAUNCHER_ENV)
+    os.environ[LAUNCHER_ENV] = f"{me}:{start_time(me)}"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(LAUNCHER_ENV, None)
+        else:
+            os.environ[LAUNCHER_ENV] = before
+
+
+def die_with_launcher() -> bool:
+    """End this process (SIGKILL: a dead launcher cannot collect anything) within POLL_S of the
+    process LAUNCHER_ENV names being gone; whether a launcher was named. A watcher thread polls it."""
+    pid, _, started = os.environ.get(LAUNCHER_ENV, "").partition(":")
+    if not (pid.isdigit() and started.isdigit()):
+        return False
+
+    def watcher() -> None:
+        while start_time(int(pid)) == int(started):
+            time.sleep(POLL_S)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watcher, name="hetprof-launcher-watch", daemon=True).start()
+    return True
 
 
 def watch(pid: int, started: int) -> None:

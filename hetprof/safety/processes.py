@@ -116,3 +116,27 @@ def skip_teardown_at_exit() -> None:
     at exit it ends with code 0 after the exit handlers but without module teardown. Only on
     success, so a failing process still exits through its own path with its own code."""
     atexit.register(leave_without_teardown)
+
+
+PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> bool:
+    """Have the kernel send `sig` to this process when its parent dies (Linux's PR_SET_PDEATHSIG);
+    whether it is armed. A run's workers call it first: a launcher killed by SIGKILL runs no clean-up,
+    and its workers would otherwise train on, holding cores, memory and devices. A parent already
+    gone before the call (this process re-parented to init) ends this process at once."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    if parent == 1 or os.getppid() != parent:
+        os.kill(os.getpid(), sig)
+    return True

@@ -44,7 +44,15 @@ def open_regular(path: str | Path) -> BinaryIO:
 def read_bounded(path: str | Path, limit: int) -> bytes:
     """The whole of a regular file of at most `limit` bytes; raises NotReadable past it."""
     with open_regular(path) as f:
-        data = f.read(limit + 1)
-    if len(data) > limit:
+        if os.fstat(f.fileno()).st_size > limit:  # refused unread (a sparse file of GBs costs nothing)
+            raise NotReadable(f"larger than {limit:,} bytes")
+        chunks, size = [], 0
+        while size <= limit and (chunk := f.read(min(READ_CHUNK, limit + 1 - size))):
+            chunks.append(chunk)  # in chunks: read(limit) would allocate all of `limit` up front
+            size += len(chunk)
+    if size > limit:
         raise NotReadable(f"larger than {limit:,} bytes")
-    return data
+    return b"".join(chunks)
+
+
+READ_CHUNK = 1 << 20

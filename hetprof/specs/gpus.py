@@ -12,11 +12,22 @@ import math
 from typing import Any
 
 from hetprof.errors import SpecError
-from hetprof.specs.loader import field, from_data, non_negative, positive
+from hetprof.specs.loader import field, from_data, non_negative
 
 CURVES = ("matmul", "attention", "memory", "decode_memory", "collective", "host_link")
 # Above 1: NVLink SHARP all-reduces beat the one-way link rate in nccl-tests' busbw terms.
 MAX_EFFICIENCY = 1.5
+# A type's figures lie within these (GB, GB/s, TFLOP/s, $/h): a CPU slot's 0.1 TFLOP/s and 10 GB/s
+# sit far above the floor, the largest GPU far below the ceiling. Outside them a figure is a typo,
+# or makes a cost model divide down to inf/NaN.
+MIN_FIGURE, MAX_FIGURE = 1e-3, 1e6
+
+
+def _figure(x: float) -> bool:
+    return MIN_FIGURE <= x <= MAX_FIGURE
+
+
+FIGURE = f"a number in [{MIN_FIGURE:g}, {MAX_FIGURE:g}]"
 
 
 def _valid_points(points: list[list[float]]) -> bool:
@@ -95,20 +106,20 @@ class SourceSpec:
 @dataclasses.dataclass
 class GpuTypeSpec:
     vendor: str | None = field(None, help="nvidia, amd, ... ('generic' marks the CPU pseudo-device)")
-    memory_GB: float | None = field(None, help="device memory, GB", check=positive, expect="a positive number")
-    hbm_GBps: float | None = field(None, help="peak memory bandwidth, GB/s", check=positive, expect="a positive number")
-    bf16_tflops: float | None = field(None, help="dense bf16 TFLOP/s (absent: the fp16 figure)", check=positive,
-                                      expect="a positive number")
-    fp16_tflops: float | None = field(None, help="dense fp16 TFLOP/s", check=positive, expect="a positive number")
-    fp32_tflops: float | None = field(None, help="fp32 TFLOP/s", check=positive, expect="a positive number")
+    memory_GB: float | None = field(None, help="device memory, GB", check=_figure, expect=FIGURE)
+    hbm_GBps: float | None = field(None, help="peak memory bandwidth, GB/s", check=_figure, expect=FIGURE)
+    bf16_tflops: float | None = field(None, help="dense bf16 TFLOP/s (absent: the fp16 figure)", check=_figure,
+                                      expect=FIGURE)
+    fp16_tflops: float | None = field(None, help="dense fp16 TFLOP/s", check=_figure, expect=FIGURE)
+    fp32_tflops: float | None = field(None, help="fp32 TFLOP/s", check=_figure, expect=FIGURE)
     intra_node_GBps: float | None = field(None, help="aggregate bidirectional GPU-to-GPU bandwidth, GB/s",
-                                          check=positive, expect="a positive number")
+                                          check=_figure, expect=FIGURE)
     interconnect: str | None = field(None, help="NVLink4, PCIe5, ... (latency class of the intra-node link)")
     host_link_GBps: float | None = field(None, help="nominal one-way host <-> device bus bandwidth, GB/s (PCIe 5.0 "
                                                     "x16: 64; absent: 32, PCIe 4.0 x16)",
-                                         check=positive, expect="a positive number")
-    price_per_hour: float | None = field(None, help="$/GPU-hour default", check=non_negative,
-                                         expect="a non-negative number")
+                                         check=_figure, expect=FIGURE)
+    price_per_hour: float | None = field(None, help="$/GPU-hour default", check=lambda x: 0 <= x <= MAX_FIGURE,
+                                         expect=f"a non-negative number at most {MAX_FIGURE:g}")
     source: str | None = field(None, help="source of the datasheet figures (a key of `sources:` or a citation)")
     price_source: str | None = field(None, help="source of the price")
     aliases: list[str] = field(default_factory=list, help="other names, e.g. what the driver reports")

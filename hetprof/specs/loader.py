@@ -36,7 +36,11 @@ def field(default: Any = dataclasses.MISSING, *, help: str = "", check=None, exp
     return dataclasses.field(default=default, metadata=meta)
 
 
-MAX_SPEC_BYTES = 64 * 2**20  # a plan with a long search trace is a few MB
+MAX_SPEC_BYTES = 64 * 2**20  # a plan with a long search trace is a few MB (JSON: parsed in about a second)
+# YAML is parsed in Python at ~0.3 MB/s (libyaml's loader still builds every node in Python): a
+# hand-written cluster or workload spec is a few KB, so 2 MiB still names a mistake within seconds.
+MAX_YAML_BYTES = 2 * 2**20
+YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's scanner where installed
 MAX_DEPTH = 64  # specs nest a handful of levels; deeper is not a spec
 MAX_VALUES = 2_000_000  # values in one file, counted as a tree
 
@@ -49,13 +53,14 @@ def read_file(path: str | Path) -> Any:
     """
     path = Path(path)
     try:
-        text = safefiles.read_bounded(path, MAX_SPEC_BYTES).decode("utf-8")
+        text = safefiles.read_bounded(path, MAX_SPEC_BYTES if path.suffix == ".json" else MAX_YAML_BYTES
+                                      ).decode("utf-8")
     except safefiles.NotReadable as exc:
         raise SpecError(str(path), "", "a readable file", str(exc)) from None
     except UnicodeDecodeError as exc:
         raise SpecError(str(path), "", "UTF-8 text", f"byte {exc.object[exc.start]:#04x} at offset {exc.start}") from None
     try:
-        data = json.loads(text, parse_constant=_no_constant) if path.suffix == ".json" else yaml.safe_load(text)
+        data = json.loads(text, parse_constant=_no_constant) if path.suffix == ".json" else yaml.load(text, Loader=YAML_LOADER)
     except (yaml.YAMLError, ValueError) as exc:
         where, problem = syntax_error_position(exc)
         raise SpecError(str(path), "", "valid YAML/JSON", problem, position=where) from None

@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 
 from hetprof.errors import SpecError
+from hetprof.safety.safefiles import NotReadable, read_bounded
 from hetprof.specs.moe import MlaShape, MoeShape, read_architecture
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -298,18 +299,47 @@ def resolve_model(ref: str, base_dir: Path | None = None) -> ModelShape:
     raise KeyError(ref)
 
 
+# Caps on a model folder's config.json, far above every published model (vocabularies ~262k,
+# contexts ~10M, hidden ~16k, ~128 layers): beyond them a shared config is a mistake or an attack.
+CONFIG_CAPS = {"hidden_size": 1 << 16, "num_hidden_layers": 1 << 10, "num_attention_heads": 1 << 10,
+               "num_key_value_heads": 1 << 10, "intermediate_size": 1 << 20, "vocab_size": 1 << 22,
+               "head_dim": 1 << 12, "max_position_embeddings": 1 << 24}
+MAX_CONFIG_BYTES = 4 << 20  # config.json files are a few KB
+
+
 def from_hf_config(path: str | Path) -> ModelShape:
     """Shapes from a Hugging Face config.json (Llama/Qwen/Mistral-style decoder; Qwen3-MoE, DeepSeek-V3
-    and GPT-OSS add their experts and attention, hetprof.specs.moe)."""
+    and GPT-OSS add their experts and attention, hetprof.specs.moe).
+
+    The file may come from someone else: it is read bounded (size, depth, finite numbers) and every
+    shape field must be a positive integer within CONFIG_CAPS, with the hidden size divisible by the
+    heads (when head_dim is not given) and the heads by the KV heads — one SpecError naming the field.
+    """
+    from hetprof.specs.loader import MAX_DEPTH, check_plain
+
     path = Path(path)
     try:
-        cfg = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        cfg = json.loads(read_bounded(path, MAX_CONFIG_BYTES).decode("utf-8"))
+    except NotReadable as exc:
         raise SpecError(str(path), "", "a readable Hugging Face config.json", str(exc)) from None
+    except RecursionError:
+        raise SpecError(str(path), "", f"data nested at most {MAX_DEPTH} deep", "deeper") from None
+    except (OSError, ValueError) as exc:
+        raise SpecError(str(path), "", "a readable Hugging Face config.json", str(exc)[:160]) from None
+    check_plain(cfg, str(path))
+    if not isinstance(cfg, dict):
+        raise SpecError(str(path), "", "a JSON object", type(cfg).__name__)
     for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"):
-        if not isinstance(cfg.get(key), int):
-            raise SpecError(str(path), key, "an integer", cfg.get(key))
+        _config_int(cfg, key, path, required=True)
+    for key in ("num_key_value_heads", "head_dim", "max_position_embeddings"):
+        _config_int(cfg, key, path, required=False)
     heads = cfg["num_attention_heads"]
+    kv_heads = int(cfg.get("num_key_value_heads") or heads)
+    if heads % kv_heads:
+        raise SpecError(str(path), "num_key_value_heads", f"a divisor of num_attention_heads ({heads})", kv_heads)
+    if not cfg.get("head_dim") and cfg["hidden_size"] % heads:
+        raise SpecError(str(path), "num_attention_heads", f"a divisor of hidden_size ({cfg['hidden_size']}) "
+                        "(or head_dim given)", heads)
     model_type = str(cfg.get("model_type", "llama"))
     arch = read_architecture(cfg, path)
     family = "qwen3" if model_type.startswith("qwen3") else "llama"
@@ -326,3 +356,11 @@ def from_hf_config(path: str | Path) -> ModelShape:
         moe=None if arch is None else arch.moe, mla=None if arch is None else arch.mla,
         biases=False if arch is None else arch.biases,
     )
+
+
+def _config_int(cfg: dict, key: str, path: Path, required: bool) -> None:
+    value = cfg.get(key)
+    if value is None and not required:
+        return
+    if type(value) is not int or not 1 <= value <= CONFIG_CAPS[key]:
+        raise SpecError(str(path), key, f"a positive integer of at most {CONFIG_CAPS[key]:,}", value)

@@ -19,6 +19,7 @@ LONGEST_DRAWS = 1 << 18  # lengths drawn to estimate the expected longest of a b
 # Size bounds, checked when a spec loads (before any search or worker starts): far above any real
 # RL job, and low enough that sizing arrays or loops by them cannot hang or exhaust a machine.
 MAX_TOKENS = 1 << 20  # a prompt or response length: a million-token context
+MAX_SPREAD = 1000  # a length distribution's std over its mean (RL responses: ~0.3 to 2)
 MAX_STALENESS = 64  # async versions ahead; each holds a step of rollouts in memory
 MAX_SEQUENCES = 1 << 20  # prompts × responses in one step
 MAX_RESPONSES = 4096  # responses sampled per prompt
@@ -44,6 +45,9 @@ class LengthDist:
     def validate(self) -> None:
         if self.max is not None and self.max < self.mean:
             raise SpecError(None, "max", f"at least the mean ({self.mean})", self.max)
+        if self.dist in ("normal", "lognormal") and self.std > MAX_SPREAD * self.mean:
+            # the lognormal's sigma squares std/mean: past this it overflows, and no length spreads so
+            raise SpecError(None, "std", f"at most {MAX_SPREAD} × the mean ({self.mean})", self.std)
 
     @property
     def cap(self) -> int:

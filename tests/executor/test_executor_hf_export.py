@@ -65,11 +65,12 @@ def test_old_exports_are_pruned_per_role_and_empty_iterations_removed(tmp_path):
     for it in (5, 10, 15):
         for role in ("actor", "critic"):
             export_folder(tmp_path, it, role).mkdir(parents=True)
-    _prune(tmp_path / "hf", "actor", keep=2)
+        _prune(tmp_path / "hf", "actor", keep=2, iteration=it)  # each lead records what it exported
     assert (tmp_path / "hf" / "iter-000005" / "critic").is_dir()  # the critic's lead prunes its own
     assert not (tmp_path / "hf" / "iter-000005" / "actor").exists()
-    _prune(tmp_path / "hf", "critic", keep=2)
-    assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == ["iter-000010", "iter-000015"]
+    for it in (5, 10, 15):
+        _prune(tmp_path / "hf", "critic", keep=2, iteration=it)
+    assert sorted(p.name for p in (tmp_path / "hf").glob("iter-*")) == ["iter-000010", "iter-000015"]
 
 
 def test_an_export_needs_a_tokenizer_it_knows():

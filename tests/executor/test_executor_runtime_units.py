@@ -159,6 +159,8 @@ def test_resume_without_a_checkpoint_is_refused_up_front(tmp_path):
     with pytest.raises(HetprofError, match="no complete checkpoint") as err:
         check_resumable(tmp_path, plan)
     assert err.value.exit_code == 2  # nothing to resume from: a missing file, bad input
+    checkpoint.save(checkpoint.task_dir(tmp_path, "actor_train"), 4, {"w": torch.zeros(1)},
+                    {"plan_hash": plan_hash(plan), "run": "r"})  # the launcher checks the state it resumes from
     checkpoint.commit(tmp_path, 4, {"plan_hash": plan_hash(plan), "run": "r"})
     assert check_resumable(tmp_path, plan) == 4
 
@@ -238,7 +240,7 @@ def test_checkpoints_are_atomic_tensor_only_and_committed_separately(tmp_path):
     loaded, meta = checkpoint.load(checkpoint.latest(tmp_path / "actor_train"))
     assert torch.equal(loaded["model"]["w"], torch.arange(4.0)) and meta["iteration"] == 6
     (tmp_path / "COMMITTED.json").write_text("{broken")
-    with pytest.raises(ExecutionError, match="unreadable"):
+    with pytest.raises(HetprofError, match="COMMITTED.json: not valid JSON"):
         checkpoint.committed(tmp_path)
 
 
