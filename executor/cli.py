@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import click
 
@@ -91,7 +92,12 @@ def run(plan: str, iterations: int, backend: str | None, checkpoint_dir: str | N
     """
     from hetprof.executor.launch.elastic import launch
     from hetprof.executor.options import RunOptions
+    from hetprof.profiles import ProfileDB
 
+    # The leader writes run records into --db only after training starts: a database someone else
+    # made is checked now, before any worker, as every other command checks it when it opens it.
+    if Path(db_path()).exists():
+        ProfileDB(db_path(), readonly=True).close()
     options = RunOptions(
         plan_path=os.path.abspath(plan), iterations=iterations, backend=backend,
         checkpoint_dir=os.path.abspath(checkpoint_dir) if checkpoint_dir else None,

@@ -122,6 +122,14 @@ def test_a_trigger_blocks_profiling_into_the_database_before_it_measures(tmp_pat
     assert _count(theirs, "samples") == 20
 
 
+def test_hetprof_run_refuses_a_database_with_a_trigger_before_any_worker_starts(tmp_path):
+    theirs = _theirs(tmp_path, ["CREATE TRIGGER wipe AFTER INSERT ON run_records BEGIN DELETE FROM samples; END"])
+    plan = tmp_path / "plan.json"
+    plan.write_text("{}")  # never read: the database is checked first
+    _refused(["run", str(plan), "--db", str(theirs), "--iterations", "1"], str(theirs), "trigger 'wipe'")
+    assert _count(theirs, "samples") == 20
+
+
 # ---- views, virtual tables and objects hetprof does not make ----------------------------------------
 
 @pytest.mark.parametrize("table", ["links", "run_records", "cost_models"])
