@@ -55,7 +55,9 @@ def test_a_ppo_run_leaves_curves_loadable_models_a_trace_and_a_timeline(tmp_path
     assert len(texts) == 3 and "| prompt | response |" in texts[0]
 
     exports = ckpt / "hf"
-    assert sorted(p.name for p in exports.iterdir()) == ["iter-000002", "iter-000003"]
+    # the iterations kept, beside the run's own record of what it exported (pruning removes only those)
+    assert sorted(p.name for p in exports.iterdir() if p.is_dir()) == ["iter-000002", "iter-000003"]
+    assert sorted(p.name for p in exports.iterdir() if p.is_file()) == ["WRITTEN-actor.json", "WRITTEN-critic.json"]
     actor = AutoModelForCausalLM.from_pretrained(exports / "iter-000003" / "actor", local_files_only=True)
     earlier = AutoModelForCausalLM.from_pretrained(exports / "iter-000002" / "actor", local_files_only=True)
     tok = AutoTokenizer.from_pretrained(exports / "iter-000003" / "actor", local_files_only=True)
