@@ -17,9 +17,24 @@ from hetprof.specs.plan import Plan
 from hetprof.specs.vocabulary import Task
 
 
+UNSET_PROMPTS = "PROMPT-FILE"  # the workload names none: the user's own dataset goes here
+
+
 def _term(backend: str, name: str, lay: TaskLayout) -> str:
     dims = f"d{lay.dp}" if backend == "fsdp" else f"d{lay.dp}p{lay.pp}t{lay.tp}"
     return f"{backend}[{name}]:{dims}"
+
+
+def engine_backends(plan: Plan) -> dict[str, str]:
+    """AReaL 1.0's per-engine `backend` fields (`rollout.backend: vllm:d4p1t2`, `actor.backend: fsdp:d8`)."""
+    out = {}
+    for section, task, backend in (("rollout", Task.ACTOR_GEN, plan.backend), ("actor", Task.ACTOR_TRAIN, None),
+                                   ("critic", Task.CRITIC_TRAIN, None)):
+        if task in [t.task for t in plan.tasks]:
+            lay = plan.task(task).layout
+            engine = backend or trainer_engine(lay)
+            out[section] = _term(engine, "", lay).replace("[]", "")
+    return out
 
 
 def allocation_mode(plan: Plan) -> str:
@@ -41,40 +56,59 @@ def settings(plan: Plan) -> list[Setting]:
     ga, ta = task_index(plan, Task.ACTOR_GEN), task_index(plan, Task.ACTOR_TRAIN)
     return [
         Setting("experiment_name", w.name, "workload.name"),
+        Setting("trial_name", f"{plan.search or 'plan'}-seed{plan.seed}", "search, seed"),
         Setting("allocation_mode", allocation_mode(plan), f"tasks[{ga}].layout, tasks[{ta}].layout, backend"),
         Setting("cluster.n_nodes", sum(s.nnodes for s in shapes.values()), "groups[*].devices (hosts)"),
         Setting("cluster.n_gpus_per_node", max(per_node), "groups[*].devices (GPUs per host)"),
+        *[Setting(f"{section}.backend", value, f"tasks[{task_index(plan, task)}].layout")
+          for (section, value), task in zip(engine_backends(plan).items(),
+                                            (Task.ACTOR_GEN, Task.ACTOR_TRAIN, Task.CRITIC_TRAIN), strict=False)],
         Setting("rollout.max_head_offpolicyness", w.staleness if w.mode == "async" else 0,
                 "workload.staleness (0: workload.mode sync)"),
         Setting("gconfig.n_samples", w.responses_per_prompt, "workload.responses_per_prompt"),
         Setting("gconfig.max_new_tokens", w.response_len.max, "workload.response_len.max"),
         Setting("gconfig.temperature", w.training.temperature, "workload.training.temperature"),
         Setting("train_dataset.batch_size", w.prompts_per_step, "workload.prompts_per_step"),
+        Setting("train_dataset.type", "rl", "the plan is RL post-training"),
+        Setting("train_dataset.path", w.data.prompts or UNSET_PROMPTS, "workload.data.prompts"),
         Setting("actor.path", w.models.actor, "workload.models.actor"),
         Setting("actor.optimizer.lr", w.training.lr, "workload.training.lr"),
         Setting("actor.ppo_n_minibatches", w.mini_batches, "workload.mini_batches"),
         Setting("actor.eps_clip", w.training.clip_eps, "workload.training.clip_eps"),
         Setting("actor.kl_ctl", w.training.kl_coef, "workload.training.kl_coef"),
         Setting("actor.gradient_checkpointing", w.training.recompute, "workload.training.recompute"),
+        *[Setting(f"{section}.{key}", "${" + key + "}", f"AReaL's {key}, set above")
+          for section in ("saver", "evaluator", "recover", "stats_logger", *engine_backends(plan))
+          for key in ("experiment_name", "trial_name")],
+        *[Setting(f"{section}.fileroot", "${cluster.fileroot}", "AReaL's cluster.fileroot")
+          for section in ("saver", "evaluator", "recover", "stats_logger")],
         Setting("actor.mb_spec.max_tokens_per_mb", w.prompt_len.max + w.response_len.max,
                 "workload.prompt_len.max + workload.response_len.max"),
     ]
 
 
 def _yaml(sets: list[Setting]) -> str:
-    """Nested YAML, one comment per value naming its plan field."""
-    lines, opened = [], set()
+    """Nested YAML, one comment per value naming its plan field (sections in first-seen order)."""
+    tree: dict = {}
     for s in sets:
         *parents, leaf = s.key.split(".")
-        for depth in range(len(parents)):
-            path = tuple(parents[:depth + 1])
-            if path not in opened:
-                opened.add(path)
-                lines.append("  " * depth + f"{parents[depth]}:")
-        value = f'"{s.value}"' if isinstance(s.value, str) else str(s.value).lower() if isinstance(s.value, bool) \
-            else s.value
-        lines.append("  " * len(parents) + f"{leaf}: {value}  # {s.source}")
-    return "\n".join(lines) + "\n"
+        node = tree
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = s
+
+    def emit(node: dict, depth: int) -> list[str]:
+        lines = []
+        for key, item in node.items():
+            if isinstance(item, dict):
+                lines += [("  " * depth) + f"{key}:", *emit(item, depth + 1)]
+                continue
+            v = item.value
+            text = f'"{v}"' if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else v
+            lines.append("  " * depth + f"{key}: {text}  # {item.source}")
+        return lines
+
+    return "\n".join(emit(tree, 0)) + "\n"
 
 
 class Areal(Target):

@@ -37,7 +37,8 @@ def _engine_settings(prefix: str, plan: Plan, task: str) -> list[Setting]:
     engine = trainer_engine(lay)
     out = [Setting(f"{prefix}.strategy", engine, f"{src} ({lay.describe()})")] if task != Task.REF_INFER else []
     if engine == "fsdp":
-        out += [Setting(f"{prefix}.fsdp_config.reshard_after_forward", lay.sharding == "fsdp", f"{src}.sharding"),
+        fsdp = "fsdp" if prefix == "critic" else "fsdp_config"  # verl names the critic's section differently
+        out += [Setting(f"{prefix}.{fsdp}.reshard_after_forward", lay.sharding == "fsdp", f"{src}.sharding"),
                 Setting(f"{prefix}.ulysses_sequence_parallel_size", lay.sp, f"{src}.sp")]
     else:
         out += [Setting(f"{prefix}.megatron.tensor_model_parallel_size", lay.tp, f"{src}.tp"),
@@ -92,7 +93,8 @@ def settings(plan: Plan) -> tuple[list[Setting], str, bool]:
         out += _engine_settings("actor_rollout_ref.ref", plan, Task.REF_INFER)
     if w.algorithm == "ppo":
         out += _engine_settings("critic", plan, Task.CRITIC_TRAIN)
-        out.append(Setting("critic.optim.lr", w.training.critic_lr, "workload.training.critic_lr"))
+        out += [Setting("critic.optim.lr", w.training.critic_lr, "workload.training.critic_lr"),
+                Setting("critic.model.path", w.models.critic or w.models.actor, "workload.models.critic")]
     if split:
         rp, gi = shapes[gen.group], group_index(plan, gen.group)
         out += [Setting("rollout.nnodes", rp.nnodes, f"groups[{gi}].devices (hosts)"),

@@ -21,8 +21,13 @@ EVALS = 60
 
 
 def make_plan(workload: str, search: str, target: str | None) -> Plan:
+    return make_plan_on(CLUSTER, workload, search, target)
+
+
+def make_plan_on(cluster: str, workload: str, search: str, target: str | None) -> Plan:
+    """The best plan `search` finds in EVALS evaluations (with `target`: only what that framework expresses)."""
     options = session.PlanOptions(max_evals=EVALS, budget_s=600, backend="vllm", target=target)
-    outcomes, sim = session.run_searches(ClusterSpec.load(CLUSTER), WorkloadSpec.load(workload), search, options)
+    outcomes, sim = session.run_searches(ClusterSpec.load(cluster), WorkloadSpec.load(workload), search, options)
     best = session.best(outcomes, sim, options)
     return session.build_plan(sim, best.candidate, best.score, search=best.search)
 

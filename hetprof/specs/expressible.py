@@ -88,6 +88,18 @@ def _uneven_nodes(arr: Arrangement) -> list[str]:
     return out
 
 
+def _part_of_pool(arr: Arrangement) -> list[str]:
+    # A role's worker group spans its whole pool: verl derives rollout replicas and the trainer's DP
+    # from the pool's GPUs, AReaL from its allocation's d×p×t.
+    out = []
+    for p in arr.pools:
+        for t in p.tasks:
+            used = len(set(arr.layouts[t].devices()))
+            if used != len(p.devices):
+                out.append(f"{t} on {used} of pool {p.name}'s {len(p.devices)} GPUs")
+    return out
+
+
 def _sharded_model_parallel(arr: Arrangement) -> list[str]:
     # Megatron's distributed optimizer shards optimizer state only (zero1); FSDP runs TP1 PP1 replicas.
     return [f"{t} {lay.describe()}" for t, lay in arr.layouts.items()
@@ -151,6 +163,7 @@ COMMON = (
     Rule("one-tp-per-role", "per-replica TP degrees", _replica_tp),
     Rule("even-layers", "uneven pipeline layer splits", _uneven_layers),
     Rule("whole-nodes", "pools with unequal GPUs per node (a pool is nnodes × n_gpus_per_node)", _uneven_nodes),
+    Rule("whole-pool", "tasks on part of their pool", _part_of_pool),
     Rule("sharding", "zero2/fsdp-sharded TP or PP layouts (Megatron shards optimizer state only)",
          _sharded_model_parallel),
     Rule("ulysses", "Ulysses-sequence-parallel TP or PP layouts", _sequence_parallel_megatron),
