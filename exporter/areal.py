@@ -16,7 +16,6 @@ from hetprof.specs.layout import TaskLayout
 from hetprof.specs.plan import Plan
 from hetprof.specs.vocabulary import Task
 
-
 UNSET_PROMPTS = "PROMPT-FILE"  # the workload names none: the user's own dataset goes here
 
 

@@ -16,7 +16,7 @@ def _targets() -> list[str]:
 
 
 @click.command("export")
-@click.argument("plan_path", type=click.Path(exists=True, dir_okay=False))
+@click.argument("plan_path", type=click.Path(dir_okay=False))
 @click.option("--to", "target", required=True, cls=RegistryOption, names=lambda: _targets(),
               help="framework to export to")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,

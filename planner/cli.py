@@ -85,8 +85,12 @@ def _target_backend(target: str | None, backend: str | None) -> str | None:
     return backend or ENGINES[0]
 
 
-def _print_unrestricted(console, cluster, workload, search: str, options, db, best, sim) -> None:
-    """Price the same search without --target: what it would gain, and which framework features it needs."""
+def _print_unrestricted(console, cluster, workload, search: str, options, db, best, sim,
+                        evaluate_path: str | None) -> None:
+    """With --target (and a search): price the same search without it — what it would gain, and which
+    framework features it needs."""
+    if not options.target or evaluate_path:
+        return
     import dataclasses
 
     from hetprof.planner import session
@@ -160,8 +164,7 @@ def plan(cluster_path: str, workload_path: str, search: str, objective: str, bud
          budget_s: float | None, max_evals: int | None, workers: int, seed: int, search_seed: int | None,
          cost_model: str, max_tp: int, max_pp: int, storage: str | None, no_streaming: bool, runnable: bool,
          evaluate_path: str | None, what_ifs: tuple[str, ...], backend: str | None, out_path: str | None,
-         gantt_path: str | None, catalog_path: str | None, overrides: tuple[str, ...] = (),
-         target: str | None = None) -> None:
+         gantt_path: str | None, catalog_path: str | None, target: str | None, overrides: tuple[str, ...] = ()) -> None:
     """Find the fastest (or cheapest) placement of an RL job on a heterogeneous cluster.
 
     \b
@@ -174,7 +177,6 @@ def plan(cluster_path: str, workload_path: str, search: str, objective: str, bud
       hetprof plan -c C.yaml -w W.yaml --what-if "add 8xH100@us-east"
       hetprof plan -c C.yaml -w W.yaml --evaluate plan.json --cost-model fitted
       hetprof plan -c C.yaml -w W.yaml --catalog team-gpus.yaml
-      hetprof plan -c C.yaml -w W.yaml --target verl --out plan.json
     """
     from rich.console import Console
 
@@ -188,13 +190,12 @@ def plan(cluster_path: str, workload_path: str, search: str, objective: str, bud
     if objective == "throughput-under-budget" and (budget is None or budget <= 0):
         raise SpecError("--budget", "", "a positive $/hour budget with --objective throughput-under-budget", budget)
     budget_s, workers = _effort(budget_s, max_evals, workers, max_tp, max_pp)
-    backend = _target_backend(target, backend)
     cluster = ClusterSpec.load(cluster_path, catalog=load_catalog(catalog_path) if catalog_path else None)
     workload = WorkloadSpec.load(workload_path, overrides)
     options = session.PlanOptions(objective=objective, budget=budget, budget_s=budget_s, max_evals=max_evals,
                                   seed=seed, cost_model=cost_model, max_tp=max_tp, max_pp=max_pp, storage=storage,
                                   workers=workers, search_seed=search_seed,
-                                  streaming=not no_streaming, executable=runnable, backend=backend, target=target)
+                                  streaming=not no_streaming, executable=runnable, backend=_target_backend(target, backend), target=target)
     with session.open_db(_db_to_read(cost_model)) as db:
         if evaluate_path:
             outcome, sim = session.evaluate_plan_file(cluster, workload, evaluate_path, options, db)
@@ -215,8 +216,7 @@ def plan(cluster_path: str, workload_path: str, search: str, objective: str, bud
             console.print(f"[yellow]independent memory check disagrees:[/yellow] {problem}")
         if not problems:
             console.print("independent memory check: every GPU holds what the plan puts on it")
-        if target and not evaluate_path:
-            _print_unrestricted(console, cluster, workload, search, options, db, best, sim)
+        _print_unrestricted(console, cluster, workload, search, options, db, best, sim, evaluate_path)
         if out_path:
             session.write_plan(sim, best, options, snapshot, Path(out_path))
             console.print(f"plan written to {out_path}")
