@@ -36,7 +36,8 @@ def arrangement_of(sim: Simulator, cand: Candidate) -> expressible.Arrangement:
     layouts, grouped = sim.with_followers(cand)
     groups = [(f"group{i}", tasks, devs) for i, (tasks, devs) in enumerate(zip(grouped, cand.group_devices,
                                                                               strict=True))]
-    return expressible.arrangement(groups, layouts, sim.cluster.devices(), sim.workload.mode, sim.backend)
+    return expressible.arrangement(groups, layouts, sim.cluster.devices(), sim.workload.mode, sim.backend,
+                                   sim.workload.sequences_per_step)
 
 
 def needs(sim: Simulator, target: str, cand: Candidate) -> list[str]:

@@ -156,3 +156,13 @@ def test_a_task_on_part_of_its_pool(target):
     gen = dev("l0", 0, 1, 2, 3)
     arr = split(actor_gen=lay("actor_gen", [gen[:2]], tp=2))  # two of the pool's four GPUs idle
     assert broken(target, arr) == ["whole-pool"]
+
+
+def test_shares_may_differ_by_one_sequence():
+    """1024 sequences over 24 replicas: 42 or 43 each, as the frameworks split them."""
+    base = split().layouts["actor_train"]
+    whole = dataclasses.replace(base, shares=(43 / 100,) + (57 / 700,) * 7)
+    arr = dataclasses.replace(split(actor_train=whole), sequences=100)
+    assert broken("verl", arr) != [] and broken("verl", dataclasses.replace(arr, sequences=1)) == []
+    near = dataclasses.replace(base, shares=(13 / 100,) + (87 / 700,) * 7)  # 13 vs 12.43 sequences
+    assert broken("verl", dataclasses.replace(split(actor_train=near), sequences=100)) == []

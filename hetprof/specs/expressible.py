@@ -41,6 +41,7 @@ class Arrangement:
     host: Mapping[str, str]
     mode: str = "sync"  # the workload's: sync, or async with staleness
     backend: str = "vllm"  # the generation engine the plan was priced for
+    sequences: int = 0  # sequences per step: an even split of them differs by one sequence where it does not divide
 
     def pool_of(self, task: str) -> Pool:
         return next(p for p in self.pools if task in p.tasks)
@@ -63,8 +64,10 @@ def even_split(layers: int, pp: int) -> tuple[int, ...] | None:
 # ---- the checks -------------------------------------------------------------------------------
 
 def _uneven_shares(arr: Arrangement) -> list[str]:
+    # the frameworks split a batch as evenly as whole sequences allow: shares may differ by one sequence
+    slack = SHARE_TOLERANCE + (1 / arr.sequences if arr.sequences else 0.0)
     return [f"{t} shares {min(lay.shares):.4g}–{max(lay.shares):.4g}" for t, lay in arr.layouts.items()
-            if max(lay.shares) - min(lay.shares) > SHARE_TOLERANCE]
+            if max(lay.shares) - min(lay.shares) > slack]
 
 
 def _replica_tp(arr: Arrangement) -> list[str]:
@@ -196,14 +199,17 @@ def refusal(target: str, rule: Rule, where: list[str]) -> str:
     return f"{target}: {rule.feature} are not expressible ({'; '.join(where)}); re-plan with --target {target}"
 
 
-def arrangement(groups, layouts: Mapping[str, TaskLayout], devices, mode: str, backend: str) -> Arrangement:
+def arrangement(groups, layouts: Mapping[str, TaskLayout], devices, mode: str, backend: str,
+                sequences: int = 0) -> Arrangement:
     """The arrangement of `groups` (name, tasks, devices triples) on `devices` (the cluster's Device list)."""
     return Arrangement(pools=tuple(Pool(n, tuple(ts), tuple(ds)) for n, ts, ds in groups), layouts=dict(layouts),
                        kinds={t: TASKS[t][0] for t in layouts}, gpu_type={d.id: d.type for d in devices},
-                       host={d.id: d.host for d in devices}, mode=mode, backend=backend)
+                       host={d.id: d.host for d in devices}, mode=mode, backend=backend,
+                       sequences=sequences)
 
 
 def plan_arrangement(plan) -> Arrangement:
     """The arrangement a Plan describes."""
+    w = plan.workload_spec()
     return arrangement([(g.name, g.tasks, g.devices) for g in plan.groups], {t.task: t.layout for t in plan.tasks},
-                       plan.cluster_spec().devices(), plan.workload_spec().mode, plan.backend)
+                       plan.cluster_spec().devices(), w.mode, plan.backend, w.sequences_per_step)
