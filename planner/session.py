@@ -100,7 +100,7 @@ def run_search(sim: Simulator, name: str, options: PlanOptions,
     if options.target and candidate is not None:  # what was scored: the projected candidate
         from hetprof.planner.targets import project
 
-        candidate = project(candidate)
+        candidate = project(candidate, sim.workload.sequences_per_step)
     return Outcome(name, candidate, res.score, res.seconds, trace=tuple(res.trace),
                    extra={"evaluations": res.evaluations, **res.extra})
 

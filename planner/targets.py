@@ -20,16 +20,18 @@ from hetprof.specs.layout import TaskLayout
 TARGETS = tuple(expressible.RULES)
 
 
-def even(lay: TaskLayout) -> TaskLayout:
-    """The layout as a framework runs it: equal batch shares, and Megatron's even layer split when it has one."""
+def even(lay: TaskLayout, sequences: int) -> TaskLayout:
+    """The layout as a framework runs it: equal batch shares (kept as they are where they already differ
+    by at most one of the step's `sequences`), and Megatron's even layer split when it has one."""
     split = expressible.even_split(sum(lay.layer_splits[0]), lay.pp) if lay.layer_splits else None
-    return dataclasses.replace(lay, shares=(1.0 / lay.dp,) * lay.dp,
-                               layer_splits=(split,) * lay.dp if split else lay.layer_splits)
+    slack = expressible.SHARE_TOLERANCE + 1 / max(sequences, 1)
+    shares = lay.shares if lay.shares and max(lay.shares) - min(lay.shares) <= slack else (1.0 / lay.dp,) * lay.dp
+    return dataclasses.replace(lay, shares=shares, layer_splits=(split,) * lay.dp if split else lay.layer_splits)
 
 
-def project(cand: Candidate) -> Candidate:
+def project(cand: Candidate, sequences: int) -> Candidate:
     """`cand` with every layout made even (what the target framework would run of it)."""
-    return dataclasses.replace(cand, layouts=tuple((t, even(lay)) for t, lay in cand.layouts))
+    return dataclasses.replace(cand, layouts=tuple((t, even(lay, sequences)) for t, lay in cand.layouts))
 
 
 def arrangement_of(sim: Simulator, cand: Candidate) -> expressible.Arrangement:
@@ -51,7 +53,7 @@ class TargetedSimulator(Simulator):
     target: str = ""
 
     def evaluate(self, candidate: Candidate) -> Score:
-        cand = project(candidate)
+        cand = project(candidate, self.workload.sequences_per_step)
         # a malformed candidate is left to the simulator, which says why
         found = [] if self.structure_problems(cand) else expressible.problems(self.target, arrangement_of(self, cand))
         if found:
