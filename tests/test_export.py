@@ -107,3 +107,14 @@ def test_areal_allocation_mode_names_each_pool(plans):
     mode = allocation_mode(plan)
     gen = plan.task("actor_gen").layout
     assert mode.startswith(f"vllm[rollout]:d{gen.dp}p{gen.pp}t{gen.tp}+")
+
+
+def test_a_plan_file_whose_search_began_infeasible_loads(tmp_path):
+    """The verl search's first trace point has no feasible plan (inf): JSON has no Infinity, so the
+    plan file leaves it out rather than writing a file `hetprof export` cannot read."""
+    out = tmp_path / "p.json"
+    res = CliRunner().invoke(cli, ["plan", "-c", CLUSTER, "-w", ASYNC, "--search", "verl", "--max-evals", "50",
+                                   "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "Infinity" not in out.read_text()
+    assert Plan.load(out).search_trace
