@@ -138,7 +138,8 @@ class Verl(Target):
                f"{ASYNC_CONFIG_PATH}" if split else ""
         script = "\n".join([
             "#!/usr/bin/env bash", f"# verl launch for hetprof plan {plan_path} (hetprof export --to verl).",
-            "# Pools (each pinned by the Ray resources below: pool_<group>, its GPU type, region_<region>):", pools,
+            "# Pools (each host labelled by the Ray resources below: pool_<group>, its GPU type, region_<region>;",
+            "# verl 0.9 asks Ray for GPU counts only, so start Ray on exactly these hosts):", pools,
             "# Start Ray on every host with its resources: RAY_ARGS='--address HEAD:6379' ./launch.sh node",
             "# then, on the head, run the trainer: ./launch.sh train",
             "set -euo pipefail", 'here="$(cd "$(dirname "$0")" && pwd)"',
