@@ -7,6 +7,7 @@ settings are written once more as `trace.tsv`, so each override can be followed 
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from collections import Counter
 from pathlib import Path
@@ -50,7 +51,7 @@ class PoolShape:
         return self.nnodes * self.gpus_per_node
 
 
-class Target:
+class Target(abc.ABC):
     """An export target: `name` (set by the registry), its rules (hetprof/specs/expressible.py) and files."""
 
     name = ""
@@ -61,9 +62,9 @@ class Target:
         if found:
             raise ExportRefused(expressible.refusal(self.name, *found[0]))
 
+    @abc.abstractmethod
     def files(self, plan: Plan, plan_path: str) -> dict[str, str]:
         """File name → text of everything the framework needs to run the plan (plan already checked)."""
-        raise NotImplementedError
 
     def export(self, plan: Plan, plan_path: str, out: Path) -> list[Path]:
         self.check(plan)
