@@ -44,7 +44,7 @@ install-export: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[dev,export-test]'
 	$(BIN)/python -c "import torch, verl.utils.config, areal.api.cli_args; assert torch.__version__.endswith('+cpu'), torch.__version__"
 
-test-export: $(STAMP)
+test-export: install-export
 	$(BIN)/pytest -q -p no:cacheprovider -m export tests/exporter/test_export_frameworks.py
 
 # ruff first (seconds), then every test; multi-process and multi-host tests are marked `slow`.
