@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 TORCH_PIN ?= torch==2.13.0
 TORCH_INDEX_URL ?=
 
-.PHONY: install install-vllm test test-vllm test-fast demo lint bench docs results gpu-kit clean
+.PHONY: install install-vllm install-export test-export test test-vllm test-fast demo lint bench docs results gpu-kit clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -35,6 +35,17 @@ install-vllm: $(STAMP)
 # are not scheduled, so the runs took longer together than one after another.
 TEST_WORKERS ?= $(shell nproc)
 PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadfile
+
+# verl and AReaL for `pytest -m export` (tests/exporter/test_export_frameworks.py): the frameworks with --no-deps
+# (their own requirements would replace the CPU torch), then what their config modules import.
+EXPORT_FRAMEWORKS = verl==0.9.1 areal==1.0.4 tensordict==0.15.3 torchdata==0.11.0
+install-export: $(STAMP)
+	$(BIN)/python -m pip install -q --no-deps $(EXPORT_FRAMEWORKS)
+	$(BIN)/python -m pip install -q -e '.[dev,export-test]'
+	$(BIN)/python -c "import torch, verl.utils.config, areal.api.cli_args; assert torch.__version__.endswith('+cpu'), torch.__version__"
+
+test-export: install-export
+	$(BIN)/pytest -q -p no:cacheprovider -m export tests/exporter/test_export_frameworks.py
 
 # ruff first (seconds), then every test; multi-process and multi-host tests are marked `slow`.
 test: $(STAMP)

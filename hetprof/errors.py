@@ -35,6 +35,10 @@ class InfeasibleError(HetprofError):
     exit_code = 3
 
 
+class ExportRefused(HetprofError):
+    """A plan the target framework cannot express (`hetprof export`); the message names the feature."""
+
+
 class ProfileDBError(HetprofError):
     """The profile database cannot be read or written as asked."""
 

@@ -83,6 +83,43 @@ def _check_plannable(cluster: ClusterSpec, cluster_path: str, what_ifs: tuple[st
         check_plannable(session.what_if_cluster(cluster, text), f"--what-if {text}")
 
 
+def _target_backend(target: str | None, backend: str | None) -> str | None:
+    """The generation engine to price: with --target, one the framework runs (vllm unless given)."""
+    if target is None:
+        return backend
+    from hetprof.errors import SpecError
+    from hetprof.specs.expressible import ENGINES
+
+    if backend is not None and backend not in ENGINES:
+        raise SpecError("--backend", "", f"one of {', '.join(ENGINES)} with --target {target}", backend)
+    return backend or ENGINES[0]
+
+
+def _print_unrestricted(console, cluster, workload, search: str, options, db, best, sim,
+                        evaluate_path: str | None) -> None:
+    """With --target (and a search): price the same search without it — what it would gain, and which
+    framework features it needs."""
+    if not options.target or evaluate_path:
+        return
+    import dataclasses
+
+    from hetprof.planner import session
+    from hetprof.planner.targets import needs
+
+    free_options = dataclasses.replace(options, target=None)
+    outcomes, free_sim = session.run_searches(cluster, workload, search, free_options, db)
+    free = session.best(outcomes, free_sim, free_options)
+    mine = sim.objective_value(best.score, options.objective, options.budget)
+    if free is None or free_sim.objective_value(free.score, options.objective, options.budget) >= mine:
+        console.print(f"unrestricted {search} plan: nothing better than the {options.target}-expressible plan")
+        return
+    gain = 1 - free.score.iteration_s / best.score.iteration_s
+    features = needs(free_sim, options.target, free.candidate)
+    console.print(f"unrestricted {search} plan: {free.score.iteration_s:.2f} s per iteration, {gain:.0%} faster "
+                  f"than the {options.target}-expressible {best.score.iteration_s:.2f} s; {options.target} would "
+                  f"need: {'; '.join(features) or 'nothing (it expresses it)'}")
+
+
 @click.command("plan")
 @click.option("--cluster", "-c", "cluster_path", required=True, type=click.Path(dir_okay=False),
               help="cluster spec (YAML/JSON)")
@@ -123,6 +160,9 @@ def _check_plannable(cluster: ClusterSpec, cluster_path: str, what_ifs: tuple[st
 @click.option("--backend", type=click.Choice(GENERATION_BACKENDS), default=None,
               help="generation engine to price and record in the plan: vllm (continuous batching, paged KV) or "
                    "hf (padded loop); default vllm on a cluster with GPUs, hf on a CPU-only cluster")
+@click.option("--target", type=click.Choice(("verl", "areal")), default=None,
+              help="plan only what this framework can express (`hetprof export --to` runs it there); the report "
+                   "also prices the unrestricted plan and names the framework features it needs")
 @click.option("--out", "-o", "out_path", type=click.Path(dir_okay=False), default=None, help="write the plan (JSON)")
 @click.option("--gantt", "gantt_path", type=click.Path(dir_okay=False), default=None,
               help="write a Gantt chart (PNG) of one iteration")
@@ -134,7 +174,7 @@ def plan(cluster_path: str, workload_path: str, search: str, objective: str, bud
          budget_s: float | None, max_evals: int | None, workers: int, seed: int, search_seed: int | None,
          cost_model: str, max_tp: int, max_pp: int, storage: str | None, no_streaming: bool, runnable: bool,
          evaluate_path: str | None, what_ifs: tuple[str, ...], backend: str | None, out_path: str | None,
-         gantt_path: str | None, catalog_path: str | None, overrides: tuple[str, ...] = ()) -> None:
+         gantt_path: str | None, catalog_path: str | None, target: str | None, overrides: tuple[str, ...] = ()) -> None:
     """Find the fastest (or cheapest) placement of an RL job on a heterogeneous cluster.
 
     \b
@@ -166,7 +206,8 @@ def plan(cluster_path: str, workload_path: str, search: str, objective: str, bud
     options = session.PlanOptions(objective=objective, budget=budget, budget_s=budget_s, max_evals=max_evals,
                                   seed=seed, cost_model=cost_model, max_tp=max_tp, max_pp=max_pp, storage=storage,
                                   workers=workers, search_seed=search_seed,
-                                  streaming=not no_streaming, executable=runnable, backend=backend)
+                                  streaming=not no_streaming, executable=runnable,
+                                  backend=_target_backend(target, backend), target=target)
     with session.open_db(_db_to_read(cost_model)) as db:
         if evaluate_path:
             outcome, sim = session.evaluate_plan_file(cluster, workload, evaluate_path, options, db)
@@ -187,6 +228,7 @@ def plan(cluster_path: str, workload_path: str, search: str, objective: str, bud
             console.print(f"[yellow]independent memory check disagrees:[/yellow] {problem}")
         if not problems:
             console.print("independent memory check: every GPU holds what the plan puts on it")
+        _print_unrestricted(console, cluster, workload, search, options, db, best, sim, evaluate_path)
         if out_path:
             session.write_plan(sim, best, options, snapshot, Path(out_path))
             console.print(f"plan written to {out_path}")
@@ -198,15 +240,24 @@ def plan(cluster_path: str, workload_path: str, search: str, objective: str, bud
                              f"{best.score.iteration_s:.2f} s per iteration")
             console.print(f"Gantt chart written to {gantt_path}")
         for text in what_ifs:
-            changed = session.what_if_cluster(cluster, text)
-            if evaluate_path:
-                after, after_sim = session.evaluate_plan_file(changed, workload, evaluate_path, options, db)
-                after_list = [after]
-            else:
-                after_list, after_sim = session.run_searches(changed, workload, search, options, db, console)
-            after_best = session.best(after_list, after_sim, options)
-            rows = [session.renamed(best, "before"), session.renamed(after_best, f"after: {text}")
-                    if after_best else session.failed(f"after: {text}", after_list, options)]
-            print_comparison(console, rows, reference="before", title=f"what if {text}?")
-            if after_best is not None and math.isfinite(after_best.score.iteration_s):
-                print_plan(console, after_sim, after_best.candidate, after_best.score, title=f"plan after {text!r}")
+            _print_what_if(console, text, cluster, workload, search, options, db, best, evaluate_path)
+
+
+def _print_what_if(console, text: str, cluster, workload, search: str, options, db, best,
+                   evaluate_path: str | None) -> None:
+    """Re-plan the cluster changed by one --what-if edit and print it beside the plan before."""
+    from hetprof.planner import session
+    from hetprof.planner.report import print_comparison, print_plan
+
+    changed = session.what_if_cluster(cluster, text)
+    if evaluate_path:
+        after, after_sim = session.evaluate_plan_file(changed, workload, evaluate_path, options, db)
+        after_list = [after]
+    else:
+        after_list, after_sim = session.run_searches(changed, workload, search, options, db, console)
+    after_best = session.best(after_list, after_sim, options)
+    rows = [session.renamed(best, "before"), session.renamed(after_best, f"after: {text}")
+            if after_best else session.failed(f"after: {text}", after_list, options)]
+    print_comparison(console, rows, reference="before", title=f"what if {text}?")
+    if after_best is not None and math.isfinite(after_best.score.iteration_s):
+        print_plan(console, after_sim, after_best.candidate, after_best.score, title=f"plan after {text!r}")

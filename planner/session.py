@@ -40,6 +40,7 @@ class PlanOptions:
     streaming: bool = True
     executable: bool = True  # only layouts `hetprof run` carries out (hetprof/specs/executable.py)
     backend: str | None = None  # generation engine priced; None: simulator.default_backend of the cluster
+    target: str | None = None  # plan only what this framework expresses (planner/targets.py)
 
 
 @contextlib.contextmanager
@@ -59,8 +60,13 @@ def make_simulator(cluster: ClusterSpec, workload: WorkloadSpec, options: PlanOp
     from hetprof.costmodels import get_cost_model
 
     cm = get_cost_model(options.cost_model, db=db, catalog=cluster.catalog)
-    sim = Simulator(cluster, workload, cm, seed=options.seed, db=db, streaming=options.streaming,
-                    executable=options.executable, backend=options.backend)
+    kind = Simulator
+    if options.target:
+        from hetprof.planner.targets import TargetedSimulator as kind
+    sim = kind(cluster, workload, cm, seed=options.seed, db=db, streaming=options.streaming,
+               executable=options.executable, backend=options.backend)
+    if options.target:
+        sim.target = options.target
     sim.check_fits(options.max_tp, options.max_pp)
     return sim
 
@@ -90,7 +96,12 @@ def run_search(sim: Simulator, name: str, options: PlanOptions,
                         max_evals=options.max_evals, storage=options.storage, workers=options.workers,
                         progress=progress)
     res = cls(ctx).run()
-    return Outcome(name, res.candidate, res.score, res.seconds, trace=tuple(res.trace),
+    candidate = res.candidate
+    if options.target and candidate is not None:  # what was scored: the projected candidate
+        from hetprof.planner.targets import project
+
+        candidate = project(candidate, sim.workload.sequences_per_step)
+    return Outcome(name, candidate, res.score, res.seconds, trace=tuple(res.trace),
                    extra={"evaluations": res.evaluations, **res.extra})
 
 
@@ -99,6 +110,10 @@ def run_searches(cluster: ClusterSpec, workload: WorkloadSpec, search: str, opti
     """Each requested search on one simulator. With "all", a search that fails becomes a row saying why."""
     sim = make_simulator(cluster, workload, options, db)
     names = search_list(search, len(sim.devices))
+    if options.target:  # the framework's own tuning as a floor: --target never plans slower than it
+        from hetprof.planner.targets import baseline_searches
+
+        names += [n for n in baseline_searches(options.target) if n not in names]
     outcomes = []
     for name in names:
         started = time.perf_counter()
@@ -179,7 +194,8 @@ def build_plan(sim: Simulator, candidate: Candidate, score: Score | None = None,
                 predicted=prediction, backend=sim.backend,
                 cost_model=getattr(sim.cost_model, "name", "") or type(sim.cost_model).__name__,
                 profile_snapshot=profile_snapshot, search=search, seed=seed, objective=objective,
-                search_trace=[dict(x) for x in trace], search_evaluations=evaluations)
+                search_trace=[dict(x) for x in trace if math.isfinite(x.get("best", 0.0))],
+                search_evaluations=evaluations)  # JSON has no Infinity: a point before any feasible plan is dropped
     plan.validate()
     return plan
 

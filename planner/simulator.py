@@ -98,8 +98,9 @@ class Simulator:
                                _score=self.evaluate, _rebuild=lambda cluster: self.on_cluster(cluster).planning)
 
     def on_cluster(self, cluster: ClusterSpec) -> Simulator:
-        """A simulator of the same problem on another cluster (the same lengths seed and settings)."""
-        return Simulator(cluster, self.workload, self.cost_model, seed=self.seed, streaming=self.streaming,
+        """A simulator of the same problem on another cluster (the same lengths seed and settings, and
+        the same kind of simulator: a sub-cluster search keeps a targeted simulator's restriction)."""
+        return type(self)(cluster, self.workload, self.cost_model, seed=self.seed, streaming=self.streaming,
                          executable=self.executable, backend=self.backend)
 
     # ---- the contract's helpers -----------------------------------------------------------------
