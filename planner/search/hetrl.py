@@ -238,7 +238,7 @@ class HetRLSearch(Search):
         # one study per problem (the simulator's seed draws its response lengths), whatever the
         # search's seed: processes sharing a storage each bring their own
         name = ctx.study_name or f"hetrl-{problem_key(ctx.planning, ctx.objective, ctx.budget)}-lengths{ctx.planning.seed}"
-        study = ArmStudy(name, ctx.seed, ctx.storage)
+        study = ArmStudy(name, ctx.seed, ctx.storage, ctx.planning.devices)
         self._resumed = study.resumed()
         offer_shared(study.best_stored(), ledger)
         self._assembler = Assembler(ctx.planning, ctx.max_tp, ctx.max_pp)

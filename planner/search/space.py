@@ -15,13 +15,15 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import TYPE_CHECKING
 
+from hetprof.errors import SpecError
 from hetprof.planner.candidate import Candidate
 from hetprof.planner.memo import memoised
 from hetprof.planner.search import layouts
 from hetprof.specs.layout import TaskLayout
+from hetprof.specs.loader import check_plain
 
 if TYPE_CHECKING:
     from hetprof.planner.planning import PlanningContext
@@ -161,12 +163,70 @@ def encode_candidate(candidate: Candidate) -> str:
     return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
 
-def decode_candidate(text: str) -> Candidate:
-    data = json.loads(text)
-    lays = {t: TaskLayout(task=t, tp=int(v["tp"]), pp=int(v["pp"]), replicas=v["replicas"], shares=v["shares"],
-                          layer_splits=v["layer_splits"], sharding=v.get("sharding", "none"))
-            for t, v in data["layouts"].items()}
-    return Candidate(data["groups"], data["group_devices"], lays, data.get("offload", ()))
+# A stored candidate is read back from a study other processes (or people) share: it is someone
+# else's data. Bounded before parsing; typed and checked against this cluster after.
+MAX_CANDIDATE_CHARS = 1 << 20  # a 4,096-device candidate encodes to ~200 kB
+
+
+def decode_candidate(text: object, devices: Collection[str] | None = None) -> Candidate:
+    """The candidate `encode_candidate` wrote; ValueError for anything else a shared study may hold —
+    oversized, deeply nested or non-finite data, wrong types, or (with `devices`) a device this
+    cluster does not have, which a search must never be handed."""
+    if not isinstance(text, str) or len(text) > MAX_CANDIDATE_CHARS:
+        raise ValueError(f"a stored candidate is JSON text of at most {MAX_CANDIDATE_CHARS:,} characters")
+    try:
+        data = json.loads(text)
+        check_plain(data, None)
+    except RecursionError:
+        raise ValueError("a stored candidate nested deeper than JSON data can be read") from None
+    except SpecError as exc:
+        raise ValueError(f"a stored candidate: {exc}") from None
+    try:
+        lays = {_text(t): _stored_layout(_text(t), v) for t, v in _mapping(data["layouts"]).items()}
+        cand = Candidate([_texts(g) for g in _list(data["groups"])], [_texts(g) for g in _list(data["group_devices"])],
+                         lays, [int(i) for i in _list(data.get("offload", []))])
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"a stored candidate of the wrong shape ({type(exc).__name__}: {exc})") from None
+    unknown = sorted(set(cand.devices()) - set(devices)) if devices is not None else []
+    if unknown:
+        raise ValueError(f"a stored candidate names devices this cluster does not have: {', '.join(unknown[:3])}")
+    return cand
+
+
+def _stored_layout(task: str, v: object) -> TaskLayout:
+    v = _mapping(v)
+    return TaskLayout(task=task, tp=_count(v["tp"]), pp=_count(v["pp"]), replicas=[_texts(r) for r in _list(v["replicas"])],
+                      shares=[float(s) for s in _list(v["shares"])],
+                      layer_splits=[[_count(x) for x in _list(s)] for s in _list(v["layer_splits"])],
+                      sharding=_text(v.get("sharding", "none")))
+
+
+def _mapping(v: object) -> dict:
+    if not isinstance(v, dict):
+        raise TypeError(f"expected an object, got {type(v).__name__}")
+    return v
+
+
+def _list(v: object) -> list:
+    if not isinstance(v, list):
+        raise TypeError(f"expected a list, got {type(v).__name__}")
+    return v
+
+
+def _text(v: object) -> str:
+    if not isinstance(v, str):
+        raise TypeError(f"expected text, got {type(v).__name__}")
+    return v
+
+
+def _texts(v: object) -> tuple[str, ...]:
+    return tuple(_text(x) for x in _list(v))
+
+
+def _count(v: object) -> int:
+    if type(v) is not int or v < 1:
+        raise TypeError(f"expected a positive integer, got {v!r}")
+    return v
 
 
 def problem_key(sim: PlanningContext, objective: str, budget: float | None) -> str:

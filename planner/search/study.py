@@ -18,7 +18,7 @@ import math
 import os
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 from hetprof.errors import SpecError
@@ -105,15 +105,16 @@ def arm_from_trial(trial: optuna.trial.Trial, groupings: Sequence[Grouping], typ
     return Arm(grouping, counts, tuple(types))
 
 
-def stored_candidates(study: optuna.Study) -> dict[str, list[Candidate]]:
-    """Best candidates earlier runs stored in this study, by arm label (resuming a search)."""
+def stored_candidates(study: optuna.Study, devices: Collection[str]) -> dict[str, list[Candidate]]:
+    """Best candidates earlier runs stored in this study, by arm label (resuming a search); a stored
+    trial that holds no candidate of this cluster is skipped (space.decode_candidate says why)."""
     out: dict[str, list[Candidate]] = {}
     for t in study.get_trials(deepcopy=False):
         text, label = t.user_attrs.get("candidate"), t.user_attrs.get("arm")
-        if text and label:
+        if text and isinstance(label, str):
             try:
-                out.setdefault(label, []).append(decode_candidate(text))
-            except (ValueError, KeyError, TypeError):
+                out.setdefault(label, []).append(decode_candidate(text, devices))
+            except ValueError:
                 continue
     return out
 
@@ -130,13 +131,14 @@ def trial_value(t: optuna.trial.FrozenTrial) -> float:
     return math.inf
 
 
-def best_candidates(trials: Sequence[optuna.trial.FrozenTrial], k: int = SHARED_BEST) -> list[Candidate]:
-    """The candidates of the k best trials that keep one (plain JSON user attributes)."""
+def best_candidates(trials: Sequence[optuna.trial.FrozenTrial], devices: Collection[str],
+                    k: int = SHARED_BEST) -> list[Candidate]:
+    """The candidates of the k best trials that keep one of this cluster (plain JSON user attributes)."""
     out = []
     for t in sorted((t for t in trials if t.user_attrs.get("candidate")), key=trial_value)[:k]:
         try:
-            out.append(decode_candidate(t.user_attrs["candidate"]))
-        except (ValueError, KeyError, TypeError):
+            out.append(decode_candidate(t.user_attrs["candidate"], devices))
+        except ValueError:
             continue
     return out
 
@@ -194,11 +196,12 @@ def _open_stored(name: str, url: str) -> Any:
 class ArmStudy:
     """The in-memory study a search runs on, mirrored batch-wise to an optional RDB storage."""
 
-    def __init__(self, name: str, seed: int, storage: str | None) -> None:
+    def __init__(self, name: str, seed: int, storage: str | None, devices: Collection[str]) -> None:
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.name = name
+        self.devices = frozenset(devices)  # what a stored candidate may name (a shared study is someone else's)
         self.process = f"{socket.gethostname()}:{os.getpid()}"
         self.study = optuna.create_study(direction="minimize",
                                          sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=10))
@@ -213,11 +216,11 @@ class ArmStudy:
         self.saved = len(self.study.trials)
 
     def resumed(self) -> dict[str, list[Candidate]]:
-        return stored_candidates(self.study)
+        return stored_candidates(self.study, self.devices)
 
     def best_stored(self) -> list[Candidate]:
         """The best plans this study held when the search started (earlier runs, other processes)."""
-        return best_candidates(self.study.get_trials(deepcopy=False))
+        return best_candidates(self.study.get_trials(deepcopy=False), self.devices)
 
     def record(self, trials: Sequence[Any], distributions: dict) -> list[Candidate]:
         """Add a finished bracket's self-named arms to the study, copy what is new to the storage,
@@ -246,4 +249,4 @@ class ArmStudy:
         self.study.add_trials(new)
         self.saved = len(self.study.trials)
         self.shared += len(new)
-        return best_candidates(new)
+        return best_candidates(new, self.devices)
