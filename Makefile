@@ -50,7 +50,7 @@ test-export: install-export
 # ruff first (seconds), then every test; multi-process and multi-host tests are marked `slow`.
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/pytest -q -p no:cacheprovider $(PYTEST_PARALLEL) -m "not vllm"
+	$(BIN)/pytest -q -p no:cacheprovider $(PYTEST_PARALLEL) -m "not vllm and not export"
 
 # The tests that start vLLM engines (tens of seconds each): after `make install-vllm`.
 test-vllm: install-vllm
@@ -59,7 +59,7 @@ test-vllm: install-vllm
 # The unit tests only: no worker processes, no network namespaces, no GPU.
 test-fast: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/pytest -q -p no:cacheprovider $(PYTEST_PARALLEL) -m "not slow and not netns and not gpu and not vllm"
+	$(BIN)/pytest -q -p no:cacheprovider $(PYTEST_PARALLEL) -m "not slow and not netns and not gpu and not vllm and not export"
 
 demo: $(STAMP)
 	$(BIN)/python examples/demo.py
