@@ -14,8 +14,7 @@ Layout: one folder per stage, named after the package it covers.
   helpers/     modules tests import (`from helpers.commands import hetprof_cmd`); no tests
 `make test` runs them on pytest-xdist workers, each file whole on one worker (--dist loadfile), so a
 module's shared end-to-end run happens once; anything a test names outside its tmp_path (ports,
-namespaces, environment) must be unique per worker. Files with multi-process tests are handed out
-first (pytest_collection_modifyitems), so no long file starts last and runs alone at the end.
+namespaces, environment) must be unique per worker.
 """
 
 from __future__ import annotations
@@ -23,14 +22,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-
-def pytest_collection_modifyitems(config, items) -> None:
-    """Files that hold `slow` (multi-process) tests first, each file's own order kept: xdist hands
-    whole files to workers in collection order, and a long file handed out last leaves one worker
-    running alone while the other idles."""
-    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow_files)
 
 
 @pytest.fixture(autouse=True)
