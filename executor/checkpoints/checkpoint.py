@@ -21,7 +21,7 @@ import re
 import shutil
 import tempfile
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -115,9 +115,10 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def save(directory: str | Path, iteration: int, state: dict[str, Any], meta: dict[str, Any],
-         keep: int = 2) -> Path:
+         keep: int = 2, protect: Collection[str] = ()) -> Path:
     """Write checkpoint `iteration` atomically and point LATEST at it; keep the newest `keep` this run
-    wrote (by its WRITTEN.json record: folders another run or person put there are never removed)."""
+    wrote (by its WRITTEN.json record: folders another run or person put there are never removed),
+    and never remove a folder named in `protect` (the committed iteration: a resume's start)."""
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
     final = root / iteration_folder(iteration)
@@ -128,18 +129,17 @@ def save(directory: str | Path, iteration: int, state: dict[str, Any], meta: dic
 
     atomic_folder(final, write)
     _write_atomic(root / LATEST, final.name + "\n")
-    _prune(root, final.name, str(meta.get("run", "")), keep)
+    prune_own(root, final.name, str(meta.get("run", "")), keep, WRITTEN,
+              lambda name: shutil.rmtree(root / name, ignore_errors=True), protect)
     return final
 
 
-def _prune(root: Path, written: str, run: str, keep: int) -> None:
-    prune_own(root, written, run, keep, WRITTEN, lambda name: shutil.rmtree(root / name, ignore_errors=True))
-
-
-def prune_own(root: Path, written: str, run: str, keep: int, record: str, remove: Callable[[str], None]) -> None:
+def prune_own(root: Path, written: str, run: str, keep: int, record: str, remove: Callable[[str], None],
+              protect: Collection[str] = ()) -> None:
     """Record `written` (an iteration folder under `root`) as `run`'s in `root/record` and `remove` this
-    run's older folders beyond the newest `keep`. A record of another run (or an unreadable one) is
-    started afresh: what it names is left alone, and a folder nobody recorded is never touched."""
+    run's older folders beyond the newest `keep`, except those in `protect` (kept, and recorded, until
+    a later save finds them unprotected). A record of another run (or an unreadable one) is started
+    afresh: what it names is left alone, and a folder nobody recorded is never touched."""
     try:
         entry = read_marker(root / record)
         ours = entry["written"] if isinstance(entry, dict) and entry.get("run") == run else []
@@ -148,10 +148,22 @@ def prune_own(root: Path, written: str, run: str, keep: int, record: str, remove
     if not isinstance(ours, list):
         ours = []
     ours = [n for n in ours if isinstance(n, str) and ITER_NAME.fullmatch(n) and n != written] + [written]
-    drop, ours = (ours[:-keep], ours[-keep:]) if keep > 0 else ([], ours)
+    drop = [n for n in (ours[:-keep] if keep > 0 else []) if n not in protect]
+    ours = [n for n in ours if n not in drop]
     _write_atomic(root / record, json.dumps({"run": run, "written": ours}))
     for name in drop:
         remove(name)
+
+
+def committed_folder(root: str | Path) -> str | None:
+    """The iteration folder COMMITTED.json names under checkpoint root `root` (None: none, or unreadable).
+    The leader commits from its record thread, which may trail the saves by several iterations, so a
+    save must not prune the checkpoint a resume would start from."""
+    try:
+        meta = committed(root)
+    except (CheckpointRefused, ExecutionError):
+        return None
+    return iteration_folder(meta["iteration"]) if meta is not None else None
 
 
 def atomic_folder(final: Path, write: Callable[[Path], None]) -> None:

@@ -66,6 +66,7 @@ def save_units(runners: Mapping[str, RunnerBase], checkpoint_dir: str, iteration
             if unit not in leads:
                 continue
             checkpoint.save(checkpoint.task_dir(checkpoint_dir, unit), iteration, state,
-                            {"plan_hash": plan_hash, "run": run_name, "task": unit})
+                            {"plan_hash": plan_hash, "run": run_name, "task": unit},
+                            protect=[name] if (name := checkpoint.committed_folder(checkpoint_dir)) else ())
             saved = True
     return saved

@@ -82,6 +82,27 @@ def test_planted_later_folders_never_make_the_run_prune_its_own_checkpoint(tmp_p
     assert checkpoint.resume_point(tmp_path, "h")[:2] == (6, "run-a")
 
 
+def test_saves_running_ahead_of_the_commit_never_prune_the_committed_checkpoint(tmp_path):
+    """The leader commits from its record thread, which can trail the saves: a run that saved 4 and 6
+    while COMMITTED.json still named 2 pruned 2 (keep=2), and --resume then found no state to load."""
+    unit = checkpoint.task_dir(tmp_path, "actor_train")
+    meta = {"plan_hash": "h", "run": "run-a", "task": "actor_train"}
+
+    def save(it: int) -> None:
+        protect = [name] if (name := checkpoint.committed_folder(tmp_path)) else ()
+        checkpoint.save(unit, it, {"w": torch.ones(2) * it}, meta, protect=protect)
+
+    save(2)
+    checkpoint.commit(tmp_path, 2, {"plan_hash": "h", "run": "run-a"})
+    save(4)
+    save(6)  # the record thread has not committed 4 yet
+    assert sorted(p.name for p in unit.glob("iter-*")) == ["iter-000002", "iter-000004", "iter-000006"]
+    assert checkpoint.resume_point(tmp_path, "h")[:2] == (2, "run-a")
+    checkpoint.commit(tmp_path, 6, {"plan_hash": "h", "run": "run-a"})
+    save(8)  # 2 is no longer the resume point: pruned now, with 4 (keep=2)
+    assert sorted(p.name for p in unit.glob("iter-*")) == ["iter-000006", "iter-000008"]
+
+
 def test_a_planted_record_cannot_name_folders_outside(tmp_path):
     unit = checkpoint.task_dir(tmp_path, "actor_train")
     unit.mkdir(parents=True)
