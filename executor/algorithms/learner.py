@@ -135,22 +135,18 @@ class Learner:
                     for k, v in stats.items():
                         sums[k] += v
                         counts[k] += 1
-                t_step = time.perf_counter()
-                sums["grad_norm"] += self._step()
-                stepping += time.perf_counter() - t_step
-                counts["grad_norm"] += 1
-                continue
-            micro_parts = self.replicas.micro_parts(mini, count)
-            for i, micro_idx in enumerate(micro_parts):
-                last = i == len(micro_parts) - 1
-                if len(micro_idx) == 0:
-                    # A replica whose share is smaller than the piece count still runs a forward and
-                    # backward (of zero weight), so DDP's collectives stay matched across replicas.
-                    self._micro_step(filler, denom, sync=last, weight=0.0)
-                    continue
-                for k, v in self._micro_step(mini.select(micro_idx), denom, sync=last).items():
-                    sums[k] += v
-                    counts[k] += 1
+            else:
+                micro_parts = self.replicas.micro_parts(mini, count)
+                for i, micro_idx in enumerate(micro_parts):
+                    last = i == len(micro_parts) - 1
+                    if len(micro_idx) == 0:
+                        # A replica whose share is smaller than the piece count still runs a forward and
+                        # backward (of zero weight), so DDP's collectives stay matched across replicas.
+                        self._micro_step(filler, denom, sync=last, weight=0.0)
+                        continue
+                    for k, v in self._micro_step(mini.select(micro_idx), denom, sync=last).items():
+                        sums[k] += v
+                        counts[k] += 1
             t_step = time.perf_counter()
             sums["grad_norm"] += self._step()
             stepping += time.perf_counter() - t_step

@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Mapping
 
 from hetprof.errors import ExecutionError
-from hetprof.specs import TASKS, Plan, TaskLayout
+from hetprof.specs import Plan, TaskLayout
 from hetprof.specs.vocabulary import INFERENCE_ORDER, SYNC_EDGES, TRAINING_ORDER, SyncEdge, Task
 
 
@@ -36,11 +36,11 @@ class TaskRanks:
 
     @property
     def kind(self) -> str:
-        return TASKS[self.task][0]
+        return self.layout.kind
 
     @property
     def role(self) -> str:
-        return TASKS[self.task][1]
+        return self.layout.role
 
     @property
     def pp(self) -> int:

@@ -41,10 +41,13 @@ def ephemeral_range() -> tuple[int, int]:
         return 49152, 65535
 
 
-def unassigned_port(host: str = "127.0.0.1", tries: int = 200) -> int:
-    """A port free on `host` now and outside the ephemeral range, for a rendezvous named in advance."""
+def unassigned_port(host: str = "127.0.0.1", tries: int = 200, residue: tuple[int, int] = (0, 1)) -> int:
+    """A port free on `host` now and outside the ephemeral range, for a rendezvous named in advance.
+    `residue` (index, count) keeps to ports p with p % count == index: processes that pick ports side
+    by side, each with its own index, never pick the same one."""
+    index, count = residue
     low, high = ephemeral_range()
-    candidates = [p for p in range(10000, 65536) if not low <= p <= high]
+    candidates = [p for p in range(10000, 65536) if not low <= p <= high and p % count == index]
     for port in random.sample(candidates, min(tries, len(candidates))):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 from hetprof.errors import SpecError
 from hetprof.specs.loader import field, from_data, to_data
+from hetprof.specs.vocabulary import Task
 
 # Data-parallel sharding of a training task's state over its replicas: what each level shards.
 SHARDING: dict[str, tuple[str, ...]] = {
@@ -72,6 +73,16 @@ class TaskLayout:
         object.__setattr__(self, "layer_splits", tuple(tuple(int(x) for x in s) for s in self.layer_splits))
 
     # ---- derived ----------------------------------------------------------------------------
+    @property
+    def kind(self) -> str:
+        """The task's kind (generation, inference, training), from the vocabulary."""
+        return str(Task(self.task).kind)
+
+    @property
+    def role(self) -> str:
+        """The model role the task runs (actor, critic, ...), from the vocabulary."""
+        return str(Task(self.task).role)
+
     @property
     def dp(self) -> int:
         return len(self.replicas)

@@ -92,11 +92,11 @@ class TaskPlacement:
 
     @property
     def kind(self) -> str:
-        return TASKS[self.task][0]
+        return self.layout.kind
 
     @property
     def role(self) -> str:
-        return TASKS[self.task][1]
+        return self.layout.role
 
     def devices(self) -> list[str]:
         return list(self.layout.devices())
