@@ -7,6 +7,7 @@ which keeps `hetprof --help` fast and lets third parties add commands without ed
 
 from __future__ import annotations
 
+import sqlite3
 import sys
 from collections.abc import Callable
 from importlib.metadata import entry_points
@@ -50,6 +51,16 @@ class LazyGroup(click.Group):
         except HetprofError as exc:
             click.secho(f"error: {visible(exc)}", fg="red", err=True)
             ctx.exit(exc.exit_code)
+        except sqlite3.DatabaseError as exc:
+            # Damage the open-time checks cannot see (a torn or overwritten page) surfaces only when a
+            # read reaches it; a read changes nothing and a write rolls back, so the file is as it was.
+            from hetprof.errors import ProfileDBError
+
+            error = ProfileDBError(f"{visible(db_path(ctx))}: the profile database could not be read ({exc}); "
+                                   "`sqlite3 FILE 'PRAGMA integrity_check'` names any damage — restore the file "
+                                   "from a copy or from a `hetprof db export`")
+            click.secho(f"error: {error}", fg="red", err=True)
+            ctx.exit(error.exit_code)
 
 
 def _unavailable(name: str, target: str, exc: Exception) -> click.Command:

@@ -215,6 +215,23 @@ def test_a_fifo_as_the_database_or_its_wal_is_refused_not_waited_on(tmp_path):
     _refused(["db", "info", "--db", str(theirs)], "theirs.db-wal: not a regular file (a FIFO)")
 
 
+def test_a_page_damaged_mid_file_is_refused_in_one_line_and_the_file_kept(tmp_path):
+    """The open-time checks read the schema only; a page torn further in is met mid-read."""
+    theirs = tmp_path / "theirs.db"
+    _fill(theirs, n=3000)
+    data = bytearray(theirs.read_bytes())
+    middle = len(data) // 4096 // 2 * 4096
+    data[middle + 100:middle + 3000] = b"\xff" * 2900
+    theirs.write_bytes(bytes(data))
+    before = hashlib.sha256(theirs.read_bytes()).hexdigest()
+    out = tmp_path / "out.hpx"
+    for args in (["db", "info", "--db", str(theirs)], ["fit", "--db", str(theirs)],
+                 ["db", "export", "--db", str(theirs), str(out)]):
+        _refused(args, str(theirs), "could not be read", "integrity_check", notes=True)
+    assert hashlib.sha256(theirs.read_bytes()).hexdigest() == before
+    assert not out.exists()
+
+
 # ---- expansion of an import ----------------------------------------------------------------------
 
 def _model_bomb(path: Path, rows: int) -> None:
