@@ -35,9 +35,9 @@ def parquet_rows(path: str | Path, limits: TableLimits, batch_rows: int = 1024) 
 
     with open_regular(path) as f:
         try:
-            schema = pq.read_schema(f)
+            # every byte-array leaf, nested ones (a struct's field, a list's items) included, by its path
+            texts = [c.path for c in pq.read_metadata(f).schema if c.physical_type == "BYTE_ARRAY"]
             f.seek(0)
-            texts = [fl.name for fl in schema if _is_text(fl.type)]
             pf = pq.ParquetFile(f, read_dictionary=texts)
         except (pa.ArrowException, OSError, ValueError) as exc:
             raise NotReadable(f"not a readable Parquet file ({_first_line(exc)})") from None
@@ -78,21 +78,34 @@ class _Budget:
 
 def row_sizes(batch: Any) -> list[int]:
     """Decoded bytes of each row of a record batch, computed without decoding dictionary columns."""
+    sizes = [0] * batch.num_rows
+    for column in batch.columns:
+        for i, n in enumerate(_value_sizes(column)):
+            sizes[i] += n
+    return sizes
+
+
+def _value_sizes(array: Any) -> list[int]:
+    """Decoded bytes of each value of an array; structs and lists sum their children's, so a dictionary
+    nested in them is sized from its indices like a top-level one."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    sizes = [0] * batch.num_rows
-    for column in batch.columns:
-        if pa.types.is_dictionary(column.type) and _is_text(column.type.value_type):
-            lengths = pc.take(pc.binary_length(column.dictionary), column.indices)
-        elif _is_text(column.type):
-            lengths = pc.binary_length(column)
-        else:  # other columns are held decoded already: spread their bytes over the rows
-            share = column.nbytes // max(1, batch.num_rows)
-            lengths = pa.array([share] * batch.num_rows)
-        for i, n in enumerate(pc.fill_null(lengths, 0).to_pylist()):
-            sizes[i] += n
-    return sizes
+    tp = array.type
+    if pa.types.is_dictionary(tp) and _is_text(tp.value_type):
+        lengths = pc.take(pc.binary_length(array.dictionary), array.indices)
+    elif _is_text(tp):
+        lengths = pc.binary_length(array)
+    elif pa.types.is_struct(tp):
+        fields = [_value_sizes(child) for child in array.flatten()]
+        return [sum(parts) for parts in zip(*fields, strict=True)] if fields else [0] * len(array)
+    elif pa.types.is_list(tp) or pa.types.is_large_list(tp):
+        items, counts = iter(_value_sizes(array.flatten())), pc.fill_null(pc.list_value_length(array), 0)
+        return [sum(next(items) for _ in range(n)) for n in counts.to_pylist()]
+    else:  # fixed-width values are held decoded already: spread their bytes over the rows
+        share = array.nbytes // max(1, len(array))
+        return [share] * len(array)
+    return pc.fill_null(lengths, 0).to_pylist()
 
 
 def _is_text(tp: Any) -> bool:

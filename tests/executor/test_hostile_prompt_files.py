@@ -93,6 +93,28 @@ def test_a_dictionary_bomb_parquet_is_refused_before_decoding(tmp_path):
     assert "row 1 holds" in _refused(path, "more than the")
 
 
+@pytest.mark.parametrize("nest", ["struct", "list of structs"])
+def test_a_dictionary_bomb_nested_in_a_column_is_refused_before_decoding(tmp_path, nest):
+    """verl's layout nests text (`reward_model.ground_truth`, chat turns' `content`): a dictionary
+    there is sized from its indices like a top-level one. No Arrow schema is stored, so nothing in
+    the file asks for the dictionary to be kept."""
+    rows = 2000
+    value = pa.DictionaryArray.from_arrays(pa.array([0] * rows, pa.int32()), pa.array(["x" * (2 << 20)]))
+    if nest == "struct":
+        column = pa.StructArray.from_arrays([value], names=["ground_truth"])
+    else:
+        turns = pa.StructArray.from_arrays([pa.array(["user"] * rows), value], names=["role", "content"])
+        column = pa.ListArray.from_arrays(pa.array(range(rows + 1), pa.int32()), turns)
+    path = tmp_path / "nested-bomb.parquet"
+    pq.write_table(pa.table({"prompt": ["2+2?"] * rows, "reward_model": column}), path, compression="zstd",
+                   dictionary_pagesize_limit=8 << 20, store_schema=False)
+    assert os.path.getsize(path) < 1 << 20  # 4 GB once decoded
+    pool = pa.default_memory_pool()
+    before = pool.max_memory() or 0
+    assert "row 1 holds" in _refused(path, "more than the")
+    assert (pool.max_memory() or 0) < before + (512 << 20)  # decoding one batch would take 2 GB
+
+
 def test_a_compressed_arrow_bomb_is_refused_from_its_metadata(tmp_path, monkeypatch):
     monkeypatch.setattr(prompt_files, "LIMITS", TableLimits(rows=1000, bytes=4 << 20, row_bytes=1 << 20))
     table = pa.table({"prompt": ["y" * 4096] * 2048})  # 8 MB decoded, a few KB compressed
