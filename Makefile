@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 TORCH_PIN ?= torch==2.13.0
 TORCH_INDEX_URL ?=
 
-.PHONY: install install-vllm install-export test-export test test-vllm test-fast demo lint bench docs results gpu-kit clean
+.PHONY: install install-vllm install-export test-export test test-vllm test-fast demo lint bench campaign docs results gpu-kit clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -60,6 +60,16 @@ test-vllm: install-vllm
 test-fast: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q -p no:cacheprovider $(PYTEST_PARALLEL) -m "not slow and not netns and not gpu and not vllm and not export"
+
+# The hostile-input campaign: every fuzz test of a shared-file surface (exports, databases merged and
+# opened directly, specs, plans, prompt files, checkpoint markers, run logs) at thousands of inputs
+# each, then one table of what each surface refused and accepted (tests/helpers/campaign.py).
+CAMPAIGN_TALLY := build/campaign-tally.jsonl
+campaign: $(STAMP)
+	mkdir -p build && rm -f $(CAMPAIGN_TALLY)
+	HYPOTHESIS_PROFILE=campaign HETPROF_CAMPAIGN_TALLY=$(CURDIR)/$(CAMPAIGN_TALLY) $(BIN)/pytest -q \
+		-p no:cacheprovider $(PYTEST_PARALLEL) tests/specs/test_hostile_fuzz.py tests/executor/test_hostile_executor_fuzz.py
+	cd tests && ../$(BIN)/python -m helpers.campaign ../$(CAMPAIGN_TALLY)
 
 demo: $(STAMP)
 	$(BIN)/python examples/demo.py

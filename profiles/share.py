@@ -107,13 +107,9 @@ def export(db: ProfileDB, out: str | Path, device: str | None = None, host: str 
               "filter": {"device": device, "host": host}}
     with _exclusive_partial(out) as (tmp, raw), gzip.open(raw, "wb", compresslevel=6) as f:
         f.write((json.dumps(header, sort_keys=True) + "\n").encode())
-        for name, row in _selected_rows(db, device, host):
-            try:
-                line = (json.dumps([name, *row], ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-                        + "\n").encode()
-            except ValueError:  # SQLite stores infinity; only a database written with other tools holds one
-                raise ProfileDBError(f"{visible(db.path)}: {name} row {visible(row[0])[:16]!r} holds a non-finite "
-                                     "number (written outside hetprof)") from None
+        for name, row in _importable(db, _selected_rows(db, device, host)):
+            line = (json.dumps([name, *row], ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+                    + "\n").encode()  # a non-finite number never gets here: `_importable` refused it
             body.update(line)
             f.write(line)
             counts[name] += 1
@@ -121,6 +117,27 @@ def export(db: ProfileDB, out: str | Path, device: str | None = None, host: str 
         f.close()
         _replace_regular(tmp, out)
     return counts
+
+
+def _importable(db: ProfileDB, rows: Iterator[tuple[str, tuple]]) -> Iterator[tuple[str, tuple]]:
+    """The rows, each checked as an import checks it: an export holds only what an import accepts, so
+    a database edited outside hetprof (a bad value, a reference to a deleted row) is refused here,
+    naming the row, instead of leaving its damage to whoever imports the file. Parents come first."""
+    referenced = {ref for _, _, ref, _ in REFERENCES}
+    written: dict[str, set[str]] = {name: set() for name in referenced}
+    for name, row in rows:
+        where = f"{visible(db.path)}: {name} row {visible(row[0])[:16]!r}"
+        try:
+            check_row(TABLES[name], row, where)
+        except ImportRefused as exc:
+            raise ProfileDBError(f"{exc} (written outside hetprof; an import would refuse it)") from None
+        for table, col, ref, _nullable in REFERENCES:
+            if table == name and row[col] is not None and row[col] not in written[ref]:
+                raise ProfileDBError(f"{where} references {ref} {visible(row[col])[:12]!r}… which the "
+                                     "database does not hold (written outside hetprof; an import would refuse it)")
+        if name in written:
+            written[name].add(row[0])
+        yield name, row
 
 
 @contextmanager

@@ -1,35 +1,32 @@
-"""Property-based fuzzing of the executor's readers of shared files: prompt files and checkpoint markers.
+"""Property-based fuzzing of the executor's readers of shared files: prompt files, checkpoint markers
+and the run logs `hetprof validate` reads.
 
 Property: each input either loads (every prompt a non-empty string, every marker a committed
-iteration with a plain run name) or is refused with a HetprofError of one line, exit 2, naming the
-file — never another exception — in bounded traced memory.
+iteration with a plain run name, every log line typed as its readers expect) or is refused with a
+HetprofError of one line, exit 2, naming the file — never another exception — in bounded traced memory.
 
-The suite tries a few dozen inputs per reader; the campaign tries thousands:
-
-    HYPOTHESIS_PROFILE=campaign .venv/bin/pytest -q -p no:cacheprovider tests/executor/test_hostile_executor_fuzz.py -s
+The suite tries a few dozen inputs per reader; `make campaign` tries thousands (helpers/campaign.py).
 """
 
 from __future__ import annotations
 
 import json
-import os
+import math
 import tracemalloc
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from helpers.campaign import fuzz, summary, tally
+from hypothesis import given
 from hypothesis import strategies as st
 
 from hetprof.errors import HetprofError
 from hetprof.executor.checkpoints import checkpoint
 from hetprof.executor.prompts.prompt_files import load_prompts
+from hetprof.executor.records.run_log import read_log
 
-CAMPAIGN = os.environ.get("HYPOTHESIS_PROFILE") == "campaign"
-FUZZ = settings(max_examples=2000 if CAMPAIGN else 30, deadline=None, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
-                                       HealthCheck.data_too_large])
+FUZZ = fuzz(30)
 MEMORY_CAP = 128 * 2**20
-TRIED: dict[str, int] = {}
 
 JSON_LEAF = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(10**30), max_value=10**30),
                       st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=40))
@@ -46,12 +43,11 @@ NASTY_TEXT = st.sampled_from(['{"prompt": "\\ud800"}', "[" * 5000, '{"prompt": N
 @pytest.fixture(scope="module", autouse=True)
 def _report():
     yield
-    if TRIED:
-        print(f"\nfuzzed inputs per reader: {TRIED}; memory cap {MEMORY_CAP >> 20} MiB")
+    print(f"\n{summary()}\nmemory cap {MEMORY_CAP >> 20} MiB")
 
 
-def _refusable(path: Path, read, accept) -> None:
-    outcome = "loaded"
+def _refusable(surface: str, path: Path, read, accept) -> None:
+    outcome = "accepted"
     tracemalloc.start()
     try:
         try:
@@ -64,8 +60,7 @@ def _refusable(path: Path, read, accept) -> None:
     finally:
         tracemalloc.stop()
     assert peak < MEMORY_CAP, f"{peak >> 20} MiB traced"
-    key = f"{read.__name__} {outcome}"
-    TRIED[key] = TRIED.get(key, 0) + 1
+    tally(surface, outcome)
 
 
 def _prompts_ok(prompts) -> None:
@@ -79,7 +74,7 @@ def _prompts_ok(prompts) -> None:
 def test_fuzzed_jsonl_prompt_files_load_or_are_refused_in_one_line(tmp_path_factory, rows):
     path = tmp_path_factory.mktemp("fuzz") / "p.jsonl"
     path.write_text("\n".join(rows), encoding="utf-8", errors="surrogatepass")
-    _refusable(path, load_prompts, _prompts_ok)
+    _refusable(f"prompt file ({path.suffix[1:]})", path, load_prompts, _prompts_ok)
 
 
 @FUZZ
@@ -103,7 +98,7 @@ def test_fuzzed_table_prompt_files_load_or_are_refused_in_one_line(tmp_path_fact
         except (pa.ArrowException, OverflowError):
             return  # not a table pyarrow can write: nothing to read back
         (pq.write_table if fmt == "parquet" else pacsv.write_csv)(table, path)
-    _refusable(path, load_prompts, _prompts_ok)
+    _refusable(f"prompt file ({path.suffix[1:]})", path, load_prompts, _prompts_ok)
 
 
 def _marker_ok(meta) -> None:
@@ -124,4 +119,39 @@ def test_fuzzed_committed_markers_load_or_are_refused_in_one_line(tmp_path_facto
     def committed(_path: Path) -> dict:
         return checkpoint.committed(root)
 
-    _refusable(root / checkpoint.COMMIT, committed, _marker_ok)
+    _refusable("checkpoint marker", root / checkpoint.COMMIT, committed, _marker_ok)
+
+
+# ---- run logs given to `hetprof validate` ----------------------------------------------------------
+
+GOOD_LINE = {"run": "r", "iteration": 0, "iteration_s": 1.0, "stages": {"actor_gen": 0.5},
+             "predicted": {"actor_gen": 0.4}, "predicted_iteration_s": 0.9, "devices": {"actor_gen": ["h:0"]},
+             "timeline": [{"device": "h:0", "task": "actor_gen", "start": 0.0, "end": 0.5}]}
+
+
+def _seconds(value) -> bool:
+    return value is None or (type(value) in (int, float) and math.isfinite(value) and value >= 0)
+
+
+def _log_ok(records) -> None:
+    """What `validate` goes on to do with a record: seconds it can add, spans it can draw."""
+    for rec in records:
+        assert type(rec["iteration"]) is int and isinstance(rec["run"], str)
+        assert _seconds(rec.get("iteration_s")) and _seconds(rec.get("predicted_iteration_s"))
+        for table in (rec.get("stages", {}), rec.get("predicted", {})):
+            assert all(_seconds(v) for v in table.values())
+        for span in rec.get("timeline", []):
+            assert math.isfinite(span["end"] - span["start"]) and isinstance(span["device"], str)
+
+
+@FUZZ
+@given(edits=st.lists(st.tuples(st.sampled_from(sorted(GOOD_LINE)), JSON_VALUE), max_size=3),
+       extra=st.lists(st.one_of(JSON_VALUE.map(lambda v: json.dumps(v, allow_nan=True)), NASTY_TEXT), max_size=2))
+def test_fuzzed_run_logs_load_or_are_refused_in_one_line(tmp_path_factory, edits, extra):
+    line = dict(GOOD_LINE)
+    for key, value in edits:
+        line[key] = value
+    path = tmp_path_factory.mktemp("fuzz") / "run.jsonl"
+    text = "\n".join([json.dumps(GOOD_LINE), json.dumps({**line, "iteration": 1}, allow_nan=True), *extra])
+    path.write_text(text + "\n", encoding="utf-8", errors="surrogatepass")
+    _refusable("run log", path, read_log, _log_ok)

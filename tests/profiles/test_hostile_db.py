@@ -33,6 +33,7 @@ from hetprof.cli import cli
 from hetprof.errors import ImportRefused
 from hetprof.profiles import ProfileDB, export, import_file, merge
 from hetprof.profiles.bounds import Limits, Watch
+from hetprof.profiles.content import content_id
 from hetprof.profiles.schema import TABLES
 from hetprof.safety.processes import Terminated
 
@@ -264,7 +265,11 @@ def test_point12_export_by_host_keeps_run_records_new_and_old(tmp_path):
         db.add_run_records([{"run": "r2", "iteration": 0, "task": "iteration", "seconds": 2.0,
                              "device_ids": [f"{here}:0"]}])
     conn = sqlite3.connect(a)  # a record from before hosts were stored: found through its devices
-    conn.execute("UPDATE run_records SET host = NULL WHERE run = 'r1'")
+    table = TABLES["run_records"]  # as hetprof wrote it then: its id is the hash of a NULL host
+    row = conn.execute("SELECT * FROM run_records WHERE run = 'r1'").fetchone()
+    values = [None if name == "host" else v for name, v in zip(table.column_names[1:], row[1:], strict=True)]
+    conn.execute("UPDATE run_records SET host = NULL, id = ? WHERE run = 'r1'",
+                 (content_id("run_records", values, table.json_flags),))
     conn.commit()
     conn.close()
     with ProfileDB(a) as db:

@@ -232,6 +232,17 @@ def test_a_page_damaged_mid_file_is_refused_in_one_line_and_the_file_kept(tmp_pa
     assert not out.exists()
 
 
+@pytest.mark.parametrize("statement, named", [
+    ("DELETE FROM devices", "references devices"),  # foreign keys are off in the adversary's sqlite3
+    ("UPDATE links SET beta_Bps = -1", "links row"),
+])
+def test_an_export_of_rows_an_import_would_refuse_is_refused_naming_the_row(tmp_path, statement, named):
+    """Found by the campaign: `db export` copied such rows into a file that every import then refused."""
+    theirs, out = _theirs(tmp_path, [statement]), tmp_path / "out.hpx"
+    _refused(["db", "export", "--db", str(theirs), str(out)], str(theirs), named, "written outside hetprof")
+    assert not out.exists() and not list(tmp_path.glob(".out.hpx.*"))
+
+
 # ---- expansion of an import ----------------------------------------------------------------------
 
 def _model_bomb(path: Path, rows: int) -> None:
@@ -345,7 +356,7 @@ def test_an_infinite_number_is_refused_by_list_and_export_before_they_print_or_w
     _set(theirs, "UPDATE links SET alpha_s = 9e999")  # SQLite stores infinity
     _refused(["db", "list", "--db", str(theirs)], str(theirs), "links.alpha_s", "finite")
     out = tmp_path / "out.hpx"
-    _refused(["db", "export", "--db", str(theirs), str(out)], str(theirs), "links row", "non-finite")
+    _refused(["db", "export", "--db", str(theirs), str(out)], str(theirs), "links row", "links.alpha_s", "finite")
     assert not out.exists() and not list(tmp_path.glob(".out.hpx.*"))
 
 

@@ -4,18 +4,14 @@ Property: each input either loads correctly (everything stored passes the import
 refused with one line and exit 2 — never a traceback — and after a refusal the database is
 byte-for-byte and row-for-row what it was. Memory is traced per input and must stay under a cap.
 
-The default run tries a few dozen inputs per loader; the campaign tries thousands:
-
-    HYPOTHESIS_PROFILE=campaign .venv/bin/pytest -q -p no:cacheprovider tests/test_hostile_fuzz.py -s
-
-(`-s` shows how many inputs each loader was fuzzed with, and the limits used).
+The suite tries a few dozen inputs per loader; `make campaign` tries thousands on every surface
+(helpers/campaign.py), this file's included, and prints what was refused and what accepted.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
-import os
 import shutil
 import sqlite3
 import tracemalloc
@@ -23,8 +19,9 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from helpers.campaign import CAMPAIGN, fuzz, summary, tally
 from helpers.hostile_files import dump, export_lines, fill
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from hetprof.cli import cli
@@ -38,19 +35,11 @@ from hetprof.profiles.schema import TABLES
 from hetprof.specs import ClusterSpec, WorkloadSpec
 
 ROOT = Path(__file__).resolve().parents[2]
-CAMPAIGN = os.environ.get("HYPOTHESIS_PROFILE") == "campaign"
-FUZZ = settings(max_examples=2000 if CAMPAIGN else 25, deadline=None, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
-                                       HealthCheck.data_too_large])
+FUZZ = fuzz(25)
 LIMITS = ["--max-bytes", "4M", "--max-rows", "5000", "--max-row-bytes", "256K", "--deadline", "20"]
 MEMORY_CAP = 256 * 2**20  # traced Python allocations while one input is read
 ADDRESS_SPACE_HEADROOM = 6 * 2**30
-TRIED: dict[str, int] = {}
 pytestmark = pytest.mark.timeout(7200 if CAMPAIGN else 300)  # the campaign's thousands of inputs take a while
-
-
-def _count(loader: str) -> None:
-    TRIED[loader] = TRIED.get(loader, 0) + 1
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -69,8 +58,7 @@ def _report():
         yield
     finally:
         resource.setrlimit(resource.RLIMIT_AS, limits)
-    if TRIED:
-        print(f"\nfuzzed inputs per loader: {TRIED}; limits {' '.join(LIMITS)}; memory cap {MEMORY_CAP >> 20} MiB")
+    print(f"\n{summary()}\nlimits {' '.join(LIMITS)}; memory cap {MEMORY_CAP >> 20} MiB")
 
 
 @pytest.fixture(scope="module")
@@ -91,8 +79,9 @@ def _all_rows_valid(path: Path) -> None:
                 check_row(table, row, f"stored {name}")
 
 
-def _run_refusable(args: list[str], target: Path) -> None:
-    """Run a db command on `target`; it succeeds with valid rows stored, or refuses in one line, unchanged."""
+def _run_refusable(args: list[str], target: Path) -> str:
+    """Run a db command on `target`; it succeeds with valid rows stored, or refuses in one line, unchanged.
+    Returns the outcome for the tally."""
     before_bytes, before_rows = target.read_bytes(), dump(target)
     tracemalloc.start()
     try:
@@ -104,12 +93,13 @@ def _run_refusable(args: list[str], target: Path) -> None:
     assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
     if result.exit_code == 0:
         _all_rows_valid(target)
-        return
+        return "accepted"
     assert result.exit_code == 2, result.output
     lines = [ln for ln in result.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: "), result.output
     assert dump(target) == before_rows
     assert target.read_bytes() == before_bytes
+    return "refused"
 
 
 # ---- import -----------------------------------------------------------------------------------------
@@ -172,8 +162,7 @@ def test_fuzz_import(seed, tmp_path_factory, data):
     target, f = work / "t.db", work / "in.hpx"
     shutil.copy(seed / "target.db", target)
     f.write_bytes(data.draw(_export_edits(_export_lines(seed))))
-    _count("import")
-    _run_refusable(["db", "import", str(f)], target)
+    tally("import", _run_refusable(["db", "import", str(f)], target))
 
 
 @FUZZ
@@ -183,8 +172,7 @@ def test_fuzz_import_raw_bytes(seed, tmp_path_factory, raw, compress):
     target, f = work / "t.db", work / "in.hpx"
     shutil.copy(seed / "target.db", target)
     f.write_bytes(gzip.compress(raw) if compress else raw)
-    _count("import")
-    _run_refusable(["db", "import", str(f)], target)
+    tally("import", _run_refusable(["db", "import", str(f)], target))
 
 
 # ---- merge ------------------------------------------------------------------------------------------
@@ -221,13 +209,8 @@ def _db_edits(draw) -> list[tuple[str, tuple]]:
     return edits
 
 
-@FUZZ
-@given(edits=_db_edits(), corrupt=st.none() | st.tuples(st.integers(0, 2**16), st.binary(min_size=1, max_size=8)))
-def test_fuzz_merge(seed, tmp_path_factory, edits, corrupt):
-    work = tmp_path_factory.mktemp("merge")
-    src, target = work / "theirs.db", work / "t.db"
-    shutil.copy(seed / "src.db", src)
-    shutil.copy(seed / "target.db", target)
+def _edited(src: Path, edits: list[tuple[str, tuple]], corrupt: tuple[int, bytes] | None) -> None:
+    """Apply an adversary's SQL edits to `src`, then overwrite a few of its bytes (None: none)."""
     conn = sqlite3.connect(src)
     for sql, args in edits:
         try:
@@ -242,20 +225,59 @@ def test_fuzz_merge(seed, tmp_path_factory, edits, corrupt):
         at %= len(raw)
         raw[at:at + len(junk)] = junk
         src.write_bytes(bytes(raw))
-    _count("merge")
-    _run_refusable(["db", "merge", str(src)], target)
+
+
+_CORRUPT = st.none() | st.tuples(st.integers(0, 2**16), st.binary(min_size=1, max_size=8))
+
+
+@FUZZ
+@given(edits=_db_edits(), corrupt=_CORRUPT)
+def test_fuzz_merge(seed, tmp_path_factory, edits, corrupt):
+    work = tmp_path_factory.mktemp("merge")
+    src, target = work / "theirs.db", work / "t.db"
+    shutil.copy(seed / "src.db", src)
+    shutil.copy(seed / "target.db", target)
+    _edited(src, edits, corrupt)
+    tally("merge", _run_refusable(["db", "merge", str(src)], target))
+
+
+@FUZZ
+@given(edits=_db_edits(), corrupt=_CORRUPT)
+def test_fuzz_database_opened_directly(seed, tmp_path_factory, edits, corrupt):
+    """`--db theirs.db` read by `db export`: refused in one line with the file unchanged and nothing
+    written, or exported — and then the export imports cleanly, so only valid rows came out."""
+    work = tmp_path_factory.mktemp("direct")
+    theirs, out, fresh = work / "theirs.db", work / "out.hpx", work / "fresh.db"
+    shutil.copy(seed / "src.db", theirs)
+    _edited(theirs, edits, corrupt)
+    before = theirs.read_bytes()
+    result = CliRunner().invoke(cli, ["db", "export", "--db", str(theirs), str(out)])
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    if result.exit_code == 0:
+        reimport = CliRunner().invoke(cli, ["db", "import", "--db", str(fresh), str(out)])
+        assert reimport.exit_code == 0, reimport.output
+        _all_rows_valid(fresh)
+        tally("database opened directly", "accepted")
+        return
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: "), result.output
+    assert theirs.read_bytes() == before and not out.exists()
+    tally("database opened directly", "refused")
 
 
 # ---- plan and spec files ---------------------------------------------------------------------------
 
 
-def _one_line_refusal(load) -> None:
-    """`load()` succeeds or raises a HetprofError whose message is one line; nothing else escapes."""
+def _one_line_refusal(load) -> str:
+    """`load()` succeeds or raises a HetprofError whose message is one line; nothing else escapes.
+    Returns the outcome for the tally."""
     try:
         load()
     except HetprofError as exc:
         assert exc.exit_code == 2, exc
         assert "\n" not in str(exc) and str(exc), repr(exc)
+        return "refused"
+    return "accepted"
 
 
 def _mutate(data, path: list, value):
@@ -302,13 +324,12 @@ def test_fuzz_plan_loader(plan_data, tmp_path_factory, path, value, as_text, gar
     edited = _mutate(plan_data, path, value)
     text = json.dumps(edited, ensure_ascii=as_text).encode("utf-8", "surrogatepass")
     f.write_bytes(_garbled(text, garble))
-    _count("plan")
 
     def load() -> None:
         plan = load_plan(f)
         check_run_sizes(plan.workload_spec(), 20)
 
-    _one_line_refusal(load)
+    tally("plan", _one_line_refusal(load))
 
 
 _SPECS = sorted((ROOT / "examples" / "clusters").glob("*.yaml")) + sorted((ROOT / "examples" / "workloads").glob("*.yaml"))
@@ -324,6 +345,5 @@ def test_fuzz_spec_loaders(tmp_path_factory, which, path, value, garble):
     data = _mutate(yaml.safe_load(which.read_text()), path, value)
     text = yaml.safe_dump(data, allow_unicode=True).encode("utf-8", "surrogatepass")
     f.write_bytes(_garbled(text, garble))
-    _count("cluster/workload spec")
     cls = ClusterSpec if which.parent.name == "clusters" else WorkloadSpec
-    _one_line_refusal(lambda: cls.load(f))
+    tally(f"{which.parent.name[:-1]} spec", _one_line_refusal(lambda: cls.load(f)))
