@@ -52,7 +52,8 @@ def _rewards() -> list[str]:
               help="prompt file (.jsonl .json .parquet .arrow .csv, or a saved dataset folder) with the workload's "
                    "data.prompt_field/answer_field; default: data.prompts, else built-in arithmetic")
 @click.option("--reward", default="arithmetic", show_default=True, cls=RegistryOption, names=lambda: _rewards(),
-              help="reward by name, or module:function")
+              help="reward by name, path/to/file.py:function (a file of yours), or module:function (an installed "
+                   "module)")
 @click.option("--nnodes", type=int, default=1, show_default=True, help="hosts taking part (one `hetprof run` each)")
 @click.option("--node-rank", type=int, default=0, show_default=True, help="which of the plan's hosts this is")
 @click.option("--rdzv", help="HOST:PORT of node 0's rendezvous (multi-host runs)")
@@ -102,12 +103,23 @@ def run(plan: str, iterations: int, backend: str | None, checkpoint_dir: str | N
         plan_path=os.path.abspath(plan), iterations=iterations, backend=backend,
         checkpoint_dir=os.path.abspath(checkpoint_dir) if checkpoint_dir else None,
         checkpoint_every=checkpoint_every, resume=resume, log=os.path.abspath(log) if log else None,
-        db=str(db_path()), seed=seed, prompts=os.path.abspath(prompts) if prompts else None, reward=reward,
+        db=str(db_path()), seed=seed, prompts=os.path.abspath(prompts) if prompts else None,
+        reward=_reward_spec(reward),
         timeout_s=timeout_s, bucket_mb=bucket_mb, verify_sync=verify_sync, quiet=quiet, overrides=overrides,
         tensorboard_dir=None if no_tensorboard else _tensorboard_root(tensorboard_dir, log),
         trace_dir=os.path.abspath(trace_dir) if trace_dir else None, trace_iterations=trace_iterations,
         allow_prompts_outside=allow_prompts_outside)
     launch(options, nnodes=nnodes, node_rank=node_rank, rdzv=rdzv, local_addr=local_addr)
+
+
+def _reward_spec(reward: str) -> str:
+    """A file reward's path made absolute, so every worker loads the file the user named."""
+    from hetprof.executor.runners.rewards import is_file_spec
+
+    if not is_file_spec(reward):
+        return reward
+    where, _, attr = reward.rpartition(":")
+    return f"{os.path.abspath(os.path.expanduser(where))}:{attr}"
 
 
 def _tensorboard_root(given: str | None, log: str | None) -> str:
