@@ -52,7 +52,8 @@ def _rewards() -> list[str]:
               help="prompt file (.jsonl .json .parquet .arrow .csv, or a saved dataset folder) with the workload's "
                    "data.prompt_field/answer_field; default: data.prompts, else built-in arithmetic")
 @click.option("--reward", default="arithmetic", show_default=True, cls=RegistryOption, names=lambda: _rewards(),
-              help="reward by name, or module:function")
+              help="reward by name, path/to/file.py:function (a file of yours), or module:function (an installed "
+                   "module)")
 @click.option("--nnodes", type=int, default=1, show_default=True, help="hosts taking part (one `hetprof run` each)")
 @click.option("--node-rank", type=int, default=0, show_default=True, help="which of the plan's hosts this is")
 @click.option("--rdzv", help="HOST:PORT of node 0's rendezvous (multi-host runs)")
@@ -68,6 +69,9 @@ def _rewards() -> list[str]:
 @click.option("--tensorboard-dir", type=click.Path(file_okay=False),
               help="TensorBoard event files go to DIR/<run name>; default: tensorboard/ beside --log, else ./tensorboard")
 @click.option("--no-tensorboard", is_flag=True, help="write no TensorBoard event file")
+@click.option("--wandb", "wandb_project", metavar="PROJECT",
+              help="also log to this Weights & Biases project (pip install 'hetprof[wandb]'; WANDB_MODE=offline "
+                   "keeps it local); its files go beside --log, else in the current folder")
 @click.option("--trace", "trace_dir", type=click.Path(file_okay=False),
               help="write a torch.profiler (Chrome/Perfetto) trace per rank to this folder")
 @click.option("--trace-iterations", type=click.IntRange(min=1), default=2, show_default=True,
@@ -80,7 +84,8 @@ def run(plan: str, iterations: int, backend: str | None, checkpoint_dir: str | N
         log: str | None, seed: int, prompts: str | None, reward: str, nnodes: int, node_rank: int, rdzv: str | None,
         local_addr: str | None, timeout_s: float, bucket_mb: float, verify_sync: bool, quiet: bool,
         tensorboard_dir: str | None, no_tensorboard: bool, trace_dir: str | None, trace_iterations: int,
-        overrides: tuple[str, ...] = (), allow_prompts_outside: bool = False) -> None:
+        overrides: tuple[str, ...] = (), allow_prompts_outside: bool = False, wandb_project: str | None = None
+        ) -> None:
     """Run PLAN (a plan JSON from `hetprof plan`) with one worker process per planned device.
 
     \b
@@ -102,19 +107,36 @@ def run(plan: str, iterations: int, backend: str | None, checkpoint_dir: str | N
         plan_path=os.path.abspath(plan), iterations=iterations, backend=backend,
         checkpoint_dir=os.path.abspath(checkpoint_dir) if checkpoint_dir else None,
         checkpoint_every=checkpoint_every, resume=resume, log=os.path.abspath(log) if log else None,
-        db=str(db_path()), seed=seed, prompts=os.path.abspath(prompts) if prompts else None, reward=reward,
+        db=str(db_path()), seed=seed, prompts=os.path.abspath(prompts) if prompts else None,
+        reward=_reward_spec(reward),
         timeout_s=timeout_s, bucket_mb=bucket_mb, verify_sync=verify_sync, quiet=quiet, overrides=overrides,
         tensorboard_dir=None if no_tensorboard else _tensorboard_root(tensorboard_dir, log),
+        wandb_project=wandb_project, wandb_dir=_beside_log(log) if wandb_project else None,
         trace_dir=os.path.abspath(trace_dir) if trace_dir else None, trace_iterations=trace_iterations,
         allow_prompts_outside=allow_prompts_outside)
     launch(options, nnodes=nnodes, node_rank=node_rank, rdzv=rdzv, local_addr=local_addr)
+
+
+def _reward_spec(reward: str) -> str:
+    """A file reward's path made absolute, so every worker loads the file the user named."""
+    from hetprof.executor.runners.rewards import is_file_spec
+
+    if not is_file_spec(reward):
+        return reward
+    where, _, attr = reward.rpartition(":")
+    return f"{os.path.abspath(os.path.expanduser(where))}:{attr}"
 
 
 def _tensorboard_root(given: str | None, log: str | None) -> str:
     """The run's TensorBoard root: as given, else beside the run's log, else under the current folder."""
     if given:
         return os.path.abspath(given)
-    return os.path.join(os.path.dirname(os.path.abspath(log)) if log else os.getcwd(), "tensorboard")
+    return os.path.join(_beside_log(log), "tensorboard")
+
+
+def _beside_log(log: str | None) -> str:
+    """The folder of the run's log, else the current folder: where a run's own outputs go by default."""
+    return os.path.dirname(os.path.abspath(log)) if log else os.getcwd()
 
 
 @click.command("validate")

@@ -32,6 +32,8 @@ class RunOptions:
     quiet: bool = False
     overrides: tuple[str, ...] = ()  # `--set key.path=value` on the plan's workload (launch_checks.load_plan)
     tensorboard_dir: str | None = None  # event files under <dir>/<run name>; None: no TensorBoard
+    wandb_project: str | None = None  # a Weights & Biases project the records also go to; None: no W&B
+    wandb_dir: str | None = None  # where wandb keeps its local files (its own `wandb/` folder goes there)
     trace_dir: str | None = None  # torch.profiler traces, one file per rank; None: no trace
     trace_iterations: int = 2
     allow_prompts_outside: bool = False  # a plan's data.prompts may lie outside the plan's folder

@@ -6,12 +6,28 @@ neighbouring step (async overlap) is labelled with its step offset, so the overl
 
 from __future__ import annotations
 
+import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 
 from hetprof.planner.candidate import Candidate
+from hetprof.planner.schedule import Event
 from hetprof.planner.simulator import Score
+from hetprof.specs import FOLLOWS
 from hetprof.task_colours import TASK_COLOURS
 from hetprof.task_colours import task_colour as _colour
+
+
+def group_label(candidate: Candidate, events: Sequence[Event], g: int) -> str:
+    """"group G: tasks" naming every task with a bar in the group — the candidate's own and the ones
+    the simulator places beside their leaders (actor_logprob) — wrapped, never cut, onto short lines."""
+    tasks = list(candidate.groups[g])
+    for e in events:
+        task = e.name.split(" (step", 1)[0]
+        if e.kind == "compute" and e.group == g and task not in tasks:
+            leader = FOLLOWS.get(task)
+            tasks.insert(tasks.index(leader) if leader in tasks else len(tasks), task)
+    return "\n".join(textwrap.wrap(f"group {g}: {', '.join(tasks)}", width=44))
 
 
 def save_gantt(score: Score, candidate: Candidate, path: str | Path, title: str = "") -> Path:
@@ -30,7 +46,7 @@ def save_gantt(score: Score, candidate: Candidate, path: str | Path, title: str 
     labels, ticks = [], []
     for g in range(groups):
         ticks += [2 * g, 2 * g + 0.8]
-        labels += [f"group {g}: {', '.join(candidate.groups[g])}"[:48], "  transfers in"]
+        labels += [group_label(candidate, events, g), "  transfers in"]
     for e in events:
         lane = 2 * e.group + (0.8 if e.kind in ("transfer", "weights") else 0.0)
         height = 0.7 if e.kind == "compute" else 0.5

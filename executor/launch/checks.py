@@ -9,10 +9,12 @@ here, naming the task and its layout, so a run fails in the launcher rather than
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -39,8 +41,8 @@ def load_plan(path: str | Path, overrides: Sequence[str] = ()) -> Plan:
             key = item.partition("=")[0].strip()
             if not any(key == k or key.startswith((k + ".", k + "[")) for k in RUN_OVERRIDABLE):
                 raise SpecError(f"--set {item}", key, "a field `hetprof run` may change (optimizer.*, data.*, "
-                                "training.lr, critic_lr, clip_eps, gamma, lam, temperature, top_p); this one "
-                                "changes what the plan was made for: replan with `hetprof plan --set`")
+                                "training.lr, critic_lr, clip_eps, gamma, lam, temperature, top_p)"
+                                + _run_field_hint(key))
         workload = apply_overrides(plan.workload, overrides)
         try:
             WorkloadSpec.from_dict(workload, file=str(path))
@@ -49,6 +51,37 @@ def load_plan(path: str | Path, overrides: Sequence[str] = ()) -> Plan:
         plan = dataclasses.replace(plan, workload=workload)
     plan.validate()
     return plan
+
+
+def _run_field_hint(key: str) -> str:
+    """What follows the refusal of a field `run --set` may not change: the field meant, for a typo of
+    one it may (the loader's did-you-mean rule), else the way to change it."""
+    from hetprof.specs.training_setup import DataParams, OptimizerParams
+
+    fields = [k for k in RUN_OVERRIDABLE if "." in k]
+    fields += [f"{group}.{f.name}" for group, cls in (("optimizer", OptimizerParams), ("data", DataParams))
+               for f in dataclasses.fields(cls)]
+    close = difflib.get_close_matches(key, fields, n=1)
+    if close and not _workload_field(key):
+        return f" — did you mean '{close[0]}'?"
+    return "; this one changes what the plan was made for: replan with `hetprof plan --set`"
+
+
+def _workload_field(key: str) -> bool:
+    """Whether `key` names a field of the workload spec (its dataclass levels; below them anything goes)."""
+    import typing
+
+    from hetprof.specs.overrides import split_field_path
+
+    cls: Any = WorkloadSpec
+    for part in split_field_path(key):
+        if not dataclasses.is_dataclass(cls):
+            return True
+        names = {f.name for f in dataclasses.fields(cls)}
+        if part not in names:
+            return False
+        cls = typing.get_type_hints(cls)[part]
+    return True
 
 
 def planned_devices(plan: Plan) -> list[str]:
@@ -237,10 +270,9 @@ def check_inputs(plan: Plan, plan_path: str | Path, backend: str, reward: str, p
     for option, (path, kind) in outputs.items():
         check_writable(option, path, kind)
     check_generation_backend(backend, plan_path)
-    from hetprof.executor.runners.rewards import get_reward
+    from hetprof.executor.runners.rewards import get_reward, needs_answers
 
-    get_reward(reward)
-    check_prompts(workload, prompts, seed)
+    check_prompts(workload, prompts, seed, answers_for=reward if needs_answers(get_reward(reward)) else None)
 
 
 def check_writable(option: str, path: str | None, kind: str) -> None:
@@ -284,15 +316,16 @@ def check_generation_backend(backend: str, plan_path: str | Path) -> None:
 BACKEND_PACKAGES = {"vllm": "vllm"}  # engines that live in an optional package
 
 
-def check_prompts(workload: WorkloadSpec, prompts: str | None, seed: int) -> None:
-    """Read every prompt (and validation prompt) as the workers will, and render one in the chat template."""
+def check_prompts(workload: WorkloadSpec, prompts: str | None, seed: int, answers_for: str | None = None) -> None:
+    """Read every prompt (and validation prompt) as the workers will, and render one in the chat
+    template; with `answers_for` (a reward that scores against answers) every prompt must have one."""
     from hetprof.executor.models.tokenizer import load_tokenizer
     from hetprof.executor.prompts.data import encode_prompt
     from hetprof.executor.prompts.prompt_files import prompt_sets
     from hetprof.executor.runners.context import model_ref
     from hetprof.specs.vocabulary import Role
 
-    sets = prompt_sets(workload.data, workload.base_dir, prompts, seed)
+    sets = prompt_sets(workload.data, workload.base_dir, prompts, seed, answers_for)
     tokenizer = load_tokenizer(model_ref(workload, Role.ACTOR))
     check_prompt_lengths(workload, [*sets.train, *sets.validation],
                          lambda prompt: encode_prompt(tokenizer, prompt, workload.data.chat_template))

@@ -31,6 +31,7 @@ from hetprof.executor.launch.checks import (
 from hetprof.executor.launch.sizebounds import check_run_sizes
 from hetprof.executor.options import RunOptions
 from hetprof.executor.records.run_log import plan_hash
+from hetprof.executor.records.wandb_log import check_wandb
 from hetprof.safety.process_guard import stopped_descendants_killed, workers_die_with_me
 from hetprof.safety.processes import isolated_children
 from hetprof.specs import Plan
@@ -94,6 +95,7 @@ def launch(options: RunOptions, nnodes: int = 1, node_rank: int = 0, rdzv: str |
                   "--db": (options.db, "file"), "--tensorboard-dir": (options.tensorboard_dir, "folder"),
                   "--trace": (options.trace_dir, "folder")},
                  options.overrides, options.allow_prompts_outside)
+    check_wandb(options.wandb_project)
     check_supported(plan)
     host = node_host(plan, nnodes, node_rank)
     if options.resume and node_rank == 0:

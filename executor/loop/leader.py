@@ -49,7 +49,8 @@ class Leader:
         stats = BatchStats(tokens=int(batch["response_mask"].sum()),
                            prompt_tokens_mean=float((batch["attention_mask"].sum(1).float() - response).mean()),
                            response_tokens_mean=float(response.mean()),
-                           staleness_max=max(ages), staleness_mean=sum(ages) / len(ages))
+                           staleness_max=max(ages), staleness_mean=sum(ages) / len(ages),
+                           sequences=int(batch["response_mask"].shape[0]))
         self._check_lengths(stats)
         return stats
 

@@ -163,7 +163,6 @@ class Worker:
         out = generator.run(GenerationStep(batch=b, version=self.weights.version))
         if not generator.reports:
             return
-        self.timing.report.gen_tokens = int(out["response_mask"].sum())
         if self.is_leader:
             self._own_rollout = out
         else:

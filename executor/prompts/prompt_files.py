@@ -62,9 +62,18 @@ def file_format(path: Path, declared: str = "auto") -> str:
     return fmt
 
 
-def load_prompts(path: str | Path, prompt_field: str = "prompt", answer_field: str = "answer",
-                 fmt: str = "auto") -> list[Prompt]:
-    """Every prompt of a file; a bad row is refused naming the file, the line or row, and the field."""
+DEFAULT_ANSWER_FIELD = "answer"  # DataParams.answer_field's default
+VERL_ANSWER_FIELD = "reward_model.ground_truth"  # where verl's parquet layout keeps the answer
+
+
+def load_prompts(path: str | Path, prompt_field: str = "prompt", answer_field: str = DEFAULT_ANSWER_FIELD,
+                 fmt: str = "auto", answers_for: str | None = None) -> list[Prompt]:
+    """Every prompt of a file; a bad row is refused naming the file, the line or row, and the field.
+
+    A file in verl's layout (`reward_model.ground_truth` beside chat-turn prompts) is read without
+    options: with the default answer field absent from its first row, its answer is verl's. With
+    `answers_for` (the reward that scores against the answers) a row without an answer is refused,
+    naming the field and the fields the row has: such a run would train on reward 0 throughout."""
     path = Path(path)
     if not path.exists():
         raise SpecError(str(path), "", "an existing, readable prompt file", "no such file")
@@ -77,7 +86,14 @@ def load_prompts(path: str | Path, prompt_field: str = "prompt", answer_field: s
         if len(prompts) >= MAX_ROWS:
             raise SpecError(str(path), "", f"at most {MAX_ROWS:,} prompts", "more")
         check_plain(row, where)  # depth, NaN/infinity, lone surrogates: named by row and field
-        prompts.append(_prompt(where, row, prompt_field, answer_field))
+        if not prompts:
+            answer_field = layout_answer_field(row, answer_field)
+        prompt = _prompt(where, row, prompt_field, answer_field)
+        if answers_for and prompt.answer is None:
+            raise SpecError(where, answer_field, f"the reference answer reward '{answers_for}' scores against "
+                            f"(this row's fields: {_field_names(row)}; name the answer's with "
+                            f"--set data.answer_field=FIELD)", "none")
+        prompts.append(prompt)
     if not prompts:
         raise SpecError(str(path), "", "at least one prompt", "no rows")
     return prompts
@@ -235,6 +251,23 @@ def _prompt(where: str, row: Any, prompt_field: str, answer_field: str) -> Promp
     return Prompt(text, None if answer is None or answer == "" else str(answer), source=where, messages=messages)
 
 
+def layout_answer_field(row: Any, answer_field: str) -> str:
+    """The answer field a file is read with: as named, or verl's when the default is absent from a
+    row that holds verl's `reward_model.ground_truth`."""
+    if (answer_field == DEFAULT_ANSWER_FIELD and isinstance(row, dict) and DEFAULT_ANSWER_FIELD not in row
+            and field_value(row, VERL_ANSWER_FIELD) is not None):
+        return VERL_ANSWER_FIELD
+    return answer_field
+
+
+def _field_names(row: dict, limit: int = 24) -> str:
+    """A row's fields as a user names them (nested ones dotted, one level down), escaped to one line."""
+    names = [f"{key}.{sub}" if sub is not None else str(key) for key, value in row.items()
+             for sub in (list(value) if isinstance(value, dict) and value else [None])]
+    shown = ", ".join(str(n).encode("unicode_escape").decode("ascii") for n in names[:limit])
+    return (shown + (f", … ({len(names) - limit} more)" if len(names) > limit else "")) or "none"
+
+
 def field_value(row: dict, name: str) -> Any:
     """`row[name]`, else the nested field a dotted name spells (`reward_model.ground_truth`); None if absent."""
     if name in row:
@@ -292,18 +325,21 @@ def check_confined(data: DataParams, base_dir: str | None, plan_path: str | Path
                             "or name the file with --prompts)", str(target))
 
 
-def prompt_sets(data: DataParams, base_dir: str | None, prompts: str | None = None, seed: int = 0) -> PromptSets:
+def prompt_sets(data: DataParams, base_dir: str | None, prompts: str | None = None, seed: int = 0,
+                answers_for: str | None = None) -> PromptSets:
     """The run's prompts: `prompts` (--prompts) or the spec's `data.prompts`, else the built-in set;
     validation from `data.validation`, or the `data.validation_size` prompts a seeded shuffle puts
-    first, held out of training (the same on every rank and every resume)."""
+    first, held out of training (the same on every rank and every resume). With `answers_for` (a
+    reward that scores against answers) every prompt read from a file must have one."""
     source = Path(prompts) if prompts else resolve(data.prompts, base_dir)
     if source is None:
         train = arithmetic_prompts(BUILTIN_SIZE, seed=seed)
     else:
-        train = load_prompts(source, data.prompt_field, data.answer_field, data.format)
+        train = load_prompts(source, data.prompt_field, data.answer_field, data.format, answers_for)
     validation_file = resolve(data.validation, base_dir)
     if validation_file is not None:
-        return PromptSets(train, load_prompts(validation_file, data.prompt_field, data.answer_field, data.format))
+        return PromptSets(train, load_prompts(validation_file, data.prompt_field, data.answer_field, data.format,
+                                              answers_for))
     if not data.validation_size:
         return PromptSets(train, [])
     if data.validation_size >= len(train):

@@ -35,6 +35,7 @@ class BatchStats:
     reward_mean: float = 0.0
     reward_std: float = 0.0
     samples: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # a few (prompt, response) pairs
+    sequences: int = 0  # rows of the batch (prompts × responses per prompt)
 
 
 @dataclasses.dataclass
@@ -59,7 +60,6 @@ class IterationReport:
     train_stats: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
     sync: dict[str, SyncStats] = dataclasses.field(default_factory=dict)
     digests: dict[str, list[str]] = dataclasses.field(default_factory=dict)
-    gen_tokens: int = 0
     gen_version: int | None = None
     backend_checks: dict[str, float] = dataclasses.field(default_factory=dict)  # the engine's after a sync
     checkpoint_saved: bool = False

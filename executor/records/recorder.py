@@ -29,6 +29,7 @@ from hetprof.executor.records.progress import RunProgress, wanted
 from hetprof.executor.records.run_log import DBWriter, RunLog, console_line
 from hetprof.executor.records.run_record import RecordContext, build_record
 from hetprof.executor.records.tensorboard_log import TensorBoardLog
+from hetprof.executor.records.wandb_log import WandbLog
 from hetprof.runtime.cpuslots import yield_to_work
 
 
@@ -50,17 +51,19 @@ class Recorder:
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hetprof-records",
                                           initializer=yield_to_work)  # the worker's core is the work's
         self._pending: list[Future] = []
-        self.tensorboard: TensorBoardLog | None = None
+        self.sinks: list[TensorBoardLog | WandbLog] = []  # where each record also goes (each: write, close)
         self.progress: RunProgress | None = None
 
     def start(self, context: RecordContext, first: int) -> None:
         """Begin recording at iteration `first` (0, or where a resumed run starts); the leader opens
-        the run's TensorBoard folder (named by the run, so a resumed run continues its curves)."""
+        the run's TensorBoard folder and W&B run (named by the run, so a resumed run continues its curves)."""
         self.context = context
         if not self.is_leader:
             return
         if self.opts.tensorboard_dir:
-            self.tensorboard = TensorBoardLog(self.opts.tensorboard_dir, context.run, first)
+            self.sinks.append(TensorBoardLog(self.opts.tensorboard_dir, context.run, first))
+        if self.opts.wandb_project:
+            self.sinks.append(WandbLog(self.opts.wandb_project, context.run, self.opts.wandb_dir or "."))
         if wanted(self.console, self.opts.quiet):
             self.progress = RunProgress(self.console, first, self.opts.iterations)
 
@@ -94,8 +97,8 @@ class Recorder:
         if commit:
             checkpoint.commit(self.opts.checkpoint_dir, record["iteration"] + 1,
                               {"plan_hash": record["plan_hash"], "run": record["run"]})
-        if self.tensorboard is not None:
-            self.tensorboard.write(record)
+        for sink in self.sinks:
+            sink.write(record)
         if not self.opts.quiet:
             self.console.print(console_line(record))
         if self.progress is not None:
@@ -106,8 +109,7 @@ class Recorder:
         self.outbox.flush()
         if self.db_writer is not None:
             self._pending.append(self._thread.submit(self.db_writer.close))
-        if self.tensorboard is not None:
-            self._pending.append(self._thread.submit(self.tensorboard.close))
+        self._pending += [self._thread.submit(sink.close) for sink in self.sinks]
         self._thread.shutdown(wait=True)
         if self.progress is not None:
             self.progress.close()

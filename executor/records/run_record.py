@@ -12,8 +12,10 @@ import dataclasses
 from typing import Any
 
 from hetprof.errors import ExecutionError
+from hetprof.executor.algorithms import AlgorithmConfig, get_algorithm
 from hetprof.executor.parallel.topology import Topology
 from hetprof.executor.records.iteration_report import IterationReport
+from hetprof.executor.records.mfu import FLOPS_KEY, summed_flops, training_peaks, utilisation
 from hetprof.specs import Plan
 from hetprof.specs.vocabulary import SYNC_EDGES, SyncEdge, Task
 
@@ -36,6 +38,9 @@ class RecordContext:
     predicted_iteration_s: float | None
     work: dict[str, dict[str, Any]]
     verify_sync: bool = False
+    train_peaks: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)  # mfu.training_peaks
+    device_count: int = 0  # the devices the plan runs on, all tasks together
+    kl_in_reward: bool = False  # the algorithm puts its KL to the reference in the reward (PPO), not the loss
 
     @classmethod
     def from_plan(cls, plan: Plan, topo: Topology, run: str, plan_hash: str, work: dict[str, dict[str, Any]],
@@ -51,7 +56,9 @@ class RecordContext:
             sync_sources={str(e): topo.sync_source(e) for e in edges},
             sync_receivers={str(e): len(topo.sync_receivers(e)) for e in edges},
             predicted=predicted_seconds(plan), predicted_iteration_s=plan.predicted.iteration_s or None,
-            work=work, verify_sync=verify_sync)
+            work=work, verify_sync=verify_sync, train_peaks=training_peaks(plan),
+            device_count=len({d for t in plan.tasks for d in t.devices()}),
+            kl_in_reward=not get_algorithm(workload.algorithm)(AlgorithmConfig()).kl_in_loss())
 
 
 def predicted_seconds(plan: Plan) -> dict[str, float]:
@@ -114,7 +121,8 @@ def train_means(reports: list[IterationReport], task: str = Task.ACTOR_TRAIN,
 def critic_means(reports: list[IterationReport]) -> dict[str, float]:
     """The critic's update statistics (PPO), prefixed `critic_`; empty when no critic trains."""
     stats = [s for r in reports if (s := r.train_stats.get(Task.CRITIC_TRAIN))]
-    keys = sorted({k for s in stats for k in s} - {"n", "optimizer_steps", "update_seconds", "logprob_seconds"})
+    keys = sorted({k for s in stats for k in s} - {"n", "optimizer_steps", "update_seconds", "logprob_seconds",
+                                                   FLOPS_KEY})
     return {f"critic_{k}": v for k, v in train_means(reports, Task.CRITIC_TRAIN, tuple(keys)).items()} if stats else {}
 
 
@@ -153,15 +161,20 @@ def build_record(ctx: RecordContext, iteration: int, seconds: float, reports: li
         verified = True
     sync = leader.sync.get(SyncEdge.WEIGHT_SYNC)
     sync_bytes, sync_s = (sync.bytes, sync.seconds) if sync is not None else (0, 0.0)
-    tokens = sum(r.gen_tokens for r in reports)
     batch = leader.batch
+    # the tokens of the batch this iteration trained on: in async mode the last iterations generate
+    # nothing, and the tokens a loop step generates belong to a later iteration
+    tokens = batch.tokens
+    dtypes = {task: r.rank_info.dtypes[task] for r in reports for task in r.train_stats if task in r.rank_info.dtypes}
+    mfu = utilisation(ctx.train_peaks, stages, summed_flops([r.train_stats for r in reports]), dtypes)
     return {
         "type": "iteration", "run": ctx.run, "plan_hash": ctx.plan_hash, "iteration": iteration,
         "version": iteration + 1, "mode": ctx.mode, "staleness_bound": ctx.staleness_bound,
         "algorithm": ctx.algorithm, "iteration_s": seconds, "stages": stages, "replicas": replicas,
         "predicted": dict(ctx.predicted), "predicted_iteration_s": ctx.predicted_iteration_s,
         "predicted_s": ctx.predicted_iteration_s,
-        "tokens": tokens, "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
+        "tokens": tokens, "tokens_per_s": tokens / seconds if seconds > 0 else 0.0, "mfu": mfu,
+        "sequences": batch.sequences, "device_count": ctx.device_count, "kl_in_reward": ctx.kl_in_reward,
         "reward_mean": batch.reward_mean, "prompt_tokens_mean": batch.prompt_tokens_mean,
         "response_tokens_mean": batch.response_tokens_mean, **train_means(reports), **critic_means(reports),
         "reward_std": batch.reward_std, "samples": batch.samples, "timeline": timeline(reports),

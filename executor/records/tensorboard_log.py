@@ -1,14 +1,9 @@
 """The run's iteration records as TensorBoard scalars and text, written by the leader alone.
 
-Each record (run_record.build_record) becomes scalars under fixed tags, stepped by iteration, so a
-resumed run continues the same curves in the same folder (the run keeps its name on resume):
-
-  reward/mean, reward/std, train/kl, train/entropy, train/clip_frac, train/grad_norm, train/lr,
-  train/policy_loss, critic/<stat>, batch/response_len, batch/prompt_len, batch/staleness_max,
-  throughput/tokens_per_s, time/iteration_s and time/predicted_iteration_s, and per task
-  seconds/<task>/measured beside seconds/<task>/predicted (and a custom-scalars chart per task
-  with both lines);
-  `samples` holds a few prompts, responses and rewards as a markdown table.
+Each record (run_record.build_record) becomes scalars under fixed tags (scalars.py: hetprof's own
+and verl's names), stepped by iteration, so a resumed run continues the same curves in the same
+folder (the run keeps its name on resume); a custom-scalars chart per task draws its measured and
+predicted seconds together, and `samples` holds a few prompts, responses and rewards as a markdown table.
 
 torch.utils.tensorboard's writer queues events for its own thread, and the recorder calls it
 from the record thread, so the RL loop never waits for the disk.
@@ -19,14 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-SCALARS = {
-    "reward/mean": "reward_mean", "reward/std": "reward_std", "train/kl": "kl", "train/entropy": "entropy",
-    "train/clip_frac": "clip_frac", "train/grad_norm": "grad_norm", "train/lr": "lr",
-    "train/policy_loss": "policy_loss", "batch/response_len": "response_tokens_mean",
-    "batch/prompt_len": "prompt_tokens_mean", "batch/staleness_max": "staleness_max",
-    "throughput/tokens_per_s": "tokens_per_s", "time/iteration_s": "iteration_s",
-    "time/predicted_iteration_s": "predicted_iteration_s",
-}
+from hetprof.executor.records.scalars import scalars
 
 
 def run_folder(root: str | Path, run: str) -> Path:
@@ -37,19 +25,6 @@ def run_folder(root: str | Path, run: str) -> Path:
     if problem := run_name_problem(run):
         raise ValueError(f"TensorBoard run folder: expected {problem}")
     return Path(root) / run
-
-
-def scalars(record: dict[str, Any]) -> dict[str, float]:
-    """Tag -> value of one iteration record (fields that are absent or not numbers are left out)."""
-    out = {tag: float(record[key]) for tag, key in SCALARS.items() if _number(record.get(key))}
-    out.update({f"critic/{k.removeprefix('critic_')}": float(v) for k, v in record.items()
-                if k.startswith("critic_") and _number(v)})
-    predicted = record.get("predicted", {})
-    for task, seconds in record.get("stages", {}).items():
-        out[f"seconds/{task}/measured"] = float(seconds)
-        if _number(predicted.get(task)):
-            out[f"seconds/{task}/predicted"] = float(predicted[task])
-    return out
 
 
 def samples_markdown(samples: list[dict[str, Any]]) -> str:
@@ -94,10 +69,6 @@ class TensorBoardLog:
 
     def close(self) -> None:
         self._writer.close()
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
 
 
 def _cell(value: Any) -> str:

@@ -3,18 +3,27 @@
 Every reward is called on a batch — `reward(prompts, responses, answers) -> list[float]` — because
 the reward-model role scores a batch in one forward. User functions are simpler to write per
 sample, so `module:function` names a per-sample `f(prompt, response, answer) -> float` (a function
-marked `batched = True` receives the lists instead). A workload names its reward as a string, and
-the string is resolved here, so a shared workload file names code but cannot carry it.
+marked `batched = True` receives the lists instead). A user's own file is named by its path,
+`path/to/file.py:function`, and loaded from there (workers start without the working folder on
+their import path, so a bare module name finds only installed modules). A workload names its reward
+as a string, and the string is resolved here, so a shared workload file names code but cannot carry it.
+
+A reward that scores against each prompt's reference answer says so (`needs_answers = True` on the
+function): the launcher then refuses a prompt file without answers before any worker starts.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import importlib.util
 import logging
 import math
 import re
+import sys
 import threading
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 
@@ -94,6 +103,7 @@ def arithmetic(correct: float = 1.0, format_bonus: float = 0.2) -> RewardFn:
             out.append(score + (format_bonus if well_formed(resp) else 0.0))
         return out
 
+    reward.needs_answers = True
     return reward
 
 
@@ -137,17 +147,59 @@ def math_answer(correct: float = 1.0, timeout_s: int = 5) -> RewardFn:
             out.append(correct if match else 0.0)
         return out
 
+    reward.needs_answers = True
     return reward
+
+
+def needs_answers(reward: RewardFn) -> bool:
+    """Whether `reward` scores against each prompt's reference answer (without one it scores 0)."""
+    return bool(getattr(reward, "needs_answers", False))
+
+
+def is_file_spec(spec: str) -> bool:
+    """`path/to/file.py:function` (a file of the user's) rather than `module:function`."""
+    where = spec.rpartition(":")[0]
+    return where.endswith(".py") or "/" in where
 
 
 def _from_import_path(spec: str) -> RewardFn:
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
-        raise SpecError(None, "reward", "a registered reward name or 'module:function'", spec)
+        raise SpecError(None, "reward", "a registered reward name, 'module:function' or 'path/file.py:function'",
+                        spec)
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise SpecError(None, "reward", f"an importable module for {spec!r}", str(exc)) from None
+        hint = ""
+        if exc.name == module_name.partition(".")[0]:  # the module itself, not one it imports
+            hint = f" (a file of yours: name it by path, --reward ./{module_name.replace('.', '/')}.py:{attr})"
+        raise SpecError(None, "reward", f"an installed module for {spec!r}{hint}", str(exc)) from None
+    return _attribute(module, module_name, attr, spec)
+
+
+def _from_file(spec: str) -> RewardFn:
+    """A function of a Python file, loaded by its path (no sys.path entry is added)."""
+    where, _, attr = spec.rpartition(":")
+    path = Path(where).expanduser()
+    if not attr or not path.is_file():
+        raise SpecError(None, "reward", "'path/file.py:function' naming an existing file and a function", spec)
+    # its own module name per file, so two files of one name never share a sys.modules entry
+    name = f"hetprof_reward_{path.stem}_{hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:8]}"
+    if name not in sys.modules:
+        loader_spec = importlib.util.spec_from_file_location(name, path)
+        if loader_spec is None or loader_spec.loader is None:
+            raise SpecError(None, "reward", "a Python source file", spec)
+        module = importlib.util.module_from_spec(loader_spec)
+        sys.modules[name] = module  # dataclasses and pickling look a module up by name while it runs
+        try:
+            loader_spec.loader.exec_module(module)
+        except Exception as exc:  # the user's code: its error, one line, named by the file
+            del sys.modules[name]
+            raise SpecError(str(path), "reward", "a file that imports", f"{type(exc).__name__}: {exc}") from None
+    return _attribute(sys.modules[name], str(path), attr, spec)
+
+
+def _attribute(module: object, module_name: str, attr: str, spec: str) -> RewardFn:
     fn = module
     for part in attr.split("."):
         fn = getattr(fn, part, None)
@@ -168,6 +220,7 @@ def _batched(fn: Callable, name: str) -> RewardFn:
             values = [fn(p, r, a) for p, r, a in zip(prompts, responses, answers, strict=True)]
         return [_as_score(v, name) for v in values]
 
+    reward.needs_answers = needs_answers(fn)
     return reward
 
 
@@ -183,12 +236,13 @@ def available_rewards() -> list[str]:
 
 
 def get_reward(spec: str, **kwargs) -> RewardFn:
-    """A reward by registered name (with factory kwargs), entry point, or `module:function`."""
+    """A reward by registered name (with factory kwargs), entry point, `path/file.py:function` or
+    `module:function` (an installed module)."""
     if spec in REWARDS:
         return REWARDS.get(spec)(**kwargs)
     if ":" in spec:
-        return _from_import_path(spec)
-    raise UnknownName("reward", spec, REWARDS.names(), " or 'module:function'")
+        return _from_file(spec) if is_file_spec(spec) else _from_import_path(spec)
+    raise UnknownName("reward", spec, REWARDS.names(), " or 'path/file.py:function' or 'module:function'")
 
 
 class RewardModelScorer:

@@ -23,6 +23,7 @@ from hetprof.executor.models.packing import priced_pass
 from hetprof.executor.parallel.sharded import ShardedModel
 from hetprof.executor.parallel.weightsync import flatten_params
 from hetprof.executor.records.iteration_report import prefill_timing, train_timing
+from hetprof.executor.records.mfu import FLOPS_KEY, update_flops
 from hetprof.executor.runners.base import RunnerBase, Tensors, WorkTiming
 from hetprof.executor.runners.context import RankContext
 from hetprof.runtime.dataparallel import wrap_replica
@@ -37,6 +38,7 @@ class Trainer(RunnerBase):
     def __init__(self, ctx: RankContext, task: str, peers: Mapping[str, RunnerBase]) -> None:
         super().__init__(ctx, task, peers)
         self.role = Task(task).role
+        self.shape = ctx.workload.roles()[self.role]  # what its model FLOPs are counted from
         model, self.sharded = self._place(self.build_model())
         workload, training = ctx.workload, ctx.workload.training
         settings = workload.optimizer
@@ -80,8 +82,13 @@ class Trainer(RunnerBase):
 
     # ---- the update ----------------------------------------------------------------------------------
     def run(self, work: Tensors) -> dict[str, float]:
-        """One update on this replica's part of the batch; its statistics (timing keys included)."""
-        return self.learner.update(RLBatch(**work, group_size=self.ctx.workload.responses_per_prompt))
+        """One update on this replica's part of the batch; its statistics (timing keys included) and
+        the model FLOPs it did (records/mfu.py)."""
+        workload = self.ctx.workload
+        stats = self.learner.update(RLBatch(**work, group_size=workload.responses_per_prompt))
+        stats[FLOPS_KEY] = update_flops(self.shape, work["attention_mask"].sum(1).tolist(), workload.ppo_epochs,
+                                        lm_head=self.head == "lm")
+        return stats
 
     def spans(self, result: dict[str, float], start: float, end: float) -> dict[str, tuple[float, float]]:
         """The update recomputes π_prox only for a batch that lacks it (its first forward): timed apart."""

@@ -62,6 +62,18 @@ class Continuations:
     finished: Any
 
 
+def cache_argument(model: Any) -> str:
+    """The keyword a model's forward takes its KV cache by: `cache` from transformers 5.2x on, where
+    `past_key_values` warns on every call that it goes away (in 5.40), else `past_key_values`."""
+    import inspect
+
+    try:
+        parameters = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):  # a forward without a signature (a C extension): the old name
+        return "past_key_values"
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
 def sample_continuations(model: Any, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int, *,
                          temperature: float, top_p: float, generator: Any, pad_id: int, eos_id: int,
                          device: Any = "cpu", lap: Lap | None = None) -> Continuations:
@@ -77,8 +89,8 @@ def sample_continuations(model: Any, prompt_ids: Sequence[Sequence[int]], max_ne
 
     ids, mask = pad_left(prompt_ids, pad_id, device)
     batch, width = ids.shape
-    cache = DynamicCache(config=model.config)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), past_key_values=cache,
+    cache = {cache_argument(model): DynamicCache(config=model.config)}
+    out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), **cache,
                 use_cache=True, logits_to_keep=1)
     if lap is not None:
         lap("prefill", batch, width)
@@ -98,8 +110,7 @@ def sample_continuations(model: Any, prompt_ids: Sequence[Sequence[int]], max_ne
         if last:
             break
         grown = torch.cat([grown, valid.long()[:, None]], dim=1)
-        out = model(input_ids=tok[:, None], attention_mask=grown, position_ids=next_pos, past_key_values=cache,
-                    use_cache=True)
+        out = model(input_ids=tok[:, None], attention_mask=grown, position_ids=next_pos, **cache, use_cache=True)
         next_pos = next_pos + 1
     return Continuations(ids, mask, torch.stack(tokens, dim=1), torch.stack(lps, dim=1),
                          torch.stack(alive, dim=1), finished)

@@ -138,6 +138,10 @@ def start_engine(model: torch.nn.Module, folder: str, settings: EngineSettings, 
     os.environ.update(settings.env)
     from vllm import LLM
 
+    from hetprof.runtime.vllm_worker import quiet_known_noise
+
+    quiet_known_noise()  # the engine's front end starts here (its chat-template warm-up logs here)
+
     write_checkpoint(model, folder)
     llm = LLM(model=folder, **{**settings.kwargs, **engine_kwargs})
     if settings.core is not None:

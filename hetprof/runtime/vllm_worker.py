@@ -6,6 +6,7 @@ Kept apart from `vllm_engine.py` and the executor's backend so that vLLM's worke
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import threading
@@ -17,6 +18,40 @@ from hetprof.safety.process_guard import proc_stat
 
 PARENT_POLL_S = 0.5
 MAX_CHAIN = 4  # processes from the model runner up to the worker, the worker excluded
+
+# vLLM log lines that tell a run's user nothing, each named by logger, message template and
+# arguments (None: any) — never a whole logger or level, so every other warning still shows.
+KNOWN_NOISE: tuple[tuple[str, str, tuple | None], ...] = (
+    # every weight reload, per engine: the tied LM head loads nothing of its own (its weight is the
+    # embedding's); the log-prob probe after every sync proves the weights arrived
+    ("vllm.model_executor.model_loader.reload.layerwise", "%s: Failed to load weights", ("ParallelLMHead",)),
+    # engine start: prompts go in as token ids (skip_tokenizer_init), so there is no chat template to warm
+    # up, and the failure's traceback is printed in full
+    ("vllm.renderers.base", "Chat template warmup failed", None),
+)
+
+
+class _KnownNoise(logging.Filter):
+    """Drops one logger's records whose (template, arguments) KNOWN_NOISE lists."""
+
+    def __init__(self, lines: list[tuple[str, tuple | None]]) -> None:
+        super().__init__()
+        self.lines = lines
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = tuple(record.args) if isinstance(record.args, tuple) else None
+        return not any(record.msg == msg and (want is None or args == want) for msg, want in self.lines)
+
+
+def quiet_known_noise() -> None:
+    """Filter KNOWN_NOISE out of vLLM's loggers in this process (once; a second call adds nothing)."""
+    lines: dict[str, list[tuple[str, tuple | None]]] = {}
+    for name, msg, args in KNOWN_NOISE:
+        lines.setdefault(name, []).append((msg, args))
+    for name, wanted in lines.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _KnownNoise) for f in logger.filters):
+            logger.addFilter(_KnownNoise(wanted))
 
 
 class WeightUpdateExtension:
@@ -33,6 +68,7 @@ class WeightUpdateExtension:
         """
         from safetensors.torch import load_file
 
+        quiet_known_noise()  # in the engine's process, where the reload logs
         device = self.device
         self.reload_weights(weights_iterator=[(n, t.to(device)) for n, t in load_file(path).items()])
         if device.type == "cuda":

@@ -63,7 +63,10 @@ def test_a_malformed_prompts_file_is_refused_before_any_worker(tmp_path, no_work
 
 @pytest.mark.parametrize(("args", "phrase"), [
     (["--reward", "nosuch"], "unknown reward 'nosuch'"),
-    (["--reward", "no_such_module_xyz:score"], "an importable module"),
+    (["--reward", "no_such_module_xyz:score"], "an installed module"),
+    (["--prompts", "{tmp}/unanswered.jsonl"], "unanswered.jsonl:1: field 'answer': expected the reference answer "
+                                              "reward 'arithmetic' scores against (this row's fields: prompt, "
+                                              "solution;"),
     (["--set", "data.prompts=missing.parquet"], "missing.parquet: field '<root>': expected an existing"),
     (["--set", "data.prompt_field=question", "--prompts", "{tmp}/t.csv"], "t.csv row 1: field 'question'"),
     (["--prompts", "{tmp}/bad.csv"], "bad.csv: field '<root>': expected a readable csv file, got 'Error tokenizing "
@@ -71,6 +74,9 @@ def test_a_malformed_prompts_file_is_refused_before_any_worker(tmp_path, no_work
     (["--set", "training.kl_coef=0"], "--set training.kl_coef=0: field 'training.kl_coef': expected a field "
                                       "`hetprof run` may change"),
     (["--set", "optimizer.warmup_step=3"], "expected 'warmup_steps' (did you mean it?)"),
+    (["--set", "traning.lr=1e-3"], "--set traning.lr=1e-3: field 'traning.lr': expected a field `hetprof run` may "
+                                   "change (optimizer.*, data.*, training.lr, critic_lr, clip_eps, gamma, lam, "
+                                   "temperature, top_p) — did you mean 'training.lr'?"),
     (["--checkpoint-dir", "{tmp}/plan.json/ckpt"], "--checkpoint-dir {tmp}/plan.json/ckpt: cannot write there "
                                                    "({tmp}/plan.json is a file, not a folder)"),
     (["--log", "{tmp}/plan.json/run.jsonl"], "is a file, not a folder"),
@@ -83,7 +89,9 @@ def test_bad_inputs_exit_2_before_any_worker(tmp_path, no_workers, args, phrase)
     (tmp_path / "t.csv").write_text("prompt,answer\n1+1=,2\n")
     (tmp_path / "bad.csv").write_text("prompt,answer\n1+1=,2\n2+2=,4,extra\n")
     fits, too_long = "x" * 508, "x" * 510  # the tiny preset's 512 positions: BOS + prompt + 3 response tokens
-    (tmp_path / "long.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("1+1=", fits, too_long)))
+    (tmp_path / "long.jsonl").write_text("".join(json.dumps({"prompt": p, "answer": "2"}) + "\n"
+                                                 for p in ("1+1=", fits, too_long)))
+    (tmp_path / "unanswered.jsonl").write_text(json.dumps({"prompt": "1+1=", "solution": "2"}) + "\n")
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     result = _run(tmp_path, *args)
     assert result.exit_code == 2, result.output

@@ -14,6 +14,7 @@ from hetprof.executor.runners.rewards import (
     RewardModelScorer,
     answers_match,
     get_reward,
+    needs_answers,
     parse_final_answer,
     register_reward,
     well_formed,
@@ -91,8 +92,48 @@ def test_user_reward_by_import_path(tmp_path, monkeypatch):
         get_reward("my_rewards:NOT_CALLABLE")
     with pytest.raises(SpecError, match="define nope"):
         get_reward("my_rewards:nope")
-    with pytest.raises(SpecError, match="importable module"):
+    with pytest.raises(SpecError, match="installed module"):
         get_reward("no_such_module_xyz:f")
+
+
+def test_user_reward_by_file_path_needs_no_import_path(tmp_path, monkeypatch):
+    """`--reward path/file.py:fn` loads the file itself; a bare module name is not looked up in the working
+    folder (workers start without it) and its error says to name the file by path."""
+    folder = tmp_path / "work"
+    folder.mkdir()
+    (folder / "myrew.py").write_text(textwrap.dedent("""
+        import dataclasses
+
+        @dataclasses.dataclass
+        class Weights:  # a dataclass needs its module in sys.modules while the file runs
+            exact: float = 2.0
+
+        def score(prompt, response, answer):
+            return Weights().exact if response == answer else 0.0
+        score.needs_answers = True
+
+        def broken(prompt, response, answer):
+            return 1.0
+    """))
+    (folder / "fails.py").write_text("raise RuntimeError('no key set')\n")
+    monkeypatch.chdir(folder)
+    fn = get_reward(str(folder / "myrew.py") + ":score")
+    assert fn(["p", "p"], ["7", "8"], ["7", "7"]) == [2.0, 0.0]
+    assert needs_answers(fn) and not needs_answers(get_reward("./myrew.py:broken"))
+    with pytest.raises(SpecError, match=r"--reward \./myrew\.py:score"):
+        get_reward("myrew:score")
+    with pytest.raises(SpecError, match="existing file"):
+        get_reward("./nosuch.py:score")
+    with pytest.raises(SpecError, match="define nope"):
+        get_reward("./myrew.py:nope")
+    with pytest.raises(SpecError, match="fails.py: field 'reward': expected a file that imports, got "
+                                        "'RuntimeError: no key set'"):
+        get_reward("fails.py:f")
+
+
+def test_rewards_that_score_against_answers_say_so():
+    assert needs_answers(get_reward("arithmetic")) and needs_answers(get_reward("math"))
+    assert not needs_answers(get_reward("format"))
 
 
 def test_unknown_reward_lists_known_ones():

@@ -152,6 +152,43 @@ def test_verl_style_rows_chat_turns_and_a_nested_answer(tmp_path):
         load_prompts(bad)
 
 
+def test_a_verl_parquet_is_read_without_options(tmp_path):
+    """verl's layout as its data scripts write it (pandas → parquet): chat turns in `prompt`, the answer in
+    `reward_model.ground_truth`, `data_source` and `extra_info` beside — read with the default fields."""
+    import pandas as pd
+
+    rows = [{"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": f"{a}+{a}="}], "ability": "math",
+             "reward_model": {"style": "rule", "ground_truth": str(2 * a)}, "extra_info": {"split": "train", "index": a}}
+            for a in range(3)]
+    pd.DataFrame(rows).to_parquet(tmp_path / "train.parquet")
+    got = load_prompts(tmp_path / "train.parquet", answers_for="arithmetic")
+    assert [(p.text, p.answer, p.messages) for p in got] == [
+        (f"{a}+{a}=", str(2 * a), (("user", f"{a}+{a}="),)) for a in range(3)]
+    sets = prompt_sets(DataParams(prompts="train.parquet"), str(tmp_path), answers_for="arithmetic")
+    assert [p.answer for p in sets.train] == ["0", "2", "4"]
+
+
+def test_a_reward_that_needs_answers_refuses_a_file_without_them(tmp_path):
+    """Without the answer field a run would train on reward 0 every iteration: refused in one line naming
+    the field and the fields the file has (nested ones dotted, as data.answer_field names them)."""
+    import pandas as pd
+
+    pd.DataFrame([{"prompt": [{"role": "user", "content": "1+1="}], "label": {"gt": "2"}, "data_source": "x"}]
+                 ).to_parquet(tmp_path / "t.parquet")
+    assert load_prompts(tmp_path / "t.parquet")[0].answer is None  # a reward without answers may read it
+    with pytest.raises(SpecError) as err:
+        load_prompts(tmp_path / "t.parquet", answers_for="arithmetic")
+    message = str(err.value)
+    assert message.startswith(f"{tmp_path / 't.parquet'} row 1: field 'answer': expected the reference answer "
+                              "reward 'arithmetic' scores against (this row's fields: prompt, label.gt, data_source;")
+    assert "--set data.answer_field=FIELD" in message and "\n" not in message
+    (tmp_path / "some.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2="}\n')
+    with pytest.raises(SpecError, match=r"some.jsonl:2: field 'answer'.*fields: prompt;"):
+        load_prompts(tmp_path / "some.jsonl", answers_for="math")
+    named = load_prompts(tmp_path / "t.parquet", answer_field="label.gt", answers_for="arithmetic")
+    assert named[0].answer == "2"
+
+
 def test_a_template_that_cannot_render_is_named(tmp_path):
     from hetprof.executor.models.tokenizer import load_tokenizer
 

@@ -52,6 +52,10 @@ def test_a_ppo_run_leaves_curves_loadable_models_a_trace_and_a_timeline(tmp_path
                 "critic/value_loss"):
         assert [step for step, _ in values[tag]] == [0, 1, 2], tag
     assert [v for _, v in values["train/grad_norm"]] == pytest.approx([r["grad_norm"] for r in records])
+    # verl's names for the same quantities; PPO's KL is in the reward, so not verl's critic/rewards/mean
+    for tag in ("critic/vf_loss", "critic/score/mean", "timing_s/update_critic", "timing_s/values", "perf/throughput"):
+        assert [step for step, _ in values[tag]] == [0, 1, 2], tag
+    assert "critic/rewards/mean" not in values and all(r["kl_in_reward"] and r["mfu"] == {} for r in records)
     assert len(texts) == 3 and "| prompt | response |" in texts[0]
 
     exports = ckpt / "hf"

@@ -112,6 +112,8 @@ def test_async_k2_keeps_every_trained_sample_within_two_versions_and_syncs_bitwi
     assert len(generating) == 5 - 2 and all(len(r["replicas"]["actor_gen"]) == 2 for r in generating)
     for key in ("kl", "clip_frac", "reward_mean", "tokens_per_s"):
         assert all(isinstance(r[key], float) for r in records)
+    # the last k iterations generate nothing but train a batch: their tokens are that batch's, not zero
+    assert all(r["tokens"] > 0 and r["tokens_per_s"] > 0 for r in records)
     with ProfileDB(tmp_path / "db.sqlite") as db:
         rows = db.run_records()
         learnable = run_task_rows(db)
@@ -132,6 +134,38 @@ def test_async_k2_keeps_every_trained_sample_within_two_versions_and_syncs_bitwi
     shown = invoke("--db", db, "db", "show", name, columns=200)
     assert shown.exit_code == 0 and "5 recorded" in shown.output
     assert name in printed_names(invoke("--db", db, "db", "list", columns=200).output)
+
+
+def test_a_verl_parquet_and_a_reward_file_run_as_given(tmp_path):
+    """verl's parquet layout read with no options, a reward from a file of the user's named by path (the
+    workers start without the working folder on their import path), and the records in an offline W&B run."""
+    import importlib.util
+
+    import pandas as pd
+
+    plan = write_plan(tmp_path / "plan.json", 2, {"actor_gen": ["localhost:0"], "ref_infer": ["localhost:1"],
+                                                  "actor_train": ["localhost:1"]})
+    pd.DataFrame([{"data_source": "arith", "prompt": [{"role": "user", "content": f"{a}+{a}= #### "}],
+                   "ability": "math", "reward_model": {"style": "rule", "ground_truth": str(2 * a)}}
+                  for a in range(4)]).to_parquet(tmp_path / "train.parquet")
+    (tmp_path / "myrew.py").write_text("def score(prompt, response, answer):\n"
+                                       "    return 1.0 if answer in ('0', '2', '4', '6') else -1.0\n"
+                                       "score.needs_answers = True\n")
+    wandb = importlib.util.find_spec("wandb") is not None
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_CACHE_DIR": str(tmp_path / "wc"),
+           "WANDB_DATA_DIR": str(tmp_path / "wd"), "WANDB_CONFIG_DIR": str(tmp_path / "wcfg")}
+    cmd = [HETPROF, "--db", str(tmp_path / "db.sqlite"), "run", str(plan), "--log", str(tmp_path / "run.jsonl"),
+           "--iterations", "2", "--timeout", "60", "--prompts", "train.parquet", "--reward", "myrew.py:score",
+           *(["--wandb", "hetprof-test"] if wandb else [])]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=150, cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = read_log(tmp_path / "run.jsonl")
+    assert [r["reward_mean"] for r in records] == [1.0, 1.0]  # every answer was verl's ground truth
+    assert all(s["answer"] in ("0", "2", "4", "6") and "#### " in s["prompt"] for r in records for s in r["samples"])
+    assert "FutureWarning" not in done.stderr and "past_key_values" not in done.stderr
+    assert all(r["mfu"] == {} for r in records)  # cpu slots: the catalog has no peak
+    if wandb:
+        assert len(list((tmp_path / "wandb").glob("offline-run-*"))) == 1
 
 
 def test_killed_worker_stops_the_run_naming_it_and_resume_completes(tmp_path):

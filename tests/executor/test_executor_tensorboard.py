@@ -53,8 +53,32 @@ def test_every_promised_scalar_and_the_samples_are_in_the_event_file(tmp_path):
 
 def test_scalars_leave_out_what_a_record_lacks_and_add_critic_statistics():
     rec = {"iteration": 0, "reward_mean": 1.0, "kl": None, "predicted_iteration_s": float("nan"),
-           "critic_value_loss": 0.3, "stages": {"reward": 0.01}, "predicted": {}}
-    assert scalars(rec) == {"reward/mean": 1.0, "critic/value_loss": 0.3, "seconds/reward/measured": 0.01}
+           "critic_value_loss": 0.3, "stages": {"reward": 0.01}, "predicted": {}, "kl_in_reward": True}
+    assert scalars(rec) == {"reward/mean": 1.0, "critic/value_loss": 0.3, "seconds/reward/measured": 0.01,
+                            "critic/score/mean": 1.0, "critic/vf_loss": 0.3, "timing_s/reward": 0.01}
+
+
+def test_verl_names_for_what_means_the_same():
+    """A record's quantities that verl logs too appear again under verl's names; MFU only where the record
+    has it; the reward and KL keep verl's names only while the KL is in the loss (not PPO's reward)."""
+    rec = records(1)[0]
+    rec["mfu"] = {"actor_train": 0.4}
+    got = scalars(rec)
+    assert {k: got[k] for k in ("actor/pg_loss", "actor/entropy", "actor/grad_norm", "actor/lr", "actor/pg_clipfrac",
+                                "actor/kl_loss", "critic/rewards/mean", "critic/score/mean", "response_length/mean",
+                                "prompt_length/mean", "timing_s/gen", "timing_s/update_actor", "timing_s/ref",
+                                "timing_s/adv", "timing_s/step", "perf/mfu/actor", "mfu/actor_train")} == {
+        "actor/pg_loss": pytest.approx(rec["policy_loss"]), "actor/entropy": pytest.approx(rec["entropy"]),
+        "actor/grad_norm": 2.0, "actor/lr": 1e-5, "actor/pg_clipfrac": pytest.approx(rec["clip_frac"]),
+        "actor/kl_loss": pytest.approx(rec["kl"]), "critic/rewards/mean": 0.0, "critic/score/mean": 0.0,
+        "response_length/mean": 6.0, "prompt_length/mean": 67.0, "timing_s/gen": 1.2, "timing_s/update_actor": 0.9,
+        "timing_s/ref": 0.2, "timing_s/adv": 0.002, "timing_s/step": 2.0, "perf/mfu/actor": 0.4,
+        "mfu/actor_train": 0.4}
+    # verl's throughput: the batch's prompt and response tokens per second per device (16 × 73 over 2 s, 3 devices)
+    assert got["perf/total_num_tokens"] == 16 * 73 and got["perf/throughput"] == pytest.approx(16 * 73 / (2.0 * 3))
+    assert "perf/mfu/critic" not in got and "actor/ppo_kl" not in got
+    ppo = scalars({**rec, "kl_in_reward": True})
+    assert "critic/rewards/mean" not in ppo and "actor/kl_loss" not in ppo and ppo["critic/score/mean"] == 0.0
 
 
 def test_samples_table_has_a_row_per_sample():
