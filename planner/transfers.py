@@ -56,7 +56,7 @@ class Transfers:
         link = self.links.slowest(hosts) or self.links.between(*hosts, *hosts)  # one host: its own link
         shards = 1 if self.links.spans_regions(hosts) else train.tp * train.pp
         model = self.graph.models[edge.model]
-        precision = self.workload.precision
+        precision = self.workload.weights_dtype  # what the trainer holds and sends
         if set(gen.devices()) <= set(train.devices()):  # colocated: reshard in place on every GPU
             pieces = shards * (train.dp if train.sharding == "fsdp" else 1)
             # across hosts, every generator GPU of a host gathers through that host's network cards at once;
