@@ -92,3 +92,20 @@ def test_a_tp8_replica_over_two_trays_costs_what_it_costs_on_one_8_gpu_host(sims
         assert split.seconds == pytest.approx(whole.seconds, rel=1e-9)
         apart = sims["trays"].costs.replica(task, two_trays, 8, 1, 64)
         assert apart.seconds > split.seconds  # the same group over the network is slower
+
+
+def test_a_weight_sync_between_trays_of_a_domain_costs_what_it_costs_inside_one_host(sims):
+    """Inside a domain each GPU has its own NVLink: no host's network cards are shared by its streams."""
+    def seconds(name: str, train_devs: list[str], gen_devs: list[str]) -> float:
+        sim = sims[name]
+        ctx = sim.planning
+        train = layouts.build_layout(ctx, "actor_train", train_devs, 4, 1)
+        gen = layouts.build_layout(ctx, "actor_gen", gen_devs, 4, 1)
+        edge = next(e for e in sim.graph.edges if e.backward and e.dst == "actor_gen")
+        return sim.transfers.weight_sync_seconds(edge, train, gen)
+
+    tray0, tray1 = [f"r0-0:{j}" for j in range(4)], [f"r0-1:{j}" for j in range(4)]
+    host = [f"r0-0:{j}" for j in range(8)]
+    inside = seconds("domain", tray0, tray1)
+    assert inside == pytest.approx(seconds("hgx", host[:4], host[4:]), rel=1e-9)
+    assert seconds("trays", tray0, tray1) > inside
