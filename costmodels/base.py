@@ -17,7 +17,8 @@ import math
 from hetprof.costmodels import comm, memory
 from hetprof.costmodels.data import Estimate, LinkSpec, MemoryEstimate, Phase, PhaseTime, Placement, Work
 from hetprof.specs.catalog import Catalog, builtin
-from hetprof.specs.models import DTYPE_BYTES, ModelShape
+from hetprof.specs.models import ModelShape
+from hetprof.specs.precision import width as stored_width
 from hetprof.specs.vocabulary import TaskKind
 
 # Decode cost varies with context; the sum over response_len steps is taken by the midpoint rule on
@@ -124,13 +125,13 @@ class CostModel(abc.ABC):
         passes = 1 if work.kind != TaskKind.TRAINING else 3 if work.recompute else 2
         return comm.ulysses_all_to_all_time(work.batch * work.seq_len, model.heads * model.head_dim // tp,
                                             model.kv_heads * model.head_dim // tp, self._stage_layers(work, placement),
-                                            sp, passes, link.alpha_s, link.beta_Bps, DTYPE_BYTES[work.dtype])
+                                            sp, passes, link.alpha_s, link.beta_Bps, stored_width(work.dtype))
 
     def _dp_messages(self, work: Work, placement: Placement) -> tuple[float, float, int, int]:
         """(one layer's bytes, the root's bytes, layers, micro-batches) of a replica-stage's DP collectives."""
         model, tp = work.model, placement.tp
         layers = self._stage_layers(work, placement)
-        width = DTYPE_BYTES[work.dtype]
+        width = stored_width(work.dtype)  # gradients and parameters travel in 16 bits under FP8 too
         layer_bytes = model.params_per_layer * width / tp
         root_bytes = (memory.params_on_device(model, layers, tp, with_embeddings=True)
                       - layers * model.params_per_layer / tp) * width
@@ -190,7 +191,7 @@ class CostModel(abc.ABC):
         layers = self._stage_layers(work, placement)
         dev = placement.device_type
         tp_link, tp_src = self._link(placement.tp_link, dev)
-        hidden_bytes = work.model.hidden * DTYPE_BYTES[work.dtype]
+        hidden_bytes = work.model.hidden * stored_width(work.dtype)
         sources: set[str] = set()
         notes: list[str] = []
         parts: dict[str, float] = {}
@@ -245,7 +246,7 @@ class CostModel(abc.ABC):
         pp_link, _ = self._link(placement.pp_link, placement.device_type)
         m = placement.microbatches or min(work.batch, 2 * placement.pp)
         m = max(1, min(m, work.batch))
-        hidden_bytes = work.model.hidden * DTYPE_BYTES[work.dtype]
+        hidden_bytes = work.model.hidden * stored_width(work.dtype)
         tokens = work.batch * (work.seq_len if work.kind != TaskKind.GENERATION else 1)
         hops = 2 if work.kind == TaskKind.TRAINING else 1  # activations forward, gradients back
         act = self.collective_time("p2p", tokens / m * hidden_bytes, 2, pp_link) * hops

@@ -22,6 +22,7 @@ from typing import Any
 from hetprof.costmodels.comm import busbw_factor, collective_time, fit_alpha_beta
 from hetprof.costmodels.data import LinkSpec
 from hetprof.specs.catalog import Catalog, EfficiencyCurve, builtin
+from hetprof.specs.precision import FP8, attention_dtype
 
 MEASURED = "measured"
 REFERENCE = "reference"
@@ -36,6 +37,11 @@ LAUNCH_S = {"gpu": 4e-6, "cpu": 1e-5}
 RATE_QUANTILE = 0.9
 DP_STEP = "dp.train_step"  # the profiler's dptrain suite: a step alone ("plain") and as a replica ("dp")
 CURVE_WORLD = 8  # the ring size a catalog collective curve describes unless it says (one 8-GPU host)
+
+
+def _matmul_curve(curves, dtype: str) -> EfficiencyCurve:
+    """The matmul efficiency curve of a precision: FP8 tensor cores have their own (catalog matmul_fp8)."""
+    return curves.matmul_fp8 if dtype == FP8 else curves.matmul
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,14 +93,18 @@ class Calibration:
             if len(sel):
                 return Rate(float(sel.quantile(RATE_QUANTILE)) * 1e12, kind)
         gpu = self.catalog.lookup(device_type)
-        return Rate(gpu.peak_flops(dtype) * gpu.efficiency.matmul.best, DATASHEET)
+        return Rate(gpu.peak_flops(dtype) * _matmul_curve(gpu.efficiency, dtype).best, DATASHEET)
 
     def compute_rate(self, device_type: str, dtype: str, kind: str, x: float) -> Rate:
-        """FLOP/s of a `kind` ("matmul": x = rows per device; "attention": x = keys per query) kernel."""
+        """FLOP/s of a `kind` ("matmul": x = rows per device; "attention": x = keys per query) kernel.
+        FP8 matmuls run at the FP8 ceiling on the matmul_fp8 curve; FP8 recipes' attention at bf16's."""
+        if kind == "attention":
+            dtype = attention_dtype(dtype)
         ceiling = self.flops(device_type, dtype)
         curves = self.curves(device_type)
-        curve: EfficiencyCurve = getattr(curves, kind)
-        return Rate(ceiling.value * curve(x) / curves.matmul.best, ceiling.source)
+        matmul = _matmul_curve(curves, dtype)
+        curve: EfficiencyCurve = matmul if kind == "matmul" else getattr(curves, kind)
+        return Rate(ceiling.value * curve(x) / matmul.best, ceiling.source)
 
     @functools.lru_cache(maxsize=256)  # noqa: B019
     def memory_bw(self, device_type: str) -> Rate:

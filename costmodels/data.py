@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Literal
 
-from hetprof.specs.models import DTYPE_BYTES, ModelShape
+from hetprof.specs.models import ModelShape
+from hetprof.specs.precision import PRECISIONS
 from hetprof.specs.vocabulary import TaskKind
 
 WorkKind = TaskKind  # a priced piece of work has the kind of the task it belongs to
@@ -63,8 +64,8 @@ class Work:
             raise ValueError(f"Work.batch must be >= 1, got {self.batch}")
         if self.prompt_len < 0 or self.response_len < 0 or self.prompt_len + self.response_len <= 0:
             raise ValueError("Work.prompt_len and response_len must be >= 0 with a positive sum")
-        if self.dtype not in DTYPE_BYTES:
-            raise ValueError(f"Work.dtype must be one of {sorted(DTYPE_BYTES)}, got {self.dtype!r}")
+        if self.dtype not in PRECISIONS:
+            raise ValueError(f"Work.dtype must be one of {sorted(PRECISIONS)}, got {self.dtype!r}")
         if self.layers is not None and not 1 <= self.layers <= self.model.layers:
             raise ValueError(f"Work.layers must be in 1..{self.model.layers}, got {self.layers}")
 

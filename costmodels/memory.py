@@ -29,6 +29,12 @@ Counting conventions (the tests check each against hand arithmetic):
   above. EP ranks come out of the data-parallel ranks, so the experts have dp·tp/(ep·etp)
   replicas, over which ZeRO shards their gradients and optimizer state (Megatron's expert
   data-parallel group). A dense model has no routed experts and none of this changes its bytes.
+- FP8 (hetprof/specs/precision.py says what each engine's recipe keeps, and why): generation holds
+  its Linear weights in 1 byte and the embedding and LM head in bf16, and its KV cache in 1 byte;
+  training and inference hold the bf16 weights plus two cached FP8 copies of every Linear weight, and
+  training keeps bf16 gradients, the fp32 master and moments (12 B/param), and activations in bf16
+  but for the Linear layers' inputs (both norm outputs, the attention output, the SwiGLU product),
+  saved in FP8 for the weight-gradient GEMMs.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ import math
 from hetprof.costmodels.data import MemoryEstimate
 from hetprof.specs.layout import SHARDING
 from hetprof.specs.models import DTYPE_BYTES, ModelShape
+from hetprof.specs.precision import FP8, FP8_BYTES, kv_width, linear_weight_bytes, stored
 from hetprof.specs.vocabulary import TaskKind
 
 MIXED_PRECISION_OPTIMIZER_BYTES = 12  # fp32 master weights + Adam m + Adam v, per parameter
@@ -76,16 +83,21 @@ def kv_bytes_per_token(model: ModelShape, layers: int, tp: int, dtype: str = "bf
     """KV-cache bytes one token adds on one device (K and V of its share of KV heads; MLA: the
     latent and rope key, whole on every rank)."""
     if model.mla is not None:
-        return float(layers * model.mla.cached_per_layer * DTYPE_BYTES[dtype])
+        return float(layers * model.mla.cached_per_layer * kv_width(dtype))
     kv_heads = math.ceil(model.kv_heads / tp)
-    return 2.0 * layers * kv_heads * model.head_dim * DTYPE_BYTES[dtype]
+    return 2.0 * layers * kv_heads * model.head_dim * kv_width(dtype)
 
 
 def activation_bytes_per_token_layer(model: ModelShape, tp: int, dtype: str = "bf16") -> float:
     """Bytes one layer stores per token for its backward pass (see the module docstring)."""
     q_dim = model.heads * model.head_dim
     kv_dim = model.kv_heads * model.head_dim
-    return DTYPE_BYTES[dtype] * (5 * model.hidden + (2 * q_dim + 2 * kv_dim + 4 * model.ffn) / tp)
+    half = DTYPE_BYTES[stored(dtype)]
+    full = half * (5 * model.hidden + (2 * q_dim + 2 * kv_dim + 4 * model.ffn) / tp)
+    if dtype != FP8:
+        return full
+    # FP8 (Transformer Engine): the Linear layers' inputs are saved in FP8 for the wgrad GEMMs
+    return full - (half - FP8_BYTES) * (2 * model.hidden + (q_dim + model.ffn) / tp)
 
 
 def micro_batch(batch: int, seq_len: int, token_budget: int = MICRO_BATCH_TOKENS) -> int:
@@ -107,12 +119,24 @@ def gathered_params(model: ModelShape, tp: int) -> float:
 
 
 def optimizer_bytes_per_param(dtype: str) -> int:
-    return FP32_OPTIMIZER_BYTES if DTYPE_BYTES[dtype] >= 4 else MIXED_PRECISION_OPTIMIZER_BYTES
+    return FP32_OPTIMIZER_BYTES if DTYPE_BYTES[stored(dtype)] >= 4 else MIXED_PRECISION_OPTIMIZER_BYTES
+
+
+def weight_bytes_on_device(model: ModelShape, layers: int, tp: int, dtype: str, kind: str, ep: int = 1,
+                           etp: int | None = None) -> float:
+    """Bytes of the weights one device of a tp-way shard of `layers` layers holds in `kind`'s recipe:
+    params × width, FP8 splitting the Linear layers (their recipe's bytes) from the embedding and LM head
+    (bf16)."""
+    params = params_on_device(model, layers, tp, ep=ep, etp=etp)
+    if dtype != FP8:
+        return params * DTYPE_BYTES[dtype]
+    edges = (model.embedding_params + model.lm_head_params + model.hidden) / tp
+    return (params - edges) * linear_weight_bytes(dtype, kind) + edges * DTYPE_BYTES[stored(dtype)]
 
 
 def generation_workspace(model: ModelShape, tp: int, dtype: str = "bf16") -> float:
     """Scratch a generation engine needs besides weights and KV: one prefill chunk, sampled logits."""
-    act = GEN_WORKSPACE_TOKENS * activation_bytes_per_token_layer(model, tp, dtype)
+    act = GEN_WORKSPACE_TOKENS * activation_bytes_per_token_layer(model, tp, stored(dtype))
     logits = GEN_MAX_SAMPLED * model.vocab * LOGIT_BYTES / tp
     return act + logits
 
@@ -123,7 +147,8 @@ def max_concurrent_sequences(model: ModelShape, layers: int, tp: int, seq_len: i
     """How many sequences of `seq_len` tokens have room for their KV cache next to the weights, within
     `utilization` of the device (the share the engine is told it may use)."""
     usable = memory_bytes * utilization
-    free = usable - params_on_device(model, layers, tp, ep=ep, etp=etp) * DTYPE_BYTES[dtype] - generation_workspace(model, tp, dtype)
+    free = (usable - weight_bytes_on_device(model, layers, tp, dtype, TaskKind.GENERATION, ep, etp)
+            - generation_workspace(model, tp, dtype))
     per_seq = max(1, seq_len) * kv_bytes_per_token(model, layers, tp, dtype)
     return max(0, int(free // per_seq))
 
@@ -152,15 +177,16 @@ def task_memory(kind: str, model: ModelShape, layers: int, tp: int, batch: int, 
     `ep` and `etp` shard an MoE model's routed experts (module docstring); the sharding levels then
     divide the expert state over its expert replicas, not over dp.
     """
-    width = DTYPE_BYTES[dtype]
+    width = DTYPE_BYTES[stored(dtype)]  # gradients, and the bytes a layer's activations count in
     shared, experts = split_params_on_device(model, layers, tp, ep=ep, etp=etp)
     params = shared + experts
     replicas = expert_replicas(dp, tp, ep, etp)
-    weights = params * width
+    weights = weight_bytes_on_device(model, layers, tp, dtype, kind, ep, etp)
+    held = weights / params if dtype == FP8 else width  # bytes per parameter as held (FP8: with its copies)
     grads = optimizer = kv = gathered = 0.0
     if kind == TaskKind.INFERENCE and dp > 1 and "params" in sharded_state(sharding):
-        weights = _state(params, experts, width, dp, replicas)
-        gathered = min(params, gathered_params(model, tp)) * width
+        weights = _state(params, experts, held, dp, replicas)
+        gathered = min(params, gathered_params(model, tp)) * held
     if kind == TaskKind.GENERATION:
         kv = concurrent * seq_len * kv_bytes_per_token(model, layers, tp, dtype)
         act = generation_workspace(model, tp, dtype)
@@ -183,8 +209,8 @@ def task_memory(kind: str, model: ModelShape, layers: int, tp: int, batch: int, 
                 act = tokens * layers * per_layer
             act += 2 * logits  # logits and their gradient
             if "params" in shards:
-                weights = _state(params, experts, width, dp, replicas)
-                act += min(params, gathered_params(model, tp)) * width
+                weights = _state(params, experts, held, dp, replicas)
+                act += min(params, gathered_params(model, tp)) * held
         else:
             raise ValueError(f"unknown work kind {kind!r}")
     total = weights + grads + optimizer + act + kv

@@ -12,6 +12,8 @@ are documented quantities rather than raw shape fields. Counts are per device of
   layer, KV cache written (prefill) or read (decode), and Adam's update touches for every parameter
   the fp32 master, both moments (read + write) and the gradient (`adam_step_bytes`; the cost model
   prices it apart, over the rank's optimizer shard when data parallelism shards it).
+- FP8 (hetprof/specs/precision.py): GEMMs read 1-byte weights and the KV cache is 1 byte; activations
+  move in bf16.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import math
 
 from hetprof.costmodels.data import Phase
 from hetprof.costmodels.memory import kv_bytes_per_token, optimizer_bytes_per_param
-from hetprof.specs.models import DTYPE_BYTES
+from hetprof.specs.precision import gemm_weight_width, width
 
 ACT_RW_PER_LAYER = 12  # hidden-sized tensors read or written per token per layer (norms, residuals, qkv, o)
 ADAM_BYTES_PER_PARAM = 2 * 12 + 2 + 2  # master, m, v read+write (fp32); gradient read; new weight write
@@ -84,7 +86,7 @@ def weight_bytes(p: Phase) -> float:
     """Bytes of the phase's weights on one device."""
     m = p.model
     n = p.layers * m.params_per_layer + (m.vocab * m.hidden if p.with_head else 0)
-    return n * DTYPE_BYTES[p.dtype] / p.tp
+    return n * gemm_weight_width(p.dtype) / p.tp
 
 
 def kv_bytes(p: Phase) -> float:
@@ -96,11 +98,11 @@ def kv_bytes(p: Phase) -> float:
 def activation_bytes(p: Phase) -> float:
     """Activation traffic: hidden- and ffn-sized tensors read and written per token per layer."""
     m = p.model
-    width = DTYPE_BYTES[p.dtype]
-    per_token_layer = width * (ACT_RW_PER_LAYER * m.hidden + 3 * m.ffn / p.tp)
+    size = width(p.dtype)
+    per_token_layer = size * (ACT_RW_PER_LAYER * m.hidden + 3 * m.ffn / p.tp)
     act = tokens(p) * p.layers * per_token_layer
     if p.with_head:
-        act += tokens(p) * m.vocab * width / p.tp
+        act += tokens(p) * m.vocab * size / p.tp
     if p.kind == "train":
         act *= 4.0 if p.recompute else 3.0
     return act
@@ -117,7 +119,7 @@ def optimizer_bytes(p: Phase) -> float:
     """Adam step traffic of the phase's weights (training only), unsharded."""
     if p.kind != "train":
         return 0.0
-    return adam_step_bytes(weight_bytes(p) / DTYPE_BYTES[p.dtype], p.dtype)
+    return adam_step_bytes(weight_bytes(p) / gemm_weight_width(p.dtype), p.dtype)
 
 
 def pass_bytes(p: Phase) -> float:

@@ -61,7 +61,7 @@ class PricingBasis:
         init = _setter(self)
         init("lengths", np.sort(np.asarray(self.lengths, dtype=float)))
         init("catalog", getattr(self.cm, "catalog", None) or builtin())
-        init("dtype", wl.precision)
+        init("dtype", wl.weights_dtype)
         init("prompt", float(wl.prompt_len.mean))
         # Inference, training and memory use the declared mean: it is what a plan file records, so an
         # independent checker can recompute the same bytes. Generation uses the sampled lengths.
@@ -81,10 +81,14 @@ class PricingBasis:
         return Work(kind=self.graph.kind_of(task), model=model, batch=max(1, int(batch)),
                     prompt_len=self.prompt if prompt_len is None else prompt_len,
                     response_len=self.response if response_len is None else response_len,
-                    dtype=self.dtype, layers=None if layers is None or layers == model.layers else layers,
+                    dtype=self.dtype_of(task), layers=None if layers is None or layers == model.layers else layers,
                     recompute=self.workload.training.recompute, engine=self.backend,
                     memory_utilization=self.workload.generation.gpu_memory_utilization, sp=self.sp,
                     token_budget=self.token_budget if self.graph.kind_of(task) != TaskKind.GENERATION else None)
+
+    def dtype_of(self, task: str) -> str:
+        """The precision `task` computes in (the workload's per-kind precision)."""
+        return self.workload.dtype_of(self.graph.kind_of(task))
 
     # ---- widths ---------------------------------------------------------------------------------
     def longest_prompt(self, prompts: int) -> float:

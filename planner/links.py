@@ -1,5 +1,12 @@
 """Every host pair's α–β link, measured where the profile database has it, the spec otherwise.
 
+Two hosts of one NVLink domain (a GB200 NVL72's trays: `nvlink_domain:` in the cluster spec) are
+joined by their GPUs' NVLink, priced exactly as within one host (ClusterSpec.link_between says so, and
+`_SpecLinks` keys such a pair as a local one): every collective, TP group, expert all-to-all or weight
+sync priced through `LinkTable.between` / `slowest` / `slowest_between` sees NVLink inside a domain and
+the network across domains, with nothing else to ask. `LinkTable.nvlink_domain(host)` and
+`LinkTable.one_nvlink_domain(hosts)` say where a domain ends, for placement rules.
+
 Built once per simulator: a search asks for the slowest link among a set of hosts many thousand
 times, so pairs are resolved up front and set queries are memoised. A pair of hosts with no link
 at all (two regions the spec does not join) makes the cluster unplannable, which is reported here
@@ -64,6 +71,7 @@ class LinkTable:
         collectives), or None; a same-host pair falls back to the spec's datasheet link without it."""
         hosts = cluster.expanded_hosts()
         self.region = {h.name: h.region for h in hosts}
+        self.domain = {h.name: h.nvlink_domain or h.name for h in hosts}
         measured = measured_links(db)
         self.measured_pairs: set[frozenset[str]] = set()
         self._pair: dict[tuple[str, str], LinkSpec] = {}
@@ -135,6 +143,14 @@ class LinkTable:
     def spans_regions(self, hosts: Iterable[str]) -> bool:
         return len({self.region[h] for h in hosts}) > 1
 
+    def nvlink_domain(self, host: str) -> str:
+        """The NVLink fabric of a host's GPUs: its spec domain, else the host itself."""
+        return self.domain[host]
+
+    def one_nvlink_domain(self, hosts: Iterable[str]) -> bool:
+        """Whether every GPU of `hosts` reaches every other over NVLink (one host, or one domain)."""
+        return len({self.domain[h] for h in hosts}) <= 1
+
 
 class _SpecLinks:
     """The spec's links, asked once per class of equivalent pairs rather than once per host pair.
@@ -150,6 +166,7 @@ class _SpecLinks:
         self.local_link = local_link
         self.region = {h.name: h.region for h in hosts}
         self.gpu = {h.name: h.gpus.type for h in hosts}
+        self.domain = {h.name: h.nvlink_domain or h.name for h in hosts}
         self.named = {name for link in cluster.network.links for name in link.between}
         self._memo: dict[tuple, LinkSpec | None] = {}
         self.goodput = cluster.catalog.inter_host
@@ -164,19 +181,21 @@ class _SpecLinks:
         return LinkSpec(params.alpha_s, beta)
 
     def between(self, a: str, b: str) -> LinkSpec | None:
-        if a == b:
+        # one host or one NVLink domain: the GPU type's NVLink, whichever hosts (a domain has one type)
+        local = self.domain[a] == self.domain[b]
+        if local:
             key: tuple = ("host", self.gpu[a])
         elif a in self.named or b in self.named:
             key = ("pair", a, b)
         else:
             key = ("regions", *sorted((self.region[a], self.region[b])))
-        if key not in self._memo and a == b and self.local_link is not None:
+        if key not in self._memo and local and self.local_link is not None:
             measured = self.local_link(self.gpu[a])
             if measured is not None:
                 self._memo[key] = measured
         if key not in self._memo:
             params = self.cluster.link_between(a, b)
-            self._memo[key] = None if params is None else self._priced(params, a if a == b else None)
+            self._memo[key] = None if params is None else self._priced(params, a if local else None)
         return self._memo[key]
 
 

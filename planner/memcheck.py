@@ -25,7 +25,7 @@ def device_demands(plan: Plan) -> tuple[dict[str, list[tuple[str, float, float]]
     roles = workload.roles()
     seq_len = max(1, round(workload.prompt_len.mean + workload.response_len.mean))
     n = workload.sequences_per_step
-    dtype, recompute = workload.precision, workload.training.recompute
+    recompute = workload.training.recompute
     demands: dict[str, list[tuple[str, float, float]]] = {}
     problems: list[str] = []
     sharded = {p.task: (p.layout.dp, p.layout.sharding) for p in plan.tasks}
@@ -36,6 +36,7 @@ def device_demands(plan: Plan) -> tuple[dict[str, list[tuple[str, float, float]]
         dp = min(dp, workload.training.shard_group or dp)  # HSDP: each shard group holds a whole copy
         model = roles[role]
         lay = placement.layout
+        dtype = workload.dtype_of(kind)
         for r, s in ((r, s) for r in range(lay.dp) for s in range(lay.pp)):
             tp = lay.tp_of(r)  # a generation task's replicas may differ in TP
             layers = lay.layer_splits[r][s]

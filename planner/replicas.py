@@ -23,7 +23,8 @@ from hetprof.planner.candidate import even_split
 from hetprof.planner.engines import ENGINES, EngineLimits, GenerationRequest, StepTable, arrival_order
 from hetprof.planner.memo import memoised
 from hetprof.planner.passtime import layer_fraction, packed_seconds
-from hetprof.specs.models import DTYPE_BYTES
+from hetprof.specs.precision import FP8
+from hetprof.specs.precision import width as stored_width
 from hetprof.specs.vocabulary import TaskKind
 
 SIGNATURE_MEMO = 20_000    # device tuples whose stage signature is kept
@@ -79,9 +80,21 @@ class ReplicaPricer:
         work = self.basis.work(task, batch, layers, response, prompt)
         return self.basis.cm.task_time(work, Placement(device_type, tp, 1, tp_link=link)).seconds
 
+    def without_fp8(self, task: str, devices: Sequence[str]) -> list[str]:
+        """The GPU types among `devices` an FP8 `task` cannot run on (no catalog fp8_tflops); empty
+        when the task is not FP8. Such a replica is refused, never priced in another precision."""
+        if self.basis.dtype_of(task) != FP8:
+            return []
+        types = {self.basis.devices[d].type for d in devices}
+        return sorted(t for t in types if self.basis.catalog.lookup(t).fp8_tflops is None)
+
     # ---- one replica ----------------------------------------------------------------------------
     def replica(self, task: str, devices: Sequence[str], tp: int, pp: int, batch: int,
                 layer_split: Sequence[int] | None = None) -> ReplicaCost:
+        lacking = self.without_fp8(task, devices)
+        if lacking:
+            return ReplicaCost(math.inf, note=f"fp8 on {lacking[0]}, which has no FP8 figure "
+                                              f"(gpus.{lacking[0]}.fp8_tflops in the catalog)")
         layers = self.basis.graph.model_of(task).layers
         split = tuple(layer_split) if layer_split is not None else even_split(layers, pp)
         return self._replica(task, self._signature(tuple(devices), tp, pp), tp, batch, split)
@@ -103,6 +116,8 @@ class ReplicaPricer:
                          split: Sequence[int]) -> float:
         """One call of `batch` sequences at the mean lengths through the replica's stages: what
         balancing a generator's layer split compares (its stages' balance, not its engine's queue)."""
+        if self.without_fp8(task, devices):
+            return math.inf
         sig = self._signature(tuple(devices), tp, pp)
         return self.composed(task, sig, tp, max(1, batch), tuple(split), self.basis.response, self.basis.prompt)
 
@@ -179,7 +194,7 @@ class ReplicaPricer:
         pp = len(stages)
         m = max(1, min(batch, 2 * pp))
         pipe = sum(times) / m + (m - 1) * max(times) / m
-        hidden_bytes = model.hidden * DTYPE_BYTES[b.dtype]
+        hidden_bytes = model.hidden * stored_width(b.dtype_of(task))
         kind = b.graph.kind_of(task)
         if kind == TaskKind.GENERATION:  # every decode step crosses every stage boundary
             steps = round(response) + 1

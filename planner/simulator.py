@@ -40,6 +40,7 @@ from hetprof.planner.transfers import Transfers
 from hetprof.specs import FOLLOWS, GENERATION_BACKENDS, ClusterSpec, WorkloadSpec
 from hetprof.specs.executable import workload_problems
 from hetprof.specs.layout import TaskLayout
+from hetprof.specs.precision import require_fp8
 
 CHUNKS = 8          # streaming granularity: a step's samples flow between groups in this many chunks
 SCORE_MEMO = 20_000   # candidates whose score is kept
@@ -71,6 +72,7 @@ class Simulator:
         self.tasks: list[str] = [t for t in self.graph.tasks if t not in FOLLOWS]
         self.catalog = cluster.catalog  # GPU types: the built-in catalog plus the spec's gpu_types
         self.devices = {d.id: d for d in cluster.devices()}
+        require_fp8(workload.precision, {t: self.catalog.lookup(t).fp8_tflops for t in {d.type for d in self.devices.values()}})
         self.links = LinkTable(cluster, db, local_link=measured_device_link(cost_model))
         lengths = workload.response_len.sample(workload.sequences_per_step, np.random.default_rng(seed))
         # planning for `hetprof run`: price the padded widths it runs (PricingBasis says how)

@@ -56,16 +56,16 @@ class Transfers:
         link = self.links.slowest(hosts) or self.links.between(*hosts, *hosts)  # one host: its own link
         shards = 1 if self.links.spans_regions(hosts) else train.tp * train.pp
         model = self.graph.models[edge.model]
-        precision = self.workload.precision
+        precision = self.workload.weights_dtype  # what the trainer holds and sends
         if set(gen.devices()) <= set(train.devices()):  # colocated: reshard in place on every GPU
             pieces = shards * (train.dp if train.sharding == "fsdp" else 1)
             # across hosts, every generator GPU of a host gathers through that host's network cards at once;
             # the smallest-TP generator gathers the largest shard, so it finishes last
             per_host = Counter(self.devices[d].host for d in gen.devices())
-            flows = max(per_host.values()) if len(hosts) > 1 else 1
+            flows = max(per_host.values()) if not self.links.one_nvlink_domain(hosts) else 1  # NVLink: a link per GPU
             seconds = self.cost_model.reshard_time(model, link, min(gen.tp_degrees()), pieces, precision, flows)
         else:  # across hosts of a region each stream takes its GPU's share of the cards; a WAN link is its own limit
-            lan = len(hosts) > 1 and not self.links.spans_regions(hosts)
+            lan = not self.links.one_nvlink_domain(hosts) and not self.links.spans_regions(hosts)
             cards = max(self.host_gpus[h] for h in hosts) if lan else 1
             seconds = self.cost_model.weight_sync_time(model, link, receivers=gen.dp, dtype=precision,
                                                        shards=shards, flows=cards)

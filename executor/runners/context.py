@@ -24,7 +24,7 @@ from hetprof.executor.prompts.prompt_files import prompt_sets
 from hetprof.executor.runners.rewards import RewardFn, get_reward
 from hetprof.specs import WorkloadSpec
 from hetprof.specs.models import PRESETS
-from hetprof.specs.vocabulary import Role
+from hetprof.specs.vocabulary import Role, TaskKind
 
 
 def model_ref(workload: WorkloadSpec, role: str) -> str:
@@ -86,7 +86,8 @@ class RankContext:
 
     @property
     def infer_dtype(self) -> torch.dtype:
-        return torch.float32 if self.device.type == "cpu" else torch_dtype(self.workload.precision)
+        # one precision serves generation and inference (hetprof.specs.executable refuses two)
+        return torch.float32 if self.device.type == "cpu" else torch_dtype(self.workload.dtype_of(TaskKind.GENERATION))
 
     @property
     def wire_dtype(self) -> torch.dtype | None:

@@ -71,6 +71,7 @@ class Curves:
     decode_memory: EfficiencyCurve
     collective: EfficiencyCurve
     host_link: EfficiencyCurve
+    matmul_fp8: EfficiencyCurve
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,9 +110,17 @@ class GpuType:
     aliases: tuple[str, ...] = ()
     efficiency: Curves | None = dataclasses.field(default=None, compare=False)
     host_link_GBps: float = 32.0  # nominal one-way host <-> device bus, GB/s
+    fp8_tflops: float | None = None  # dense FP8 tensor-core TFLOP/s; None: no FP8 units
+    nvlink_domain_gpus: int | None = None  # GPUs one NVLink fabric joins across hosts; None: the host's own
 
     def peak_flops(self, dtype: str) -> float:
-        """Peak dense FLOP/s for a dtype; bf16 falls back to fp16 on cards without bf16 units."""
+        """Peak dense FLOP/s for a dtype; bf16 falls back to fp16 on cards without bf16 units. A type
+        without FP8 units has no fp8 figure: asking for it names the catalog field to add."""
+        if dtype == "fp8":
+            if self.fp8_tflops is None:
+                raise KeyError(f"gpus.{self.name}.fp8_tflops: {self.name} has no FP8 figure in the catalog (no FP8 "
+                               f"tensor cores); give one in a catalog file or plan this task in bf16")
+            return self.fp8_tflops * 1e12
         if dtype == "bf16":
             return (self.bf16_tflops or self.fp16_tflops) * 1e12
         if dtype == "fp16":
@@ -120,7 +129,7 @@ class GpuType:
             if self.fp32_tflops is None:
                 raise KeyError(f"{self.name} has no fp32 figure in the catalog")
             return self.fp32_tflops * 1e12
-        raise KeyError(f"unknown dtype {dtype!r} (bf16, fp16, fp32)")
+        raise KeyError(f"unknown dtype {dtype!r} (bf16, fp16, fp32, fp8)")
 
     @property
     def memory_bytes(self) -> float:
@@ -170,8 +179,8 @@ class Catalog:
         """One type as `gpus:` entry data with every curve spelled out: what a cluster spec copies to stand alone."""
         g = self.lookup(name)
         data = {k: getattr(g, k) for k in ("vendor", "memory_GB", "hbm_GBps", "bf16_tflops", "fp16_tflops",
-                                          "fp32_tflops", "intra_node_GBps", "interconnect", "host_link_GBps",
-                                          "price_per_hour")}
+                                          "fp32_tflops", "fp8_tflops", "intra_node_GBps", "interconnect",
+                                          "nvlink_domain_gpus", "host_link_GBps", "price_per_hour")}
         data = {k: v for k, v in data.items() if v is not None}
         data["source"], data["price_source"] = self._citation(g.source), self._citation(g.price_source)
         data["aliases"] = list(g.aliases)
@@ -267,7 +276,8 @@ def _gpu_type(name: str, e: GpuTypeSpec, defaults: Curves, file: str | None, whe
                    price_per_hour=e.price_per_hour if e.price_per_hour is not None else 0.0,
                    source=e.source or DATASHEET, price_source=e.price_source or EDITABLE_DEFAULT,
                    aliases=tuple(e.aliases), efficiency=curves,
-                   host_link_GBps=e.host_link_GBps if e.host_link_GBps is not None else HOST_LINK_GBps)
+                   host_link_GBps=e.host_link_GBps if e.host_link_GBps is not None else HOST_LINK_GBps,
+                   fp8_tflops=e.fp8_tflops, nvlink_domain_gpus=e.nvlink_domain_gpus)
 
 
 @functools.cache

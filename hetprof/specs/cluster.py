@@ -58,6 +58,10 @@ class Host:
     address: str | None = field(None, help="address the executor reaches this host at (multi-host runs)")
     price_per_hour: float | None = field(None, help="$/GPU-hour override of the catalog default",
                                          check=lambda x: x >= 0, expect="a non-negative number")
+    nvlink_domain: str | None = field(None, help="an NVLink fabric this host's GPUs share with the other hosts naming "
+                                      "it (GB200 NVL72: 18 trays of 4 GPUs on one fabric): any two of its GPUs are "
+                                      "NVLink-connected, and a tensor-parallel group may span its hosts",
+                                      check=lambda s: bool(s.strip()), expect="a non-empty name")
 
 
 @dataclasses.dataclass
@@ -103,10 +107,16 @@ class Device:
     index: int
     type: str
     region: str
+    domain: str | None = None  # the NVLink domain the spec joined its host into (None: the host alone)
 
     @property
     def id(self) -> str:
         return f"{self.host}:{self.index}"
+
+    @property
+    def nvlink_domain(self) -> str:
+        """The NVLink fabric this device is on: its spec domain, else its own host (NVLink ends there)."""
+        return self.domain or self.host
 
 
 @dataclasses.dataclass
@@ -165,6 +175,30 @@ class ClusterSpec:
             for name in link.between:
                 if name not in known:
                     raise SpecError(None, f"network.links[{i}].between", "host or region names of this cluster", name)
+        self._check_nvlink_domains()
+
+    def _check_nvlink_domains(self) -> None:
+        """A domain joins hosts of one GPU type whose catalog entry says how many GPUs its fabric joins
+        (nvlink_domain_gpus), at most that many: an NVLink domain is hardware, not a wish."""
+        first: dict[str, int] = {}
+        gpus: dict[str, int] = {}
+        for i, entry in enumerate(self.hosts):
+            name = entry.nvlink_domain
+            if name is None:
+                continue
+            where = f"hosts[{i}].nvlink_domain"
+            gpu = self.catalog.lookup(entry.gpus.type)
+            j = first.setdefault(name, i)
+            if self.catalog.lookup(self.hosts[j].gpus.type).name != gpu.name:
+                raise SpecError(None, where, f"hosts of one GPU type in domain {name!r} (hosts[{j}] has "
+                                f"{self.hosts[j].gpus.type})", entry.gpus.type)
+            if gpu.nvlink_domain_gpus is None:
+                raise SpecError(None, where, f"no NVLink domain across hosts for {gpu.name}: its catalog entry "
+                                f"gives no gpus.{gpu.name}.nvlink_domain_gpus (its NVLink ends at the host)", name)
+            gpus[name] = gpus.get(name, 0) + entry.count * entry.gpus.count
+            if gpus[name] > gpu.nvlink_domain_gpus:
+                raise SpecError(None, where, f"at most {gpu.nvlink_domain_gpus} GPUs in one {gpu.name} NVLink domain "
+                                f"(gpus.{gpu.name}.nvlink_domain_gpus)", f"{gpus[name]} in {name!r}")
 
     # ---- expansion --------------------------------------------------------------------------
     def expanded_hosts(self) -> list[Host]:
@@ -187,7 +221,7 @@ class ClusterSpec:
         raise KeyError(name)
 
     def devices(self) -> list[Device]:
-        return [Device(h.name, i, self.catalog.lookup(h.gpus.type).name, h.region)
+        return [Device(h.name, i, self.catalog.lookup(h.gpus.type).name, h.region, h.nvlink_domain)
                 for h in self.expanded_hosts() for i in range(h.gpus.count)]
 
     def gpu_counts(self) -> dict[str, int]:
@@ -204,13 +238,22 @@ class ClusterSpec:
         return h.price_per_hour if h.price_per_hour is not None else self.catalog.lookup(h.gpus.type).price_per_hour
 
     # ---- links ------------------------------------------------------------------------------
+    def nvlink_domain(self, host: str) -> str:
+        """The NVLink fabric a host's GPUs are on: the domain the spec names, else the host itself."""
+        return self.host(host).nvlink_domain or host
+
+    def same_nvlink_domain(self, host_a: str, host_b: str) -> bool:
+        """Whether two hosts' GPUs reach each other over NVLink (one host, or one spec domain)."""
+        return host_a == host_b or self.nvlink_domain(host_a) == self.nvlink_domain(host_b)
+
     def link_between(self, host_a: str, host_b: str) -> LinkParams | None:
         """The spec's link between two hosts (host pair > region pair > defaults), None if none.
 
-        Same-host links are the GPU's intra-node interconnect from the catalog.
+        Same-host links, and links between hosts of one NVLink domain, are the GPU's NVLink from the
+        catalog: the domain's switches give every GPU pair the GPU's full NVLink rate.
         """
         a, b = self.host(host_a), self.host(host_b)
-        if host_a == host_b:
+        if self.same_nvlink_domain(host_a, host_b):
             gpu = self.catalog.lookup(a.gpus.type)
             return LinkParams("5us", f"{gpu.intra_node_GBps / 2}GB/s")
         pair = {host_a, host_b}

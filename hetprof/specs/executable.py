@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hetprof.specs.models import ModelShape
+from hetprof.specs.precision import FP8, TaskPrecision, precision_of
 from hetprof.specs.vocabulary import Task, TaskKind
 
 # Tasks that run no pipeline stages, and why.
@@ -33,7 +34,25 @@ def workload_problems(workload) -> list[str]:
                    f"split sequences over ranks")
     if workload.training.padded_dispatch:
         out.append("training.padded_dispatch: `hetprof run` hands passes their samples unpadded, in process")
+    out.extend(precision_problems(workload.precision))
     return out
+
+
+def precision_problems(precision) -> list[str]:
+    """What `hetprof run` does not carry out in a workload's `precision:` (scalar or per task kind): FP8
+    anywhere (it has no FP8 kernels, and running FP8's plan in bf16 would time another job), and
+    generation and inference in different precisions (one engine dtype serves both)."""
+    kinds = [str(k) for k in TaskKind]
+    field = (lambda k: f"precision.{k}") if isinstance(precision, TaskPrecision) else (lambda k: "precision")
+    fp8 = [k for k in kinds if precision_of(precision, k) == FP8]
+    if fp8:
+        return [f"{field(fp8[0])} fp8 ({', '.join(fp8)}): `hetprof run` has no FP8 kernels (no Transformer "
+                f"Engine, no vLLM FP8 weights) and does not run an FP8 plan in bf16"]
+    gen, inf = precision_of(precision, TaskKind.GENERATION), precision_of(precision, TaskKind.INFERENCE)
+    if gen != inf:
+        return [f"precision.generation {gen} with precision.inference {inf}: `hetprof run` serves generation and "
+                f"the inference passes in one precision"]
+    return []
 
 
 def may_pipeline(task: str) -> bool:

@@ -14,13 +14,15 @@ from typing import Any
 from hetprof.errors import SpecError
 from hetprof.specs.loader import field, from_data, non_negative
 
-CURVES = ("matmul", "attention", "memory", "decode_memory", "collective", "host_link")
+CURVES = ("matmul", "attention", "memory", "decode_memory", "collective", "host_link", "matmul_fp8")
 # Above 1: NVLink SHARP all-reduces beat the one-way link rate in nccl-tests' busbw terms.
 MAX_EFFICIENCY = 1.5
 # A type's figures lie within these (GB, GB/s, TFLOP/s, $/h): a CPU slot's 0.1 TFLOP/s and 10 GB/s
 # sit far above the floor, the largest GPU far below the ceiling. Outside them a figure is a typo,
 # or makes a cost model divide down to inf/NaN.
 MIN_FIGURE, MAX_FIGURE = 1e-3, 1e6
+# NVLink Switch systems join at most 576 GPUs in one domain (NVLink 5); more is a typo.
+MAX_NVLINK_DOMAIN = 576
 
 
 def _figure(x: float) -> bool:
@@ -67,6 +69,7 @@ class EfficiencySpec:
     decode_memory: CurveSpec | None = field(None, help="HBM bandwidth fraction while decoding, by decode batch")
     collective: CurveSpec | None = field(None, help="intra-node collective bus bandwidth fraction by message bytes")
     host_link: CurveSpec | None = field(None, help="host <-> device copy bandwidth fraction (pinned memory) by bytes")
+    matmul_fp8: CurveSpec | None = field(None, help="FP8 matmul FLOP/s fraction of fp8_tflops by rows per device")
 
 
 @dataclasses.dataclass
@@ -112,9 +115,16 @@ class GpuTypeSpec:
                                       expect=FIGURE)
     fp16_tflops: float | None = field(None, help="dense fp16 TFLOP/s", check=_figure, expect=FIGURE)
     fp32_tflops: float | None = field(None, help="fp32 TFLOP/s", check=_figure, expect=FIGURE)
+    fp8_tflops: float | None = field(None, help="dense FP8 (E4M3) tensor-core TFLOP/s, no sparsity (absent: the type "
+                                                "has no FP8 units, and an FP8 task is refused on it)",
+                                     check=_figure, expect=FIGURE)
     intra_node_GBps: float | None = field(None, help="aggregate bidirectional GPU-to-GPU bandwidth, GB/s",
                                           check=_figure, expect=FIGURE)
     interconnect: str | None = field(None, help="NVLink4, PCIe5, ... (latency class of the intra-node link)")
+    nvlink_domain_gpus: int | None = field(None, help="the most GPUs one NVLink fabric of this type joins across hosts "
+                                           "(GB200 NVL72: 72); absent: its NVLink ends at the host",
+                                           check=lambda n: 2 <= n <= MAX_NVLINK_DOMAIN,
+                                           expect=f"an integer in [2, {MAX_NVLINK_DOMAIN}]")
     host_link_GBps: float | None = field(None, help="nominal one-way host <-> device bus bandwidth, GB/s (PCIe 5.0 "
                                                     "x16: 64; absent: 32, PCIe 4.0 x16)",
                                          check=_figure, expect=FIGURE)

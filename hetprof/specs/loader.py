@@ -176,6 +176,9 @@ def _convert(tp: Any, data: Any, file: str | None, path: str) -> Any:
                 errors.append(exc)
         if len(errors) == 1:
             raise errors[0]
+        deeper = [e for e in errors if e.field != path]  # one form got in further: its mistake is the one
+        if len(deeper) == 1:
+            raise deeper[0]
         raise SpecError(file, path, " or ".join(_describe(a) for a in args if a is not type(None)), data)
     if origin is Literal:
         options = get_args(tp)

@@ -13,7 +13,9 @@ from hetprof.errors import SpecError
 from hetprof.specs.loader import field, from_data, non_negative, positive, to_data
 from hetprof.specs.models import ModelShape, resolve_model
 from hetprof.specs.positions import load_spec
+from hetprof.specs.precision import Precision, TaskPrecision, precision_of, stored
 from hetprof.specs.training_setup import DataParams, OptimizerParams
+from hetprof.specs.vocabulary import TaskKind
 
 LONGEST_DRAWS = 1 << 18  # lengths drawn to estimate the expected longest of a batch
 # Size bounds, checked when a spec loads (before any search or worker starts): far above any real
@@ -149,7 +151,11 @@ class WorkloadSpec:
                             expect=_within(MAX_PASSES)[1])
     mini_batches: int = field(1, help="optimizer steps per epoch", check=_within(MAX_PASSES)[0],
                               expect=_within(MAX_PASSES)[1])
-    precision: Literal["bf16", "fp16", "fp32"] = field("bf16", help="compute dtype (mixed-precision Adam)")
+    precision: Precision | TaskPrecision = field(
+        "bf16", help="compute precision of every task (bf16, fp16, fp32, fp8; mixed-precision Adam), or one per "
+        "task kind: {generation: fp8, training: fp8} (left out: bf16; inference follows training). fp8 is vLLM's "
+        "FP8 weights and KV cache for generation, Transformer Engine's FP8 GEMMs over bf16 weights and fp32 "
+        "master weights for training (hetprof/specs/precision.py)")
     training: TrainingParams = field(default_factory=TrainingParams, help="algorithm hyper-parameters")
     generation: GenerationParams = field(default_factory=GenerationParams, help="generation engine limits")
     optimizer: OptimizerParams = field(default_factory=OptimizerParams, help="AdamW, LR schedule, grad clip")
@@ -188,6 +194,16 @@ class WorkloadSpec:
         if self.sequences_per_step % self.mini_batches:
             raise SpecError(None, "mini_batches", f"a divisor of prompts × responses ({self.sequences_per_step})",
                             self.mini_batches)
+
+    def dtype_of(self, kind: str) -> str:
+        """The precision a task of `kind` (generation, inference, training) computes in."""
+        return precision_of(self.precision, kind)
+
+    @property
+    def weights_dtype(self) -> str:
+        """The dtype the trainer keeps its weights in, and what a weight sync sends: the training
+        precision's storage dtype (bf16 under FP8: the FP8 copies are derived, vLLM quantizes on load)."""
+        return stored(self.dtype_of(TaskKind.TRAINING))
 
     @property
     def sequences_per_step(self) -> int:

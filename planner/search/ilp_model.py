@@ -164,7 +164,7 @@ def _regions(model: RestrictedModel, T: dict[str, Any]) -> Any:
     for k in model.tasks:
         if TASKS[k][0] != TaskKind.TRAINING:
             continue
-        grads = layouts.task_model(sim, k).weight_bytes(sim.workload.precision)
+        grads = layouts.task_model(sim, k).weight_bytes(sim.workload.weights_dtype)
         for i, r1 in enumerate(regions):
             for r2 in regions[i + 1:]:
                 # data parallelism across two regions all-reduces gradients over their link
@@ -176,7 +176,7 @@ def _regions(model: RestrictedModel, T: dict[str, Any]) -> Any:
             weights = layouts.task_model(sim, src)
             for r1 in regions:
                 for r2 in regions:
-                    cost = cm.weight_sync_time(weights, link[r1, r2], 1, sim.workload.precision)
+                    cost = cm.weight_sync_time(weights, link[r1, r2], 1, sim.workload.weights_dtype)
                     prob += sync >= cost * (rho[owner[src], r1] + rho[owner[dst], r2] - 1)
     return sync
 

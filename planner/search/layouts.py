@@ -2,7 +2,8 @@
 
 A search decides *which* devices a task runs on and in what order; this module turns that into
 a concrete DP × TP × PP layout. The order matters: devices are cut into tensor-parallel groups
-inside one host (TP all-reduces every layer, so it never crosses a host), consecutive TP groups
+inside one NVLink domain (TP all-reduces every layer, so it never leaves NVLink: one host, or the
+hosts a cluster spec joins into one domain, like a GB200 NVL72's trays), consecutive TP groups
 form the stages of one pipeline replica, and whatever does not fill a whole group or replica is
 left out. Heterogeneous replicas then get batch shares and layer splits balanced with the
 simulator's own `replica_seconds`, so a slow stage holds fewer layers and a slow replica fewer
@@ -67,16 +68,17 @@ def canonical_order(sim: PlanningContext, devices: Iterable[str]) -> tuple[str, 
 
 
 def tp_groups(sim: PlanningContext, order: Sequence[str], tp: int) -> list[tuple[str, ...]]:
-    """Cut an ordered device list into same-host groups of `tp`, in the order they complete.
+    """Cut an ordered device list into same-NVLink-domain groups of `tp`, in the order they complete.
 
-    Walking the order, a host's devices wait until `tp` of them have appeared; the group then
-    takes its place. With tp = 1 the groups follow the order exactly, so the order alone decides
-    which GPUs become the stages of one pipeline replica.
+    Walking the order, a domain's devices (a host's, unless the spec joins hosts into one NVLink
+    domain) wait until `tp` of them have appeared; the group then takes its place. With tp = 1 the
+    groups follow the order exactly, so the order alone decides which GPUs become the stages of one
+    pipeline replica.
     """
     pending: dict[str, list[str]] = {}
     groups = []
     for d in order:
-        waiting = pending.setdefault(sim.devices[d].host, [])
+        waiting = pending.setdefault(sim.devices[d].nvlink_domain, [])
         waiting.append(d)
         if len(waiting) == tp:
             groups.append(tuple(waiting))
@@ -111,19 +113,21 @@ def degree_limits(sim: PlanningContext, task: str, max_tp: int = 8, max_pp: int 
 
 def feasible_shapes(sim: PlanningContext, task: str, devices: Sequence[str], max_tp: int = 8,
                     max_pp: int = 4) -> list[DegreeOption]:
-    """Every TP×PP×DP the device set can host within `degree_limits`, TP within a host.
+    """Every TP×PP×DP the device set can host within `degree_limits`, TP within an NVLink domain.
 
     DP is the most replicas the set holds for that TP×PP (more replicas never cost memory and
     only add gradient traffic, which the simulator weighs); memory is left to the simulator.
     """
-    per_host: dict[str, int] = {}
+    per_domain: dict[str, int] = {}
     for d in devices:
-        per_host[sim.devices[d].host] = per_host.get(sim.devices[d].host, 0) + 1
-    return shapes_for_hosts(tuple(per_host.values()), *degree_limits(sim, task, max_tp, max_pp))
+        domain = sim.devices[d].nvlink_domain
+        per_domain[domain] = per_domain.get(domain, 0) + 1
+    return shapes_for_hosts(tuple(per_domain.values()), *degree_limits(sim, task, max_tp, max_pp))
 
 
 def shapes_for_hosts(per_host: Sequence[int], tps: Sequence[int], stages: int) -> list[DegreeOption]:
-    """feasible_shapes from the number of devices on each host (all that decides them)."""
+    """feasible_shapes from the number of devices in each NVLink domain (each host, unless the spec
+    joins hosts into one): all that decides them."""
     biggest = max(per_host, default=0)
     shapes = []
     for tp in tps:

@@ -107,10 +107,12 @@ class Assembler:
         return tuple((s.tp, s.pp) for s in layouts.shapes_for_hosts(per_host, *limits))
 
     def shapes_for(self, task: str, devices: Sequence[str]) -> tuple[ShapeChoice, ...]:
-        """Feasible (tp, pp) for a task on a device set (depends only on devices per host)."""
+        """Feasible (tp, pp) for a task on a device set (depends only on devices per NVLink domain:
+        per host, unless the spec joins hosts into one domain)."""
         per_host: dict[str, int] = {}
         for d in devices:
-            per_host[self.sim.devices[d].host] = per_host.get(self.sim.devices[d].host, 0) + 1
+            domain = self.sim.devices[d].nvlink_domain
+            per_host[domain] = per_host.get(domain, 0) + 1
         return self.shapes(task, tuple(sorted(per_host.values())))
 
     @memoised(1 << 14)

@@ -1,0 +1,93 @@
+"""Blackwell catalog entries, FP8 peaks and NVLink domains across hosts: figures, sources, field-path errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hetprof.errors import SpecError
+from hetprof.specs import ClusterSpec
+from hetprof.specs.catalog import builtin
+from hetprof.specs.gpus import parse
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_blackwell_entries_carry_their_datasheet_figures_and_sources():
+    cat = builtin()
+    expect = {  # name: (memory GB, bf16, fp8 dense TFLOP/s, NVLink domain GPUs, the source its comment names)
+        "B200": (180, 2250, 4500, None, "hgx-b200-b300"),
+        "B300": (288, 2250, 4500, None, "hgx-b200-b300"),
+        "GB200": (186, 2500, 5000, 72, "gb200-nvl72"),
+        "GB300": (288, 2500, 5000, 72, "gb300-nvl72"),
+    }
+    for name, (mem, bf16, fp8, domain, source) in expect.items():
+        g = cat.lookup(name)
+        assert (g.memory_GB, g.bf16_tflops, g.fp8_tflops, g.nvlink_domain_gpus) == (mem, bf16, fp8, domain)
+        assert source in cat.sources and g.intra_node_GBps == 1800
+        assert g.peak_flops("fp8") == fp8 * 1e12
+    assert cat.lookup("NVIDIA GB200").name == "GB200"  # the driver's name
+
+
+def test_fp8_peaks_and_a_type_without_fp8_names_the_missing_field():
+    cat = builtin()
+    assert cat.lookup("H100-SXM").peak_flops("fp8") == 1979e12
+    assert cat.lookup("H20").peak_flops("fp8") == 296e12
+    with pytest.raises(KeyError, match=r"gpus\.A100-40GB\.fp8_tflops"):
+        cat.lookup("A100-40GB").peak_flops("fp8")
+    # the FP8 matmul curve is its own, cited, and below bf16's efficiency (mamf-table-fp8)
+    h100 = cat.lookup("H100-SXM").efficiency
+    assert h100.matmul_fp8.source in cat.sources and h100.matmul_fp8.best < h100.matmul.best
+
+
+@pytest.mark.parametrize(("entry", "path"), [
+    ({"fp8_tflops": -1}, "gpus.X.fp8_tflops"),
+    ({"fp8_tflops": "fast"}, "gpus.X.fp8_tflops"),
+    ({"nvlink_domain_gpus": 1}, "gpus.X.nvlink_domain_gpus"),
+    ({"nvlink_domain_gpus": 72.5}, "gpus.X.nvlink_domain_gpus"),
+    ({"efficiency": {"matmul_fp8": {"points": [[1, 2.0]], "source": "s"}}}, "gpus.X.efficiency.matmul_fp8.points"),
+])
+def test_malformed_new_catalog_fields_name_file_and_field(entry, path):
+    with pytest.raises(SpecError) as err:
+        parse({"gpus": {"X": entry}}, "my-catalog.yaml")
+    assert err.value.field == path and err.value.file == "my-catalog.yaml"
+
+
+def _nvl(hosts: list[dict]) -> dict:
+    return {"name": "racks", "hosts": hosts}
+
+
+def test_example_nvl72_cluster_is_one_domain_of_72_gpus():
+    cluster = ClusterSpec.load(ROOT / "examples" / "clusters" / "gb200-nvl72.yaml")
+    devices = cluster.devices()
+    assert len(devices) == 72 and {d.nvlink_domain for d in devices} == {"nvl72-0"}
+    assert cluster.same_nvlink_domain("tray-0", "tray-17")
+    assert cluster.link_between("tray-0", "tray-17") == cluster.link_between("tray-0", "tray-0")
+
+
+@pytest.mark.parametrize(("hosts", "path", "says"), [
+    # 19 trays of 4 is 76 GPUs: more than GB200's fabric joins
+    ([{"name": "t", "count": 19, "gpus": {"type": "GB200", "count": 4}, "nvlink_domain": "r"}],
+     "hosts[0].nvlink_domain", "gpus.GB200.nvlink_domain_gpus"),
+    # an HGX H100 host's NVLink ends at the host
+    ([{"name": "h", "count": 2, "gpus": {"type": "H100", "count": 8}, "nvlink_domain": "r"}],
+     "hosts[0].nvlink_domain", "gpus.H100-SXM.nvlink_domain_gpus"),
+    # one fabric, one GPU type
+    ([{"name": "a", "gpus": {"type": "GB200", "count": 4}, "nvlink_domain": "r"},
+      {"name": "b", "gpus": {"type": "GB300", "count": 4}, "nvlink_domain": "r"}],
+     "hosts[1].nvlink_domain", "one GPU type"),
+    ([{"name": "a", "gpus": {"type": "GB200", "count": 4}, "nvlink_domain": " "}], "hosts[0].nvlink_domain", ""),
+])
+def test_an_impossible_nvlink_domain_is_refused_with_its_field(hosts, path, says):
+    with pytest.raises(SpecError) as err:
+        ClusterSpec.from_dict(_nvl(hosts), file="racks.yaml")
+    assert err.value.field == path and says in err.value.expected and err.value.file == "racks.yaml"
+
+
+def test_two_racks_are_two_domains_joined_by_the_network():
+    cluster = ClusterSpec.from_dict(_nvl([
+        {"name": "r0", "count": 18, "gpus": {"type": "GB200", "count": 4}, "nvlink_domain": "rack0"},
+        {"name": "r1", "count": 18, "gpus": {"type": "GB200", "count": 4}, "nvlink_domain": "rack1"}]))
+    assert not cluster.same_nvlink_domain("r0-0", "r1-0")
+    assert cluster.link_between("r0-0", "r1-0") == cluster.network.intra_region
