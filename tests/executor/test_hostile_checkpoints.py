@@ -54,12 +54,12 @@ def test_fifo_and_sparse_markers_are_refused_fast_in_bounded_memory(tmp_path):
     with open(tmp_path / checkpoint.COMMIT, "wb") as f:
         f.truncate(1 << 30)  # a sparse 1 GB marker
     tracemalloc.start()
-    started = time.monotonic()
+    started = time.process_time()
     with pytest.raises(HetprofError, match="larger than"):
         checkpoint.committed(tmp_path)
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
-    assert peak < 16 << 20 and time.monotonic() - started < 10
+    assert peak < 16 << 20 and time.process_time() - started < 10
 
 
 def test_run_name_is_never_a_path_under_the_tensorboard_dir(tmp_path):

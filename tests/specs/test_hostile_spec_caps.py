@@ -61,11 +61,11 @@ def test_a_cluster_beyond_the_planners_reach_is_refused_before_the_search(tmp_pa
 
     from hetprof.specs.cluster import MAX_PLANNED_DEVICES
 
-    started = time.monotonic()
+    started = time.process_time()
     result, lines = _plan_cli(tmp_path, "name: big\nhosts:\n  - {name: h, count: 4096, gpus: {type: H100, count: 16}}\n")
     assert result.exit_code == 2 and len(lines) == 1, result.output
     assert f"at most {MAX_PLANNED_DEVICES:,} devices" in lines[0] and "65536" in lines[0] and "cluster.yaml" in lines[0]
-    assert time.monotonic() - started < 30
+    assert time.process_time() - started < 30
 
 
 def test_a_what_if_beyond_the_planners_reach_is_refused_before_the_search(tmp_path):
@@ -89,12 +89,12 @@ def test_a_large_flow_style_yaml_is_refused_by_size_before_parsing(tmp_path):
         i += 1
     path = tmp_path / "big.yaml"
     path.write_text("".join(lines) + "bogus: 1\n")
-    started = time.monotonic()
+    started = time.process_time()
     with pytest.raises(SpecError, match="larger than") as err:
         ClusterSpec.load(path)
-    assert err.value.exit_code == 2 and "big.yaml" in str(err.value) and time.monotonic() - started < 5
+    assert err.value.exit_code == 2 and "big.yaml" in str(err.value) and time.process_time() - started < 5
     path.write_text("".join(lines[: len(lines) // 4]) + "bogus: 1\n")  # within the cap: named in seconds
-    started = time.monotonic()
+    started = time.process_time()
     with pytest.raises(SpecError, match="bogus"):
         ClusterSpec.load(path)
-    assert time.monotonic() - started < 30
+    assert time.process_time() - started < 30
