@@ -16,6 +16,7 @@ from helpers.packing_batches import ragged_batch
 from hetprof.executor.algorithms import RLBatch, get_algorithm
 from hetprof.executor.algorithms.learner import Learner
 from hetprof.executor.models.modeling import build_causal_lm, build_value_model
+from hetprof.runtime.dataparallel import wrap_fsdp
 from hetprof.runtime.distributed import file_init_method, leave_process_group
 from hetprof.runtime.ulysses import ULYSSES_ATTENTION, SequenceParallel
 from hetprof.safety.processes import skip_teardown_at_exit
@@ -32,8 +33,15 @@ def _update(model: torch.nn.Module, batch: RLBatch, role: str = "actor", **kwarg
                       role=role, **kwargs)
     proximal = learner.proximal_logprobs(batch) if role == "actor" else None
     stats = learner.update(batch)
+    grads = [p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad for p in model.parameters()]
     return {"proximal": proximal, "stats": {k: v for k, v in stats.items() if "seconds" not in k},
-            "grads": [p.grad.detach().clone() for p in model.parameters()]}
+            "grads": [g.detach().clone() for g in grads]}
+
+
+WRAPPERS = {"ddp": lambda model: torch.nn.parallel.DistributedDataParallel(model),
+            "fsdp": lambda model: wrap_fsdp(model, dist.group.WORLD, "cpu")}
+CASES = (("actor", "ddp"), ("critic", "ddp"), ("actor", "fsdp"))  # (role, data-parallel wrapper)
+BUILD = {"actor": build_causal_lm, "critic": build_value_model}
 
 
 def _worker(rank: int, world: int, init: str, path: str) -> None:
@@ -41,11 +49,11 @@ def _worker(rank: int, world: int, init: str, path: str) -> None:
     torch.set_num_threads(1)
     group = SequenceParallel.of(dist.group.WORLD)
     out = {}
-    for role, build in (("actor", build_causal_lm), ("critic", build_value_model)):
+    for role, wrapper in CASES:
         batch = RLBatch(**torch.load(path + ".batch", weights_only=True), group_size=2)  # every rank: all rows
-        model = torch.nn.parallel.DistributedDataParallel(build(
-            "tiny", seed=0, attn_implementation=ULYSSES_ATTENTION))
-        out[role] = _update(model, batch, role, max_tokens_per_microbatch=BUDGET * world, sequence_parallel=group)
+        model = WRAPPERS[wrapper](BUILD[role]("tiny", seed=0, attn_implementation=ULYSSES_ATTENTION))
+        out[role, wrapper] = _update(model, batch, role, max_tokens_per_microbatch=BUDGET * world,
+                                     sequence_parallel=group, process_group=dist.group.WORLD)
         del model
     if rank == 0:
         torch.save(out, path + ".out")
@@ -63,17 +71,18 @@ def test_two_ulysses_ranks_score_and_train_as_one_rank(tmp_path):
     torch.save(fields, path + ".batch")
     mp.spawn(_worker, args=(2, file_init_method(tmp_path), path), nprocs=2, join=True)
     split = torch.load(path + ".out", weights_only=False)
-    for role, build in (("actor", build_causal_lm), ("critic", build_value_model)):
-        one = _update(build("tiny", seed=0), copy.deepcopy(batch), role, max_tokens_per_microbatch=BUDGET * 2)
+    for role, wrapper in CASES:
+        one = _update(BUILD[role]("tiny", seed=0), copy.deepcopy(batch), role, max_tokens_per_microbatch=BUDGET * 2)
+        two = split[role, wrapper]
         if role == "actor":
-            assert torch.allclose(split[role]["proximal"], one["proximal"], atol=1e-5), \
-                float((split[role]["proximal"] - one["proximal"]).abs().max())
-        assert split[role]["stats"].keys() == one["stats"].keys()
+            assert torch.allclose(two["proximal"], one["proximal"], atol=1e-5), \
+                float((two["proximal"] - one["proximal"]).abs().max())
+        assert two["stats"].keys() == one["stats"].keys()
         for key, value in one["stats"].items():
-            assert split[role]["stats"][key] == pytest.approx(value, rel=1e-5, abs=1e-6), (role, key)
+            assert two["stats"][key] == pytest.approx(value, rel=1e-5, abs=1e-6), (role, wrapper, key)
         assert one["stats"]["micro_batches"] == 2.0  # the budget split the batch: two packs per step
-        for a, b in zip(one["grads"], split[role]["grads"], strict=True):
-            assert torch.allclose(a, b, atol=1e-5, rtol=1e-4), (role, float((a - b).abs().max()))
+        for a, b in zip(one["grads"], two["grads"], strict=True):
+            assert torch.allclose(a, b, atol=1e-5, rtol=1e-4), (role, wrapper, float((a - b).abs().max()))
 
 
 # ---- `hetprof run`: a plan whose trainer, log-prob and reference passes split their sequences --------
