@@ -152,10 +152,5 @@ def ulysses_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
     return tokens_for_heads(out, group), None
 
 
-def heads_divide(heads: int, kv_heads: int, size: int) -> bool:
-    """Whether a group of `size` ranks can split the attention heads and KV heads evenly."""
-    return heads % size == 0 and kv_heads % size == 0
-
-
 AttentionInterface.register(ULYSSES_ATTENTION, ulysses_attention_forward)
 AttentionMaskInterface.register(ULYSSES_ATTENTION, varlen_mask)

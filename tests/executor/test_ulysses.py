@@ -26,6 +26,19 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 BUDGET = 48  # tokens per rank: a group's pack holds 2 × 48, so the 104-token batch runs 2 packs
 
 
+def test_a_packed_row_is_padded_with_a_sequence_of_its_own_and_cut_in_equal_slices():
+    from hetprof.runtime.ulysses import shard_row
+
+    ids, positions = torch.arange(10, 15)[None], torch.tensor([[0, 1, 2, 0, 1]])
+    first, second = (shard_row(ids, positions, SequenceParallel(None, 2, i)) for i in range(2))
+    assert first.input_ids.tolist() == [[10, 11, 12]] and second.input_ids.tolist() == [[13, 14, 0]]
+    assert second.position_ids.tolist() == [[0, 1, 0]]
+    assert second.row_positions.tolist() == [[0, 1, 2, 0, 1, 0]]  # the pad restarts: it attends only to itself
+    assert (second.start, second.width, second.tokens) == (3, 3, 5)
+    mine, local = second.local(torch.tensor([1, 3, 4]))
+    assert mine.tolist() == [False, True, True] and local.tolist() == [0, 1]
+
+
 def _update(model: torch.nn.Module, batch: RLBatch, role: str = "actor", **kwargs) -> dict:
     """π_prox of the batch, then one update (lr 0: the gradients stay readable); its statistics and gradients."""
     algorithm = get_algorithm("ppo" if role == "critic" else "grpo")(kl_coef=0.1, clip_eps=0.1)
