@@ -13,7 +13,9 @@ A tensor- or pipeline-parallel task hands in a `parallel.ShardedModel` instead o
 same loss and denominators, with its gradients averaged over its data-parallel group explicitly, its
 norm clipped over the whole (sharded) model, and — when pipelined — each mini-batch run through
 torch's pipeline schedule, whose last stage computes the loss per micro-batch from the rows it is
-given. One update then equals the single-device update up to float rounding.
+given. One update then equals the single-device update up to float rounding. A Ulysses group
+(`sequence_parallel`) hands every rank of it the same rows; each runs a slice of every packed row and
+computes the group's whole loss, and the denominators count the group's tokens once.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from hetprof.executor.algorithms.objectives import OBJECTIVES
 from hetprof.executor.algorithms.replicas import ReplicaCoordination
 from hetprof.executor.models.logprobs import first_response_column, token_logprobs
 from hetprof.runtime.packedpass import logits_to_logprobs, packed_token_logprobs
+from hetprof.runtime.ulysses import SequenceParallel
 from hetprof.specs.vocabulary import Role
 
 
@@ -43,7 +46,7 @@ class Learner:
                  recompute_proximal: bool = True, seed: int = 0,
                  lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
                  process_group: dist.ProcessGroup | None = None, parallel: Any = None,
-                 max_tokens_per_microbatch: int | None = None):
+                 max_tokens_per_microbatch: int | None = None, sequence_parallel: SequenceParallel | None = None):
         if role not in OBJECTIVES:
             raise ValueError(f"role must be 'actor' or 'critic', got {role!r}")
         if role == Role.CRITIC and not algorithm.needs_critic:
@@ -67,11 +70,17 @@ class Learner:
         # packed micro-batches of at most this many tokens (executor/models/packing.py); a pipeline's
         # schedule splits fixed-shape padded micro-batches, so pipelined tasks stay padded
         self.max_tokens = max_tokens_per_microbatch if self.pipeline is None else None
+        # Ulysses: this rank runs a slice of each packed row its group shares (hetprof/runtime/ulysses.py)
+        if sequence_parallel is not None and (self.max_tokens is None or parallel is not None):
+            raise ValueError("Ulysses sequence parallelism runs packed passes of whole-model replicas: it needs "
+                             "max_tokens_per_microbatch and no tensor or pipeline parallelism")
+        self.sequence_parallel = sequence_parallel
         self.steps = 0  # optimizer steps taken
         self.updates = 0  # update() calls (weight versions produced)
         self._rng = torch.Generator().manual_seed(seed)
-        self.objective = OBJECTIVES[role](algorithm, temperature, self.max_tokens)
-        self.replicas = ReplicaCoordination(model, parallel, process_group, micro_batches, self.max_tokens)
+        self.objective = OBJECTIVES[role](algorithm, temperature, self.max_tokens, sequence_parallel)
+        self.replicas = ReplicaCoordination(model, parallel, process_group, micro_batches, self.max_tokens,
+                                            copies=sequence_parallel.size if sequence_parallel is not None else 1)
 
     @torch.no_grad()
     def proximal_logprobs(self, batch: RLBatch) -> torch.Tensor:
@@ -85,7 +94,8 @@ class Learner:
             model = forward_module(self.model)
             if self.max_tokens is not None:
                 return packed_token_logprobs(model, batch.input_ids, batch.attention_mask, self.temperature,
-                                             max_tokens=self.max_tokens, needed=batch.mask)
+                                             max_tokens=self.max_tokens, needed=batch.mask,
+                                             sequence_parallel=self.sequence_parallel)
             return token_logprobs(model, batch.input_ids, batch.attention_mask, self.temperature,
                                   from_column=first_response_column(batch.mask))
         finally:

@@ -11,6 +11,7 @@ from hetprof.executor.algorithms.base import Algorithm, RLBatch
 from hetprof.executor.models.logprobs import first_response_column, token_logprobs
 from hetprof.executor.models.packing import packed_values
 from hetprof.runtime.packedpass import entropy_from_logits, logits_to_logprobs, packed_token_logprobs
+from hetprof.runtime.ulysses import SequenceParallel
 from hetprof.specs.vocabulary import Role
 
 Loss = tuple[torch.Tensor, dict[str, float]]
@@ -21,10 +22,12 @@ class Objective:
 
     recomputes_proximal = False  # whether the update needs π_prox (the policy's old log-probs)
 
-    def __init__(self, algorithm: Algorithm, temperature: float, max_tokens: int | None) -> None:
+    def __init__(self, algorithm: Algorithm, temperature: float, max_tokens: int | None,
+                 sequence_parallel: SequenceParallel | None = None) -> None:
         self.algorithm = algorithm
         self.temperature = temperature
         self.max_tokens = max_tokens
+        self.sequence_parallel = sequence_parallel  # packed rows split over a Ulysses group
 
     def loss(self, model: nn.Module, micro: RLBatch, denom: torch.Tensor) -> Loss:
         raise NotImplementedError
@@ -43,7 +46,8 @@ class PolicyObjective(Objective):
         grad = self.algorithm.config.entropy_coef > 0
         if self.max_tokens is not None:
             lp, ent = packed_token_logprobs(model, micro.input_ids, micro.attention_mask, self.temperature,
-                                            with_entropy=True, needed=micro.mask, entropy_grad=grad)
+                                            with_entropy=True, needed=micro.mask, entropy_grad=grad,
+                                            sequence_parallel=self.sequence_parallel)
         else:
             lp, ent = token_logprobs(model, micro.input_ids, micro.attention_mask, self.temperature,
                                      with_entropy=True, from_column=first_response_column(micro.mask),
@@ -65,7 +69,8 @@ class PolicyObjective(Objective):
 class ValueObjective(Objective):
     def loss(self, model: nn.Module, micro: RLBatch, denom: torch.Tensor) -> Loss:
         if self.max_tokens is not None:
-            values = packed_values(model, micro.input_ids, micro.attention_mask)[:, :-1]
+            values = packed_values(model, micro.input_ids, micro.attention_mask,
+                                   sequence_parallel=self.sequence_parallel)[:, :-1]
         else:
             values = model(micro.input_ids, micro.attention_mask)[:, :-1]
         return self.algorithm.value_loss(micro, values, denominator=denom)

@@ -24,8 +24,9 @@ class ReplicaCoordination:
     """The collectives and splits one learner's replicas share (a single replica: none)."""
 
     def __init__(self, model: nn.Module, parallel: Any, process_group: dist.ProcessGroup | None,
-                 micro_batches: int, max_tokens: int | None) -> None:
+                 micro_batches: int, max_tokens: int | None, copies: int = 1) -> None:
         self.model = model
+        self.copies = copies  # ranks holding each row: a Ulysses group's size (its ranks share the rows)
         self.parallel = parallel  # a parallel.ShardedModel for TP/PP tasks
         self.process_group = process_group
         self.micro_batches = micro_batches
@@ -58,14 +59,16 @@ class ReplicaCoordination:
     def denominators(self, mask: torch.Tensor, minis: list[torch.Tensor]) -> list[torch.Tensor]:
         """Token count of each mini-batch for its loss mean: global over the DDP replicas, divided by
         their number. One all-reduce for the whole update, not one per mini-batch: each collective is
-        a point where every replica waits for the slowest."""
+        a point where every replica waits for the slowest. The ranks of a Ulysses group hold the same
+        rows, so the sum counts each row `copies` times; every rank then backpropagates the group's
+        whole loss over its slice, and the group's gradients add up to that loss's gradient."""
         tokens = torch.stack([mask[idx].float().sum() for idx in minis]) if minis else mask.new_zeros(0).float()
         group = self.group()
         replicas = 1
         if group is not None and len(minis):
             dist.all_reduce(tokens, group=group)
             replicas = dist.get_world_size(group)
-        return replica_denominators(tokens, replicas)
+        return replica_denominators(tokens / self.copies, replicas)
 
     def micro_counts(self, attention_mask: torch.Tensor, minis: list[torch.Tensor]) -> list[int]:
         """Micro-batches per mini-batch: the fixed count, or with a token budget the most any replica

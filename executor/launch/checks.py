@@ -22,7 +22,6 @@ from hetprof.errors import ExecutionError, HetprofError, SpecError
 from hetprof.executor.prompts.data import Prompt
 from hetprof.specs import RUNNABLE_BACKENDS, ClusterSpec, Plan, WorkloadSpec
 from hetprof.specs.executable import layout_problems, workload_problems
-from hetprof.specs.layout import EXTRA_DEGREES
 from hetprof.specs.overrides import apply_overrides, from_override
 from hetprof.specs.vocabulary import TaskKind
 
@@ -120,23 +119,24 @@ def check_supported(plan: Plan, cuda_available: bool | None = None) -> str:
     Carried out: data parallelism everywhere (uneven shares); tensor parallelism (torch's
     tensor-parallel API over each stage's devices) for every task; pipeline stages
     (torch.distributed.pipelining, the plan's layer split) for training tasks and for the reference
-    and reward models, combined with TP and DP. Refused, naming the task and its layout, what
-    `hetprof.specs.executable` lists (the planner plans within the same rules): pipeline stages for
-    actor_gen and critic_infer, a pipelined training task whose replicas split the layers
-    differently, a TP degree that does not divide the heads, KV heads and FFN width; and here two
-    replicas of one task on one device, and a GPU plan on a machine without CUDA.
+    and reward models, combined with TP and DP; Ulysses sequence parallelism (a layout's `sp`) for the
+    packed passes of every task but generation, on whole-model replicas. Refused, naming the task and
+    its layout, what `hetprof.specs.executable` lists (the planner plans within the same rules):
+    pipeline stages for actor_gen and critic_infer, a pipelined training task whose replicas split
+    the layers differently, a TP degree that does not divide the heads, KV heads and FFN width, an
+    `sp` it cannot run, context or expert parallelism; and here two replicas of one task on one
+    device, and a GPU plan on a machine without CUDA.
     """
     for problem in workload_problems(plan.workload_spec()):
         raise ExecutionError(f"{problem}; it is refused rather than ignored — the plan is a what-if "
                              f"(made with --any-layout): replan without it")
-    roles = plan.workload_spec().roles()
+    workload = plan.workload_spec()
+    roles, packed = workload.roles(), workload.training.max_tokens_per_microbatch is not None
     for t in plan.tasks:
         lay = t.layout
         problems = [p for tp in sorted(set(lay.tp_degrees()))  # each replica's degree
                     for p in layout_problems(t.task, t.kind, roles[t.role], tp, lay.pp, lay.layer_splits, str(lay),
-                                             lay.sharding)]
-        problems += [f"task {t.task} has layout {lay}: this executor runs no expert, context or sequence "
-                     f"parallelism ({name.upper()}{getattr(lay, name)})" for name in EXTRA_DEGREES if getattr(lay, name) != 1]
+                                             lay.sharding, sp=lay.sp, cp=lay.cp, ep=lay.ep, packed=packed)]
         if problems:
             raise ExecutionError(f"{problems[0]}; it is refused rather than changed — replan with `hetprof plan` "
                                  f"(it plans within what `hetprof run` carries out unless given --any-layout) "

@@ -30,12 +30,14 @@ from hetprof.specs.vocabulary import Task, TaskKind
 def handwritten_plan(cluster: ClusterSpec | Mapping[str, Any], workload: WorkloadSpec | Mapping[str, Any],
                 placement: Mapping[str, Sequence[str]], shares: Mapping[str, Sequence[float]] | None = None,
                 predicted: Prediction | None = None, task_seconds: Mapping[str, float] | None = None,
-                sharding: Mapping[str, str] | None = None, backend: str = "hf") -> Plan:
+                sharding: Mapping[str, str] | None = None, backend: str = "hf",
+                sequence_parallel: Mapping[str, int] | None = None) -> Plan:
     """A plan from placements: `placement[task]` lists each replica's device, or its list of devices
     for tensor parallelism (one TP degree for all replicas of a task, except that generation replicas
     may differ in TP); `shares[task]` their
-    batch shares; `sharding[task]` a training task's data-parallel sharding (none, zero2, fsdp).
-    A follower (the log-prob pass) goes where its leader goes unless placed."""
+    batch shares; `sharding[task]` a training task's data-parallel sharding (none, zero2, fsdp);
+    `sequence_parallel[task]` its Ulysses degree (`sp`: that many consecutive replicas share each sequence).
+    A follower (the log-prob pass) goes where its leader goes, with its leader's degree, unless placed."""
     cluster_d = cluster.to_dict() if isinstance(cluster, ClusterSpec) else dict(cluster)
     workload_d = workload.to_dict() if isinstance(workload, WorkloadSpec) else dict(workload)
     wl = WorkloadSpec.from_dict(workload_d)
@@ -43,6 +45,8 @@ def handwritten_plan(cluster: ClusterSpec | Mapping[str, Any], workload: Workloa
     placements = []
     placement = {**{f: placement[lead] for f, lead in FOLLOWS.items() if lead in placement}, **placement}
     shares = {**{f: shares[lead] for f, lead in FOLLOWS.items() if lead in (shares or {})}, **(shares or {})}
+    sp = sequence_parallel or {}
+    sp = {**{f: sp[lead] for f, lead in FOLLOWS.items() if lead in sp}, **sp}
     for task in tasks_of(wl):
         if task not in placement:
             raise SpecError(None, f"placement.{task}", "a list of device ids for every task of the workload", None)
@@ -62,7 +66,7 @@ def handwritten_plan(cluster: ClusterSpec | Mapping[str, Any], workload: Workloa
         role = Task(task).role
         n_layers = layers[role].layers
         layout = TaskLayout(task, tp, 1, tuple(tuple(d) for d in devices), tuple(share), ((n_layers,),) * len(devices),
-                            (sharding or {}).get(task, "none"))
+                            (sharding or {}).get(task, "none"), sp=sp.get(task, 1))
         placements.append(TaskPlacement(layout, group="", predicted_s=(task_seconds or {}).get(task)))
     # Tasks whose device sets overlap time-share those devices: they form one group, as in the planner.
     components: list[tuple[set[str], list[str]]] = []

@@ -2,8 +2,9 @@
 
 Learnt from verl's dispatch modes (split the data over the data-parallel ranks, call, collect the
 outputs): the leader splits a batch over a task's replicas by the plan's batch shares and sends a
-replica's rows to every rank of it (its TP ranks and pipeline stages compute on the same rows);
-each replica's lead sends its result back; the leader concatenates them in replica order. Sends
+replica's rows to every rank of it (its TP ranks and pipeline stages compute on the same rows; a
+Ulysses group's `sp` replicas take their shares' rows together, TaskRanks.batch_groups);
+each group's lead sends its result back; the leader concatenates them in group order. Sends
 never block (the outbox keeps their buffers alive) and a rank only ever waits for data an earlier
 phase of the loop produces, so the order cannot deadlock.
 """
@@ -66,16 +67,16 @@ class Exchange:
         rows when it runs the task, else None. Every rank calls it; only the leader passes `batch`."""
         if self.is_leader:
             assert batch is not None
-            slices = (token_share_slices(batch["attention_mask"].sum(1).tolist(), task.shares) if self.by_tokens
-                      else share_slices(batch["input_ids"].shape[0], task.shares))
-            for members, rows in zip(task.replica_ranks, slices, strict=True):
+            slices = (token_share_slices(batch["attention_mask"].sum(1).tolist(), task.batch_shares)
+                      if self.by_tokens else share_slices(batch["input_ids"].shape[0], task.batch_shares))
+            for members, rows in zip(task.batch_groups, slices, strict=True):
                 for r in members:
                     if r != self.rank:
                         self.send(select_rows(batch, keys, rows), r, kind, batch_index)
         if self.rank not in task.all_ranks:
             return None
         if self.is_leader:
-            return select_rows(batch, keys, slices[task.replica_of(self.rank)])
+            return select_rows(batch, keys, slices[task.batch_group_of(self.rank)])
         return self.receive(self.leader, kind, batch_index, f"{task.task} inputs of batch {batch_index}")
 
     def to_leader(self, tensors: dict[str, torch.Tensor], kind: MessageKind, batch_index: int) -> None:

@@ -179,18 +179,18 @@ class Worker:
 
     @phase(lambda task, *_: task)
     def _infer(self, task: str, b: int, batch: dict | None) -> dict | None:
-        """Scatter the batch over the task's replicas by share, compute, gather the replicas' results."""
+        """Scatter the batch over the task's replicas (Ulysses groups) by share, compute, gather their results."""
         tr = self.topo.tasks[task]
         part = self.exchange.scatter(batch, tr, INPUT_KIND[task], b, INFER_KEYS)
         result = None
         if part is not None:
             runner = self.timed[task]
             result = runner.run(part)
-            if runner.reports:  # a replica sends once, by its first rank
+            if runner.reports:  # a replica (a Ulysses group) sends once, by its first rank
                 self.exchange.to_leader(result, RESULT_KIND[task], b)
         if not self.is_leader:
             return batch
-        merged = self.exchange.collect(result, tr.ranks, RESULT_KIND[task], b, f"{task} results", 0)
+        merged = self.exchange.collect(result, tr.batch_leads, RESULT_KIND[task], b, f"{task} results", 0)
         return {**batch, **merged}
 
     @phase("reward_advantage")

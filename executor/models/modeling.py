@@ -125,12 +125,13 @@ class ScalarHeadModel(nn.Module):
         nn.init.zeros_(self.head.bias)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                positions: torch.Tensor | None = None) -> torch.Tensor:
-        """Values [B, T]; packed input (executor/models/packing.py) passes restarting `positions`, no mask."""
+                positions: torch.Tensor | None = None, **attention: object) -> torch.Tensor:
+        """Values [B, T]; packed input (executor/models/packing.py) passes restarting `positions`, no mask,
+        and `attention` keywords its attention layers read (a Ulysses `sequence_shard`)."""
         if positions is None and attention_mask is not None:
             positions = position_ids(attention_mask)
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
-                            use_cache=False)
+                            use_cache=False, **attention)
         return self.head(out.last_hidden_state).squeeze(-1).float()
 
     def sequence_scores(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -141,7 +142,8 @@ class ScalarHeadModel(nn.Module):
         return values.gather(1, last[:, None]).squeeze(1)
 
 
-def _build_scalar(model_ref: str | ModelShape, seed: int, dtype, device, zero_head: bool) -> ScalarHeadModel:
+def _build_scalar(model_ref: str | ModelShape, seed: int, dtype, device, zero_head: bool,
+                  attn_implementation: str = VARLEN_ATTENTION) -> ScalarHeadModel:
     from transformers import AutoModel
 
     dt = torch_dtype(dtype)
@@ -150,25 +152,26 @@ def _build_scalar(model_ref: str | ModelShape, seed: int, dtype, device, zero_he
         if ckpt is not None:
             try:
                 backbone = AutoModel.from_pretrained(str(ckpt), dtype=dt, local_files_only=True,
-                                                     attn_implementation=VARLEN_ATTENTION)
+                                                     attn_implementation=attn_implementation)
             except Exception as exc:  # any unreadable checkpoint is a user error
                 raise SpecError(str(ckpt), "model", "a loadable Hugging Face checkpoint", str(exc)) from None
         else:
-            backbone = AutoModel.from_config(hf_config(model_ref), dtype=dt, attn_implementation=VARLEN_ATTENTION)
+            backbone = AutoModel.from_config(hf_config(model_ref), dtype=dt, attn_implementation=attn_implementation)
         model = ScalarHeadModel(backbone, backbone.config.hidden_size, zero_head)
     return model.to(device)
 
 
 def build_value_model(model_ref: str | ModelShape, seed: int = 0, dtype: str | torch.dtype = "fp32",
-                      device: torch.device | str = "cpu") -> ScalarHeadModel:
+                      device: torch.device | str = "cpu", attn_implementation: str = VARLEN_ATTENTION) -> ScalarHeadModel:
     """The critic: backbone + zero-initialised value head."""
-    return _build_scalar(model_ref, seed, dtype, device, zero_head=True)
+    return _build_scalar(model_ref, seed, dtype, device, zero_head=True, attn_implementation=attn_implementation)
 
 
 def build_reward_model(model_ref: str | ModelShape, seed: int = 0, dtype: str | torch.dtype = "fp32",
-                       device: torch.device | str = "cpu") -> ScalarHeadModel:
+                       device: torch.device | str = "cpu", attn_implementation: str = VARLEN_ATTENTION
+                       ) -> ScalarHeadModel:
     """The reward-model role: backbone + scalar head (random unless a checkpoint is given)."""
-    return _build_scalar(model_ref, seed, dtype, device, zero_head=False)
+    return _build_scalar(model_ref, seed, dtype, device, zero_head=False, attn_implementation=attn_implementation)
 
 
 def unwrap(model: nn.Module) -> nn.Module:

@@ -15,14 +15,17 @@ import torch
 
 from hetprof.runtime.packedpass import pack, unpack
 from hetprof.runtime.tokenbudget import mean_pack, micro_batch_count, micro_batches_by_tokens
+from hetprof.runtime.ulysses import SequenceParallel, shard_row
 
 
 def packed_values(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                  max_tokens: int | None = None) -> torch.Tensor:
+                  max_tokens: int | None = None, sequence_parallel: SequenceParallel | None = None) -> torch.Tensor:
     """A scalar-head model's per-position outputs [B, T] through packed forwards (0 at pad positions).
 
     `model` is called as `model(ids, None, positions=...)` (modeling.ScalarHeadModel, possibly
-    wrapped by DDP); at most `max_tokens` tokens per forward, one forward when None.
+    wrapped by DDP); at most `max_tokens` tokens per forward, one forward when None. With
+    `sequence_parallel` each forward runs on this rank's slice of the packed row and the values of
+    every slice are gathered (hetprof/runtime/ulysses.py): every rank of the group returns the whole.
     """
     n = input_ids.shape[0]
     groups = [list(range(n))] if max_tokens is None else micro_batches_by_tokens(
@@ -31,7 +34,11 @@ def packed_values(model: torch.nn.Module, input_ids: torch.Tensor, attention_mas
     for group in groups:
         rows = torch.tensor(group, dtype=torch.long, device=input_ids.device)
         packed = pack(input_ids[rows], attention_mask[rows])
-        values = model(packed.input_ids, None, positions=packed.position_ids)[0]
+        if sequence_parallel is None:
+            values = model(packed.input_ids, None, positions=packed.position_ids)[0]
+        else:
+            shard = shard_row(packed.input_ids, packed.position_ids, sequence_parallel)
+            values = shard.gather(model(shard.input_ids, None, positions=shard.position_ids, sequence_shard=shard)[0])
         parts.append((rows, unpack(values, packed)))
     if len(parts) == 1:
         return parts[0][1]
@@ -40,9 +47,10 @@ def packed_values(model: torch.nn.Module, input_ids: torch.Tensor, attention_mas
 
 
 def packed_sequence_scores(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                           max_tokens: int | None = None) -> torch.Tensor:
+                           max_tokens: int | None = None, sequence_parallel: SequenceParallel | None = None
+                           ) -> torch.Tensor:
     """One scalar per sequence read at its last attended token, as `ScalarHeadModel.sequence_scores`."""
-    values = packed_values(model, input_ids, attention_mask, max_tokens)
+    values = packed_values(model, input_ids, attention_mask, max_tokens, sequence_parallel)
     t = torch.arange(attention_mask.shape[1], device=attention_mask.device)
     last = (attention_mask.bool() * t).amax(dim=1)
     return values.gather(1, last[:, None]).squeeze(1)

@@ -41,6 +41,10 @@ class ProcessGroups:
     def tied_name(task: str, replica: int, tp_index: int) -> str:
         return f"{task}/tie{replica}.{tp_index}"
 
+    @staticmethod
+    def sequence_name(task: str, batch_group: int) -> str:
+        return f"{task}/sp{batch_group}"
+
     # ---- look-ups ---------------------------------------------------------------------------
     def tensor(self, task: str, replica: int, stage: int) -> dist.ProcessGroup | None:
         """The TP ranks of one stage of one replica (shards of the same layers)."""
@@ -61,6 +65,10 @@ class ProcessGroups:
     def tied(self, task: str, replica: int, tp_index: int) -> dist.ProcessGroup | None:
         """First and last stage of a pipeline: their copies of a tied embedding add gradients."""
         return self._groups.get(self.tied_name(task, replica, tp_index))
+
+    def sequence(self, task: str, batch_group: int) -> dist.ProcessGroup | None:
+        """The ranks of one Ulysses group (`sp` replicas sharing each sequence: TaskRanks.batch_groups)."""
+        return self._groups.get(self.sequence_name(task, batch_group))
 
     def replicas(self, task: str) -> dist.ProcessGroup | None:
         """The leads of a task's data-parallel replicas (DDP's group for a single-device replica)."""
@@ -84,7 +92,8 @@ class ProcessGroups:
     @classmethod
     def build(cls, topo: Topology, backend: str | None = None) -> ProcessGroups:
         """Create one group per task's replicas and per sync edge, the TP, pipeline, data-parallel
-        and replica groups of model-parallel tasks, and the message and report groups.
+        and replica groups of model-parallel tasks, the Ulysses groups of sequence-parallel tasks,
+        and the message and report groups.
 
         Every rank calls this with the same topology, so the new_group calls line up.
         """
@@ -95,6 +104,9 @@ class ProcessGroups:
         for t in topo.tasks.values():
             if t.tp > 1 or t.pp > 1:
                 _add_model_parallel(groups, topo, t.task, backend)
+            if t.sp > 1:
+                for g, ranks in enumerate(t.batch_groups):
+                    groups[cls.sequence_name(t.task, g)] = dist.new_group(list(ranks), backend=backend)
         groups[SyncEdge.WEIGHT_SYNC] = dist.new_group(topo.sync_members(SyncEdge.WEIGHT_SYNC), backend=backend)
         everyone = sorted(topo.device_of)
         # Tensor-dict messages match by tag, which gloo honours and NCCL does not (a rank that both

@@ -88,6 +88,34 @@ class TaskRanks:
     def all_ranks(self) -> tuple[int, ...]:
         return tuple(r for replica in self.replica_ranks for r in replica)
 
+    # ---- who takes which rows: a replica, or with Ulysses `sp` consecutive replicas together ------------
+    @property
+    def sp(self) -> int:
+        """The Ulysses degree: replicas r with the same r // sp run each of their rows together."""
+        return self.layout.sp
+
+    @property
+    def batch_groups(self) -> tuple[tuple[int, ...], ...]:
+        """The ranks that take the same rows of a batch: each replica's, or each `sp` consecutive
+        replicas' (a Ulysses group, every rank holding a slice of each sequence)."""
+        sp = self.sp
+        return tuple(tuple(r for replica in self.replica_ranks[g:g + sp] for r in replica)
+                     for g in range(0, len(self.replica_ranks), sp))
+
+    @property
+    def batch_shares(self) -> tuple[float, ...]:
+        """Each batch group's share of a batch: its replicas' shares together."""
+        sp = self.sp
+        return tuple(sum(self.shares[g:g + sp]) for g in range(0, len(self.shares), sp))
+
+    @property
+    def batch_leads(self) -> tuple[int, ...]:
+        """Each batch group's first rank: it sends the group's result and reports its work."""
+        return tuple(group[0] for group in self.batch_groups)
+
+    def batch_group_of(self, rank: int) -> int:
+        return self.replica_of(rank) // self.sp
+
     def replica_of(self, rank: int) -> int:
         for i, replica in enumerate(self.replica_ranks):
             if rank in replica:

@@ -20,6 +20,8 @@ from hetprof.executor.parallel.sharded import ShardedModel
 from hetprof.executor.parallel.topology import TaskRanks
 from hetprof.executor.parallel.weightsync import flatten_params
 from hetprof.executor.runners.context import RankContext
+from hetprof.runtime.ulysses import ULYSSES_ATTENTION, SequenceParallel
+from hetprof.runtime.varlen_attention import VARLEN_ATTENTION
 
 Tensors = dict[str, torch.Tensor]
 WorkTiming = dict[str, Any]  # one priced unit of work and its seconds (records/iteration_report.py)
@@ -74,8 +76,30 @@ class RunnerBase:
 
     @property
     def reports(self) -> bool:
-        """A replica reports its work once, by its first rank."""
-        return self.ctx.rank == self.placement.ranks[self.replica]
+        """A replica reports its work once, by its first rank; a Ulysses group (its `sp` replicas ran
+        the same rows together) by its first replica's."""
+        tr = self.placement
+        return self.ctx.rank == tr.batch_leads[tr.batch_group_of(self.ctx.rank)]
+
+    @property
+    def sequence_parallel(self) -> SequenceParallel | None:
+        """This rank's Ulysses group when the plan splits the task's sequences over `sp` replicas."""
+        tr = self.placement
+        if tr.sp == 1:
+            return None
+        return SequenceParallel.of(self.ctx.groups.sequence(self.task, tr.batch_group_of(self.ctx.rank)))
+
+    @property
+    def pack_tokens(self) -> int | None:
+        """Tokens per packed forward (None: padded): the workload's budget per rank, so a Ulysses
+        group's pack holds `sp` times it, each rank a slice of at most the budget."""
+        budget = self.ctx.workload.training.max_tokens_per_microbatch
+        return budget * self.placement.sp if budget is not None else None
+
+    @property
+    def attention(self) -> str:
+        """The attention the task's models are built with: Ulysses' where its sequences are split."""
+        return ULYSSES_ATTENTION if self.placement.sp > 1 else VARLEN_ATTENTION
 
     def spans(self, result: Any, start: float, end: float) -> dict[str, tuple[float, float]]:
         return {self.task: (start, end)}

@@ -39,7 +39,7 @@ class InferencePass(RunnerBase):
         pipe = self.sharded.pipeline if self.sharded is not None else None
         if pipe is not None:  # every stage runs the schedule; the last stage's output reaches all
             return self.from_pipeline(pipe.forward(ids, mask), ids, mask)
-        budget = self.ctx.workload.training.max_tokens_per_microbatch
+        budget = self.pack_tokens
         if budget is not None:  # packed passes of at most `budget` tokens
             return self.packed(ids, mask, budget, work.get("response_mask"))
         return self.padded(ids, mask)
@@ -57,7 +57,7 @@ class InferencePass(RunnerBase):
     def priced(self, work: Tensors, result: Tensors, seconds: dict[str, float]) -> dict[str, list[WorkTiming]]:
         """A packed pass is recorded as its average pack, the unit the plan prices (models/packing.py)."""
         workload = self.ctx.workload
-        rows, width, passes = priced_pass(work["attention_mask"], workload.training.max_tokens_per_microbatch,
+        rows, width, passes = priced_pass(work["attention_mask"], self.pack_tokens,
                                           priced_length=workload.prompt_len.mean + workload.response_len.mean)
         return {self.task: [prefill_timing(rows, width, seconds[self.task] / passes)]}
 
@@ -68,7 +68,7 @@ class ReferenceLogprobs(InferencePass):
     def __init__(self, ctx: RankContext, task: str, peers: Mapping[str, RunnerBase]) -> None:
         super().__init__(ctx, task, peers)
         model = build_causal_lm(ctx.model_ref(Role.REFERENCE), seed=ctx.options.seed, dtype=ctx.infer_dtype,
-                                device=ctx.device).eval()
+                                device=ctx.device, attn_implementation=self.attention).eval()
         self.module, self.sharded = place(ctx, task, model, head="lm", flatten=False)
         self.temperature = ctx.workload.training.temperature
 
@@ -79,7 +79,8 @@ class ReferenceLogprobs(InferencePass):
                response_mask: torch.Tensor | None) -> Tensors:
         # only response columns are read (KL terms), so the LM head skips the prompts
         needed = response_mask[:, 1:] if response_mask is not None else None
-        lp = packed_token_logprobs(self.module, ids, mask, self.temperature, max_tokens=budget, needed=needed)
+        lp = packed_token_logprobs(self.module, ids, mask, self.temperature, max_tokens=budget, needed=needed,
+                                   sequence_parallel=self.sequence_parallel)
         return {"ref_logprobs": lp.float()}
 
     def padded(self, ids: torch.Tensor, mask: torch.Tensor) -> Tensors:
@@ -93,12 +94,12 @@ class CriticValues(InferencePass):
     def __init__(self, ctx: RankContext, task: str, peers: Mapping[str, RunnerBase]) -> None:
         super().__init__(ctx, task, peers)
         model = build_value_model(ctx.model_ref(Role.CRITIC), seed=ctx.options.seed + 1, dtype=ctx.infer_dtype,
-                                  device=ctx.device).eval()
+                                  device=ctx.device, attn_implementation=self.attention).eval()
         self.module, self.sharded = place(ctx, task, model, head="value")
 
     def packed(self, ids: torch.Tensor, mask: torch.Tensor, budget: int,
                response_mask: torch.Tensor | None) -> Tensors:
-        return {"values": packed_values(self.module, ids, mask, budget)[:, :-1].float()}
+        return {"values": packed_values(self.module, ids, mask, budget, self.sequence_parallel)[:, :-1].float()}
 
     def padded(self, ids: torch.Tensor, mask: torch.Tensor) -> Tensors:
         return {"values": self.module(ids, mask)[:, :-1].float()}

@@ -23,7 +23,7 @@ class RewardModel(InferencePass):
     def __init__(self, ctx: RankContext, task: str, peers: Mapping[str, RunnerBase]) -> None:
         super().__init__(ctx, task, peers)
         rm = build_reward_model(ctx.model_ref(Role.REWARD), seed=ctx.options.seed + 2, dtype=ctx.infer_dtype,
-                                device=ctx.device).eval()
+                                device=ctx.device, attn_implementation=self.attention).eval()
         self.module, self.sharded = place(ctx, task, rm, head="value", flatten=False)
         self.scorer = RewardModelScorer(rm, ctx.tokenizer, ctx.device)
 
@@ -36,7 +36,7 @@ class RewardModel(InferencePass):
                response_mask: torch.Tensor | None) -> Tensors:
         scorer = self.scorer
         return {"rm_scores": packed_sequence_scores(scorer.model, ids.to(scorer.device), mask.to(scorer.device),
-                                                    budget).float()}
+                                                    budget, self.sequence_parallel).float()}
 
     def padded(self, ids: torch.Tensor, mask: torch.Tensor) -> Tensors:
         return {"rm_scores": self.scorer.score_ids(ids, mask).float()}

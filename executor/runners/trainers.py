@@ -55,7 +55,7 @@ class Trainer(RunnerBase):
                                seed=ctx.options.seed, parallel=self.sharded, lr_scheduler=scheduler,
                                max_grad_norm=settings.max_grad_norm,
                                process_group=ctx.groups.replicas(task) if replicated else None,
-                               max_tokens_per_microbatch=training.max_tokens_per_microbatch)
+                               max_tokens_per_microbatch=self.pack_tokens, sequence_parallel=self.sequence_parallel)
 
     def build_model(self) -> torch.nn.Module:
         raise NotImplementedError
@@ -100,7 +100,7 @@ class Trainer(RunnerBase):
     def priced(self, work: Tensors, result: dict[str, float], seconds: dict[str, float]
                ) -> dict[str, list[WorkTiming]]:
         workload = self.ctx.workload
-        budget = workload.training.max_tokens_per_microbatch
+        budget = self.pack_tokens
         priced_length = workload.prompt_len.mean + workload.response_len.mean
         micro = result.pop("micro_batches", 1.0)
         stepping = result.pop("optimizer_seconds", 0.0)
@@ -180,7 +180,7 @@ class ActorTrainer(Trainer):
 
     def build_model(self) -> torch.nn.Module:
         return build_causal_lm(self.ctx.model_ref(Role.ACTOR), seed=self.ctx.options.seed,
-                               dtype=self.ctx.train_dtype, device=self.ctx.device)
+                               dtype=self.ctx.train_dtype, device=self.ctx.device, attn_implementation=self.attention)
 
     def learning_rate(self) -> float:
         return self.ctx.workload.training.lr
@@ -191,7 +191,7 @@ class CriticTrainer(Trainer):
 
     def build_model(self) -> torch.nn.Module:
         return build_value_model(self.ctx.model_ref(Role.CRITIC), seed=self.ctx.options.seed + 1,
-                                 dtype=self.ctx.train_dtype, device=self.ctx.device)
+                                 dtype=self.ctx.train_dtype, device=self.ctx.device, attn_implementation=self.attention)
 
     def learning_rate(self) -> float:
         return self.ctx.workload.training.critic_lr

@@ -18,11 +18,14 @@ so a left-padded row and its packed copy see the same RoPE phases.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from hetprof.runtime.tokenbudget import micro_batches_by_tokens
+
+if TYPE_CHECKING:
+    from hetprof.runtime.ulysses import SequenceParallel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,12 +105,15 @@ def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch
 
 def packed_token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                           temperature: float = 1.0, with_entropy: bool = False, max_tokens: int | None = None,
-                          needed: torch.Tensor | None = None, entropy_grad: bool = True):
+                          needed: torch.Tensor | None = None, entropy_grad: bool = True,
+                          sequence_parallel: SequenceParallel | None = None):
     """Per-token log-probs [B, T-1] of each next token through packed forwards of at most
     `max_tokens` tokens (None: one forward); with `with_entropy`, also the entropy [B, T-1].
 
     Same result as a padded forward in every column `needed` marks (default: every column whose token
     and next token are both attended); other columns are 0. The LM head runs only on the needed positions.
+    With `sequence_parallel`, every rank of that Ulysses group passes the same rows and each forward
+    runs on its slice of the packed row (hetprof/runtime/ulysses.py); every rank returns the whole result.
     """
     n, width = input_ids.shape
     groups = ([list(range(n))] if max_tokens is None
@@ -119,13 +125,10 @@ def packed_token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: t
         rows = torch.tensor(group, dtype=torch.long, device=input_ids.device)
         packed = pack(input_ids[rows], attention_mask[rows])
         where, targets = shifted_targets(packed, needed[rows] if needed is not None else None)
-        logits = model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
-                       logits_to_keep=where).logits[0]
-        g_lp = unpack(logits_to_logprobs(logits, targets, temperature), packed, width - 1, where)
-        g_ent = None
-        if with_entropy:
-            g_ent = unpack(entropy_from_logits(logits if entropy_grad else logits.detach(), temperature),
-                           packed, width - 1, where)
+        lp_of, ent_of = _packed_forward(model, packed, where, targets, temperature, with_entropy, entropy_grad,
+                                        sequence_parallel)
+        g_lp = unpack(lp_of, packed, width - 1, where)
+        g_ent = unpack(ent_of, packed, width - 1, where) if with_entropy else None
         parts.append((rows, g_lp, g_ent))
     if len(parts) == 1 and len(parts[0][0]) == n:  # one group in batch order: keep the autograd graph simple
         return (parts[0][1], parts[0][2]) if with_entropy else parts[0][1]
@@ -134,3 +137,27 @@ def packed_token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: t
         ent = ent.index_put((torch.cat([p[0] for p in parts]),), torch.cat([p[2] for p in parts]))
         return lp, ent
     return lp
+
+
+def _packed_forward(model: Any, packed: PackedRows, where: torch.Tensor, targets: torch.Tensor, temperature: float,
+                    with_entropy: bool, entropy_grad: bool, sequence_parallel: SequenceParallel | None
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and entropies) of the packed tokens `where` predicting `targets`: one forward of the
+    whole row, or of this rank's slice of it, with every slice's values gathered over the group."""
+    if sequence_parallel is None:
+        logits = model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
+                       logits_to_keep=where).logits[0]
+        ent = entropy_from_logits(logits if entropy_grad else logits.detach(), temperature) if with_entropy else None
+        return logits_to_logprobs(logits, targets, temperature), ent
+    from hetprof.runtime.ulysses import shard_row
+
+    shard = shard_row(packed.input_ids, packed.position_ids, sequence_parallel)
+    mine, local = shard.local(where)
+    logits = model(input_ids=shard.input_ids, position_ids=shard.position_ids, use_cache=False,
+                   logits_to_keep=local, sequence_shard=shard).logits[0]
+    slots = logits.new_zeros(shard.width, dtype=torch.float32)
+    lp = shard.gather(slots.index_put((local,), logits_to_logprobs(logits, targets[mine], temperature)))[where]
+    if not with_entropy:
+        return lp, None
+    ent = entropy_from_logits(logits if entropy_grad else logits.detach(), temperature)
+    return lp, shard.gather(slots.index_put((local,), ent))[where]

@@ -30,8 +30,8 @@ def workload_problems(workload) -> list[str]:
     if workload.generation.partial_rollout:
         out.append("generation.partial_rollout: `hetprof run` does not interrupt generation at a weight sync")
     if workload.training.sequence_parallel > 1:
-        out.append(f"training.sequence_parallel {workload.training.sequence_parallel}: `hetprof run` does not "
-                   f"split sequences over ranks")
+        out.append(f"training.sequence_parallel {workload.training.sequence_parallel}: `hetprof run` splits a "
+                   f"task's sequences where its layout says so (`sp`), not by this workload-wide degree")
     if workload.training.padded_dispatch:
         out.append("training.padded_dispatch: `hetprof run` hands passes their samples unpadded, in process")
     out.extend(precision_problems(workload.precision))
@@ -60,17 +60,44 @@ def may_pipeline(task: str) -> bool:
     return task not in UNPIPELINED
 
 
+# Ulysses sequence parallelism (a layout's `sp`): `sp` consecutive whole-model replicas run each packed
+# row together, a slice of its tokens each, swapping tokens for attention heads by all-to-all.
+def sequence_parallel_problems(task: str, kind: str, model: ModelShape, sp: int, tp: int, pp: int, packed: bool,
+                               name: str) -> list[str]:
+    """Why the executor would refuse `sp` > 1 for this layout (empty: it runs it). It splits the packed
+    rows of training and forward passes (`packed`: the workload sets max_tokens_per_microbatch),
+    over replicas without TP or PP, and every rank must hold whole attention and KV heads."""
+    if sp == 1:
+        return []
+    why = []
+    if kind == TaskKind.GENERATION:
+        why.append("generation decodes each sequence on one replica")
+    if tp > 1 or pp > 1:
+        why.append("its groups are whole-model replicas (no TP or PP)")
+    if not packed:
+        why.append("it splits packed rows: set training.max_tokens_per_microbatch")
+    if model.heads % sp or model.kv_heads % sp:
+        why.append(f"SP{sp} must divide the {model.name} model's attention heads ({model.heads}) and KV heads "
+                   f"({model.kv_heads})")
+    return [f"task {task} has layout {name}: this executor runs Ulysses sequence parallelism only where it "
+            f"can ({'; '.join(why)})"] if why else []
+
+
 def tp_divides(model: ModelShape, tp: int) -> bool:
     """Whether torch's tensor-parallel plan can shard `model` `tp` ways (heads, KV heads, FFN)."""
     return not (model.heads % tp or model.kv_heads % tp or model.ffn % tp)
 
 
 def layout_problems(task: str, kind: str, model: ModelShape, tp: int, pp: int,
-                    layer_splits: Sequence[Sequence[int]] = (), layout: str = "", sharding: str = "none") -> list[str]:
+                    layer_splits: Sequence[Sequence[int]] = (), layout: str = "", sharding: str = "none", *,
+                    sp: int = 1, cp: int = 1, ep: int = 1, packed: bool = True) -> list[str]:
     """Sentences saying why the executor would refuse this layout of `task` (empty: it runs it).
 
     `kind` is the task's kind (generation, inference, training); `layer_splits` each replica's
-    layers per pipeline stage; `layout` how to name the layout in the sentences (e.g. DP2×TP1×PP2).
+    layers per pipeline stage; `layout` how to name the layout in the sentences (e.g. DP2×TP1×PP2);
+    `sp`, `cp`, `ep` its sequence-, context- and expert-parallel degrees; `packed` whether the
+    workload packs its passes (training.max_tokens_per_microbatch). Ulysses sequence parallelism
+    runs where `sequence_parallel_problems` finds nothing; context and expert parallelism do not.
     Sharded data parallelism runs on whole-model replicas — FSDP2 `fully_shard` for zero2 (kept
     gathered between forward and backward) and fsdp, on GPUs and on the CPU (gloo) alike; zero1 has
     no runner (the planner never picks it: zero2 moves the same bytes and holds less); TP/PP
@@ -95,4 +122,7 @@ def layout_problems(task: str, kind: str, model: ModelShape, tp: int, pp: int,
     if tp > 1 and not tp_divides(model, tp):
         out.append(f"task {task} has layout {name}: TP{tp} must divide the {model.name} model's attention "
                    f"heads ({model.heads}), KV heads ({model.kv_heads}) and FFN width ({model.ffn})")
+    out += sequence_parallel_problems(task, kind, model, sp, tp, pp, packed, name)
+    out += [f"task {task} has layout {name}: this executor runs no {what} parallelism ({label}{degree})"
+            for what, label, degree in (("context", "CP", cp), ("expert", "EP", ep)) if degree != 1]
     return out

@@ -223,8 +223,8 @@ class Plan:
                 continue
             i, f = placed[follower]
             lead = placed[leader][1]
-            same = (f.group == lead.group and (f.layout.tp, f.layout.pp, f.layout.cp, f.layout.replicas) ==
-                    (lead.layout.tp, lead.layout.pp, lead.layout.cp, lead.layout.replicas))
+            same = (f.group == lead.group and (f.layout.tp, f.layout.pp, f.layout.cp, f.layout.sp, f.layout.replicas) ==
+                    (lead.layout.tp, lead.layout.pp, lead.layout.cp, lead.layout.sp, lead.layout.replicas))
             if not same:
                 raise SpecError(None, f"tasks[{i}]", f"{follower} on {leader}'s group, devices and layout "
                                 f"(it runs on {leader}'s workers with its weights)",
