@@ -1,8 +1,8 @@
 """Atomic checkpoints of tensors only, so a killed run resumes and a shared checkpoint runs no code.
 
 A checkpoint is a directory `iter-NNNNNN/` holding `state.pt` (a torch.save of nested dicts of
-tensors and numbers: models, optimizers, RNG states) and `meta.json` (plan hash, iteration, data
-cursor, version counters). It is written under a temporary name and renamed into place, and the
+tensors and numbers: models, optimizers, learner progress, RNG states, rollouts in flight) and
+`meta.json` (plan hash, run, iteration, a rank's data position). It is written under a temporary name and renamed into place, and the
 `LATEST` pointer is replaced atomically after it, so a crash mid-write leaves the previous
 checkpoint intact. Loading uses `weights_only=True`: a checkpoint file cannot execute code.
 

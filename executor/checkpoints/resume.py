@@ -2,7 +2,9 @@
 
 The leader alone decides the starting iteration (0, or the last committed checkpoint's) and the run's
 name, and broadcasts both, so every rank resumes from the same point. Each rank saves and loads only
-the checkpoint units of its own trained tasks, as their runners name them (runners/trainers.py).
+the checkpoint units of its own trained tasks, as their runners name them (runners/trainers.py), and
+its own unit (`rank_unit`): together they hold everything the run continues from, so a resumed run
+is the uninterrupted run (docs/DESIGN.md, executor: checkpoints).
 """
 
 from __future__ import annotations
@@ -55,10 +57,9 @@ def load_units(runners: Mapping[str, RunnerBase], checkpoint_dir: str, start: in
 
 
 def save_units(runners: Mapping[str, RunnerBase], checkpoint_dir: str, iteration: int, plan_hash: str,
-               run_name: str) -> bool:
-    """Write the units this rank leads; whether it wrote any (the leader commits when all have).
+               run_name: str) -> None:
+    """Write the trained units this rank leads (the leader commits once every rank has saved).
     Every rank of a unit takes its state, as an FSDP-sharded trainer gathers it collectively."""
-    saved = False
     for runner in runners.values():
         leads = set(runner.units(lead_only=True))
         for unit in runner.units(lead_only=False):
@@ -68,8 +69,6 @@ def save_units(runners: Mapping[str, RunnerBase], checkpoint_dir: str, iteration
             if unit not in leads:
                 continue
             _save(checkpoint_dir, unit, iteration, state, {"plan_hash": plan_hash, "run": run_name, "task": unit})
-            saved = True
-    return saved
 
 
 # ---- the rank's own state ----------------------------------------------------------------------------

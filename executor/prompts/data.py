@@ -183,7 +183,8 @@ class PromptSource:
         for field, own in (("batch_size", self.batch_size), ("seed", self.seed), ("prompts", len(self.prompts)),
                            ("fingerprint", self.fingerprint())):
             if field in state and state[field] != own:
-                raise SpecError(None, field, f"{own!r} (the checkpoint's data stream)", state[field])
+                raise SpecError(None, field, f"{state[field]!r:.40} as in the checkpoint's data stream, which a "
+                                f"resume continues", own)
         cursor = state.get("cursor")
         if type(cursor) is not int or cursor < 0:
             raise SpecError(None, "cursor", "a batch index >= 0", cursor)
