@@ -102,17 +102,38 @@ class Learner:
             self.model.train(was)
 
     def state_dict(self) -> dict:
-        """Optimizer state, step counters and the mini-batch shuffler, so a resumed run shuffles alike."""
-        return {"optimizer": self.optimizer.state_dict(), "steps": self.steps, "updates": self.updates,
-                "rng": self._rng.get_state(),
-                "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None}
+        """Optimizer state and the learner's own progress (`progress_state`)."""
+        return {"optimizer": self.optimizer.state_dict(), **self.progress_state()}
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
-        self.steps, self.updates = int(state["steps"]), int(state["updates"])
-        self._rng.set_state(state["rng"])
-        if self.lr_scheduler is not None and state.get("lr_scheduler") is not None:
-            self.lr_scheduler.load_state_dict(state["lr_scheduler"])
+        self.load_progress_state(state)
+
+    def progress_state(self) -> dict:
+        """What a resumed update continues besides the weights and optimizer moments: the step
+        counters, the learning-rate schedule and the mini-batch shuffler (tensors and numbers only)."""
+        return {"steps": self.steps, "updates": self.updates, "rng": self._rng.get_state(),
+                "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None}
+
+    def load_progress_state(self, state: dict) -> None:
+        """The counters, schedule and shuffler of `progress_state`; a ValueError says what is malformed
+        (the optimizer is loaded first: the schedule's state names the rates it set)."""
+        steps, updates, rng, schedule = (state.get(k) for k in ("steps", "updates", "rng", "lr_scheduler"))
+        if type(steps) is not int or type(updates) is not int or min(steps, updates) < 0:
+            raise ValueError(f"learner step counters must be integers >= 0, got {steps!r:.40}, {updates!r:.40}")
+        expected = self._rng.get_state()
+        if not isinstance(rng, torch.Tensor) or rng.dtype != expected.dtype or rng.shape != expected.shape:
+            raise ValueError(f"the learner's shuffler state must be a {tuple(expected.shape)} "
+                             f"{expected.dtype} tensor")
+        own = self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None
+        if (schedule is None) != (own is None) or (own is not None and (
+                not isinstance(schedule, dict) or set(schedule) != set(own))):  # torch sets its attributes from it
+            raise ValueError("the learning-rate schedule state does not match this run's schedule "
+                             f"({'none' if own is None else 'one'} configured)")
+        self.steps, self.updates = steps, updates
+        self._rng.set_state(rng)
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.load_state_dict(schedule)
 
     # ---- the update ------------------------------------------------------------------------------
     def update(self, batch: RLBatch) -> dict[str, float]:

@@ -1,8 +1,8 @@
 """Atomic checkpoints of tensors only, so a killed run resumes and a shared checkpoint runs no code.
 
 A checkpoint is a directory `iter-NNNNNN/` holding `state.pt` (a torch.save of nested dicts of
-tensors and numbers: models, optimizers, RNG states) and `meta.json` (plan hash, iteration, data
-cursor, version counters). It is written under a temporary name and renamed into place, and the
+tensors and numbers: models, optimizers, learner progress, RNG states, rollouts in flight) and
+`meta.json` (plan hash, run, iteration, a rank's data position). It is written under a temporary name and renamed into place, and the
 `LATEST` pointer is replaced atomically after it, so a crash mid-write leaves the previous
 checkpoint intact. Loading uses `weights_only=True`: a checkpoint file cannot execute code.
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import shutil
 import tempfile
@@ -25,6 +26,7 @@ from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from hetprof.errors import ExecutionError, HetprofError, SpecError
@@ -226,18 +228,45 @@ def load_state(path: Path, map_location: str | torch.device = "cpu", mmap: bool 
     return state
 
 
-def rng_state() -> dict[str, torch.Tensor]:
-    """The torch RNG states of this process (CPU, and CUDA when present) as tensors."""
-    out = {"cpu": torch.get_rng_state()}
+def rng_state() -> dict[str, Any]:
+    """Every process-wide random generator of this process as tensors and numbers: torch's (CPU, and
+    CUDA when in use), Python's `random` and numpy's legacy global one (a reward function may draw
+    from either), so a resumed rank draws what the uninterrupted one would have."""
+    version, words, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    out: dict[str, Any] = {
+        "torch_cpu": torch.get_rng_state(),
+        "python": {"version": version, "words": torch.tensor(words, dtype=torch.int64), "gauss": gauss},
+        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached": float(cached)}}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        out["cuda"] = torch.cuda.get_rng_state()
+        out["torch_cuda"] = torch.cuda.get_rng_state()
     return out
 
 
-def set_rng_state(state: dict[str, torch.Tensor]) -> None:
-    torch.set_rng_state(state["cpu"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
+def set_rng_state(state: Any) -> None:
+    """Restore what `rng_state` took; a ValueError says what is malformed (and nothing is set then)."""
+    try:
+        python, numpy_state = state["python"], state["numpy"]
+        words = tuple(int(w) for w in python["words"].tolist())
+        gauss = python["gauss"]
+        if not (gauss is None or isinstance(gauss, float)) or len(words) != len(random.getstate()[1]):
+            raise ValueError("Python's random state has the wrong shape")
+        keys = numpy_state["keys"].numpy().astype(np.uint32)
+        legacy = (str(numpy_state["kind"]), keys, int(numpy_state["pos"]), int(numpy_state["has_gauss"]),
+                  float(numpy_state["cached"]))
+        cpu = state["torch_cpu"]
+        if not isinstance(cpu, torch.Tensor) or cpu.shape != torch.get_rng_state().shape:
+            raise ValueError("torch's CPU generator state has the wrong shape")
+        probe = np.random.RandomState()
+        probe.set_state(legacy)  # numpy checks the state here, before any generator is changed
+    except (KeyError, TypeError, AttributeError, RuntimeError, ValueError) as exc:
+        raise ValueError(f"random generator states: {type(exc).__name__}: {str(exc)[:120]}") from None
+    torch.set_rng_state(cpu)
+    if isinstance(state.get("torch_cuda"), torch.Tensor) and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["torch_cuda"])
+    random.setstate((int(python["version"]), words, gauss))
+    np.random.set_state(legacy)
 
 
 COMMIT = "COMMITTED.json"

@@ -2,12 +2,16 @@
 
 The leader alone decides the starting iteration (0, or the last committed checkpoint's) and the run's
 name, and broadcasts both, so every rank resumes from the same point. Each rank saves and loads only
-the checkpoint units of its own trained tasks, as their runners name them (runners/trainers.py).
+the checkpoint units of its own trained tasks, as their runners name them (runners/trainers.py), and
+its own unit (`rank_unit`): together they hold everything the run continues from, so a resumed run
+is the uninterrupted run (docs/DESIGN.md, executor: checkpoints).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -47,16 +51,15 @@ def load_units(runners: Mapping[str, RunnerBase], checkpoint_dir: str, start: in
     """Every trained unit on this rank back to its state at iteration `start`."""
     for runner in runners.values():
         for unit in runner.units(lead_only=False):
-            path = checkpoint.task_dir(checkpoint_dir, unit) / f"iter-{start:06d}"
+            path = checkpoint.task_dir(checkpoint_dir, unit) / checkpoint.iteration_folder(start)
             state, _ = checkpoint.load(path, map_location=device)
-            runner.load_state(state)
+            _restore(path, runner.load_state, state)
 
 
 def save_units(runners: Mapping[str, RunnerBase], checkpoint_dir: str, iteration: int, plan_hash: str,
-               run_name: str) -> bool:
-    """Write the units this rank leads; whether it wrote any (the leader commits when all have).
+               run_name: str) -> None:
+    """Write the trained units this rank leads (the leader commits once every rank has saved).
     Every rank of a unit takes its state, as an FSDP-sharded trainer gathers it collectively."""
-    saved = False
     for runner in runners.values():
         leads = set(runner.units(lead_only=True))
         for unit in runner.units(lead_only=False):
@@ -65,8 +68,74 @@ def save_units(runners: Mapping[str, RunnerBase], checkpoint_dir: str, iteration
             state = runner.state()
             if unit not in leads:
                 continue
-            checkpoint.save(checkpoint.task_dir(checkpoint_dir, unit), iteration, state,
-                            {"plan_hash": plan_hash, "run": run_name, "task": unit},
-                            protect=[name] if (name := checkpoint.committed_folder(checkpoint_dir)) else ())
-            saved = True
-    return saved
+            _save(checkpoint_dir, unit, iteration, state, {"plan_hash": plan_hash, "run": run_name, "task": unit})
+
+
+# ---- the rank's own state ----------------------------------------------------------------------------
+# Besides the trained units, every rank saves what it continues from that belongs to no model: its
+# random generators, the data position, and the rollouts it generated that no update has trained on
+# yet (async mode: the k batches in flight). Those are saved, not regenerated: the weights that
+# generated them are gone by the checkpoint, and a sampling engine need not repeat itself bitwise.
+
+def rank_unit(rank: int) -> str:
+    """The checkpoint unit of rank `rank`'s own state (a folder like a TP/PP trainer's shard's)."""
+    return f"ranks/rank-{rank:05d}"
+
+
+@dataclass(frozen=True)
+class RankState:
+    """A rank's own state at a checkpoint: the data position (plain JSON) and the rollouts in flight."""
+
+    data: dict[str, Any]
+    rollouts: dict[int, dict[str, torch.Tensor]]
+
+
+def save_rank(checkpoint_dir: str, rank: int, iteration: int, plan_hash: str, run_name: str,
+              data: dict[str, Any], rollouts: Mapping[int, Mapping[str, torch.Tensor]]) -> None:
+    """Write rank `rank`'s generators, data position and in-flight rollouts (batches >= `iteration`)."""
+    state = {"rng": checkpoint.rng_state(),
+             "rollouts": {str(b): {k: t.cpu() for k, t in r.items()} for b, r in rollouts.items() if b >= iteration}}
+    _save(checkpoint_dir, rank_unit(rank), iteration, state,
+          {"plan_hash": plan_hash, "run": run_name, "rank": rank, "data": data})
+
+
+def load_rank(checkpoint_dir: str, rank: int, start: int, device: torch.device) -> RankState:
+    """Rank `rank`'s state at iteration `start`, its random generators restored; a checkpoint without
+    it (or with it malformed) is refused naming the file."""
+    path = checkpoint.task_dir(checkpoint_dir, rank_unit(rank)) / checkpoint.iteration_folder(start)
+    if not path.is_dir():
+        raise checkpoint.CheckpointRefused(f"checkpoint {path}: missing; this rank's random generators, data "
+                                           f"position and rollouts in flight are saved there")
+    state, meta = checkpoint.load(path, map_location="cpu")
+    rollouts: dict[int, dict[str, torch.Tensor]] = {}
+
+    def restore() -> None:
+        if not isinstance(meta.get("data"), dict) or not isinstance(state.get("rollouts"), dict):
+            raise ValueError("expected a data position in meta.json and rollouts in state.pt")
+        for batch, tensors in state["rollouts"].items():
+            if not (isinstance(batch, str) and batch.isdigit() and int(batch) >= start and isinstance(tensors, dict)
+                    and all(isinstance(t, torch.Tensor) for t in tensors.values())):
+                raise ValueError(f"rollouts of batch {batch!r:.20}: expected a batch >= {start} and tensors")
+            rollouts[int(batch)] = {k: t.to(device) for k, t in tensors.items()}
+        checkpoint.set_rng_state(state.get("rng"))
+
+    _restore(path, restore)
+    return RankState(data=meta["data"], rollouts=rollouts)
+
+
+def _save(checkpoint_dir: str, unit: str, iteration: int, state: dict[str, Any], meta: dict[str, Any]) -> None:
+    """One unit's checkpoint, never pruning the committed one (a resume's start)."""
+    checkpoint.save(checkpoint.task_dir(checkpoint_dir, unit), iteration, state, meta,
+                    protect=[name] if (name := checkpoint.committed_folder(checkpoint_dir)) else ())
+
+
+def _restore(path: Path, apply: Callable[..., None], *args: Any) -> None:
+    """Run `apply(*args)` on a loaded state; a state of the wrong shape is refused naming its folder."""
+    try:
+        apply(*args)
+    except HetprofError:
+        raise
+    except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError) as exc:
+        problem = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+        raise checkpoint.CheckpointRefused(f"checkpoint {path}: not the state this run resumes from "
+                                           f"({type(exc).__name__}: {problem})") from None

@@ -24,8 +24,9 @@ import time
 
 import torch
 
+from hetprof.executor.checkpoints.checkpoint import CheckpointRefused
 from hetprof.executor.checkpoints.hf_export import export_models
-from hetprof.executor.checkpoints.resume import agree_on_start, load_units, save_units
+from hetprof.executor.checkpoints.resume import agree_on_start, load_rank, load_units, save_rank, save_units
 from hetprof.executor.loop.dispatch import Exchange
 from hetprof.executor.loop.evaluation import validator_for
 from hetprof.executor.loop.leader import Leader
@@ -78,7 +79,10 @@ class Worker:
             device_type=device_types.get(topo.device_of[rank]), threads=torch.get_num_threads(),
             dtypes={task: dtype_name(self.ctx.train_dtype if Task(task).kind == TaskKind.TRAINING
                                      else self.ctx.infer_dtype) for task in self.runners})
-        self._own_rollout: dict[str, torch.Tensor] | None = None
+        # the rollouts this rank generated (as its replica's first rank) that no update has trained on
+        # yet, by batch: the leader's own until it collects them, and what a checkpoint saves in flight
+        self._rollouts: dict[int, dict[str, torch.Tensor]] = {}
+        self._replay: range = range(0)  # after a resume: the batches in flight, taken from the checkpoint
         self.validator = validator_for(self.ctx, self.is_leader)
 
     def close(self) -> None:
@@ -90,13 +94,13 @@ class Worker:
     def run(self) -> None:
         console = self.ctx.console
         start, self.run_name = agree_on_start(self.opts, self.hash, self.run_name, self.is_leader, self.topo.leader)
-        if start and self.opts.resume:
-            load_units(self.runners, self.opts.checkpoint_dir, start, self.device)
         if start >= self.opts.iterations:
             if self.is_leader and not self.opts.quiet:
                 console.print(f"nothing to do: the checkpoint is at iteration {start} "
                               f"(--iterations {self.opts.iterations})")
             return
+        if start:
+            self._resume(start)
         if self.is_leader and not self.opts.quiet:  # the name `hetprof validate` and `hetprof db show` take
             console.print(f"run {self.run_name}" + (f", resumed at iteration {start}" if start else ""))
         self.recorder.start(RecordContext.from_plan(self.plan, self.topo, self.run_name, self.hash,
@@ -117,6 +121,19 @@ class Worker:
                 last = self._submit(step.consume, last, report)
         self.exchange.flush()
         self.recorder.close()
+
+    def _resume(self, start: int) -> None:
+        """Everything this rank continues from, as the checkpoint at `start` holds it: the trained
+        units, the random generators, the data position, and (async) the k batches generated before
+        the checkpoint that no update had trained on — replayed, not regenerated."""
+        load_units(self.runners, self.opts.checkpoint_dir, start, self.device)
+        own = load_rank(self.opts.checkpoint_dir, self.rank, start, self.device)
+        self.ctx.source.load_state_dict(own.data)
+        if self.ctx.source.cursor != start:
+            raise CheckpointRefused(f"--resume: rank {self.rank}'s checkpoint at iteration {start} holds the data "
+                                    f"position of batch {self.ctx.source.cursor}")
+        self._rollouts = own.rollouts
+        self._replay = range(start, min(start + self.k, self.opts.iterations))
 
     def _submit(self, consume: int | None, last: float, report: IterationReport) -> float:
         """Hand a finished iteration's report to the recorder; the loop step's end time."""
@@ -147,6 +164,7 @@ class Worker:
             self._validate(b)
         if self.opts.checkpoint_due(b + 1):
             self._checkpoint(b + 1)
+        self._rollouts = {i: r for i, r in self._rollouts.items() if i > b}  # trained on: no longer in flight
 
     # ---- the dataflow ------------------------------------------------------------------------
     def _forward_passes(self) -> list[str]:
@@ -160,13 +178,19 @@ class Worker:
         """Generate this replica's prompts; the TP ranks of a replica all run it (same seed, same
         tokens) and its first rank sends the rollout to the leader."""
         generator = self.timed[Task.ACTOR_GEN]
-        out = generator.run(GenerationStep(batch=b, version=self.weights.version))
-        if not generator.reports:
-            return
-        if self.is_leader:
-            self._own_rollout = out
+        if b in self._replay:  # every rank of the replica skips it alike (TP ranks generate together)
+            if not generator.reports:
+                return
+            if b not in self._rollouts:
+                raise CheckpointRefused(f"--resume: rank {self.rank}'s checkpoint lacks its rollouts of batch {b}, "
+                                        f"generated before the checkpoint and not yet trained on")
+            out = self._rollouts[b]
         else:
-            self.exchange.to_leader(out, MessageKind.ROLLOUT, b)
+            out = generator.run(GenerationStep(batch=b, version=self.weights.version))
+            if not generator.reports:
+                return
+            self._rollouts[b] = out
+        self.exchange.to_leader(out, MessageKind.ROLLOUT, b)  # the leader keeps its own
 
     @phase("collect_rollouts")
     def _collect(self, b: int) -> dict[str, torch.Tensor] | None:
@@ -174,7 +198,7 @@ class Worker:
         if not self.is_leader:
             return None
         with self.timing.span("wait_rollouts"):
-            return self.exchange.collect(self._own_rollout, self.topo.tasks[Task.ACTOR_GEN].ranks,
+            return self.exchange.collect(self._rollouts.get(b), self.topo.tasks[Task.ACTOR_GEN].ranks,
                                          MessageKind.ROLLOUT, b, "rollouts", self.ctx.tokenizer.pad_id)
 
     @phase(lambda task, *_: task)
@@ -232,6 +256,8 @@ class Worker:
     @phase("checkpoint")
     def _checkpoint(self, iteration: int) -> None:
         with self.timing.span("checkpoint", seconds=False):
-            self.timing.report.checkpoint_saved = save_units(self.runners, self.opts.checkpoint_dir, iteration,
-                                                             self.hash, self.run_name)
+            save_units(self.runners, self.opts.checkpoint_dir, iteration, self.hash, self.run_name)
+            save_rank(self.opts.checkpoint_dir, self.rank, iteration, self.hash, self.run_name,
+                      self.ctx.source.position(iteration), self._rollouts)
+            self.timing.report.checkpoint_saved = True
             export_models(self.runners, self.ctx, self.opts.checkpoint_dir, iteration)

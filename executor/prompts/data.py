@@ -12,6 +12,7 @@ and after every resume, so a resumed run continues the data stream instead of re
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import random
 from collections.abc import Sequence
@@ -112,7 +113,8 @@ class PromptSource:
 
     Epoch e visits every prompt once in the order of a permutation seeded by (seed, e); batch i
     covers positions [i*B, (i+1)*B) of the concatenated epochs. The cursor is the next batch
-    index, so saving it in a checkpoint is enough to resume the stream exactly.
+    index, so saving it in a checkpoint is enough to resume the stream exactly; the saved position
+    also names the stream (seed, batch size, the prompts' fingerprint), so another is not continued.
     """
 
     def __init__(self, prompts: Sequence[Prompt], batch_size: int, seed: int = 0, cursor: int = 0):
@@ -125,6 +127,7 @@ class PromptSource:
         self.seed = seed
         self.cursor = cursor
         self._orders: dict[int, list[int]] = {}
+        self._fingerprint: str | None = None
 
     @classmethod
     def builtin(cls, batch_size: int, seed: int = 0, size: int = 4096, **kwargs) -> PromptSource:
@@ -155,13 +158,34 @@ class PromptSource:
         self.cursor += 1
         return out
 
+    def position(self, index: int) -> dict:
+        """The stream at batch `index` as plain JSON: where it stands (cursor, epoch, offset) and which
+        stream it is (seed, batch size, the prompts' count and fingerprint)."""
+        epoch, offset = divmod(index * self.batch_size, len(self.prompts))
+        return {"cursor": index, "epoch": epoch, "offset": offset, "seed": self.seed,
+                "batch_size": self.batch_size, "prompts": len(self.prompts), "fingerprint": self.fingerprint()}
+
+    def fingerprint(self) -> str:
+        """A digest of the prompts in their file order: another file (or an edited one) gives another."""
+        if self._fingerprint is None:
+            digest = hashlib.sha256()
+            for p in self.prompts:
+                digest.update(json.dumps([p.text, p.answer, p.messages]).encode("utf-8"))
+            self._fingerprint = digest.hexdigest()[:16]
+        return self._fingerprint
+
     def state_dict(self) -> dict:
-        return {"cursor": self.cursor, "seed": self.seed, "batch_size": self.batch_size}
+        return self.position(self.cursor)
 
     def load_state_dict(self, state: dict) -> None:
-        if state.get("batch_size", self.batch_size) != self.batch_size:
-            raise SpecError(None, "batch_size", f"{self.batch_size} (the checkpoint's data stream)",
-                            state.get("batch_size"))
-        self.cursor = int(state["cursor"])
-        self.seed = int(state.get("seed", self.seed))
-        self._orders = {}
+        """Continue a saved stream at its cursor; a different stream (batch size, seed, prompts) is
+        refused, since continuing it would not continue the run that saved it."""
+        for field, own in (("batch_size", self.batch_size), ("seed", self.seed), ("prompts", len(self.prompts)),
+                           ("fingerprint", self.fingerprint())):
+            if field in state and state[field] != own:
+                raise SpecError(None, field, f"{state[field]!r:.40} as in the checkpoint's data stream, which a "
+                                f"resume continues", own)
+        cursor = state.get("cursor")
+        if type(cursor) is not int or cursor < 0:
+            raise SpecError(None, "cursor", "a batch index >= 0", cursor)
+        self.cursor = cursor

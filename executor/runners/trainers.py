@@ -148,31 +148,36 @@ class Trainer(RunnerBase):
         return self.sharded is None and _is_sharded(self.module)
 
     def state(self) -> dict[str, Any]:
-        """Model and optimizer state; an FSDP-sharded trainer gathers the full state, so every
-        replica must call this (a collective), though only the lead writes it."""
+        """Model and optimizer state and the learner's progress (step counters, learning-rate schedule,
+        shuffler); an FSDP-sharded trainer gathers the full state, so every replica must call this
+        (a collective), though only the lead writes it."""
         optimizer = self.learner.optimizer
+        progress = {"learner": self.learner.progress_state()}
         if self.sharded is not None:
-            return self.sharded.local_state(optimizer)
+            return {**self.sharded.local_state(optimizer), **progress}
         if _is_sharded(self.module):
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
             weights, moments = get_state_dict(self.module, optimizer, options=StateDictOptions(full_state_dict=True))
-            return {"model": weights, "optimizer": moments}
-        return {"model": unwrap(self.module).state_dict(), "optimizer": optimizer.state_dict()}
+            return {"model": weights, "optimizer": moments, **progress}
+        return {"model": unwrap(self.module).state_dict(), "optimizer": optimizer.state_dict(), **progress}
 
     def load_state(self, state: dict[str, Any]) -> None:
+        """The state `state()` took; the learner's progress after the optimizer it schedules."""
+        if not isinstance(state.get("learner"), dict):
+            raise ValueError("no learner progress (step counters, learning-rate schedule, shuffler) in it")
         optimizer = self.learner.optimizer
         if self.sharded is not None:
             self.sharded.load_local_state(optimizer, state)
-            return
-        if _is_sharded(self.module):  # every replica reads the full state and keeps its shard
+        elif _is_sharded(self.module):  # every replica reads the full state and keeps its shard
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
             set_state_dict(self.module, optimizer, model_state_dict=state["model"],
                            optim_state_dict=state["optimizer"], options=StateDictOptions(full_state_dict=True))
-            return
-        unwrap(self.module).load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+        else:
+            unwrap(self.module).load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+        self.learner.load_progress_state(state["learner"])
 
 
 class ActorTrainer(Trainer):

@@ -134,6 +134,20 @@ def test_prompt_source_is_deterministic_covers_epochs_and_resumes():
         PromptSource(prompts, batch_size=3).load_state_dict(src.state_dict())
 
 
+def test_a_saved_data_position_names_its_stream_and_another_is_not_continued():
+    prompts = arithmetic_prompts(10, seed=0)
+    src = PromptSource(prompts, batch_size=4, seed=7)
+    position = json.loads(json.dumps(src.position(3)))  # plain JSON, as a checkpoint's meta.json holds it
+    assert (position["cursor"], position["epoch"], position["offset"]) == (3, 1, 2)  # position 12: epoch 1, offset 2
+    for other, field in ((PromptSource(prompts, 4, seed=8), "seed"), (PromptSource(prompts[:9], 4, seed=7), "prompts"),
+                         (PromptSource([*prompts[:9], arithmetic_prompts(11, seed=0)[10]], 4, seed=7), "fingerprint")):
+        with pytest.raises(SpecError, match=field):
+            other.load_state_dict(position)
+    resumed = PromptSource(list(prompts), 4, seed=7)
+    resumed.load_state_dict(position)
+    assert resumed.cursor == 3 and resumed.next_batch() == src.batch(3)
+
+
 def test_builtin_source_defaults():
     src = PromptSource.builtin(batch_size=8, seed=1)
     assert len(src.next_batch()) == 8 and src.cursor == 1

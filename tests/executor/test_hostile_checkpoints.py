@@ -205,3 +205,74 @@ def test_hetprof_run_resume_refuses_a_hostile_marker_in_one_line_before_any_work
     lines = [ln for ln in result.output.splitlines() if ln.strip()]
     assert result.exit_code == 2 and len(lines) == 1 and "COMMITTED.json" in lines[0], result.output
     assert not (tmp_path / "ESCAPED_TB").exists()
+
+
+# ---- the state a resume continues from: refused naming its file when it is not what the run saved ----
+
+def _rank_state(tmp_path, rollouts=None, rng=None, data=None):
+    from hetprof.executor.checkpoints.resume import rank_unit
+
+    state = {"rng": checkpoint.rng_state() if rng is None else rng, "rollouts": rollouts or {}}
+    meta = {"plan_hash": "h", "run": "run-a", "rank": 0, "data": {"cursor": 2} if data is None else data}
+    return checkpoint.save(checkpoint.task_dir(tmp_path, rank_unit(0)), 2, state, meta)
+
+
+def test_a_rank_state_round_trips_its_generators_and_rollouts(tmp_path):
+    import random
+
+    from hetprof.executor.checkpoints.resume import load_rank, save_rank
+
+    rollout = {"input_ids": torch.arange(6).reshape(2, 3)}
+    save_rank(str(tmp_path), 0, 2, "h", "run-a", {"cursor": 2}, {1: rollout, 2: rollout, 3: rollout})
+    drawn = (random.random(), torch.rand(1))
+    own = load_rank(str(tmp_path), 0, 2, torch.device("cpu"))
+    assert sorted(own.rollouts) == [2, 3] and torch.equal(own.rollouts[2]["input_ids"], rollout["input_ids"])
+    assert own.data == {"cursor": 2} and (random.random(), torch.rand(1)) == drawn  # generators put back
+
+
+@pytest.mark.parametrize("damage", ["missing", "rng", "rollout-key", "rollout-value", "data"])
+def test_a_malformed_rank_state_is_refused_naming_it_and_changes_no_generator(tmp_path, damage):
+    import random
+
+    from hetprof.executor.checkpoints.resume import load_rank
+
+    good = checkpoint.rng_state()
+    if damage == "rng":
+        _rank_state(tmp_path, rng={**good, "python": {**good["python"], "words": torch.zeros(3, dtype=torch.int64)}})
+    elif damage == "rollout-key":
+        _rank_state(tmp_path, rollouts={"../1": {"x": torch.zeros(1)}})
+    elif damage == "rollout-value":
+        _rank_state(tmp_path, rollouts={"2": {"x": [1, 2]}})
+    elif damage == "data":
+        _rank_state(tmp_path, data=[1])
+    before = random.getstate()
+    with pytest.raises(HetprofError) as err:
+        load_rank(str(tmp_path), 0, 2, torch.device("cpu"))
+    text = str(err.value)
+    assert err.value.exit_code == 2 and "rank-00000" in text and "\n" not in text, text
+    assert random.getstate() == before
+
+
+def test_a_trained_unit_without_its_learner_progress_is_refused_naming_it(tmp_path):
+    from hetprof.executor.algorithms import get_algorithm
+    from hetprof.executor.algorithms.learner import Learner
+    from hetprof.executor.checkpoints.resume import load_units
+
+    model = torch.nn.Linear(2, 2)
+    learner = Learner(model, torch.optim.SGD(model.parameters(), lr=0.1), get_algorithm("grpo")())
+
+    class Runner:
+        def units(self, lead_only):
+            return ["actor_train"]
+
+        def load_state(self, state):
+            learner.load_progress_state(state["learner"])
+
+    good = learner.progress_state()
+    for bad in ({}, {**good, "steps": -1}, {**good, "rng": good["rng"][:10]},
+                {**good, "lr_scheduler": {"last_epoch": 3}}):
+        checkpoint.save(checkpoint.task_dir(tmp_path, "actor_train"), 2, {"learner": bad}, {"plan_hash": "h"})
+        with pytest.raises(HetprofError) as err:
+            load_units({"actor_train": Runner()}, str(tmp_path), 2, torch.device("cpu"))
+        assert err.value.exit_code == 2 and "actor_train/iter-000002" in str(err.value), bad
+    assert learner.steps == 0

@@ -4,6 +4,7 @@ runner family does its work on the tiny model in one process (a one-rank gloo gr
 from __future__ import annotations
 
 import types
+from copy import deepcopy
 from pathlib import Path
 
 import pytest
@@ -126,13 +127,18 @@ def test_a_train_step_changes_the_weights_and_state_round_trips(rank):
     fields = Leader(ctx, StepTiming()).advantages(score(ctx, _rollout(ctx, runners), ctx.prompts(0)))
     for task in (Task.ACTOR_TRAIN, Task.CRITIC_TRAIN):
         trainer = runners[task]
-        saved = {k: v.clone() for k, v in trainer.state()["model"].items()}
+        before = deepcopy(trainer.state())
+        saved = before["model"]
         stats = trainer.run(fields)
         assert stats and all(isinstance(v, float) for v in stats.values()), stats
         after = trainer.state()["model"]
         assert any(not torch.equal(saved[k], after[k]) for k in saved), task
-        trainer.load_state({"model": saved, "optimizer": trainer.state()["optimizer"]})
+        assert trainer.learner.steps > 0
+        trainer.load_state(before)  # the learner's progress too: its counters, schedule, shuffler
         assert all(torch.equal(saved[k], v) for k, v in trainer.state()["model"].items())
+        assert trainer.learner.steps == 0 and torch.equal(trainer.state()["learner"]["rng"], before["learner"]["rng"])
+        with pytest.raises(ValueError, match="learner progress"):
+            trainer.load_state({"model": saved, "optimizer": before["optimizer"]})
         assert trainer.units(lead_only=True) == [task]
 
 
