@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from hetprof.errors import ExecutionError, HetprofError, SpecError
+from hetprof.executor.records.run_name import run_name_problem
 from hetprof.safety import safefiles
 from hetprof.specs.loader import check_plain
 
@@ -41,7 +42,6 @@ WRITTEN = "WRITTEN.json"  # the iteration folders this task directory's current 
 MAX_MARKER_BYTES = 1 << 20  # a marker holds a few fields; 1 MiB is far above any we write
 MAX_ITERATION = 10**9  # iteration numbers we write; beyond is not ours
 MAX_STATE_BYTES = 1 << 40  # a state.pt larger than 1 TiB is no model state this runtime holds
-RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # one path component, never ".." or "/"
 ITER_NAME = re.compile(r"iter-(\d{6,9})")
 
 
@@ -62,13 +62,6 @@ def _torch_problem(exc: Exception) -> str:
     if not lines or "weights_only" in lines[0] or "torch.save" in lines[0]:
         return f"{type(exc).__name__}: not a zip archive of tensors and plain values"
     return f"{type(exc).__name__}: {lines[0][:160]}"
-
-
-def run_name_problem(name: Any) -> str | None:
-    """Why `name` cannot be a run name (a folder under --tensorboard-dir), or None if it can."""
-    if not isinstance(name, str) or not RUN_NAME.fullmatch(name):
-        return f"a run name of letters, digits, '.', '_', '-' (one path component, at most 128 characters), got {name!r:.80}"
-    return None
 
 
 def read_marker(path: str | Path) -> Any:

@@ -15,7 +15,6 @@ import torch
 import torch.distributed as dist
 
 from hetprof.errors import ExecutionError
-from hetprof.executor.loop.batch_split import share_slices, token_share_slices
 from hetprof.executor.loop.messages import (
     MessageKind,
     Outbox,
@@ -24,6 +23,7 @@ from hetprof.executor.loop.messages import (
     recv_tensors,
     select_rows,
 )
+from hetprof.executor.parallel.batch_split import share_slices, token_share_slices
 from hetprof.executor.parallel.topology import TaskRanks, Topology
 
 

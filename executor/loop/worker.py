@@ -31,16 +31,15 @@ from hetprof.executor.loop.dispatch import Exchange
 from hetprof.executor.loop.evaluation import validator_for
 from hetprof.executor.loop.leader import Leader
 from hetprof.executor.loop.messages import INPUT_KIND, RESULT_KIND, MessageKind
+from hetprof.executor.loop.recorder import Recorder, record_context
 from hetprof.executor.loop.staleness import VersionCounter, schedule
+from hetprof.executor.loop.sync_edges import SyncEdges
 from hetprof.executor.loop.timing import StepTiming, phase
 from hetprof.executor.options import RunOptions
 from hetprof.executor.parallel.process_groups import ProcessGroups
-from hetprof.executor.parallel.sync_edges import SyncEdges
 from hetprof.executor.parallel.topology import Topology
 from hetprof.executor.records.iteration_report import IterationReport, RankInfo
-from hetprof.executor.records.recorder import Recorder
 from hetprof.executor.records.run_log import dtype_name, plan_hash, work_description
-from hetprof.executor.records.run_record import RecordContext
 from hetprof.executor.records.trace import IterationTrace
 from hetprof.executor.runners.context import RankContext
 from hetprof.executor.runners.generator import GenerationStep
@@ -103,8 +102,8 @@ class Worker:
             self._resume(start)
         if self.is_leader and not self.opts.quiet:  # the name `hetprof validate` and `hetprof db show` take
             console.print(f"run {self.run_name}" + (f", resumed at iteration {start}" if start else ""))
-        self.recorder.start(RecordContext.from_plan(self.plan, self.topo, self.run_name, self.hash,
-                                                    work_description(self.plan), self.opts.verify_sync), start)
+        self.recorder.start(record_context(self.plan, self.topo, self.run_name, self.hash,
+                                           work_description(self.plan), self.opts.verify_sync), start)
         self.weights.version = start
         counter = VersionCounter(start, self.k)
         self.weights.sync(start, None)  # generators start from the trainer's weights, fresh or resumed

@@ -1,1 +1,1 @@
-"""What a run measured: iteration reports, the recorder, run records, TensorBoard, traces and Gantt charts."""
+"""What a run measured: iteration reports, run records, TensorBoard, W&B, traces and Gantt charts."""

@@ -1,6 +1,6 @@
 """The iteration record: every rank's report of one iteration turned into the run's durable record.
 
-A pure function of the run's fixed facts (`RecordContext`, built once from the plan) and the ranks'
+A pure function of the run's fixed facts (`RecordContext`, built once from the plan by the loop) and the ranks'
 `IterationReport`s, so it is tested on its own. The record is a contract: `hetprof validate` reads
 it back from the log, `records.db_rows` stores it as run records, and `costmodels/runrows.py` turns
 its `phase_times` into training rows for `hetprof fit` (field list in records.py).
@@ -12,10 +12,8 @@ import dataclasses
 from typing import Any
 
 from hetprof.errors import ExecutionError
-from hetprof.executor.algorithms import AlgorithmConfig, get_algorithm
-from hetprof.executor.parallel.topology import Topology
 from hetprof.executor.records.iteration_report import IterationReport
-from hetprof.executor.records.mfu import FLOPS_KEY, summed_flops, training_peaks, utilisation
+from hetprof.executor.records.mfu import FLOPS_KEY, summed_flops, utilisation
 from hetprof.specs import Plan
 from hetprof.specs.vocabulary import SYNC_EDGES, SyncEdge, Task
 
@@ -41,24 +39,6 @@ class RecordContext:
     train_peaks: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)  # mfu.training_peaks
     device_count: int = 0  # the devices the plan runs on, all tasks together
     kl_in_reward: bool = False  # the algorithm puts its KL to the reference in the reward (PPO), not the loss
-
-    @classmethod
-    def from_plan(cls, plan: Plan, topo: Topology, run: str, plan_hash: str, work: dict[str, dict[str, Any]],
-                  verify_sync: bool) -> RecordContext:
-        workload = plan.workload_spec()
-        edges = [e for e in SyncEdge if topo.sync_members(e)]
-        return cls(
-            run=run, plan_hash=plan_hash, mode=workload.mode,
-            staleness_bound=workload.staleness if workload.mode == "async" else 0, algorithm=workload.algorithm,
-            replica_leads={t: tr.ranks for t, tr in topo.tasks.items()},
-            layouts={t: str(tr.layout) for t, tr in topo.tasks.items()},
-            devices={t: list(tr.lead_devices) for t, tr in topo.tasks.items()},
-            sync_sources={str(e): topo.sync_source(e) for e in edges},
-            sync_receivers={str(e): len(topo.sync_receivers(e)) for e in edges},
-            predicted=predicted_seconds(plan), predicted_iteration_s=plan.predicted.iteration_s or None,
-            work=work, verify_sync=verify_sync, train_peaks=training_peaks(plan),
-            device_count=len({d for t in plan.tasks for d in t.devices()}),
-            kl_in_reward=not get_algorithm(workload.algorithm)(AlgorithmConfig()).kl_in_loss())
 
 
 def predicted_seconds(plan: Plan) -> dict[str, float]:

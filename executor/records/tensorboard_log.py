@@ -14,14 +14,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from hetprof.executor.records.run_name import run_name_problem
 from hetprof.executor.records.scalars import scalars
 
 
 def run_folder(root: str | Path, run: str) -> Path:
     """Where a run's event files go: one subfolder per run name, as TensorBoard lists runs. The name
     may come from a shared checkpoint folder: it must be one path component, never a way out of root."""
-    from hetprof.executor.checkpoints.checkpoint import run_name_problem
-
     if problem := run_name_problem(run):
         raise ValueError(f"TensorBoard run folder: expected {problem}")
     return Path(root) / run

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 
 from hetprof.executor.backends import get_backend
-from hetprof.executor.loop.batch_split import share_slices
 from hetprof.executor.models.modeling import build_causal_lm, unwrap
+from hetprof.executor.parallel.batch_split import share_slices
 from hetprof.executor.parallel.tensorpar import is_sharded, load_full
 from hetprof.executor.prompts.data import encode_prompt
 from hetprof.executor.runners.base import RunnerBase, Tensors, WorkTiming, place

@@ -9,6 +9,7 @@ import pytest
 from hetprof.costmodels.runrows import run_task_rows
 from hetprof.errors import ExecutionError
 from hetprof.executor.launch.handwritten_plan import handwritten_plan
+from hetprof.executor.loop.recorder import record_context
 from hetprof.executor.parallel.topology import Topology
 from hetprof.executor.records.iteration_report import (
     BatchStats,
@@ -41,7 +42,7 @@ def plan(gpu: str = "cpu"):
 
 def context(verify: bool = False) -> RecordContext:
     p = plan()
-    return RecordContext.from_plan(p, Topology(p, DEVICES), "run-x", "abc123", work_description(p), verify)
+    return record_context(p, Topology(p, DEVICES), "run-x", "abc123", work_description(p), verify)
 
 
 def reports(digests: tuple[str, str] = ("d", "d")) -> list[IterationReport]:
@@ -104,7 +105,7 @@ def test_mfu_only_where_the_catalog_has_a_peak():
     cpu = build_record(context(), 0, 2.5, reports(), leader_rank=1, now=0.0)
     assert cpu["mfu"] == {} and training_peaks(plan()) == {"actor_train": {}}
     gpu = plan(gpu="H100-SXM")
-    ctx = RecordContext.from_plan(gpu, Topology(gpu, DEVICES), "run-x", "abc123", work_description(gpu), False)
+    ctx = record_context(gpu, Topology(gpu, DEVICES), "run-x", "abc123", work_description(gpu), False)
     peak = lookup("H100-SXM").peak_flops("fp32")
     assert ctx.train_peaks["actor_train"]["fp32"] == pytest.approx(2 * peak)
     rec = build_record(ctx, 0, 2.5, reports(), leader_rank=1, now=0.0)

@@ -16,10 +16,10 @@ from hetprof.executor.checkpoints import checkpoint
 from hetprof.executor.launch.checks import check_supported, host_devices, planned_hosts
 from hetprof.executor.launch.elastic import describe_failures, node_host
 from hetprof.executor.launch.handwritten_plan import handwritten_plan
-from hetprof.executor.loop.batch_split import row_slices, split_counts
 from hetprof.executor.loop.messages import concat_padded
 from hetprof.executor.loop.staleness import VersionCounter, generation_version, schedule
 from hetprof.executor.options import RunOptions
+from hetprof.executor.parallel.batch_split import row_slices, split_counts
 from hetprof.executor.parallel.topology import Topology
 from hetprof.executor.records.predicted_vs_measured import summary
 from hetprof.executor.records.run_log import db_rows, plan_hash, read_db, read_log, write_db

@@ -24,6 +24,7 @@ from hetprof.errors import HetprofError
 from hetprof.executor.checkpoints import checkpoint
 from hetprof.executor.prompts.prompt_files import load_prompts
 from hetprof.executor.records.run_log import read_log
+from hetprof.executor.records.run_name import run_name_problem
 
 FUZZ = fuzz(30)
 MEMORY_CAP = 128 * 2**20
@@ -102,7 +103,7 @@ def test_fuzzed_table_prompt_files_load_or_are_refused_in_one_line(tmp_path_fact
 
 
 def _marker_ok(meta) -> None:
-    assert type(meta["iteration"]) is int and checkpoint.run_name_problem(meta["run"]) is None
+    assert type(meta["iteration"]) is int and run_name_problem(meta["run"]) is None
 
 
 @FUZZ

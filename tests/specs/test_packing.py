@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from hetprof.errors import SpecError
 from hetprof.executor.algorithms import RLBatch, get_algorithm
 from hetprof.executor.algorithms.learner import Learner
-from hetprof.executor.loop.batch_split import token_share_slices
 from hetprof.executor.models.logprobs import token_logprobs
 from hetprof.executor.models.modeling import build_causal_lm, build_reward_model, build_value_model
 from hetprof.executor.models.packing import packed_sequence_scores, packed_values, priced_pass
+from hetprof.executor.parallel.batch_split import token_share_slices
 from hetprof.runtime.packedpass import pack, packed_token_logprobs, unpack
 from hetprof.runtime.tokenbudget import micro_batch_count, micro_batches_by_tokens
 from hetprof.specs.workload import WorkloadSpec

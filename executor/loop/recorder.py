@@ -19,18 +19,41 @@ import torch
 import torch.distributed as dist
 from rich.console import Console
 
+from hetprof.executor.algorithms import AlgorithmConfig, get_algorithm
 from hetprof.executor.checkpoints import checkpoint
 from hetprof.executor.loop.dispatch import receive_or_explain
 from hetprof.executor.loop.messages import MessageKind, Outbox, message_tag
 from hetprof.executor.options import RunOptions
 from hetprof.executor.parallel.topology import Topology
 from hetprof.executor.records.iteration_report import IterationReport
+from hetprof.executor.records.mfu import training_peaks
 from hetprof.executor.records.progress import RunProgress, wanted
 from hetprof.executor.records.run_log import DBWriter, RunLog, console_line
-from hetprof.executor.records.run_record import RecordContext, build_record
+from hetprof.executor.records.run_record import RecordContext, build_record, predicted_seconds
 from hetprof.executor.records.tensorboard_log import TensorBoardLog
 from hetprof.executor.records.wandb_log import WandbLog
 from hetprof.runtime.cpuslots import yield_to_work
+from hetprof.specs import Plan
+from hetprof.specs.vocabulary import SyncEdge
+
+
+def record_context(plan: Plan, topo: Topology, run: str, plan_hash: str, work: dict[str, dict[str, Any]],
+                   verify_sync: bool) -> RecordContext:
+    """What every record of this run says about the run itself: the plan's facts as this run's ranks hold them."""
+    workload = plan.workload_spec()
+    edges = [e for e in SyncEdge if topo.sync_members(e)]
+    return RecordContext(
+        run=run, plan_hash=plan_hash, mode=workload.mode,
+        staleness_bound=workload.staleness if workload.mode == "async" else 0, algorithm=workload.algorithm,
+        replica_leads={t: tr.ranks for t, tr in topo.tasks.items()},
+        layouts={t: str(tr.layout) for t, tr in topo.tasks.items()},
+        devices={t: list(tr.lead_devices) for t, tr in topo.tasks.items()},
+        sync_sources={str(e): topo.sync_source(e) for e in edges},
+        sync_receivers={str(e): len(topo.sync_receivers(e)) for e in edges},
+        predicted=predicted_seconds(plan), predicted_iteration_s=plan.predicted.iteration_s or None,
+        work=work, verify_sync=verify_sync, train_peaks=training_peaks(plan),
+        device_count=len({d for t in plan.tasks for d in t.devices()}),
+        kl_in_reward=not get_algorithm(workload.algorithm)(AlgorithmConfig()).kl_in_loss())
 
 
 class Recorder:
