@@ -6,7 +6,8 @@ are documented quantities rather than raw shape fields. Counts are per device of
 - matmul FLOPs: 2 per multiply-accumulate of every weight matrix, per token.
 - attention FLOPs: QKᵀ and AV, 4·heads·head_dim per (query, key) pair; a causal prefill of s tokens
   has s²/2 pairs per sequence, a decode step at context c has c.
-- training: backward is twice the forward; full recomputation replays the forward once more.
+- training: backward is twice the forward; full recomputation replays the forward once more,
+  selective recomputation (Megatron's) only each layer's attention core (QKᵀ, AV).
 - bytes: weights read once per pass (three times in training: forward, input- and weight-gradient),
   activations read+written ACT_RW_PER_LAYER hidden-sized and 3 ffn-sized tensors per token per
   layer, KV cache written (prefill) or read (decode), and Adam's update touches for every parameter
@@ -64,9 +65,17 @@ def passes(p: Phase) -> float:
     return 1.0
 
 
+def attention_passes(p: Phase) -> float:
+    """Forward-equivalents of attention-core work: `passes`, plus one more forward of the core when
+    training replays it alone (selective recomputation)."""
+    if p.kind == "train" and p.recompute_attention and not p.recompute:
+        return passes(p) + 1.0
+    return passes(p)
+
+
 def flops(p: Phase) -> float:
     """FLOPs of the phase on one device (training: forward, backward, optional recomputation)."""
-    return forward_flops(p) * passes(p)
+    return forward_flops(p) * passes(p) + forward_attention_flops(p) * (attention_passes(p) - passes(p))
 
 
 # What the catalog's efficiency curves are indexed by (hetprof/data/gpus.yaml says why these).

@@ -28,9 +28,10 @@ def workload_problems(workload) -> list[str]:
     out = []
     if workload.generation.partial_rollout:
         out.append("generation.partial_rollout: `hetprof run` does not interrupt generation at a weight sync")
-    if workload.training.sequence_parallel > 1:
-        out.append(f"training.sequence_parallel {workload.training.sequence_parallel}: `hetprof run` does not "
-                   f"split sequences over ranks")
+    for name in ("sequence_parallel", "context_parallel"):
+        degree = getattr(workload.training, name) or 1
+        if degree > 1:
+            out.append(f"training.{name} {degree}: `hetprof run` does not split sequences over ranks")
     if workload.training.padded_dispatch:
         out.append("training.padded_dispatch: `hetprof run` hands passes their samples unpadded, in process")
     return out
