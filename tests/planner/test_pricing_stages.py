@@ -65,7 +65,7 @@ def _pricer(kind: TaskKind) -> ReplicaPricer:
                          collective_time=lambda op, size, n, link: P2P_S)
     graph = SimpleNamespace(model_of=lambda task: model, kind_of=lambda task: kind)
     basis = SimpleNamespace(cm=cm, graph=graph, dtype="bf16", prompt=10.0, response=20.0, backend="hf",
-                            work=lambda task, batch, layers=None, response=None, prompt=None: None)
+                            work=lambda task, batch, layers=None, response=None, prompt=None, cp=1: None)
     return ReplicaPricer(basis)
 
 
