@@ -208,7 +208,7 @@ class CostModel(abc.ABC):
 
         def phase(kind: str, batch: int, tokens: int, head: bool) -> float:
             p = Phase(kind, work.model, layers, batch, tokens, placement.tp, head, work.dtype, work.recompute == "full",
-                      work.recompute == "selective")
+                      work.recompute == "selective", work.attention_span if kind != "decode" else None)
             t = self._phase(p, dev)
             sources.add(t.source)
             if t.note and t.note not in notes:

@@ -58,6 +58,7 @@ class Work:
     cp: int = 1  # training / forward passes: context-parallel degree, each sequence split over cp ranks of a stage
     micro_tokens: int | None = None  # padded micro-batches' token budget (None: memory.MICRO_BATCH_TOKENS)
     activation_offload: bool = False  # training: stored activations wait in host memory for the backward
+    attention_span: float | None = None  # forward passes: Σs²/Σs of the batch's lengths, where attention differs from s̄²
     memory_utilization: float = 0.9  # generation: share of the GPU the engine may fill (vLLM's gpu_memory_utilization)
 
     def __post_init__(self) -> None:
@@ -172,7 +173,9 @@ class Phase:
     decode: one step of `batch` sequences whose attention spans `tokens` cached tokens;
     train: forward + backward over `batch` × `tokens`, plus one Adam step of the layers' weights.
     Tensor parallelism `tp` shards matmuls, heads and weights; `with_head` adds the LM head
-    (all tokens for prefill/train, the new token for decode). `recompute` replays the whole forward
+    (all tokens for prefill/train, the new token for decode). `attention_span` (prefill/train) is the
+    keys an average token attends over when the batch's sequences differ in length, Σs²/Σs (None:
+    `tokens`, every sequence that long). `recompute` replays the whole forward
     in training's backward; `recompute_attention` only each layer's attention core (selective).
     """
 
@@ -186,3 +189,4 @@ class Phase:
     dtype: str = "bf16"
     recompute: bool = False
     recompute_attention: bool = False
+    attention_span: float | None = None  # prefill/train: Σs²/Σs of sequences that differ in length (None: tokens)

@@ -5,7 +5,9 @@ are documented quantities rather than raw shape fields. Counts are per device of
 
 - matmul FLOPs: 2 per multiply-accumulate of every weight matrix, per token.
 - attention FLOPs: QKᵀ and AV, 4·heads·head_dim per (query, key) pair; a causal prefill of s tokens
-  has s²/2 pairs per sequence, a decode step at context c has c.
+  has s²/2 pairs per sequence, a decode step at context c has c. Sequences of different lengths
+  have Σs²/2 pairs, not n·s̄²/2: a phase priced at the mean length s̄ carries `attention_span`
+  Σs²/Σs, so a long tail costs its quadratic share (lognormal with std = mean: twice s̄²).
 - training: backward is twice the forward; full recomputation replays the forward once more,
   selective recomputation (Megatron's) only each layer's attention core (QKᵀ, AV).
 - bytes: weights read once per pass (three times in training: forward, input- and weight-gradient),
@@ -36,7 +38,12 @@ def attention_pairs(p: Phase) -> float:
     """(query, key) pairs per layer, over the whole batch."""
     if p.kind == "decode":
         return float(p.batch * p.tokens)
-    return p.batch * p.tokens * (p.tokens + 1) / 2.0
+    return p.batch * p.tokens * (span(p) + 1) / 2.0
+
+
+def span(p: Phase) -> float:
+    """Keys an average token of a prefill or training phase attends over (causal: up to itself)."""
+    return float(p.tokens if p.attention_span is None else p.attention_span)
 
 
 def forward_matmul_flops(p: Phase) -> float:
@@ -85,8 +92,8 @@ def matmul_rows(p: Phase) -> float:
 
 
 def attention_keys(p: Phase) -> float:
-    """Keys each query attends over: the context length."""
-    return float(p.tokens)
+    """Keys each query attends over: the context length (decode), the span of a batch of lengths."""
+    return float(p.tokens) if p.kind == "decode" else span(p)
 
 
 def weight_bytes(p: Phase) -> float:

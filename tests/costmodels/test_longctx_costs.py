@@ -153,3 +153,15 @@ def test_activation_offload_shows_only_the_host_traffic_the_compute_does_not_hid
     expect = max(0.0, 2 * cm.host_transfer_time(moved, "H100-SXM") - parts["train"])
     assert parts["activation_offload"] == pytest.approx(expect)
     assert "activation_offload" not in cm.task_time(Work("training", M, 10, 20, 80), place).breakdown
+
+
+def test_attention_of_sequences_that_differ_in_length_is_priced_by_their_squares():
+    # 2 sequences of 100 and 300 tokens priced at their mean 200: Σs² / Σs = (10⁴ + 9·10⁴) / 400 = 250
+    mean = Phase("train", M, 4, 2, 200)
+    spread = Phase("train", M, 4, 2, 200, attention_span=250.0)
+    assert phases.attention_pairs(mean) == 2 * 200 * 201 / 2
+    assert phases.attention_pairs(spread) == 2 * 200 * 251 / 2  # (Σs² + Σs) / 2 causal pairs
+    assert phases.attention_keys(spread) == 250.0
+    assert phases.forward_matmul_flops(spread) == phases.forward_matmul_flops(mean)  # tokens are tokens
+    decode = Phase("decode", M, 4, 2, 200, attention_span=250.0)
+    assert phases.attention_pairs(decode) == 2 * 200  # a decode step attends its own context

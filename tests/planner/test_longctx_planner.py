@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 from rich.console import Console
 
@@ -19,6 +20,7 @@ from hetprof.planner.search import layouts
 from hetprof.planner.search.space import decode_candidate, encode_candidate
 from hetprof.planner.session import build_plan
 from hetprof.planner.simulator import Simulator
+from hetprof.runtime.tokenbudget import sample_lengths
 from hetprof.specs import ClusterSpec, WorkloadSpec
 from hetprof.specs.loader import from_data
 from hetprof.specs.models import DTYPE_BYTES
@@ -136,3 +138,23 @@ def test_candidates_keep_their_split_degrees_through_encoding():
     assert (back.cp, back.sp) == (2, 2) and back == lay
     plain = Candidate([("actor_train",)], [devs], {"actor_train": even_layout("actor_train", devs, 1, 1, 36)})
     assert '"sp"' not in encode_candidate(plain)  # unsplit layouts encode as before
+
+
+def test_a_long_tail_costs_training_its_quadratic_share_of_attention():
+    def sim(dist: dict) -> Simulator:
+        wl = WorkloadSpec.from_dict({"models": {"actor": "qwen3-8b"}, "prompts_per_step": 32, "responses_per_prompt": 8,
+                                     "prompt_len": {"mean": 1024, "max": 1024},
+                                     "response_len": {"mean": 16384, "max": 65536, **dist},
+                                     "training": {"kl_coef": 0.0, "recompute": "full"}})
+        return Simulator(ClusterSpec.from_dict(H100X8), wl, get_cost_model("analytical"), streaming=False)
+
+    fixed, tail = sim({}), sim({"dist": "lognormal", "std": 16384})
+    b = tail.planning._costs.basis
+    s = np.asarray(sample_lengths(b.prompts, b.lengths, b.sequences), dtype=float)
+    assert b.attention_span == pytest.approx((s * s).sum() / s.sum())
+    assert b.attention_span > 1.5 * (1024 + 16384)  # lognormal with std = mean: about twice the mean
+    assert fixed.planning._costs.basis.attention_span == pytest.approx(1024 + 16384)
+    assert b.work("actor_gen", 8).attention_span is None  # decode prices its own contexts
+    devs = tuple(sorted(fixed.devices))
+    lay = even_layout("actor_train", devs, 1, 1, 36, sp=8)
+    assert tail.task_eval(lay).replica_seconds[0] > 1.2 * fixed.task_eval(lay).replica_seconds[0]
