@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from hetprof.errors import InfeasibleError
 from hetprof.planner.balance import Curve, balance_shares, largest_batch_within  # noqa: F401 (re-exported)
+from hetprof.planner.search.splits import Sharded, sequence_splits, sharded, split_cp
 from hetprof.specs import catalog, executable
 from hetprof.specs.layout import TaskLayout
 from hetprof.specs.models import ModelShape
@@ -28,10 +29,6 @@ if TYPE_CHECKING:
     from hetprof.planner.planning import PlanningContext
 
 MAX_LAYER_MOVES = 8
-MAX_SEQUENCE_SPLIT = 8  # most ranks one sequence is split over (Ulysses, context parallel): a host's GPUs
-# How a replica's memory is divided: (dp, sharding) of a training layout's state, then optionally
-# (sp, cp): the Ulysses and context-parallel ranks each of its sequences is split over.
-Sharded = tuple
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -163,16 +160,6 @@ def replica_overflow(sim: PlanningContext, task: str, replica: tuple[str, ...], 
         need = sim.replica_memory(task, dev.type, tp, layers, max(1, batch), *shards).total
         over += max(0.0, need - sim.catalog.lookup(dev.type).memory_bytes)
     return over
-
-
-def split_cp(shards: Sharded) -> int:
-    """The context-parallel degree a `Sharded` carries (1 when it names none)."""
-    return shards[3] if len(shards) > 3 else 1
-
-
-def sharded(dp: int, sharding: str, sp: int = 1, cp: int = 1) -> Sharded:
-    """The `Sharded` of a layout: (dp, sharding), with (sp, cp) only when a sequence is split."""
-    return (dp, sharding) if sp == 1 and cp == 1 else (dp, sharding, sp, cp)
 
 
 def _type_speed(gpu: catalog.GpuType, kind: str) -> float:
@@ -308,10 +295,8 @@ def build_layout(sim: PlanningContext, task: str, order: Sequence[str], tp: int,
     balanced=False gives what a heterogeneity-unaware system does: equal layer splits and
     equal batch shares. `memo` (a dict the caller keeps) shares layer splits and time curves
     of replica kinds across calls: a search builds thousands of layouts from the same kinds.
-    Context parallelism (`sequence_splits`) is tried in increasing degree until a layout fits: a
-    stage of cp TP groups computes what cp replicas would and adds ring traffic, so it only pays
-    where memory asks for it; none fitting, the layout without it says why.
-    """
+    Context parallelism is tried in rising degree until a layout fits: it computes what cp replicas
+    would plus a ring, so it pays only where memory asks; none fitting, the unsplit layout says why."""
     cps = sequence_splits(sim, task, tp)[1]
     first = None
     for cp in cps:
@@ -320,22 +305,6 @@ def build_layout(sim: PlanningContext, task: str, order: Sequence[str], tp: int,
         if len(cps) == 1 or (layout is not None and math.isfinite(layout_cost(sim, layout))):
             return layout
     return first
-
-
-def sequence_splits(sim: PlanningContext, task: str, tp: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The Ulysses (sp) and context-parallel (cp) degrees `task` is tried with at TP `tp`, smallest
-    first: 1 alone for generation (a decode step has one token per sequence to split) and when the
-    plan is for `hetprof run` (which splits no sequence); the workload's degree where it fixes one;
-    else the powers of two up to MAX_SEQUENCE_SPLIT, Ulysses's dividing the heads a TP rank holds
-    (its all-to-all hands each rank whole heads)."""
-    if TASKS[task][0] == TaskKind.GENERATION or sim.executable:
-        return (1,), (1,)
-    training = sim.workload.training
-    free = tuple(1 << i for i in range(MAX_SEQUENCE_SPLIT.bit_length()) if 1 << i <= MAX_SEQUENCE_SPLIT)
-    heads = task_model(sim, task).heads // tp
-    sps = (training.sequence_parallel,) if training.sequence_parallel else tuple(k for k in free if heads % k == 0)
-    cps = (training.context_parallel,) if training.context_parallel else free
-    return sps, cps
 
 
 def balanced_layout(sim: PlanningContext, task: str, replicas: Sequence[tuple[str, ...]], tp: int, pp: int,
@@ -359,9 +328,8 @@ def balanced_layout(sim: PlanningContext, task: str, replicas: Sequence[tuple[st
     replicas = replicas[:task_batch(sim)]
     levels = sharding_levels(sim, task, len(replicas), tp, pp)
     sps = [k for k in sequence_splits(sim, task, tp)[0] if len(replicas) % k == 0] or [1]
-    # Balanced once at the level holding least (sharding moves no replica's compute, only what fits),
-    # then each level judged on those shares and splits; at the largest Ulysses degree only when the
-    # smallest leaves nothing that fits (it too moves no compute).
+    # Balanced once at the level holding least (sharding moves no replica's compute, only what fits), then
+    # each level judged on those; at the largest Ulysses degree when the smallest fits nowhere (alike).
     base = _layout_at(sim, task, replicas, tp, pp, balanced, memo, levels[-1], sps[0], cp)
     if len(sps) > 1 and (base is None or not math.isfinite(layout_cost(sim, base))):
         base = _layout_at(sim, task, replicas, tp, pp, balanced, memo, levels[-1], sps[-1], cp)

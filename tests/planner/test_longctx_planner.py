@@ -16,7 +16,7 @@ from hetprof.planner.layoutcomms import ring_seconds, ulysses_seconds
 from hetprof.planner.memcheck import check_plan
 from hetprof.planner.pinned import PinnedLayout, pinned_candidate
 from hetprof.planner.report import micro_batch_choices, print_plan
-from hetprof.planner.search import layouts
+from hetprof.planner.search import layouts, splits
 from hetprof.planner.search.space import decode_candidate, encode_candidate
 from hetprof.planner.session import build_plan
 from hetprof.planner.simulator import Simulator
@@ -77,10 +77,10 @@ def test_the_planner_chooses_the_micro_batch_only_when_the_workload_fixes_none()
 def test_sequence_splits_are_searched_fixed_by_the_workload_and_off_for_hetprof_run():
     devs = tuple(f"n:{i}" for i in range(8))
     long = _sim("qwen3-8b", 1024, 65536, recompute="full")
-    assert layouts.sequence_splits(long.planning, "actor_gen", 1) == ((1,), (1,))
-    assert layouts.sequence_splits(long.planning, "actor_train", 1) == ((1, 2, 4, 8), (1, 2, 4, 8))
-    assert layouts.sequence_splits(long.planning, "actor_train", 4) == ((1, 2, 4, 8), (1, 2, 4, 8))
-    assert layouts.sequence_splits(long.planning, "actor_train", 8) == ((1, 2, 4), (1, 2, 4, 8))  # 32 heads / 8
+    assert splits.sequence_splits(long.planning, "actor_gen", 1) == ((1,), (1,))
+    assert splits.sequence_splits(long.planning, "actor_train", 1) == ((1, 2, 4, 8), (1, 2, 4, 8))
+    assert splits.sequence_splits(long.planning, "actor_train", 4) == ((1, 2, 4, 8), (1, 2, 4, 8))
+    assert splits.sequence_splits(long.planning, "actor_train", 8) == ((1, 2, 4), (1, 2, 4, 8))  # 32 heads / 8
     chosen = layouts.best_layout(long.planning, "actor_train", devs)
     assert chosen.sp * chosen.cp > 1 and long.task_eval(chosen).violations == ()
     # one 66K-token sequence holds more than a GPU's room unless it is split
@@ -88,11 +88,11 @@ def test_sequence_splits_are_searched_fixed_by_the_workload_and_off_for_hetprof_
     split = long.planning.replica_memory("actor_train", "H100", 1, 36, 32, 8, "fsdp", chosen.sp, chosen.cp)
     assert whole.activations > split.activations
     fixed = _sim("qwen3-8b", 1024, 65536, recompute="full", sequence_parallel=1, context_parallel=2)
-    assert layouts.sequence_splits(fixed.planning, "actor_train", 1) == ((1,), (2,))
+    assert splits.sequence_splits(fixed.planning, "actor_train", 1) == ((1,), (2,))
     lay = layouts.best_layout(fixed.planning, "actor_train", devs)
     assert (lay.sp, lay.cp) == (1, 2) and lay.dp * lay.tp * lay.pp * 2 == len(lay.devices())
     short = _sim("qwen3-8b", 256, 512, executable=True)
-    assert layouts.sequence_splits(short.planning, "actor_train", 1) == ((1,), (1,))
+    assert splits.sequence_splits(short.planning, "actor_train", 1) == ((1,), (1,))
 
 
 def test_a_context_parallel_layout_prices_its_ring_and_its_share_of_the_work():
