@@ -37,8 +37,9 @@ class AnalyticalCostModel(CostModel):
         attention = cal.compute_rate(device_type, phase.dtype, "attention", phases.attention_keys(phase))
         moved = phases.pass_bytes(phase)
         memory = cal.memory_rate(device_type, phase.batch if phase.kind == "decode" else None, moved)
-        t_compute = phases.passes(phase) * (phases.forward_matmul_flops(phase) / matmul.value
-                                            + phases.forward_attention_flops(phase) / attention.value)
+        t_attention = phases.forward_attention_flops(phase) / attention.value
+        t_compute = (phases.passes(phase) * (phases.forward_matmul_flops(phase) / matmul.value + t_attention)
+                     + (phases.attention_passes(phase) - phases.passes(phase)) * t_attention)
         t_memory = moved / memory.value
         floor = phases.kernel_launches(phase) * cal.launch_s(device_type)
         bound, rate = (t_compute, matmul) if t_compute >= t_memory else (t_memory, memory)

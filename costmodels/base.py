@@ -104,7 +104,7 @@ class CostModel(abc.ABC):
         `sharding` — FSDP's overlapped with the step's `compute_s` — plus the measured per-step cost
         beyond them (never below 0)."""
         layer_bytes, root_bytes, layers, micro = self._dp_messages(work, placement)
-        backward = 3.0 if work.recompute else 2.0  # recomputation replays the forward inside the backward
+        backward = 3.0 if work.recompute == "full" else 2.0  # full recomputation replays the forward in the backward
         sync = comm.data_parallel_sync_time(sharding, layer_bytes, layers, root_bytes, dp, link.alpha_s,
                                             link.beta_Bps, compute_s / (1 + backward),
                                             compute_s * backward / (1 + backward), micro)
@@ -122,10 +122,20 @@ class CostModel(abc.ABC):
         """Seconds Ulysses sequence parallelism over `sp` ranks adds to a training or forward-only pass
         of `work` (its all-to-alls over `link`, the GPUs' own link within a host)."""
         model, tp = work.model, placement.tp
-        passes = 1 if work.kind != TaskKind.TRAINING else 3 if work.recompute else 2
+        passes = 1 if work.kind != TaskKind.TRAINING else 3 if work.recompute == "full" else 2
         return comm.ulysses_all_to_all_time(work.batch * work.seq_len, model.heads * model.head_dim // tp,
                                             model.kv_heads * model.head_dim // tp, self._stage_layers(work, placement),
                                             sp, passes, link.alpha_s, link.beta_Bps, stored_width(work.dtype))
+
+    def context_parallel_time(self, work: Work, placement: Placement, cp: int, link: LinkSpec) -> float:
+        """Seconds context parallelism over `cp` ranks of a stage adds to a training or forward-only pass
+        of `work` (`work.batch`: the replica's sequences, 1/cp of each on a rank): its ring passes of
+        keys and values (and their gradients) over `link`, the link among the stage's ranks."""
+        model, tp = work.model, placement.tp
+        passes = 1 if work.kind != TaskKind.TRAINING else 4 if work.recompute == "full" else 3
+        return comm.ring_attention_time(work.batch * work.seq_len / cp, model.kv_heads * model.head_dim // tp,
+                                        self._stage_layers(work, placement), cp, passes, link.alpha_s,
+                                        link.beta_Bps, stored_width(work.dtype))
 
     def _dp_messages(self, work: Work, placement: Placement) -> tuple[float, float, int, int]:
         """(one layer's bytes, the root's bytes, layers, micro-batches) of a replica-stage's DP collectives."""
@@ -135,7 +145,8 @@ class CostModel(abc.ABC):
         layer_bytes = model.params_per_layer * width / tp
         root_bytes = (memory.params_on_device(model, layers, tp, with_embeddings=True)
                       - layers * model.params_per_layer / tp) * width
-        micro = math.ceil(work.batch / memory.micro_batch(work.batch, work.seq_len))
+        micro = math.ceil(work.batch / memory.micro_batch(work.batch, work.seq_len,
+                                                          work.micro_tokens or memory.MICRO_BATCH_TOKENS))
         return layer_bytes, root_bytes, layers, micro
 
     def optimizer_step_time(self, work: Work, placement: Placement) -> float:
@@ -197,7 +208,8 @@ class CostModel(abc.ABC):
         parts: dict[str, float] = {}
 
         def phase(kind: str, batch: int, tokens: int, head: bool) -> float:
-            p = Phase(kind, work.model, layers, batch, tokens, placement.tp, head, work.dtype, work.recompute)
+            p = Phase(kind, work.model, layers, batch, tokens, placement.tp, head, work.dtype, work.recompute == "full",
+                      work.recompute == "selective", work.attention_span if kind != "decode" else None)
             t = self._phase(p, dev)
             sources.add(t.source)
             if t.note and t.note not in notes:
@@ -225,12 +237,16 @@ class CostModel(abc.ABC):
             call = self.generation_call_overhead(dev, work.dtype, conc, prompt, work.engine)
             parts["call"] = waves * max(call, -0.5 * (prefill + decode))
             parts["tp_comm"] = waves * (tp_comm(conc * prompt, 2) + steps * tp_comm(conc, 2))
+        # context parallelism: a rank computes 1/cp of every sequence's tokens and, in Megatron's
+        # load-balanced causal chunks, 1/cp of its attention pairs (its ring is priced per layout)
         elif work.kind == TaskKind.INFERENCE:
-            parts["forward"] = phase("prefill", work.batch, work.seq_len, True)
-            parts["tp_comm"] = tp_comm(work.batch * work.seq_len, 2)
+            parts["forward"] = phase("prefill", work.batch, work.seq_len, True) / work.cp
+            parts["tp_comm"] = tp_comm(work.batch * work.seq_len / work.cp, 2)
         else:
-            parts["train"] = phase("train", work.batch, work.seq_len, True)
-            parts["tp_comm"] = tp_comm(work.batch * work.seq_len, 6 if work.recompute else 4)
+            parts["train"] = phase("train", work.batch, work.seq_len, True) / work.cp
+            parts["tp_comm"] = tp_comm(work.batch * work.seq_len / work.cp, 6 if work.recompute == "full" else 4)
+            if work.activation_offload:
+                parts["activation_offload"] = self._offload_exposed(work, placement, layers, parts["train"])
         if placement.tp > 1:
             notes.append(f"tp link: {tp_src}")
         stage = sum(parts.values())
@@ -261,6 +277,14 @@ class CostModel(abc.ABC):
             parts["pp_bubble"] = stage * (placement.pp - 1) / m
         return stage + parts["pp_comm"] + parts["pp_bubble"]
 
+    def _offload_exposed(self, work: Work, placement: Placement, layers: int, compute_s: float) -> float:
+        """Seconds activation offload adds to a training pass: its stored activations to the host and
+        back over the host link, overlapped with the pass's `compute_s` (Megatron-core's offloading
+        streams them beside the compute), so only what outlasts the compute shows."""
+        moved = memory.offloaded_activation_bytes(work.model, layers, placement.tp, work.dtype,
+                                                  work.batch * work.seq_len / work.cp, work.recompute)
+        return max(0.0, 2 * self.host_transfer_time(moved, placement.device_type) - compute_s)
+
     def max_concurrent_sequences(self, work: Work, placement: Placement) -> int:
         """How many sequences' KV caches fit next to the weights on one device of a generation replica."""
         return memory.max_concurrent_sequences(work.model, self._stage_layers(work, placement), placement.tp,
@@ -277,7 +301,8 @@ class CostModel(abc.ABC):
             concurrent = min(work.batch, self.max_concurrent_sequences(work, placement))
         return memory.task_memory(work.kind, work.model, self._stage_layers(work, placement), placement.tp,
                                   work.batch, work.seq_len, work.dtype, work.recompute, concurrent,
-                                  placement.dp, placement.sharding, work.token_budget, work.sp)
+                                  placement.dp, placement.sharding, work.token_budget, work.sp, cp=work.cp,
+                                  micro_tokens=work.micro_tokens, offload=work.activation_offload)
 
 
 def optimizer_shards(placement: Placement) -> int:

@@ -146,6 +146,20 @@ def ulysses_all_to_all_time(tokens: float, q_dim: int, kv_dim: int, layers: int,
     return layers * passes * per_pass
 
 
+def ring_attention_time(tokens: float, kv_dim: int, layers: int, cp: int, passes: int, alpha_s: float,
+                        beta_Bps: float, width: int = 2) -> float:
+    """Seconds context parallelism (Megatron's CP, ring attention) adds to one rank holding `tokens`
+    tokens (1/cp of each of its replica's sequences): per layer and pass, the rank's keys and values
+    (2·kv_dim per token) go around the ring of cp ranks, cp − 1 point-to-point steps of an α and the
+    block over β. The forward passes K and V once; the backward passes them again with their
+    gradients dK and dV, so training has 3 passes (4 with full recomputation, whose replayed forward
+    passes them once more). Charged whole: an upper bound where the blocks' attention hides them."""
+    if cp <= 1 or tokens <= 0:
+        return 0.0
+    block = tokens * 2 * kv_dim * width
+    return layers * passes * (cp - 1) * (alpha_s + block / beta_Bps)
+
+
 def fsdp_forward_gather_time(layer_bytes: float, layers: int, root_bytes: float, n: int, alpha_s: float,
                              beta_Bps: float, forward_s: float = 0.0, micro_batches: int = 1) -> float:
     """Exposed seconds FSDP's parameter gathers add to a forward-only pass over `n` ranks' shards

@@ -15,6 +15,7 @@ from typing import Literal
 from hetprof.specs.models import ModelShape
 from hetprof.specs.precision import PRECISIONS
 from hetprof.specs.vocabulary import TaskKind
+from hetprof.specs.workload import recompute_mode
 
 WorkKind = TaskKind  # a priced piece of work has the kind of the task it belongs to
 PhaseKind = Literal["prefill", "decode", "train"]
@@ -51,13 +52,18 @@ class Work:
     response_len: float
     dtype: str = "bf16"
     layers: int | None = None
-    recompute: bool = False
+    recompute: bool | str = "none"  # none, selective or full (true / false: full / none); kept as the mode
     engine: str = "hf"  # generation: the engine making the calls (planner/engines.py), for its call cost
     token_budget: int | None = None  # packed micro-batches of at most this many tokens (None: padded)
     sp: int = 1  # training / forward passes: Ulysses degree, each sequence split over sp ranks
+    cp: int = 1  # training / forward passes: context-parallel degree, each sequence split over cp ranks of a stage
+    micro_tokens: int | None = None  # padded micro-batches' token budget (None: memory.MICRO_BATCH_TOKENS)
+    activation_offload: bool = False  # training: stored activations wait in host memory for the backward
+    attention_span: float | None = None  # forward passes: Σs²/Σs of the batch's lengths, where attention differs from s̄²
     memory_utilization: float = 0.9  # generation: share of the GPU the engine may fill (vLLM's gpu_memory_utilization)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "recompute", recompute_mode(self.recompute))
         if self.kind not in tuple(TaskKind):
             raise ValueError(f"Work.kind must be generation, inference or training, got {self.kind!r}")
         if self.batch < 1:
@@ -68,6 +74,8 @@ class Work:
             raise ValueError(f"Work.dtype must be one of {sorted(PRECISIONS)}, got {self.dtype!r}")
         if self.layers is not None and not 1 <= self.layers <= self.model.layers:
             raise ValueError(f"Work.layers must be in 1..{self.model.layers}, got {self.layers}")
+        if self.sp < 1 or self.cp < 1 or (self.micro_tokens is not None and self.micro_tokens < 1):
+            raise ValueError(f"Work.sp, cp and micro_tokens must be >= 1, got {self.sp}, {self.cp}, {self.micro_tokens}")
 
     @property
     def n_layers(self) -> int:
@@ -166,7 +174,10 @@ class Phase:
     decode: one step of `batch` sequences whose attention spans `tokens` cached tokens;
     train: forward + backward over `batch` × `tokens`, plus one Adam step of the layers' weights.
     Tensor parallelism `tp` shards matmuls, heads and weights; `with_head` adds the LM head
-    (all tokens for prefill/train, the new token for decode).
+    (all tokens for prefill/train, the new token for decode). `attention_span` (prefill/train) is the
+    keys an average token attends over when the batch's sequences differ in length, Σs²/Σs (None:
+    `tokens`, every sequence that long). `recompute` replays the whole forward
+    in training's backward; `recompute_attention` only each layer's attention core (selective).
     """
 
     kind: PhaseKind
@@ -178,3 +189,5 @@ class Phase:
     with_head: bool = False
     dtype: str = "bf16"
     recompute: bool = False
+    recompute_attention: bool = False
+    attention_span: float | None = None  # prefill/train: Σs²/Σs of sequences that differ in length (None: tokens)

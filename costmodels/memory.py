@@ -10,9 +10,15 @@ Counting conventions (the tests check each against hand arithmetic):
   (flash) attention kernel so no seq² score matrix: layer input and norm output (2h), q/k/v and
   attention output (2·q_dim + 2·kv_dim, sharded by tp), residual and second norm (3h), SwiGLU gate,
   up, activation and product (4·ffn, sharded by tp) — the SwiGLU/GQA form of Korthikanti et al.
-  (2022). Full recomputation keeps only each layer's input and replays one layer at a time.
-  Training and inference run in micro-batches of at most MICRO_BATCH_TOKENS tokens (gradient
-  accumulation; verl's default token budget per GPU), so activations scale with the micro-batch.
+  (2022). Recomputation (`recompute`): full keeps only each layer's input and replays one layer at
+  a time; selective (Megatron's) replays each layer's attention core, whose seq² scores the fused
+  kernel never stores, so it keeps what none keeps. Activation offload moves each layer's stored
+  bytes to the host after its forward: the device holds OFFLOAD_RESIDENT_LAYERS layers' worth.
+  Training and inference run in padded micro-batches of at most `micro_tokens` tokens (gradient
+  accumulation; MICRO_BATCH_TOKENS, verl's default token budget per GPU, unless a planner chose
+  fewer: `fitting_micro_tokens`), so activations scale with the micro-batch.
+- sequence splitting: Ulysses (`sp` data-parallel ranks share each sequence) and context parallelism
+  (`cp` ranks of a stage share each sequence) put 1/(sp·cp) of a micro-batch's tokens on a rank.
 - the LM head's fp32 logits (and their gradient in training) for one micro-batch.
 - data-parallel sharding over `dp` replicas (ZeRO paper, FSDP): zero1 divides the optimizer state
   by dp, zero2 the gradients too, fsdp (ZeRO-3) the weights too, and then holds the units it
@@ -40,16 +46,19 @@ Counting conventions (the tests check each against hand arithmetic):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from hetprof.costmodels.data import MemoryEstimate
 from hetprof.specs.layout import SHARDING
 from hetprof.specs.models import DTYPE_BYTES, ModelShape
 from hetprof.specs.precision import FP8, FP8_BYTES, kv_width, linear_weight_bytes, stored
 from hetprof.specs.vocabulary import TaskKind
+from hetprof.specs.workload import recompute_mode
 
 MIXED_PRECISION_OPTIMIZER_BYTES = 12  # fp32 master weights + Adam m + Adam v, per parameter
 FP32_OPTIMIZER_BYTES = 8  # Adam m + v when the weights already are fp32
 MICRO_BATCH_TOKENS = 16384
+OFFLOAD_RESIDENT_LAYERS = 2  # activation offload: the layer computing and the one in flight to or from the host
 GPU_MEMORY_UTILIZATION = 0.9
 GEN_WORKSPACE_TOKENS = 8192  # prefill chunk a generation engine schedules at once
 GEN_MAX_SAMPLED = 256  # sequences whose logits are materialised per decode step
@@ -103,6 +112,51 @@ def activation_bytes_per_token_layer(model: ModelShape, tp: int, dtype: str = "b
 def micro_batch(batch: int, seq_len: int, token_budget: int = MICRO_BATCH_TOKENS) -> int:
     """Sequences per micro-batch: as many as fit the token budget, at least one."""
     return max(1, min(batch, token_budget // max(1, seq_len)))
+
+
+def micro_token_choices(seq_len: int, group: int = 1) -> tuple[int, ...]:
+    """Padded micro-batch token budgets (per rank) a planner may choose, largest first: MICRO_BATCH_TOKENS
+    halved until one sequence, split over the `group` ranks that share it, fills a budget alone
+    (smaller budgets hold that one sequence all the same)."""
+    out = [MICRO_BATCH_TOKENS]
+    while out[-1] * group > seq_len and out[-1] > 1:
+        out.append(out[-1] // 2)
+    return tuple(out)
+
+
+def fitting_micro_tokens(estimate: Callable[[int], MemoryEstimate], capacity: float, seq_len: int,
+                         group: int = 1) -> tuple[int, MemoryEstimate]:
+    """The largest of `micro_token_choices` whose `estimate(budget)` fits within `capacity` bytes, with that
+    estimate; the smallest and its estimate when none fits. Why the largest: fewer, fuller micro-batches
+    keep matmuls wide and per-micro-batch costs (FSDP gathers, launches) few."""
+    choices = micro_token_choices(seq_len, group)
+    for budget in choices:
+        est = estimate(budget)
+        if est.total <= capacity:
+            return budget, est
+    return choices[-1], est
+
+
+def training_activations(model: ModelShape, layers: int, tp: int, dtype: str, tokens: float,
+                         recompute: bool | str = "none", offload: bool = False) -> float:
+    """Bytes a training stage keeps for its backward over `tokens` tokens (module docstring): every
+    layer's stored tensors (none, selective) or its input plus one replayed layer's (full), of all
+    `layers` or, offloaded, of OFFLOAD_RESIDENT_LAYERS."""
+    per_layer = activation_bytes_per_token_layer(model, tp, dtype)
+    kept = min(layers, OFFLOAD_RESIDENT_LAYERS) if offload else layers
+    if recompute_mode(recompute) == "full":
+        return tokens * (kept * model.hidden * DTYPE_BYTES[stored(dtype)] + per_layer)
+    return tokens * kept * per_layer
+
+
+def offloaded_activation_bytes(model: ModelShape, layers: int, tp: int, dtype: str, tokens: float,
+                               recompute: bool | str = "none") -> float:
+    """Bytes activation offload moves to the host (and back) over `tokens` tokens: what every layer
+    but the resident ones stores for its backward."""
+    moved = max(0, layers - OFFLOAD_RESIDENT_LAYERS)
+    if recompute_mode(recompute) == "full":
+        return tokens * moved * model.hidden * DTYPE_BYTES[stored(dtype)]
+    return tokens * moved * activation_bytes_per_token_layer(model, tp, dtype)
 
 
 def sharded_state(sharding: str) -> tuple[str, ...]:
@@ -162,8 +216,9 @@ def _state(params: float, experts: float, per_param: float, copies: float, exper
 
 
 def task_memory(kind: str, model: ModelShape, layers: int, tp: int, batch: int, seq_len: int, dtype: str,
-                recompute: bool, concurrent: int, dp: int = 1, sharding: str = "none",
-                token_budget: int | None = None, sp: int = 1, ep: int = 1, etp: int | None = None) -> MemoryEstimate:
+                recompute: bool | str, concurrent: int, dp: int = 1, sharding: str = "none",
+                token_budget: int | None = None, sp: int = 1, ep: int = 1, etp: int | None = None,
+                cp: int = 1, micro_tokens: int | None = None, offload: bool = False) -> MemoryEstimate:
     """Peak bytes on one device of a (tp-sharded, `layers`-layer) replica during its phase.
 
     `concurrent` is the number of sequences whose KV cache generation holds at once (ignored by
@@ -174,6 +229,9 @@ def task_memory(kind: str, model: ModelShape, layers: int, tp: int, batch: int, 
     Under Ulysses sequence parallelism over `sp` ranks a micro-batch is formed for the group (`sp`
     replicas' sequences, `sp` budgets) and each rank holds 1/sp of its tokens: the same as one budget
     when many sequences fill it, but one sequence longer than the budget splits over the ranks.
+    Context parallelism over `cp` ranks of a stage splits each of the replica's own sequences the same
+    way. `micro_tokens` is the padded micro-batch's budget (None: MICRO_BATCH_TOKENS); `recompute`
+    (none, selective, full) and activation `offload` set what training keeps for its backward.
     `ep` and `etp` shard an MoE model's routed experts (module docstring); the sharding levels then
     divide the expert state over its expert replicas, not over dp.
     """
@@ -191,9 +249,10 @@ def task_memory(kind: str, model: ModelShape, layers: int, tp: int, batch: int, 
         kv = concurrent * seq_len * kv_bytes_per_token(model, layers, tp, dtype)
         act = generation_workspace(model, tp, dtype)
     else:
-        group = max(1, sp)
-        tokens = (micro_batch(batch * group, seq_len, MICRO_BATCH_TOKENS * group) * seq_len if token_budget is None
-                  else min(token_budget * group, batch * group * seq_len)) / group
+        group, pooled = max(1, sp) * max(1, cp), batch * max(1, sp)  # sp pools its replicas' sequences
+        budget = MICRO_BATCH_TOKENS if micro_tokens is None else micro_tokens
+        tokens = (micro_batch(pooled, seq_len, budget * group) * seq_len if token_budget is None
+                  else min(token_budget * group, pooled * seq_len)) / group
         per_layer = activation_bytes_per_token_layer(model, tp, dtype)
         logits = tokens * model.vocab * LOGIT_BYTES / tp
         if kind == TaskKind.INFERENCE:
@@ -203,10 +262,7 @@ def task_memory(kind: str, model: ModelShape, layers: int, tp: int, batch: int, 
             grads = _state(params, experts, width, *((dp, replicas) if "grads" in shards else (1, 1)))
             optimizer = _state(params, experts, optimizer_bytes_per_param(dtype),
                                *((dp, replicas) if "optimizer" in shards else (1, 1)))
-            if recompute:
-                act = tokens * (layers * model.hidden * width + per_layer)
-            else:
-                act = tokens * layers * per_layer
+            act = training_activations(model, layers, tp, dtype, tokens, recompute, offload)
             act += 2 * logits  # logits and their gradient
             if "params" in shards:
                 weights = _state(params, experts, held, dp, replicas)

@@ -5,8 +5,11 @@ are documented quantities rather than raw shape fields. Counts are per device of
 
 - matmul FLOPs: 2 per multiply-accumulate of every weight matrix, per token.
 - attention FLOPs: QKᵀ and AV, 4·heads·head_dim per (query, key) pair; a causal prefill of s tokens
-  has s²/2 pairs per sequence, a decode step at context c has c.
-- training: backward is twice the forward; full recomputation replays the forward once more.
+  has s²/2 pairs per sequence, a decode step at context c has c. Sequences of different lengths
+  have Σs²/2 pairs, not n·s̄²/2: a phase priced at the mean length s̄ carries `attention_span`
+  Σs²/Σs, so a long tail costs its quadratic share (lognormal with std = mean: twice s̄²).
+- training: backward is twice the forward; full recomputation replays the forward once more,
+  selective recomputation (Megatron's) only each layer's attention core (QKᵀ, AV).
 - bytes: weights read once per pass (three times in training: forward, input- and weight-gradient),
   activations read+written ACT_RW_PER_LAYER hidden-sized and 3 ffn-sized tensors per token per
   layer, KV cache written (prefill) or read (decode), and Adam's update touches for every parameter
@@ -37,7 +40,12 @@ def attention_pairs(p: Phase) -> float:
     """(query, key) pairs per layer, over the whole batch."""
     if p.kind == "decode":
         return float(p.batch * p.tokens)
-    return p.batch * p.tokens * (p.tokens + 1) / 2.0
+    return p.batch * p.tokens * (span(p) + 1) / 2.0
+
+
+def span(p: Phase) -> float:
+    """Keys an average token of a prefill or training phase attends over (causal: up to itself)."""
+    return float(p.tokens if p.attention_span is None else p.attention_span)
 
 
 def forward_matmul_flops(p: Phase) -> float:
@@ -66,9 +74,17 @@ def passes(p: Phase) -> float:
     return 1.0
 
 
+def attention_passes(p: Phase) -> float:
+    """Forward-equivalents of attention-core work: `passes`, plus one more forward of the core when
+    training replays it alone (selective recomputation)."""
+    if p.kind == "train" and p.recompute_attention and not p.recompute:
+        return passes(p) + 1.0
+    return passes(p)
+
+
 def flops(p: Phase) -> float:
     """FLOPs of the phase on one device (training: forward, backward, optional recomputation)."""
-    return forward_flops(p) * passes(p)
+    return forward_flops(p) * passes(p) + forward_attention_flops(p) * (attention_passes(p) - passes(p))
 
 
 # What the catalog's efficiency curves are indexed by (hetprof/data/gpus.yaml says why these).
@@ -78,8 +94,8 @@ def matmul_rows(p: Phase) -> float:
 
 
 def attention_keys(p: Phase) -> float:
-    """Keys each query attends over: the context length."""
-    return float(p.tokens)
+    """Keys each query attends over: the context length (decode), the span of a batch of lengths."""
+    return float(p.tokens) if p.kind == "decode" else span(p)
 
 
 def weight_bytes(p: Phase) -> float:

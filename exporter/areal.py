@@ -75,7 +75,8 @@ def settings(plan: Plan) -> list[Setting]:
         Setting("actor.ppo_n_minibatches", w.mini_batches, "workload.mini_batches"),
         Setting("actor.eps_clip", w.training.clip_eps, "workload.training.clip_eps"),
         Setting("actor.kl_ctl", w.training.kl_coef, "workload.training.kl_coef"),
-        Setting("actor.gradient_checkpointing", w.training.recompute, "workload.training.recompute"),
+        Setting("actor.gradient_checkpointing", w.training.recompute_mode == "full",
+                "workload.training.recompute (full; selective has no FSDP form)"),
         *[Setting(f"{section}.{key}", "${" + key + "}", f"AReaL's {key}, set above")
           for section in ("saver", "evaluator", "recover", "stats_logger", *engine_backends(plan))
           for key in ("experiment_name", "trial_name")],

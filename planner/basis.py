@@ -23,9 +23,10 @@ from hetprof.costmodels import Work
 from hetprof.planner.graph import RLGraph
 from hetprof.planner.links import LinkTable
 from hetprof.planner.memo import memoised
-from hetprof.runtime.tokenbudget import pack_groups, spread, step_prompts
+from hetprof.runtime.tokenbudget import pack_groups, sample_lengths, spread, step_prompts
 from hetprof.specs import Device, WorkloadSpec
 from hetprof.specs.catalog import Catalog, builtin
+from hetprof.specs.layout import TaskLayout
 from hetprof.specs.vocabulary import TaskKind
 
 WIDTHS_MEMO = 20_000   # batch sizes whose widths and packs are kept
@@ -52,6 +53,7 @@ class PricingBasis:
     prompts: Any = dataclasses.field(init=False, repr=False)  # the step's prompt lengths, what packs spread
     token_budget: int | None = dataclasses.field(init=False)
     sp: int = dataclasses.field(init=False)
+    attention_span: float | None = dataclasses.field(init=False)  # Σs²/Σs of the step's lengths (mean pricing)
     padded: bool = dataclasses.field(init=False)         # priced at padded widths (no token budget)
     sequence_prompt: float = dataclasses.field(init=False)    # the width inference and training run
     sequence_response: float = dataclasses.field(init=False)
@@ -69,22 +71,44 @@ class PricingBasis:
         init("sequences", wl.sequences_per_step)
         init("prompts", step_prompts(wl.prompt_len, wl.prompts_per_step))
         init("token_budget", wl.training.max_tokens_per_microbatch)
-        init("sp", wl.training.sequence_parallel)
+        init("sp", wl.training.sequence_parallel or 1)
         init("padded", self.runs_padded and self.token_budget is None)
         init("sequence_prompt", self.longest_prompt(wl.prompts_per_step))
         init("sequence_response", wl.response_len.expected_longest(self.sequences) if self.padded else self.response)
+        init("attention_span", self._span() if not self.padded and self.token_budget is None else None)
 
     def work(self, task: str, batch: int, layers: int | None = None, response_len: float | None = None,
-             prompt_len: float | None = None) -> Work:
-        """The cost model's question for `batch` sequences of `task` (`layers` of a stage; None: all)."""
+             prompt_len: float | None = None, sp: int | None = None, cp: int = 1,
+             micro_tokens: int | None = None) -> Work:
+        """The cost model's question for `batch` sequences of `task` (`layers` of a stage; None: all),
+        split over `sp` Ulysses ranks (None: the workload's fixed degree, else 1) and `cp` context-parallel
+        ranks, in padded micro-batches of `micro_tokens` (None: the cost model's default)."""
         model = self.graph.model_of(task)
+        generation = self.graph.kind_of(task) == TaskKind.GENERATION
+        at_mean = response_len in (None, self.response) and prompt_len in (None, self.prompt)
         return Work(kind=self.graph.kind_of(task), model=model, batch=max(1, int(batch)),
                     prompt_len=self.prompt if prompt_len is None else prompt_len,
                     response_len=self.response if response_len is None else response_len,
                     dtype=self.dtype_of(task), layers=None if layers is None or layers == model.layers else layers,
                     recompute=self.workload.training.recompute, engine=self.backend,
-                    memory_utilization=self.workload.generation.gpu_memory_utilization, sp=self.sp,
-                    token_budget=self.token_budget if self.graph.kind_of(task) != TaskKind.GENERATION else None)
+                    memory_utilization=self.workload.generation.gpu_memory_utilization,
+                    sp=self.sp if sp is None else sp, cp=cp, micro_tokens=None if generation else micro_tokens,
+                    activation_offload=self.workload.training.activation_offload,
+                    attention_span=None if generation or not at_mean else self.attention_span,
+                    token_budget=None if generation else self.token_budget)
+
+    def sp_of(self, layout: TaskLayout) -> int:
+        """A layout's Ulysses degree: its own, or the workload's fixed one for a layout that names none
+        (a plan made before the planner chose it)."""
+        return layout.sp if layout.sp > 1 else self.sp
+
+    def _span(self) -> float | None:
+        """Σs²/Σs over the step's sampled sequence lengths (prompt + response): what a pass priced at the
+        mean length attends over per token; None without a sample."""
+        if not len(self.lengths):
+            return None
+        s = np.asarray(sample_lengths(self.prompts, self.lengths, self.sequences), dtype=float)
+        return float((s * s).sum() / s.sum())
 
     def dtype_of(self, task: str) -> str:
         """The precision `task` computes in (the workload's per-kind precision)."""

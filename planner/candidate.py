@@ -17,21 +17,22 @@ from hetprof.specs import FOLLOWS, Plan, TaskLayout
 
 
 def even_layout(task: str, devices: Sequence[str], tp: int, pp: int, layers: int,
-                shares: Sequence[float] | None = None) -> TaskLayout:
-    """Replicas of consecutive tp*pp devices, equal batch shares (unless given), even layer splits.
+                shares: Sequence[float] | None = None, cp: int = 1, sp: int = 1) -> TaskLayout:
+    """Replicas of consecutive tp*cp*pp devices (a stage: cp TP groups), equal batch shares (unless
+    given), even layer splits; `sp` of them share each sequence (Ulysses).
 
     The heterogeneity-unaware default (what verl does); balanced layouts come from the searches.
     """
-    per = tp * pp
+    per = tp * pp * cp
     if per < 1 or len(devices) < per or len(devices) % per:
-        raise ValueError(f"{task}: {len(devices)} devices do not form replicas of tp*pp = {per}")
+        raise ValueError(f"{task}: {len(devices)} devices do not form replicas of tp*pp*cp = {per}")
     if pp > layers:
         raise ValueError(f"{task}: pp = {pp} exceeds the model's {layers} layers")
     replicas = tuple(tuple(devices[i:i + per]) for i in range(0, len(devices), per))
     dp = len(replicas)
     split = even_split(layers, pp)
     return TaskLayout(task, tp, pp, replicas, tuple(shares) if shares is not None else (1.0 / dp,) * dp,
-                      (split,) * dp)
+                      (split,) * dp, cp=cp, sp=sp)
 
 
 def even_split(layers: int, parts: int) -> tuple[int, ...]:

@@ -1,7 +1,7 @@
 """The collectives and optimizer updates a task layout adds to its replicas' passes.
 
-Data-parallel gradient (and shard) traffic, the learner's small all-reduces, Ulysses all-to-alls and
-the Adam steps depend on the
+Data-parallel gradient (and shard) traffic, the learner's small all-reduces, Ulysses all-to-alls,
+context parallelism's ring passes and the Adam steps depend on the
 whole layout (its slowest link, its largest share), not on one replica, so they are charged once per
 layout on top of the replicas' time (planner/taskcosts.py).
 """
@@ -55,6 +55,20 @@ def ulysses_seconds(basis: PricingBasis, layout: TaskLayout, sp: int, problems: 
     return epochs * basis.cm.sequence_parallel_time(work, Placement(first.type, layout.tp, layout.pp), sp, link)
 
 
+def ring_seconds(basis: PricingBasis, layout: TaskLayout) -> float:
+    """Context parallelism's ring passes of keys and values (every epoch's) for the busiest replica,
+    over the slowest link among a stage's cp TP groups (its host's GPU link when they share one)."""
+    i = max(range(layout.dp), key=lambda r: layout.shares[r])
+    stage = layout.stage_devices(i, 0)
+    hosts = {basis.devices[d].host for d in stage}
+    link = basis.links.slowest(hosts) or basis.links.between(*(2 * sorted(hosts)[:1]))
+    batch = max(1, round(layout.shares[i] * basis.sequences))
+    epochs = basis.workload.ppo_epochs if basis.graph.kind_of(layout.task) == TaskKind.TRAINING else 1
+    work = basis.work(layout.task, batch, None, basis.sequence_response, basis.sequence_prompt, cp=layout.cp)
+    first = basis.devices[stage[0]]
+    return epochs * basis.cm.context_parallel_time(work, Placement(first.type, layout.tp, layout.pp), layout.cp, link)
+
+
 def dp_traffic(basis: PricingBasis, layout: TaskLayout, seconds: float) -> float:
     """Data-parallel traffic over the slowest link among the replicas. Training: per optimizer step
     (gradients; parameters too when sharded), FSDP's overlapping the step's compute (`seconds` over
@@ -70,4 +84,5 @@ def dp_traffic(basis: PricingBasis, layout: TaskLayout, seconds: float) -> float
     compute = seconds / steps if math.isfinite(seconds) else 0.0
     if not training:
         return basis.cm.fsdp_gather_time(work, place, layout.dp, link, compute)
-    return basis.cm.dp_grad_sync_time(work, place, layout.dp, link, layout.sharding, compute) * steps
+    # context-parallel ranks hold partial gradients of the same weights: they reduce with the replicas
+    return basis.cm.dp_grad_sync_time(work, place, layout.dp * layout.cp, link, layout.sharding, compute) * steps

@@ -25,7 +25,6 @@ def device_demands(plan: Plan) -> tuple[dict[str, list[tuple[str, float, float]]
     roles = workload.roles()
     seq_len = max(1, round(workload.prompt_len.mean + workload.response_len.mean))
     n = workload.sequences_per_step
-    recompute = workload.training.recompute
     demands: dict[str, list[tuple[str, float, float]]] = {}
     problems: list[str] = []
     sharded = {p.task: (p.layout.dp, p.layout.sharding) for p in plan.tasks}
@@ -51,11 +50,27 @@ def device_demands(plan: Plan) -> tuple[dict[str, list[tuple[str, float, float]]
                         problems.append(f"{d} ({types[d]}): {placement.task} has no room for even one "
                                         f"sequence's KV cache next to {layers} layers of {model.name} at TP{tp}")
                     concurrent = min(batch, max(room, 1))
-                budget = workload.training.max_tokens_per_microbatch if kind != TaskKind.GENERATION else None
-                est = mem.task_memory(kind, model, layers, tp, batch, seq_len, dtype, recompute, concurrent,
-                                      dp, sharding, budget, workload.training.sequence_parallel)
+                est = _estimate(workload, kind, model, layers, tp, batch, seq_len, dtype, concurrent, dp, sharding,
+                                lay.sp if lay.sp > 1 else workload.training.sequence_parallel or 1, lay.cp, capacity)
                 demands.setdefault(d, []).append((placement.task, est.total, est.weights + est.grads + est.optimizer))
     return demands, problems
+
+
+def _estimate(workload, kind: str, model, layers: int, tp: int, batch: int, seq_len: int, dtype: str,
+              concurrent: int, dp: int, sharding: str, sp: int, cp: int, capacity: float) -> mem.MemoryEstimate:
+    """One device's bytes of a tasklet; padded micro-batches as large as fit the device (the planner's
+    own choice, `memory.fitting_micro_tokens`), unless the workload packs by its own token budget."""
+    training = workload.training
+    budget = training.max_tokens_per_microbatch if kind != TaskKind.GENERATION else None
+
+    def at(micro: int | None) -> mem.MemoryEstimate:
+        return mem.task_memory(kind, model, layers, tp, batch, seq_len, dtype, training.recompute,
+                               concurrent, dp, sharding, budget, sp, cp=cp, micro_tokens=micro,
+                               offload=training.activation_offload)
+
+    if budget is not None or kind == TaskKind.GENERATION:
+        return at(None)
+    return mem.fitting_micro_tokens(at, capacity, seq_len, sp * cp)[1]
 
 
 def device_peaks(plan: Plan) -> dict[str, float]:

@@ -4,7 +4,7 @@ A search proposes candidates; to check the simulator against a published run (or
 layout a team already uses) the layout is given instead. A pinned layout names groups of GPUs —
 each the next `gpus` devices of the cluster in its listed order — and, per task kind
 (`generation`, `inference`, `training`) or per task name, the group a task runs on and its
-TP × PP; data parallelism fills the group. Tasks named in one group time-share its GPUs, as the
+TP × PP (× CP, with a Ulysses degree); data parallelism fills the group. Tasks named in one group time-share its GPUs, as the
 planner's groups do; a group listed under `offload` swaps each task's state to host memory and back
 around it every step, as a hybrid engine does by configuration. Naming kinds rather than tasks keeps a layout valid when the workload's task
 graph gains or drops a pass (a log-prob recompute, a reference only with KL).
@@ -33,6 +33,10 @@ class PinnedTask:
     pp: int = field(1, help="pipeline-parallel degree", check=positive, expect="a positive integer")
     sharding: str = field("none", help="training state sharded over the replicas: none (DDP), zero1, zero2, fsdp",
                           check=lambda s: s in SHARDING, expect="one of " + ", ".join(SHARDING))
+    cp: int = field(1, help="context-parallel degree: each stage holds tp × cp GPUs sharing every sequence",
+                    check=positive, expect="a positive integer")
+    sp: int = field(1, help="Ulysses degree: this many replicas share each sequence (a divisor of the replicas)",
+                    check=positive, expect="a positive integer")
 
 
 @dataclasses.dataclass
@@ -87,11 +91,19 @@ def pinned_candidate(sim, layout: PinnedLayout, file: str | None = None, path: s
         if pin.sharding != "none" and sim.graph.kind_of(task) != TaskKind.TRAINING:
             raise SpecError(file, _join(path, f"tasks.{key}.sharding"), f"none for {task} (only training shards)",
                             pin.sharding)
+        for name in ("cp", "sp"):
+            if getattr(pin, name) != 1 and sim.graph.kind_of(task) == TaskKind.GENERATION:
+                raise SpecError(file, _join(path, f"tasks.{key}.{name}"), f"1 for {task} (a decode step splits no "
+                                "sequence)", getattr(pin, name))
         members[pin.group].append(task)
         try:
-            even = even_layout(task, group_devices[pin.group], pin.tp, pin.pp, sim.graph.model_of(task).layers)
+            even = even_layout(task, group_devices[pin.group], pin.tp, pin.pp, sim.graph.model_of(task).layers,
+                               cp=pin.cp, sp=pin.sp)
         except ValueError as exc:
-            raise SpecError(file, _join(path, f"tasks.{key}"), "TP × PP dividing its group's GPUs", str(exc)) from None
+            raise SpecError(file, _join(path, f"tasks.{key}"), "TP × PP × CP dividing its group's GPUs",
+                            str(exc)) from None
+        if even.dp % pin.sp:
+            raise SpecError(file, _join(path, f"tasks.{key}.sp"), f"a divisor of the task's {even.dp} replicas", pin.sp)
         layouts[task] = dataclasses.replace(even, sharding=pin.sharding)
     used = [name for name in layout.groups if members[name]]
     return Candidate([members[n] for n in used], [group_devices[n] for n in used], layouts,

@@ -70,26 +70,32 @@ class PlanningContext:
 
     # ---- pricing pieces a search balances with --------------------------------------------------
     def replica_seconds(self, task: str, devices: Sequence[str], tp: int, pp: int, batch: int,
-                        layer_split: Sequence[int] | None = None) -> float:
-        """One replica's seconds for `batch` sequences of `task` on these devices."""
+                        layer_split: Sequence[int] | None = None, cp: int = 1) -> float:
+        """One replica's seconds for `batch` sequences of `task` on these devices (stages of tp × cp)."""
         for d in devices:
             if d not in self.devices:
                 raise InfeasibleError(f"device {d!r} is not part of cluster {self.cluster.name!r}")
-        return self._costs.replica_seconds(task, tuple(devices), tp, pp, int(batch), layer_split)
+        return self._costs.replica_seconds(task, tuple(devices), tp, pp, int(batch), layer_split, cp)
 
     def pipeline_seconds(self, task: str, devices: Sequence[str], tp: int, pp: int, batch: int,
                          split: Sequence[int]) -> float:
         """One call of `batch` sequences through a replica's stages (a layer split's balance)."""
         return self._costs.replicas.pipeline_seconds(task, devices, tp, pp, batch, split)
 
-    def stage_signature(self, devices: Sequence[str], tp: int, pp: int) -> tuple:
+    def stage_signature(self, devices: Sequence[str], tp: int, pp: int, cp: int = 1) -> tuple:
         """What decides a replica's seconds: replicas with equal signatures cost the same at any batch."""
-        return self._costs.replicas.stage_signature(devices, tp, pp)
+        return self._costs.replicas.stage_signature(devices, tp, pp, cp)
 
     def replica_memory(self, task: str, device_type: str, tp: int, layers: int, batch: int, dp: int = 1,
-                       sharding: str = "none") -> MemoryEstimate:
-        """Peak bytes on one GPU of a replica (`layers` of its stage, its state sharded over `dp`)."""
-        return self._costs.memory(task, device_type, tp, layers, batch, dp, sharding)
+                       sharding: str = "none", sp: int | None = None, cp: int = 1) -> MemoryEstimate:
+        """Peak bytes on one GPU of a replica (`layers` of its stage, its state sharded over `dp`, each
+        sequence split over `sp` Ulysses and `cp` context-parallel ranks)."""
+        return self._costs.memory(task, device_type, tp, layers, batch, dp, sharding, sp, cp)
+
+    def micro_tokens(self, task: str, device_type: str, tp: int, layers: int, batch: int, dp: int = 1,
+                     sharding: str = "none", sp: int | None = None, cp: int = 1) -> int | None:
+        """The padded micro-batch token budget the planner chose for such a GPU (None: not the planner's)."""
+        return self._costs.micro_tokens(task, device_type, tp, layers, batch, dp, sharding, sp, cp)
 
     def task_eval(self, layout: TaskLayout) -> TaskEval:
         """One task's layout judged: seconds, memory per device, problems."""

@@ -51,6 +51,12 @@ def pack_tokens(length: float, prompt: float) -> tuple[float, float]:
     return length - lead, lead
 
 
+def _slowest_group_link(links, groups: Sequence[frozenset]):
+    """The slowest link inside any of `groups` (host sets), None when each sits on one host."""
+    spans = [links.slowest(h) for h in groups if len(h) > 1]
+    return min(spans, key=lambda x: x.beta_Bps) if spans else None
+
+
 class ReplicaPricer:
     """Prices replicas for one PricingBasis; every answer memoised."""
 
@@ -59,25 +65,30 @@ class ReplicaPricer:
         self.engine = ENGINES.get(basis.backend)
 
     # ---- what decides a replica's time ----------------------------------------------------------
-    def stage_signature(self, devices: Sequence[str], tp: int, pp: int) -> tuple:
+    def stage_signature(self, devices: Sequence[str], tp: int, pp: int, cp: int = 1) -> tuple:
         """What decides a replica's seconds: replicas with equal signatures cost the same at any batch."""
-        return self._signature(tuple(devices), tp, pp)
+        return self._signature(tuple(devices), tp, pp, cp)
 
     @memoised(SIGNATURE_MEMO)
-    def _signature(self, devices: tuple[str, ...], tp: int, pp: int) -> tuple:
-        """(types, tp link) per stage and the link across each stage boundary."""
+    def _signature(self, devices: tuple[str, ...], tp: int, pp: int, cp: int = 1) -> tuple:
+        """(types, tp link) per stage and the link across each stage boundary; a stage is its tp × cp
+        devices (context parallelism puts cp TP groups in a stage)."""
         b = self.basis
-        hosts = [frozenset(b.devices[d].host for d in devices[s * tp:(s + 1) * tp]) for s in range(pp)]
-        stages = tuple((tuple(sorted({b.devices[d].type for d in devices[s * tp:(s + 1) * tp]})),
-                        b.links.slowest(hosts[s]) if len(hosts[s]) > 1 else None) for s in range(pp))
+        w = tp * cp
+        hosts = [frozenset(b.devices[d].host for d in devices[s * w:(s + 1) * w]) for s in range(pp)]
+        # the TP link: the slowest within any of the stage's TP groups (cp rings are priced per layout)
+        tp_hosts = [[frozenset(b.devices[d].host for d in devices[s * w + c * tp:s * w + (c + 1) * tp])
+                     for c in range(cp)] for s in range(pp)]
+        stages = tuple((tuple(sorted({b.devices[d].type for d in devices[s * w:(s + 1) * w]})),
+                        _slowest_group_link(b.links, tp_hosts[s])) for s in range(pp))
         bounds = tuple(b.links.slowest_between(hosts[s], hosts[s + 1]) for s in range(pp - 1))
         return stages, bounds
 
     @memoised(STAGE_MEMO)
     def stage_time(self, task: str, device_type: str, tp: int, link, layers: int | None, batch: int,
-                   response: float, prompt: float | None = None) -> float:
+                   response: float, prompt: float | None = None, cp: int = 1) -> float:
         """The cost model's seconds for one stage, memoised on plain values (cheaper to hash than Work)."""
-        work = self.basis.work(task, batch, layers, response, prompt)
+        work = self.basis.work(task, batch, layers, response, prompt, cp=cp)
         return self.basis.cm.task_time(work, Placement(device_type, tp, 1, tp_link=link)).seconds
 
     def without_fp8(self, task: str, devices: Sequence[str]) -> list[str]:
@@ -90,25 +101,26 @@ class ReplicaPricer:
 
     # ---- one replica ----------------------------------------------------------------------------
     def replica(self, task: str, devices: Sequence[str], tp: int, pp: int, batch: int,
-                layer_split: Sequence[int] | None = None) -> ReplicaCost:
+                layer_split: Sequence[int] | None = None, cp: int = 1) -> ReplicaCost:
         lacking = self.without_fp8(task, devices)
         if lacking:
             return ReplicaCost(math.inf, note=f"fp8 on {lacking[0]}, which has no FP8 figure "
                                               f"(gpus.{lacking[0]}.fp8_tflops in the catalog)")
         layers = self.basis.graph.model_of(task).layers
         split = tuple(layer_split) if layer_split is not None else even_split(layers, pp)
-        return self._replica(task, self._signature(tuple(devices), tp, pp), tp, batch, split)
+        return self._replica(task, self._signature(tuple(devices), tp, pp, cp), tp, batch, split, cp)
 
     @memoised(REPLICA_MEMO)
-    def _replica(self, task: str, sig: tuple, tp: int, batch: int, split: tuple[int, ...]) -> ReplicaCost:
+    def _replica(self, task: str, sig: tuple, tp: int, batch: int, split: tuple[int, ...],
+                 cp: int = 1) -> ReplicaCost:
         kind = self.basis.graph.kind_of(task)
         if kind == TaskKind.INFERENCE:
-            return ReplicaCost(self.packed_call(task, sig, tp, batch, split))
+            return ReplicaCost(self.packed_call(task, sig, tp, batch, split, cp))
         if kind == TaskKind.TRAINING:
             # Each optimizer step is a forward + backward + Adam over one mini-batch: per-step costs
             # (the optimizer, launches, small-batch inefficiency) are paid mini_batches times per epoch.
             steps = self.basis.workload.mini_batches
-            per_step = self.packed_call(task, sig, tp, max(1, math.ceil(batch / steps)), split)
+            per_step = self.packed_call(task, sig, tp, max(1, math.ceil(batch / steps)), split, cp)
             return ReplicaCost(per_step * steps * self.basis.workload.ppo_epochs)
         return self._generation(task, sig, tp, batch, split)
 
@@ -121,19 +133,19 @@ class ReplicaPricer:
         sig = self._signature(tuple(devices), tp, pp)
         return self.composed(task, sig, tp, max(1, batch), tuple(split), self.basis.response, self.basis.prompt)
 
-    def packed_call(self, task: str, sig: tuple, tp: int, batch: int, split: tuple[int, ...]) -> float:
+    def packed_call(self, task: str, sig: tuple, tp: int, batch: int, split: tuple[int, ...], cp: int = 1) -> float:
         """A forward (inference) or forward + backward (training) pass over `batch` sequences: with a
         token budget, each of the `packs(batch)` packs at its own sequences and tokens; else one call
         at the priced widths. Pipelined replicas run fixed-shape padded micro-batches
         (executor/algorithms/learner.py), so a plan for `hetprof run` prices them padded."""
         b = self.basis
         if b.token_budget is None:
-            return self.composed(task, sig, tp, batch, split, b.sequence_response, b.sequence_prompt)
+            return self.composed(task, sig, tp, batch, split, b.sequence_response, b.sequence_prompt, cp)
         if b.runs_padded and len(sig[0]) > 1:
             return self.composed(task, sig, tp, batch, split, b.padded_response(b.sequences),
-                                 b.generation_prompt(b.sequences))
+                                 b.generation_prompt(b.sequences), cp)
         groups = b.packs(batch)
-        times = [(self.composed(task, sig, tp, n, split, *pack_tokens(length, b.prompt)), count)
+        times = [(self.composed(task, sig, tp, n, split, *pack_tokens(length, b.prompt), cp), count)
                  for n, length, count in groups]
         return packed_seconds(times, self._step_in_pass(task, sig, tp, groups[0][0], split))
 
@@ -178,18 +190,19 @@ class ReplicaPricer:
         return StepTable(call, b.prompt, b.workload.generation.max_num_seqs, b.workload.response_len.cap, room)
 
     def composed(self, task: str, sig: tuple, tp: int, batch: int, split: tuple[int, ...], response: float,
-                 prompt: float | None = None) -> float:
-        """One replica's seconds for `batch` sequences: the cost model per stage, composed as a pipeline."""
+                 prompt: float | None = None, cp: int = 1) -> float:
+        """One replica's seconds for `batch` sequences: the cost model per stage, composed as a pipeline
+        (a stage of cp TP groups splits every sequence over them: context parallelism)."""
         b = self.basis
         stages, bounds = sig
         prompt = b.prompt if prompt is None else prompt
         if len(stages) == 1:
             types, link = stages[0]
-            return max(self.stage_time(task, t, tp, link, None, batch, response, prompt) for t in types)
+            return max(self.stage_time(task, t, tp, link, None, batch, response, prompt, cp) for t in types)
         model = b.graph.model_of(task)
         times = []
         for s, (types, link) in enumerate(stages):
-            t_s = max(self.stage_time(task, t, tp, link, split[s], batch, response, prompt) for t in types)
+            t_s = max(self.stage_time(task, t, tp, link, split[s], batch, response, prompt, cp) for t in types)
             times.append(t_s * layer_fraction(model, split[s], last=s == len(stages) - 1))
         pp = len(stages)
         m = max(1, min(batch, 2 * pp))

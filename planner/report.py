@@ -95,6 +95,10 @@ def print_plan(console: Console, sim: Simulator, cand: Candidate, score: Score, 
                      _secs(score.task_seconds.get(t, math.inf)), _secs(off) if off else ""])
     tasks = fitted_table(console, TASK_COLUMNS, rows, title="tasks", hint="a wider terminal shows them")
     console.print(tasks)
+    chosen = micro_batch_choices(sim, layouts)
+    if chosen:
+        console.print("micro-batches the planner chose (training.max_tokens_per_microbatch unset: padded, the "
+                      "largest that fits each GPU): " + "; ".join(chosen), highlight=False)
     crit = Table(title="critical path of one steady-state iteration")
     crit.add_column("what")
     crit.add_column("seconds", justify="right")
@@ -113,6 +117,29 @@ def print_plan(console: Console, sim: Simulator, cand: Candidate, score: Score, 
                   f"bottleneck [bold]{score.bottleneck}[/bold] · {_dollars(score.cost_per_iteration)} per iteration "
                   f"({_dollars(score.price_per_hour)}/h for {len(set(cand.devices()))} GPUs)")
     print_provenance(console, sim)
+
+
+def micro_batch_choices(sim: Simulator, layouts: dict) -> list[str]:
+    """'task: N tokens per GPU' (with the GPU types where a task's budgets differ) for every pass the
+    planner chose a padded micro-batch for; empty when the workload fixes its own token budget."""
+    out = []
+    for t, lay in layouts.items():
+        per_type: dict[str, set[int]] = {}
+        for r, share in enumerate(lay.shares):
+            batch = max(1, round(share * sim.workload.sequences_per_step))
+            for s in range(lay.pp):
+                dev = sim.devices[lay.stage_devices(r, s)[0]]
+                budget = sim.planning.micro_tokens(t, dev.type, lay.tp_of(r), lay.layer_splits[r][s], batch, lay.dp,
+                                                   lay.sharding, lay.sp if lay.sp > 1 else None, lay.cp)
+                if budget is not None:
+                    per_type.setdefault(dev.type, set()).add(budget)
+        budgets = sorted(set().union(*per_type.values())) if per_type else []
+        if len(budgets) == 1:
+            out.append(f"{t} {budgets[0]:,} tokens")
+        elif budgets:
+            out.append(f"{t} " + ", ".join(f"{min(b):,}–{max(b):,} tokens on {k}" if len(b) > 1 else f"{min(b):,} on {k}"
+                                           for k, b in sorted(per_type.items())))
+    return out
 
 
 def print_provenance(console: Console, sim: Simulator) -> None:

@@ -111,9 +111,9 @@ class Simulator:
         return self.links.between(self._device(dev_a).host, self._device(dev_b).host)
 
     def replica_seconds(self, task: str, devices: Sequence[str], tp: int, pp: int, batch: int,
-                        layer_split: Sequence[int] | None = None) -> float:
+                        layer_split: Sequence[int] | None = None, cp: int = 1) -> float:
         """One replica's seconds for `batch` sequences of `task` on these devices (what balancers equalise)."""
-        return self.planning.replica_seconds(task, devices, tp, pp, batch, layer_split)
+        return self.planning.replica_seconds(task, devices, tp, pp, batch, layer_split, cp)
 
     def task_eval(self, layout: TaskLayout) -> TaskEval:
         return self.costs.evaluate(layout)

@@ -18,10 +18,17 @@ from collections.abc import Sequence
 import numpy as np
 
 from hetprof.costmodels import MemoryEstimate, Placement
+from hetprof.costmodels.memory import fitting_micro_tokens
 from hetprof.planner.basis import PricingBasis
 from hetprof.planner.controller import controller_seconds
 from hetprof.planner.imbalance import longest_sequence_factor
-from hetprof.planner.layoutcomms import dp_traffic, learner_collectives, optimizer_steps, ulysses_seconds
+from hetprof.planner.layoutcomms import (
+    dp_traffic,
+    learner_collectives,
+    optimizer_steps,
+    ring_seconds,
+    ulysses_seconds,
+)
 from hetprof.planner.memo import memoised
 from hetprof.planner.passtime import finish_curve
 from hetprof.planner.replicas import ReplicaCost, ReplicaPricer
@@ -54,30 +61,46 @@ class TaskCosts:
         self.basis = basis
         self.replicas = ReplicaPricer(basis)
         self._capacity = {t: basis.catalog.lookup(t).memory_bytes for t in {d.type for d in basis.devices.values()}}
+        self._capacity_of = lambda t: self._capacity.get(t) or basis.catalog.lookup(t).memory_bytes
 
     # ---- one replica (ReplicaPricer's, by device names) ---------------------------------------
     def replica(self, task: str, devices: Sequence[str], tp: int, pp: int, batch: int,
-                layer_split: Sequence[int] | None = None) -> ReplicaCost:
-        return self.replicas.replica(task, devices, tp, pp, batch, layer_split)
+                layer_split: Sequence[int] | None = None, cp: int = 1) -> ReplicaCost:
+        return self.replicas.replica(task, devices, tp, pp, batch, layer_split, cp)
 
     def replica_seconds(self, task: str, devices: Sequence[str], tp: int, pp: int, batch: int,
-                        layer_split: Sequence[int] | None = None) -> float:
-        return self.replicas.replica(task, devices, tp, pp, batch, layer_split).seconds
+                        layer_split: Sequence[int] | None = None, cp: int = 1) -> float:
+        return self.replicas.replica(task, devices, tp, pp, batch, layer_split, cp).seconds
 
     # ---- memory ---------------------------------------------------------------------------------
     def memory(self, task: str, device_type: str, tp: int, layers: int, batch: int, dp: int = 1,
-               sharding: str = "none") -> MemoryEstimate:
-        """Peak bytes of one device of a replica; a training replica shards its state over `dp` as `sharding` says."""
+               sharding: str = "none", sp: int | None = None, cp: int = 1) -> MemoryEstimate:
+        """Peak bytes of one device of a replica; a training replica shards its state over `dp` as `sharding`
+        says; `sp` Ulysses ranks (None: the workload's fixed degree) and `cp` context-parallel ranks share
+        each sequence. Padded micro-batches are as large as fits (`micro_tokens`)."""
+        return self._memory(task, device_type, tp, layers, batch, *self._held(dp, sharding), sp, cp)[1]
+
+    def micro_tokens(self, task: str, device_type: str, tp: int, layers: int, batch: int, dp: int = 1,
+                     sharding: str = "none", sp: int | None = None, cp: int = 1) -> int | None:
+        """The padded micro-batch's token budget the planner gives a device of this replica: the largest
+        of memory.micro_token_choices that fits it (None: the workload packs by its own budget, or the
+        task generates)."""
+        return self._memory(task, device_type, tp, layers, batch, *self._held(dp, sharding), sp, cp)[0]
+
+    def _held(self, dp: int, sharding: str) -> tuple[int, str]:
         dp = min(dp, self.basis.workload.training.shard_group or dp)  # HSDP: a shard group holds one copy
-        if sharding == "none" or dp == 1:
-            dp, sharding = 1, "none"
-        return self._memory(task, device_type, tp, layers, batch, dp, sharding)
+        return (1, "none") if sharding == "none" or dp == 1 else (dp, sharding)
 
     @memoised(MEMORY_MEMO)
     def _memory(self, task: str, device_type: str, tp: int, layers: int, batch: int, dp: int,
-                sharding: str) -> MemoryEstimate:
-        return self.basis.cm.memory(self.basis.work(task, batch, layers),
-                                    Placement(device_type, tp, dp=dp, sharding=sharding))
+                sharding: str, sp: int | None, cp: int) -> tuple[int | None, MemoryEstimate]:
+        b = self.basis
+        place = Placement(device_type, tp, dp=dp, sharding=sharding)
+        if b.token_budget is not None or b.graph.kind_of(task) == TaskKind.GENERATION:
+            return None, b.cm.memory(b.work(task, batch, layers, sp=sp, cp=cp), place)
+        work = b.work(task, batch, layers, sp=sp, cp=cp)
+        return fitting_micro_tokens(lambda m: b.cm.memory(dataclasses.replace(work, micro_tokens=m), place),
+                                    self._capacity_of(device_type), work.seq_len, work.sp * work.cp)
 
     # ---- a whole task layout --------------------------------------------------------------------
     def batches(self, layout: TaskLayout) -> list[int]:
@@ -96,13 +119,13 @@ class TaskCosts:
         host_fraction: dict[str, float] = {}
         over: dict[tuple, list[str]] = {}
         held: dict[tuple, MemoryEstimate] = {}     # GPUs of one type holding the same stage hold the same
-        dp = layout.dp
+        dp, sp, cp = layout.dp, b.sp_of(layout), layout.cp
         for r, (devices, batch) in enumerate(zip(layout.replicas, self.batches(layout), strict=True)):
             split = layout.layer_splits[r]
             # a generation task's replicas may differ in TP; every other task's share `tp`
             tp = max(1, layout.tp_of(r)) if kind == TaskKind.GENERATION else layout.tp
             if batch:
-                cost = self.replicas.replica(task, devices, tp, pp, batch, split)
+                cost = self.replicas.replica(task, devices, tp, pp, batch, split, cp)
                 replica_s.append(cost.seconds)
                 finish.append(cost.finish)
                 if cost.note and cost.note not in problems:
@@ -112,11 +135,11 @@ class TaskCosts:
             fraction = layout.shares[r] / len(devices)
             for i, d in enumerate(devices):
                 dev = b.devices[d]
-                layers = split[i // tp]
+                layers = split[i // (tp * cp)]
                 est = held.get((dev.type, tp, layers, batch))
                 if est is None:
                     est = held[dev.type, tp, layers, batch] = self.memory(task, dev.type, tp, layers, max(1, batch),
-                                                                          dp, layout.sharding)
+                                                                          dp, layout.sharding, sp, cp)
                 memory[d] = est
                 if est.total > self._capacity[dev.type]:
                     over.setdefault((dev.type, layers, est), []).append(d)
@@ -145,18 +168,20 @@ class TaskCosts:
         """The slowest replica plus what the whole layout adds (layoutcomms, the controller), and the
         gradient sync within it. The charges are added in this order: float sums are not associative."""
         b = self.basis
+        sp = b.sp_of(layout)
         seconds = max(replica_s) if replica_s else math.inf
         if kind == TaskKind.TRAINING and not b.padded and len(b.lengths):  # padded: priced at the longest
-            seconds *= longest_sequence_factor(b.lengths + b.prompt, b.workload.mini_batches,
-                                               layout.dp // b.workload.training.sequence_parallel)
+            seconds *= longest_sequence_factor(b.lengths + b.prompt, b.workload.mini_batches, max(1, layout.dp // sp))
         grad = 0.0
-        if kind == TaskKind.TRAINING and layout.dp > 1:
+        if kind == TaskKind.TRAINING and layout.dp * layout.cp > 1:
             grad = dp_traffic(b, layout, seconds)  # overlaps the passes' compute, not the Adam steps
             seconds += grad
         elif kind == TaskKind.INFERENCE and layout.dp > 1 and layout.sharding == "fsdp":
             seconds += dp_traffic(b, layout, seconds)  # the log-prob pass gathers its leader's shards
-        if kind != TaskKind.GENERATION and b.workload.training.sequence_parallel > 1:
-            seconds += ulysses_seconds(b, layout, b.workload.training.sequence_parallel, problems)
+        if kind != TaskKind.GENERATION and sp > 1:
+            seconds += ulysses_seconds(b, layout, sp, problems)
+        if kind != TaskKind.GENERATION and layout.cp > 1:
+            seconds += ring_seconds(b, layout)
         if kind == TaskKind.TRAINING:
             seconds += optimizer_steps(b, layout) + learner_collectives(b, layout)
         seconds += controller_seconds(b.catalog, b.workload, layout.task, kind,

@@ -29,9 +29,13 @@ def workload_problems(workload) -> list[str]:
     out = []
     if workload.generation.partial_rollout:
         out.append("generation.partial_rollout: `hetprof run` does not interrupt generation at a weight sync")
-    if workload.training.sequence_parallel > 1:
-        out.append(f"training.sequence_parallel {workload.training.sequence_parallel}: `hetprof run` splits a "
-                   f"task's sequences where its layout says so (`sp`), not by this workload-wide degree")
+    sp = workload.training.sequence_parallel or 1
+    if sp > 1:
+        out.append(f"training.sequence_parallel {sp}: `hetprof run` splits a task's sequences where its layout "
+                   f"says so (`sp`), not by this workload-wide degree")
+    cp = workload.training.context_parallel or 1
+    if cp > 1:
+        out.append(f"training.context_parallel {cp}: `hetprof run` does not split sequences by context parallelism")
     if workload.training.padded_dispatch:
         out.append("training.padded_dispatch: `hetprof run` hands passes their samples unpadded, in process")
     out.extend(precision_problems(workload.precision))

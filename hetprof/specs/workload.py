@@ -27,6 +27,18 @@ MAX_SEQUENCES = 1 << 20  # prompts × responses in one step
 MAX_RESPONSES = 4096  # responses sampled per prompt
 MAX_PASSES = 1024  # PPO epochs, and mini-batches per epoch
 MAX_MICROBATCH_TOKENS = 1 << 24  # packed tokens in one forward: far past any device's memory
+# What training recomputes in its backward pass: nothing, each layer's attention core (Megatron's
+# selective recomputation), or each whole layer from its input (full). Old files say true / false.
+RECOMPUTE = ("none", "selective", "full")
+
+
+def recompute_mode(value: bool | str) -> str:
+    """A recompute setting as one of RECOMPUTE: true / false (the old boolean form) are full / none."""
+    if value is True or value is False:
+        return "full" if value else "none"
+    if value not in RECOMPUTE:
+        raise ValueError(f"recompute must be true, false or one of {', '.join(RECOMPUTE)}, got {value!r}")
+    return str(value)
 
 
 def _within(limit: int) -> tuple:
@@ -98,14 +110,24 @@ class TrainingParams:
     lam: float = field(0.95, help="GAE lambda", check=non_negative, expect="≥ 0")
     temperature: float = field(1.0, help="sampling temperature", check=positive, expect="a positive number")
     top_p: float = field(1.0, help="nucleus sampling", check=lambda x: 0 < x <= 1, expect="in (0, 1]")
-    recompute: bool = field(False, help="activation recomputation in training")
+    recompute: bool | Literal["none", "selective", "full"] = field(
+        False, help="activation recomputation in training: none; selective (Megatron's: each layer's attention "
+        "core replayed in its backward); full (each layer replayed from its stored input); true / false = full / none")
+    activation_offload: bool = field(False, help="training moves each layer's stored activations to host memory "
+                                     "after its forward and back for its backward (Megatron-core's activation "
+                                     "offloading, verl's enable_activation_offload)")
     use_rollout_logprobs: bool = field(False, help="train on the generator's own log-probs as the old log-probs "
                                        "(skip the actor's log-prob recompute pass)")
-    sequence_parallel: int = field(1, help="Ulysses sequence parallelism: each sequence of the training and log-prob "
-                                   "passes split over this many of their data-parallel ranks, which exchange "
-                                   "attention heads by all-to-all in every layer (verl's "
-                                   "ulysses_sequence_parallel_size); `hetprof run` does not do it",
-                                   check=positive, expect="a positive integer")
+    sequence_parallel: int | None = field(
+        None, help="fixes the Ulysses sequence-parallel degree: each sequence of the training and log-prob passes "
+        "split over this many of their data-parallel ranks, which exchange attention heads by all-to-all in "
+        "every layer (verl's ulysses_sequence_parallel_size); none = the planner chooses it per task; `hetprof "
+        "run` does not do it", check=positive, expect="a positive integer")
+    context_parallel: int | None = field(
+        None, help="fixes the context-parallel degree: each pipeline stage of the training and log-prob passes "
+        "holds tp × this many GPUs, each with a share of every sequence, passing keys and values around a ring "
+        "in every layer (Megatron's context_parallel_size); none = the planner chooses it per task; `hetprof "
+        "run` does not do it", check=positive, expect="a positive integer")
     shard_group: int | None = field(None, help="hybrid sharding (HSDP, verl's fsdp_size): a sharded trainer splits "
                                     "its state over groups of this many replicas and replicates it across the "
                                     "groups; none = over all of them", check=positive, expect="a positive integer")
@@ -114,8 +136,14 @@ class TrainingParams:
                                   "data-parallel rank), inside the pass's time; `hetprof run` does not")
     max_tokens_per_microbatch: int | None = field(
         None, help="pack sequences without padding into micro-batches of at most this many tokens, in "
-        "training and in the reference/critic/reward/log-prob passes; none = padded micro-batches",
+        "training and in the reference/critic/reward/log-prob passes; none = padded micro-batches of as many "
+        "tokens as the planner chooses per task (the plan report says)",
         check=_within(MAX_MICROBATCH_TOKENS)[0], expect=_within(MAX_MICROBATCH_TOKENS)[1])
+
+    @property
+    def recompute_mode(self) -> str:
+        """`recompute` as one of RECOMPUTE (none, selective, full)."""
+        return recompute_mode(self.recompute)
 
 
 @dataclasses.dataclass
@@ -183,7 +211,7 @@ class WorkloadSpec:
             raise SpecError(None, "prompts_per_step", f"prompts × responses at most {MAX_SEQUENCES:,}",
                             self.sequences_per_step)
         budget, longest = self.training.max_tokens_per_microbatch, self.prompt_len.cap + self.response_len.cap
-        sp = self.training.sequence_parallel  # a sequence split over sp ranks puts longest/sp tokens on each
+        sp = self.training.sequence_parallel or 1  # a sequence split over sp ranks puts longest/sp tokens on each
         if budget is not None and budget * sp < longest:
             raise SpecError(None, "training.max_tokens_per_microbatch",
                             f"at least the longest sequence over training.sequence_parallel ((prompt_len.cap + "

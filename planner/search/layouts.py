@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from hetprof.errors import InfeasibleError
 from hetprof.planner.balance import Curve, balance_shares, largest_batch_within  # noqa: F401 (re-exported)
+from hetprof.planner.search.splits import Sharded, sequence_splits, sharded, split_cp
 from hetprof.specs import catalog, executable
 from hetprof.specs.layout import TaskLayout
 from hetprof.specs.models import ModelShape
@@ -29,7 +30,6 @@ if TYPE_CHECKING:
     from hetprof.planner.planning import PlanningContext
 
 MAX_LAYER_MOVES = 8
-Sharded = tuple[int, str]  # (dp, sharding) of a training layout's state
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -86,11 +86,13 @@ def tp_groups(sim: PlanningContext, order: Sequence[str], tp: int) -> list[tuple
     return groups
 
 
-def arrange(sim: PlanningContext, order: Sequence[str], tp: int, pp: int) -> list[tuple[str, ...]]:
-    """Replicas (tp·pp device ids each, stage-major) from an ordered device list."""
+def arrange(sim: PlanningContext, order: Sequence[str], tp: int, pp: int, cp: int = 1) -> list[tuple[str, ...]]:
+    """Replicas (tp·cp·pp device ids each, stage-major: a stage is cp consecutive TP groups) from an
+    ordered device list."""
     groups = tp_groups(sim, order, tp)
-    dp = len(groups) // pp
-    return [tuple(d for g in groups[r * pp:(r + 1) * pp] for d in g) for r in range(dp)]
+    per = pp * cp
+    dp = len(groups) // per
+    return [tuple(d for g in groups[r * per:(r + 1) * per] for d in g) for r in range(dp)]
 
 
 def divisors(n: int) -> list[int]:
@@ -143,9 +145,9 @@ def shapes_for_hosts(per_host: Sequence[int], tps: Sequence[int], stages: int) -
 # ---- balancing -----------------------------------------------------------------------------------
 
 def replica_time(sim: PlanningContext, task: str, devices: tuple[str, ...], tp: int, pp: int, batch: int,
-                     split: tuple[int, ...] | None) -> float:
+                     split: tuple[int, ...] | None, cp: int = 1) -> float:
     try:
-        t = sim.replica_seconds(task, devices, tp, pp, batch, split)
+        t = sim.replica_seconds(task, devices, tp, pp, batch, split, *((cp,) if cp > 1 else ()))
     except InfeasibleError:
         return math.inf
     return float(t) if t is not None and t == t else math.inf
@@ -156,8 +158,9 @@ def replica_overflow(sim: PlanningContext, task: str, replica: tuple[str, ...], 
     """Bytes by which the replica's stages exceed their GPUs' memory at this batch (0 if it fits);
     `shards` is (dp, sharding): how a training replica's state is sharded over its peers."""
     over = 0.0
+    width = tp * split_cp(shards)  # a stage's devices: tp × cp
     for s, layers in enumerate(split):
-        dev = sim.devices[replica[s * tp]]
+        dev = sim.devices[replica[s * width]]
         need = sim.replica_memory(task, dev.type, tp, layers, max(1, batch), *shards).total
         over += max(0.0, need - sim.catalog.lookup(dev.type).memory_bytes)
     return over
@@ -191,7 +194,8 @@ def balance_layers(sim: PlanningContext, task: str, replica: tuple[str, ...], tp
     if pp == 1:
         return (layers,)
     kind = TASKS[task][0]
-    stage_types = [sim.devices[replica[s * tp]].type for s in range(pp)]
+    cp = split_cp(shards)
+    stage_types = [sim.devices[replica[s * tp * cp]].type for s in range(pp)]
     split = _proportional(layers, [_type_speed(sim.catalog.lookup(t), kind) for t in stage_types])
 
     def judge(candidate: Sequence[int], bar: float = math.inf) -> tuple[float, float]:
@@ -204,7 +208,7 @@ def balance_layers(sim: PlanningContext, task: str, replica: tuple[str, ...], tp
             seconds = sim.pipeline_seconds(task, replica, tp, pp, min(batch, sim.workload.generation.max_num_seqs),
                                                  candidate)
         else:
-            seconds = replica_time(sim, task, replica, tp, pp, batch, tuple(candidate))
+            seconds = replica_time(sim, task, replica, tp, pp, batch, tuple(candidate), cp)
         return overflow, seconds
 
     best = judge(split)
@@ -228,19 +232,22 @@ def balance_layers(sim: PlanningContext, task: str, replica: tuple[str, ...], tp
     return tuple(split)
 
 
-def _replica_key(sim: PlanningContext, replica: tuple[str, ...], tp: int, pp: int, memo: dict | None = None) -> tuple:
-    """Replicas with equal device types and equal stage-to-stage links behave identically."""
+def _replica_key(sim: PlanningContext, replica: tuple[str, ...], tp: int, pp: int, memo: dict | None = None,
+                 cp: int = 1) -> tuple:
+    """Replicas with equal device types and equal stage-to-stage links behave identically (a stage:
+    its tp × cp devices)."""
     if memo is not None:
-        hit = memo.get(("kind", replica, tp, pp))
+        hit = memo.get(("kind", replica, tp, pp, cp))
         if hit is None:
-            hit = memo[("kind", replica, tp, pp)] = _replica_key(sim, replica, tp, pp)
+            hit = memo[("kind", replica, tp, pp, cp)] = _replica_key(sim, replica, tp, pp, cp=cp)
         return hit
+    w = tp * cp
     types = tuple(sim.devices[d].type for d in replica)
     hops = []
     for s in range(1, pp):
-        a, b = sim.devices[replica[(s - 1) * tp]], sim.devices[replica[s * tp]]
+        a, b = sim.devices[replica[(s - 1) * w]], sim.devices[replica[s * w]]
         hops.append((a.host == b.host, a.region == b.region))
-    hosts = tuple(len({sim.devices[d].host for d in replica[s * tp:(s + 1) * tp]}) for s in range(pp))
+    hosts = tuple(len({sim.devices[d].host for d in replica[s * w:(s + 1) * w]}) for s in range(pp))
     return types, tuple(hops), hosts
 
 
@@ -250,9 +257,11 @@ def _curve(sim: PlanningContext, task: str, replica: tuple[str, ...], tp: int, p
     stage signature (what decides its seconds), the same stage GPU types (what decides its memory),
     and shards that size its memory alike (sharding none holds the same at any dp). A curve is
     the same numbers whichever such replica built it, so sharing changes no layout, only the work."""
-    first_types = tuple(sim.devices[replica[s * tp]].type for s in range(pp))
-    held = (1, "none") if shards[1] == "none" or shards[0] == 1 else shards
-    key = ("exact-curve", task, sim.stage_signature(replica, tp, pp), first_types, tp, pp, split, total, held)
+    cp = split_cp(shards)
+    first_types = tuple(sim.devices[replica[s * tp * cp]].type for s in range(pp))
+    held = (1, "none", *shards[2:]) if shards[1] == "none" or shards[0] == 1 else shards
+    signature = sim.stage_signature(replica, tp, pp, *((cp,) if cp > 1 else ()))
+    key = ("exact-curve", task, signature, first_types, tp, pp, split, total, held)
     hit = memo.get(key)
     if hit is None:
         hit = memo[key] = Curve(_Timer(sim, task, replica, tp, pp, split, shards), total)
@@ -280,7 +289,7 @@ class _Timer:
             return 0.0
         if not self.fits(b):
             return math.inf
-        return replica_time(self.sim, self.task, self.replica, self.tp, self.pp, b, self.split)
+        return replica_time(self.sim, self.task, self.replica, self.tp, self.pp, b, self.split, split_cp(self.shards))
 
 
 def build_layout(sim: PlanningContext, task: str, order: Sequence[str], tp: int, pp: int,
@@ -290,18 +299,29 @@ def build_layout(sim: PlanningContext, task: str, order: Sequence[str], tp: int,
     balanced=False gives what a heterogeneity-unaware system does: equal layer splits and
     equal batch shares. `memo` (a dict the caller keeps) shares layer splits and time curves
     of replica kinds across calls: a search builds thousands of layouts from the same kinds.
-    """
-    return balanced_layout(sim, task, arrange(sim, order, tp, pp), tp, pp, balanced, memo)
+    Context parallelism is tried in rising degree until a layout fits: it computes what cp replicas
+    would plus a ring, so it pays only where memory asks; none fitting, the unsplit layout says why."""
+    cps = sequence_splits(sim, task, tp)[1]
+    first = None
+    for cp in cps:
+        layout = balanced_layout(sim, task, arrange(sim, order, tp, pp, cp), tp, pp, balanced, memo, cp)
+        first = layout if cp == cps[0] else first
+        if len(cps) == 1 or (layout is not None and math.isfinite(layout_cost(sim, layout))):
+            return layout
+    return first
 
 
 def balanced_layout(sim: PlanningContext, task: str, replicas: Sequence[tuple[str, ...]], tp: int, pp: int,
-                    balanced: bool = True, memo: dict | None = None) -> TaskLayout | None:
-    """A layout over given replicas with balanced (or, balanced=False, equal) layer splits and shares.
+                    balanced: bool = True, memo: dict | None = None, cp: int = 1) -> TaskLayout | None:
+    """A layout over given replicas (stages of tp × `cp` devices) with balanced (or, balanced=False,
+    equal) layer splits and shares.
 
     A training task with several replicas also gets its sharding (`sharding_levels`): the fastest
     level whose layout fits, and of equally fast ones the one sharding least — ZeRO-1/2 move the
     same bytes as DDP, so they are chosen when DDP's state does not fit; FSDP when its overlapped
-    traffic beats DDP's exposed all-reduce or nothing less fits.
+    traffic beats DDP's exposed all-reduce or nothing less fits. A training or forward pass also
+    gets its Ulysses degree (`sequence_splits`, dividing its replicas) the same way: the fastest,
+    and of equally fast ones the smallest.
     """
     memo = {} if memo is None else memo
     replicas = list(replicas)
@@ -311,15 +331,20 @@ def balanced_layout(sim: PlanningContext, task: str, replicas: Sequence[tuple[st
         return None
     replicas = replicas[:task_batch(sim)]
     levels = sharding_levels(sim, task, len(replicas), tp, pp)
-    # Balanced once at the level holding least (sharding moves no replica's compute, only what fits),
-    # then each level judged on those shares and splits.
-    base = _layout_at(sim, task, replicas, tp, pp, balanced, memo, levels[-1])
-    if base is None or len(levels) == 1 or base.dp == 1:
-        return base if base is None or base.dp > 1 or base.sharding == "none" else \
-            dataclasses.replace(base, sharding="none")
+    sps = [k for k in sequence_splits(sim, task, tp)[0] if len(replicas) % k == 0] or [1]
+    # Balanced once at the level holding least (sharding moves no replica's compute, only what fits), then
+    # each level judged on those; at the largest Ulysses degree when the smallest fits nowhere (alike).
+    base = _layout_at(sim, task, replicas, tp, pp, balanced, memo, levels[-1], sps[0], cp)
+    if len(sps) > 1 and (base is None or not math.isfinite(layout_cost(sim, base))):
+        base = _layout_at(sim, task, replicas, tp, pp, balanced, memo, levels[-1], sps[-1], cp)
+    if base is None:
+        return None
+    options = [(sp, level) for sp in sps if base.dp % sp == 0 for level in (levels if base.dp > 1 else ("none",))]
+    if len(options) == 1:
+        return dataclasses.replace(base, sp=options[0][0], sharding=options[0][1])
     best, best_t = base, math.inf
-    for level in levels:
-        layout = dataclasses.replace(base, sharding=level)
+    for sp, level in options:
+        layout = dataclasses.replace(base, sharding=level, sp=sp)
         t = layout_cost(sim, layout)
         if t < best_t * (1 - 1e-9):
             best, best_t = layout, t
@@ -338,8 +363,8 @@ def sharding_levels(sim: PlanningContext, task: str, dp: int, tp: int, pp: int) 
 
 
 def _layout_at(sim: PlanningContext, task: str, replicas: list[tuple[str, ...]], tp: int, pp: int, balanced: bool,
-               memo: dict, sharding: str) -> TaskLayout | None:
-    """balanced_layout at one sharding level."""
+               memo: dict, sharding: str, sp: int = 1, cp: int = 1) -> TaskLayout | None:
+    """balanced_layout at one sharding level and Ulysses and context-parallel degree."""
     model = task_model(sim, task)
     total = task_batch(sim)
     dp = len(replicas)
@@ -347,16 +372,16 @@ def _layout_at(sim: PlanningContext, task: str, replicas: list[tuple[str, ...]],
         split = tuple(_proportional(model.layers, [1.0] * pp))
         counts = _proportional(total, [1.0] * dp)
         return TaskLayout(task=task, tp=tp, pp=pp, replicas=tuple(replicas), shares=tuple(c / total for c in counts),
-                          layer_splits=tuple(split for _ in replicas), sharding=sharding)
+                          layer_splits=tuple(split for _ in replicas), sharding=sharding, sp=sp, cp=cp)
     nominal = max(1, total // dp)
-    shards = (dp, sharding)
+    shards = sharded(dp, sharding, sp, cp)
     splits = []
     timers = []
     # Planning for `hetprof run`: training replicas average gradients stage by stage, so they share
     # one split — the one balanced for the first (by the locality-first order, the most common) kind.
     shared = sim.executable and pp > 1 and TASKS[task][0] == TaskKind.TRAINING
     for r in replicas:
-        kind = _replica_key(sim, replicas[0] if shared else r, tp, pp, memo)
+        kind = _replica_key(sim, replicas[0] if shared else r, tp, pp, memo, cp)
         skey = ("split", task, kind, tp, pp, nominal, shards)
         if skey not in memo:
             memo[skey] = balance_layers(sim, task, replicas[0] if shared else r, tp, pp, nominal, shards)
@@ -377,7 +402,7 @@ def _layout_at(sim: PlanningContext, task: str, replicas: list[tuple[str, ...]],
     keep = [i for i, c in enumerate(counts) if c > 0]
     return TaskLayout(task=task, tp=tp, pp=pp, replicas=tuple(replicas[i] for i in keep),
                       shares=tuple(counts[i] / total for i in keep), layer_splits=tuple(splits[i] for i in keep),
-                      sharding=sharding)
+                      sharding=sharding, sp=sp, cp=cp)
 
 
 def layout_seconds(sim: PlanningContext, layout: TaskLayout) -> float:
@@ -386,7 +411,7 @@ def layout_seconds(sim: PlanningContext, layout: TaskLayout) -> float:
     worst = 0.0
     for r, share, split in zip(layout.replicas, layout.shares, layout.layer_splits, strict=True):
         worst = max(worst, replica_time(sim, layout.task, tuple(r), layout.tp, layout.pp,
-                                            max(1, round(share * total)), tuple(split)))
+                                            max(1, round(share * total)), tuple(split), layout.cp))
     return worst
 
 

@@ -3,8 +3,9 @@
 HetRL's five levels map onto three choices here: a *grouping* (level 1: which tasks time-share
 GPUs), per group an *ordered device list* (levels 2-3 and 5: how many GPUs of each kind, which
 ones, and — through the order — which tasklet sits where), and per task a *shape* TP×PP (level 4).
-Layer splits, batch shares and a training layout's data-parallel sharding are not searched:
-`search.layouts` balances the first two to device speed and picks the sharding per shape.
+Layer splits, batch shares, a training layout's data-parallel sharding and the sequence-split degrees
+(Ulysses sp, context-parallel cp) are not searched here: `search.layouts` balances the first two to
+device speed and picks the sharding and the split degrees per shape.
 The old-log-prob pass is never placed: it follows actor_train (hetprof.specs.plan.FOLLOWS).
 Keeping the assembly here guarantees `exhaustive`, `hetrl` and the ILP explore the same space, so
 the tests can compare their optima honestly.
@@ -159,7 +160,7 @@ def encode_candidate(candidate: Candidate) -> str:
             "group_devices": [list(g) for g in candidate.group_devices],
             "layouts": {t: {"tp": lay.tp, "pp": lay.pp, "replicas": [list(r) for r in lay.replicas],
                             "shares": list(lay.shares), "layer_splits": [list(s) for s in lay.layer_splits],
-                            "sharding": lay.sharding}
+                            "sharding": lay.sharding, **_split_degrees(lay)}
                         for t, lay in candidate.layouts},
             "offload": sorted(candidate.offload)}
     return json.dumps(data, sort_keys=True, separators=(",", ":"))
@@ -195,12 +196,17 @@ def decode_candidate(text: object, devices: Collection[str] | None = None) -> Ca
     return cand
 
 
+def _split_degrees(lay: TaskLayout) -> dict[str, int]:
+    """A layout's sequence-split degrees (Ulysses sp, context-parallel cp) other than 1, as encoded."""
+    return {k: getattr(lay, k) for k in ("sp", "cp") if getattr(lay, k) != 1}
+
+
 def _stored_layout(task: str, v: object) -> TaskLayout:
     v = _mapping(v)
     return TaskLayout(task=task, tp=_count(v["tp"]), pp=_count(v["pp"]), replicas=[_texts(r) for r in _list(v["replicas"])],
                       shares=[float(s) for s in _list(v["shares"])],
                       layer_splits=[[_count(x) for x in _list(s)] for s in _list(v["layer_splits"])],
-                      sharding=_text(v.get("sharding", "none")))
+                      sharding=_text(v.get("sharding", "none")), sp=_count(v.get("sp", 1)), cp=_count(v.get("cp", 1)))
 
 
 def _mapping(v: object) -> dict:

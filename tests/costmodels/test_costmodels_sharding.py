@@ -158,7 +158,9 @@ def test_published_qwen3_8b_layouts_on_8_h100_fit_in_memory():
     assert not colocated(ddp).feasible  # 16 B/param of an 8B model on each 80 GB GPU
     assert colocated(dataclasses.replace(ddp, sharding="fsdp")).feasible
     pp2 = even_layout("actor_train", devs, 1, 2, 36)
-    assert not colocated(pp2).feasible
+    # whole Adam state fits a stage only once the planner shrinks the micro-batch below the default
+    assert sim.planning.micro_tokens("actor_train", "H100", 1, 18, 128, 4, "none") < mem.MICRO_BATCH_TOKENS
+    assert sim.planning.micro_tokens("actor_train", "H100", 1, 18, 128, 4, "zero1") == mem.MICRO_BATCH_TOKENS
     assert colocated(dataclasses.replace(pp2, sharding="zero1")).feasible
     chosen = layouts.best_layout(sim.planning, "actor_train", devs)
     assert chosen.sharding != "none" and sim.task_eval(chosen).violations == ()

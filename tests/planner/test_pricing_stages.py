@@ -64,8 +64,9 @@ def _pricer(kind: TaskKind) -> ReplicaPricer:
     cm = SimpleNamespace(task_time=lambda work, place: SimpleNamespace(seconds=SECONDS[place.device_type]),
                          collective_time=lambda op, size, n, link: P2P_S)
     graph = SimpleNamespace(model_of=lambda task: model, kind_of=lambda task: kind)
-    basis = SimpleNamespace(cm=cm, graph=graph, dtype="bf16", dtype_of=lambda task: "bf16", prompt=10.0, response=20.0, backend="hf",
-                            work=lambda task, batch, layers=None, response=None, prompt=None: None)
+    basis = SimpleNamespace(cm=cm, graph=graph, dtype="bf16", dtype_of=lambda task: "bf16", prompt=10.0,
+                            response=20.0, backend="hf",
+                            work=lambda task, batch, layers=None, response=None, prompt=None, cp=1: None)
     return ReplicaPricer(basis)
 
 

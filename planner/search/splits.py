@@ -1,0 +1,49 @@
+"""How far a layout splits each sequence: the Ulysses (`sp`) and context-parallel (`cp`) degrees a task is
+tried with, and the `Sharded` value that carries them, with a training layout's sharding, to memory.
+
+Both split every sequence of the training and log-prob passes over several GPUs, so a GPU holds a
+share of each sequence's activations: Ulysses over data-parallel ranks (all-to-alls of q, k, v and
+the output per layer), context parallelism over a stage's TP groups (ring passes of keys and values).
+`search.layouts` picks the degrees per shape, as it picks the sharding.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hetprof.specs.plan import TASKS
+from hetprof.specs.vocabulary import TaskKind
+
+if TYPE_CHECKING:
+    from hetprof.planner.planning import PlanningContext
+
+MAX_SEQUENCE_SPLIT = 8  # most ranks one sequence is split over (Ulysses, context parallel): a host's GPUs
+# How a replica's memory is divided: (dp, sharding) of a training layout's state, then optionally
+# (sp, cp): the Ulysses and context-parallel ranks each of its sequences is split over.
+Sharded = tuple
+
+
+def split_cp(shards: Sharded) -> int:
+    """The context-parallel degree a `Sharded` carries (1 when it names none)."""
+    return shards[3] if len(shards) > 3 else 1
+
+
+def sharded(dp: int, sharding: str, sp: int = 1, cp: int = 1) -> Sharded:
+    """The `Sharded` of a layout: (dp, sharding), with (sp, cp) only when a sequence is split."""
+    return (dp, sharding) if sp == 1 and cp == 1 else (dp, sharding, sp, cp)
+
+
+def sequence_splits(sim: PlanningContext, task: str, tp: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The Ulysses (sp) and context-parallel (cp) degrees `task` is tried with at TP `tp`, smallest
+    first: 1 alone for generation (a decode step has one token per sequence to split) and when the
+    plan is for `hetprof run` (which splits no sequence); the workload's degree where it fixes one;
+    else the powers of two up to MAX_SEQUENCE_SPLIT, Ulysses's dividing the heads a TP rank holds
+    (its all-to-all hands each rank whole heads)."""
+    if TASKS[task][0] == TaskKind.GENERATION or sim.executable:
+        return (1,), (1,)
+    training = sim.workload.training
+    free = tuple(1 << i for i in range(MAX_SEQUENCE_SPLIT.bit_length()) if 1 << i <= MAX_SEQUENCE_SPLIT)
+    heads = sim.model_of(task).heads // tp
+    sps = (training.sequence_parallel,) if training.sequence_parallel else tuple(k for k in free if heads % k == 0)
+    cps = (training.context_parallel,) if training.context_parallel else free
+    return sps, cps
