@@ -22,9 +22,10 @@ class StructureCheck:
     """The structure rules of one (cluster, workload); each layout's check memoised."""
 
     def __init__(self, graph: RLGraph, tasks: Sequence[str], devices: Mapping[str, Device], cluster_name: str,
-                 algorithm: str, executable: bool) -> None:
+                 algorithm: str, executable: bool, packed: bool = False) -> None:
         self.graph, self.tasks, self.devices = graph, list(tasks), devices
         self.cluster_name, self.algorithm, self.executable = cluster_name, algorithm, executable
+        self.packed = packed  # the workload packs its passes (max_tokens_per_microbatch): Ulysses can run
 
     def problems(self, cand: Candidate) -> list[str]:
         """Everything that makes a candidate malformed, as sentences (empty when well-formed)."""
@@ -106,5 +107,6 @@ class StructureCheck:
             out.extend(f"{p} (`hetprof run` would refuse it; plan with --any-layout to allow it)"
                        for tp in sorted(set(lay.tp_degrees()))
                        for p in executable.layout_problems(t, self.graph.kind_of(t), self.graph.model_of(t), tp,
-                                                           lay.pp, lay.layer_splits, lay.describe(), lay.sharding))
+                                                           lay.pp, lay.layer_splits, lay.describe(), lay.sharding,
+                                                           sp=lay.sp, cp=lay.cp, ep=lay.ep, packed=self.packed))
         return out

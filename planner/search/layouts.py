@@ -301,7 +301,7 @@ def build_layout(sim: PlanningContext, task: str, order: Sequence[str], tp: int,
     of replica kinds across calls: a search builds thousands of layouts from the same kinds.
     Context parallelism is tried in rising degree until a layout fits: it computes what cp replicas
     would plus a ring, so it pays only where memory asks; none fitting, the unsplit layout says why."""
-    cps = sequence_splits(sim, task, tp)[1]
+    cps = sequence_splits(sim, task, tp, pp)[1]
     first = None
     for cp in cps:
         layout = balanced_layout(sim, task, arrange(sim, order, tp, pp, cp), tp, pp, balanced, memo, cp)
@@ -331,7 +331,7 @@ def balanced_layout(sim: PlanningContext, task: str, replicas: Sequence[tuple[st
         return None
     replicas = replicas[:task_batch(sim)]
     levels = sharding_levels(sim, task, len(replicas), tp, pp)
-    sps = [k for k in sequence_splits(sim, task, tp)[0] if len(replicas) % k == 0] or [1]
+    sps = [k for k in sequence_splits(sim, task, tp, pp)[0] if len(replicas) % k == 0] or [1]
     # Balanced once at the level holding least (sharding moves no replica's compute, only what fits), then
     # each level judged on those; at the largest Ulysses degree when the smallest fits nowhere (alike).
     base = _layout_at(sim, task, replicas, tp, pp, balanced, memo, levels[-1], sps[0], cp)

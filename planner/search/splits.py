@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from hetprof.specs import executable
 from hetprof.specs.plan import TASKS
 from hetprof.specs.vocabulary import TaskKind
 
@@ -33,17 +34,26 @@ def sharded(dp: int, sharding: str, sp: int = 1, cp: int = 1) -> Sharded:
     return (dp, sharding) if sp == 1 and cp == 1 else (dp, sharding, sp, cp)
 
 
-def sequence_splits(sim: PlanningContext, task: str, tp: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The Ulysses (sp) and context-parallel (cp) degrees `task` is tried with at TP `tp`, smallest
-    first: 1 alone for generation (a decode step has one token per sequence to split) and when the
-    plan is for `hetprof run` (which splits no sequence); the workload's degree where it fixes one;
-    else the powers of two up to MAX_SEQUENCE_SPLIT, Ulysses's dividing the heads a TP rank holds
-    (its all-to-all hands each rank whole heads)."""
-    if TASKS[task][0] == TaskKind.GENERATION or sim.executable:
+def sequence_splits(sim: PlanningContext, task: str, tp: int,
+                    pp: int = 1) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The Ulysses (sp) and context-parallel (cp) degrees `task` is tried with at TP `tp` and PP `pp`,
+    smallest first: 1 alone for generation (a decode step has one token per sequence to split); the
+    workload's degree where it fixes one; else the powers of two up to MAX_SEQUENCE_SPLIT, Ulysses's
+    dividing the heads a TP rank holds (its all-to-all hands each rank whole heads). A plan for
+    `hetprof run` keeps only what the executor carries out (`executable.sequence_parallel_problems`):
+    Ulysses on whole-model replicas of packed passes, no context parallelism."""
+    if TASKS[task][0] == TaskKind.GENERATION:
         return (1,), (1,)
     training = sim.workload.training
     free = tuple(1 << i for i in range(MAX_SEQUENCE_SPLIT.bit_length()) if 1 << i <= MAX_SEQUENCE_SPLIT)
-    heads = sim.model_of(task).heads // tp
+    model = sim.model_of(task)
+    heads = model.heads // tp
     sps = (training.sequence_parallel,) if training.sequence_parallel else tuple(k for k in free if heads % k == 0)
     cps = (training.context_parallel,) if training.context_parallel else free
+    if sim.executable:
+        packed = training.max_tokens_per_microbatch is not None
+        kind = TASKS[task][0]
+        sps = tuple(k for k in sps if not executable.sequence_parallel_problems(task, kind, model, k, tp, pp,
+                                                                                 packed, "")) or (1,)
+        cps = (1,)
     return sps, cps

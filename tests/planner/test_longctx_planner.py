@@ -22,6 +22,7 @@ from hetprof.planner.session import build_plan
 from hetprof.planner.simulator import Simulator
 from hetprof.runtime.tokenbudget import sample_lengths
 from hetprof.specs import ClusterSpec, WorkloadSpec
+from hetprof.specs.layout import TaskLayout
 from hetprof.specs.loader import from_data
 from hetprof.specs.models import DTYPE_BYTES
 
@@ -91,8 +92,24 @@ def test_sequence_splits_are_searched_fixed_by_the_workload_and_off_for_hetprof_
     assert splits.sequence_splits(fixed.planning, "actor_train", 1) == ((1,), (2,))
     lay = layouts.best_layout(fixed.planning, "actor_train", devs)
     assert (lay.sp, lay.cp) == (1, 2) and lay.dp * lay.tp * lay.pp * 2 == len(lay.devices())
-    short = _sim("qwen3-8b", 256, 512, executable=True)
+    short = _sim("qwen3-8b", 256, 512, executable=True)  # padded passes: `hetprof run` splits none
     assert splits.sequence_splits(short.planning, "actor_train", 1) == ((1,), (1,))
+
+
+def test_a_plan_for_hetprof_run_splits_sequences_only_as_the_executor_does():
+    """Ulysses on whole-model replicas of packed passes (executable.sequence_parallel_problems); no CP."""
+    packed = _sim("qwen3-8b", 256, 512, executable=True, max_tokens_per_microbatch=4096)
+    assert splits.sequence_splits(packed.planning, "actor_train", 1) == ((1, 2, 4, 8), (1,))
+    assert splits.sequence_splits(packed.planning, "actor_logprob", 1) == ((1, 2, 4, 8), (1,))
+    assert splits.sequence_splits(packed.planning, "actor_train", 2) == ((1,), (1,))  # TP replicas
+    assert splits.sequence_splits(packed.planning, "actor_train", 1, pp=2) == ((1,), (1,))
+    assert splits.sequence_splits(packed.planning, "actor_gen", 1) == ((1,), (1,))
+    devs = tuple(f"n:{i}" for i in range(8))
+    padded = _sim("qwen3-8b", 256, 512, executable=True)
+    lay = TaskLayout("actor_train", 1, 1, tuple((d,) for d in devs), (1 / 8,) * 8, ((36,),) * 8, sp=2)
+    assert packed.structure.layout_problems(lay, devs, 0) == []
+    said = padded.structure.layout_problems(lay, devs, 0)
+    assert len(said) == 1 and "max_tokens_per_microbatch" in said[0] and "--any-layout" in said[0]
 
 
 def test_a_context_parallel_layout_prices_its_ring_and_its_share_of_the_work():
