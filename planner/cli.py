@@ -83,6 +83,19 @@ def _check_plannable(cluster: ClusterSpec, cluster_path: str, what_ifs: tuple[st
         check_plannable(session.what_if_cluster(cluster, text), f"--what-if {text}")
 
 
+def _warn_missing_rows(db, workload, cluster, options, evaluate_path: str | None, workload_path: str,
+                       cluster_path: str) -> None:
+    """One line on stderr per task the database has no rows of the job's shapes or engine for
+    (planner/coverage.py), each with the `hetprof profile` command that measures them."""
+    from hetprof.planner.coverage import coverage_warnings
+    from hetprof.planner.engines import default_backend
+    from hetprof.specs import Plan
+
+    engine = options.backend or (Plan.load(evaluate_path).backend if evaluate_path else default_backend(cluster))
+    for line in coverage_warnings(db, workload, cluster, engine, workload_path, cluster_path, str(db_path())):
+        click.echo(f"warning: {line}", err=True)
+
+
 def _target_backend(target: str | None, backend: str | None) -> str | None:
     """The generation engine to price: with --target, one the framework runs (vllm unless given)."""
     if target is None:
@@ -212,6 +225,8 @@ def plan(cluster_path: str, workload_path: str, search: str, objective: str, bud
                                   streaming=streaming, executable=runnable,
                                   backend=_target_backend(target, backend), target=target)
     with session.open_db(_db_to_read(cost_model)) as db:
+        if db is not None and cost_model in READS_FITTED_MODELS:
+            _warn_missing_rows(db, workload, cluster, options, evaluate_path, workload_path, cluster_path)
         if evaluate_path:
             outcome, sim = session.evaluate_plan_file(cluster, workload, evaluate_path, options, db)
             outcomes = [outcome]
