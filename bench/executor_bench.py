@@ -158,16 +158,17 @@ def print_run_rows(runs: list[dict], bw: dict, quick: bool, max_tokens: int | No
         # recording against pricing that no drift between runs enters
         table.add_row("refit plan / run 1 it learned from", f"{runs[1]['predicted'] / runs[0]['measured']:.2f}",
                       "0.85–1.15", f"{runs[1]['predicted'] * 1e3:.1f} vs {runs[0]['measured'] * 1e3:.1f} ms; "
-                      "training " + _task_ratio(runs, "actor_train"))
+                      + ", ".join(f"{task} {_task_ratio(runs, task)}" for task in runs[0]["per_task"]
+                                  if _task_ratio(runs, task) != "—"))
     table.add_row("executor overhead", f"{runs[0]['overhead']:.3f}", "≤ 1.10",
                   "iteration / sum of stage times (median, run 1)")
     table.add_row("weight-sync / plain broadcast bandwidth", f"{bw['sync_Bps'] / bw['plain_Bps']:.2f}", "≥ 0.8",
                   f"{bw['sync_Bps'] / 1e9:.2f} vs {bw['plain_Bps'] / 1e9:.2f} GB/s, {bw['bytes'] / 1e6:.0f} MB "
                   f"in {bw['buckets']} buckets, 1 → {bw['world'] - 1}")
     console.print(table)
-    tasks = Table(title="per task: measured (median) vs predicted, each run")
+    tasks = Table(title="per task: measured (median) vs predicted, each run (goal 0.80–1.25 each)")
     for col in ("task", *(f"{c} (fit: {r['fitted_on']})" for r in runs for c in ("measured ms", "predicted ms",
-                                                                                 "ratio"))):
+                                                                                 "measured / predicted"))):
         tasks.add_column(col, justify="right")
     for task in runs[0]["per_task"]:
         cells = []

@@ -81,8 +81,8 @@ class CostModel(abc.ABC):
         return comm.collective_time(op, size_bytes, n, link.alpha_s, link.beta_Bps)
 
     def generation_call_overhead(self, device_type: str, dtype: str, batch: int, prompt: int,
-                                 engine: str = "hf") -> float:
-        """Seconds a generation call by `engine` takes beyond its prefill and decode phases
+                                 engine: str = "hf", model: ModelShape | None = None) -> float:
+        """Seconds a generation call of `model` by `engine` takes beyond its prefill and decode phases
         (calloverhead.py); a model that has not measured whole calls adds nothing."""
         return 0.0
 
@@ -234,7 +234,7 @@ class CostModel(abc.ABC):
             parts["prefill"] = waves * prefill
             parts["decode"] = waves * decode
             # per call, never below half the phases (a negative term is the decode forward a call skips)
-            call = self.generation_call_overhead(dev, work.dtype, conc, prompt, work.engine)
+            call = self.generation_call_overhead(dev, work.dtype, conc, prompt, work.engine, work.model)
             parts["call"] = waves * max(call, -0.5 * (prefill + decode))
             parts["tp_comm"] = waves * (tp_comm(conc * prompt, 2) + steps * tp_comm(conc, 2))
         # context parallelism: a rank computes 1/cp of every sequence's tokens and, in Megatron's

@@ -69,9 +69,14 @@ def fit(task, device, report, stat, envelope, runs, seed, store, wide, catalog_p
     print_wide(console, _table(console, fits, ids, shown(f"hetprof fit ({path.name}, target: {target})"), wide), wide)
     for f in fits:
         if f.call is not None:
-            console.print(f"generation calls on {escaped(f.device_type)} ({escaped(f.dtype)}): {f.call.default_s * 1e3:+.2f} ms beyond "
-                          f"their prefill and decode phases (median of {len(f.call.points)} profiled call shapes; "
-                          "each profiled shape keeps its own)")
+            where = f"generation calls on {escaped(f.device_type)} ({escaped(f.dtype)}): {f.call.default_s * 1e3:+.2f} ms"
+            if f.call.runs:
+                console.print(f"{where} beyond their run-calibrated prefill and decode phases (median of "
+                              f"{f.call.runs} calls in runs, over {len(f.call.models)} model(s))")
+            else:
+                console.print(f"{where} beyond their prefill and decode phases (median of {len(f.call.points)} "
+                              f"profiled call shapes of {len(f.call.models)} model(s); each profiled shape, and "
+                              "each model, keeps its own)")
     for note in skipped:
         console.print(f"[yellow]skipped:[/] {escaped(note)}")
     if report:

@@ -24,7 +24,7 @@ from hetprof.costmodels.features import FEATURES, PHASE_TASK, TASK_PHASE, phase_
 from hetprof.costmodels.fitting import FORMAT, MODEL_NAME
 from hetprof.costmodels.runcalibration import FACTOR_RANGE
 from hetprof.specs.catalog import Catalog, canonical_name
-from hetprof.specs.models import DTYPE_BYTES
+from hetprof.specs.models import DTYPE_BYTES, ModelShape
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,12 +145,14 @@ class FittedCostModel(CostModel):
         return PhaseTime(fallback.seconds, fallback.source, f"{reason}: analytical ({fallback.source})")
 
     def generation_call_overhead(self, device_type: str, dtype: str, batch: int, prompt: int,
-                                 engine: str = calloverhead.DEFAULT_ENGINE) -> float:
-        model = self.lookup("decode", device_type, dtype)
-        if model is None:
+                                 engine: str = calloverhead.DEFAULT_ENGINE, model: ModelShape | None = None) -> float:
+        fit = self.lookup("decode", device_type, dtype)
+        if fit is None:
             return 0.0
-        call = model.engine_calls.get(engine, model.call)
-        return call.seconds(batch, prompt) if call is not None else 0.0
+        call = fit.engine_calls.get(engine, fit.call)
+        if call is None:
+            return 0.0
+        return call.seconds(batch, prompt, calloverhead.model_key(model) if model is not None else ())
 
     def engine_reload_time(self, engine: str, device_type: str, dtype: str, weight_bytes: float) -> float:
         model = self.lookup("decode", device_type, dtype)

@@ -27,7 +27,7 @@ from hetprof.costmodels.families import get_family
 from hetprof.costmodels.features import FEATURES, TASK_PHASE, RowError, phase_features, phase_from_row
 from hetprof.costmodels.heldout import HeldOut, choose_family, mape, nested_heldout
 from hetprof.costmodels.runcalibration import MIN_PROFILE_SHAPES, RunCalibration, calibrate, compute_targets
-from hetprof.costmodels.runrows import SOURCE, packs_of, run_task_rows
+from hetprof.costmodels.runrows import SOURCE, packs_of, run_call_rows, run_task_rows
 from hetprof.errors import ProfileDBError
 from hetprof.specs.catalog import canonical_name
 
@@ -101,7 +101,8 @@ class TaskFit:
              "train_mape": self.train_mape, "repeat_noise": self.noise, "profiled_points": len(self.points),
              **{f"cv_mape_{k}": v for k, v in self.family_cv.items()},
              **(self.runs.metrics() if self.runs is not None else {}),
-             **({"call_overhead_ms": self.call.default_s * 1e3, "call_points": len(self.call.points)}
+             **({"call_overhead_ms": self.call.default_s * 1e3, "call_points": len(self.call.points),
+                 "call_run_calls": self.call.runs}
                 if self.call is not None else {})}
         return {k: float(v) for k, v in m.items() if np.isfinite(v)}
 
@@ -217,7 +218,13 @@ def _group(bench: str, dev: str, dtype: str, threads: int | None, part: pd.DataF
         return None
     secs_arr = np.asarray(secs)
     if envelope:  # each run bounds only its own shapes, as the profile bounds its own
-        secs_arr = monotone_envelope(phases_, secs_arr, [f"{s}:{r}" for s, r in zip(sources, runs, strict=True)])
+        capped = monotone_envelope(phases_, secs_arr, [f"{s}:{r}" for s, r in zip(sources, runs, strict=True)])
+        # ...and only where its rows are fitted as rows: a run that calibrates the profile's fit is
+        # measured for its conditions (interference included), which a lower envelope over a few
+        # noisy medians of nearly the same work would bias low
+        from_run = np.asarray([s == SOURCE for s in sources], bool)
+        calibrating = (~from_run).sum() >= MIN_PROFILE_SHAPES
+        secs_arr = np.where(from_run & calibrating, secs_arr, capped)
     return Group(bench, dev, dtype, threads, phases_, secs_arr, len(part) - bad, pd.DataFrame(shapes),
                  float(np.nanmean(noise)) if not np.isnan(noise).all() else float("nan"),
                  sources, runs, dps, hosts, packs)
@@ -339,7 +346,7 @@ def fit_database(db: Any, task: str | None = None, device: str | None = None, se
         if skipped is not None:
             skipped.extend(fit.notes)
         fits.append(fit)
-    learn_call_overheads(db, fits, stat, skipped)
+    learn_call_overheads(db, fits, stat, skipped, runs)
     learn_engine_reloads(db, fits)
     return fits
 
@@ -356,25 +363,19 @@ def learn_engine_reloads(db: Any, fits: list[TaskFit]) -> None:
 
 
 def learn_call_overheads(db: Any, fits: list[TaskFit], stat: str = DEFAULT_STAT,
-                         notes: list[str] | None = None) -> None:
+                         notes: list[str] | None = None, runs: bool = True) -> None:
     """Give each decode fit what whole generation calls (`task.generate` rows of its device type,
     dtype and thread count) took beyond that fit's prefill and decode phases, per engine that made
-    the calls (calloverhead.py)."""
-    rows = db.samples(benchmark=calloverhead.BENCHMARK)
-    if not len(rows) or "seconds" not in rows:
-        return
-    rows = rows[pd.to_numeric(rows["seconds"], errors="coerce") > 0].copy()
-    rows["device_type"] = rows["catalog_type"].map(lambda c: canonical_name(c) if isinstance(c, str) else None)
-    rows["dtype"] = rows["dtype"].fillna("bf16") if "dtype" in rows else "bf16"
+    the calls (calloverhead.py). A decode fit the runs calibrated takes the `hf` term from the runs'
+    own calls instead, beyond the run-calibrated phases: those phases were timed inside calls."""
     engine = calloverhead.DEFAULT_ENGINE
-    rows["backend"] = rows["backend"].fillna(engine) if "backend" in rows else engine
+    rows = db.samples(benchmark=calloverhead.BENCHMARK)
+    from_runs = run_call_rows(db) if runs else rows.iloc[0:0]
     for dec in (f for f in fits if f.task_type == "task.decode"):
         pre = next((f for f in fits if f.task_type == "task.prefill" and (f.device_type, f.dtype, f.threads)
                     == (dec.device_type, dec.dtype, dec.threads)), None)
-        part = rows[(rows["device_type"] == dec.device_type) & (rows["dtype"] == dec.dtype)]
-        if dec.threads is not None and "threads" in part:
-            part = part[part["threads"].fillna(dec.threads).astype(int) == dec.threads]
-        if not len(part):
+        part, in_runs = _calls_of(rows, dec), _calls_of(from_runs, dec)
+        if not len(part) and not (dec.runs is not None and len(in_runs)):
             continue
         if pre is None:
             if notes is not None:
@@ -387,16 +388,36 @@ def learn_call_overheads(db: Any, fits: list[TaskFit], stat: str = DEFAULT_STAT,
                 dec.call = learned
             elif learned is not None:
                 dec.engine_calls[str(name)] = learned
+        if dec.runs is not None and len(in_runs):
+            # the run's phases are calibrated on laps timed inside its calls: its calls say the rest
+            shapes = _call_rows(in_runs.drop(columns="backend"), pre, dec, stat, notes, calibrated=True)
+            dec.call = calloverhead.learn(shapes, runs=len(in_runs)) or dec.call
 
 
-def _call_rows(part: pd.DataFrame, pre: TaskFit, dec: TaskFit, stat: str,
-               notes: list[str] | None) -> list[tuple[int, int, float, float]]:
-    """(batch, prompt, measured call, fitted phases) per profiled call shape."""
+def _calls_of(rows: pd.DataFrame, dec: TaskFit) -> pd.DataFrame:
+    """The `task.generate` rows of the decode fit's device type, dtype and thread count, each with its engine."""
+    if not len(rows) or "seconds" not in rows or "catalog_type" not in rows:
+        return pd.DataFrame(columns=["seconds", "backend"])
+    device = rows["catalog_type"].map(lambda c: canonical_name(c) if isinstance(c, str) else None)
+    dtype = rows["dtype"].fillna("bf16") if "dtype" in rows else pd.Series("bf16", index=rows.index)
+    rows = rows[(pd.to_numeric(rows["seconds"], errors="coerce") > 0) & (device == dec.device_type)
+                & (dtype == dec.dtype)].assign(dtype=dec.dtype)
+    if dec.threads is not None and "threads" in rows:
+        rows = rows[pd.to_numeric(rows["threads"], errors="coerce").fillna(dec.threads).astype(int) == dec.threads]
+    engine = calloverhead.DEFAULT_ENGINE
+    return rows.assign(backend=rows["backend"].fillna(engine) if "backend" in rows else engine)
+
+
+def _call_rows(part: pd.DataFrame, pre: TaskFit, dec: TaskFit, stat: str, notes: list[str] | None,
+               calibrated: bool = False) -> list[tuple[tuple[int, ...], int, int, float, float]]:
+    """(model, batch, prompt, measured call, fitted phases) per call shape; `calibrated`: the phases
+    with the fits' run factors (calls in runs)."""
     tables = {id(f): pointcorrections.as_table(f.points) for f in (pre, dec)}
 
     def predict(f: TaskFit, ph: Phase) -> float:
         x = phase_features(ph, f.device_type)
-        return get_family(f.family).predict_one(f.params, x) * pointcorrections.ratio(tables[id(f)], x)
+        seconds = get_family(f.family).predict_one(f.params, x) * pointcorrections.ratio(tables[id(f)], x)
+        return seconds * (f.run_factor if calibrated else 1.0)
 
     out = []
     for group in _by_shape(part):
@@ -414,7 +435,8 @@ def _call_rows(part: pd.DataFrame, pre: TaskFit, dec: TaskFit, stat: str,
             return predict(pre if kind == "prefill" else dec, ph)
 
         fitted = sum(generation_phases(phase, base.batch, base.tokens, steps))
-        out.append((base.batch, base.tokens, STATS[stat](group["seconds"].astype(float)), fitted))
+        out.append((calloverhead.model_key(base.model), base.batch, base.tokens,
+                    STATS[stat](group["seconds"].astype(float)), fitted))
     return out
 
 

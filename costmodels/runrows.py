@@ -13,6 +13,13 @@ its all-reduce) is shared: a packed step's row is one pack's pass with one optim
 
 Skipped, and counted: pipeline-parallel tasks (a stage's share of layers is not in the record),
 and phases whose record lacks a field a task row needs.
+
+A generation replica's whole call is a row too (`run_call_rows`, shaped like the profiler's
+`task.generate` rows): the replica's recorded stage time at its prefill's batch and padded prompt,
+with the tokens it sampled (its decode laps and the one sampled from the prefill's logits). What it
+takes beyond the run-calibrated phases is what a call costs in a run (calloverhead.py). Only a
+replica that made one call (one prefill lap on its lead device) gives one; an engine that does not
+time its phases (vLLM) gives none.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import pandas as pd
 from hetprof.costmodels.features import PHASE_TASK, SHAPE_FIELDS
 
 SOURCE = "run"
+CALL_BENCHMARK = "task.generate"  # whole generation calls (calloverhead.BENCHMARK)
 
 
 def phase_row(record: Mapping[str, Any], work: Mapping[str, Any], phase: Mapping[str, Any], seq: int
@@ -43,13 +51,16 @@ def phase_row(record: Mapping[str, Any], work: Mapping[str, Any], phase: Mapping
         return None
     if not (seconds > 0 and batch >= 1 and tokens >= 1 and phase.get("device_type")):
         return None
+    # a generation call's prefill computes the last position's logits only (hetprof.runtime.generation):
+    # no LM head, as the cost model prices it (base.generation_phases); a record may say otherwise
     return {
         "sample_id": f"{record['run']}/{record['iteration']}/{record['task']}/{seq}",
         "run_id": str(record["run"]), "benchmark": PHASE_TASK[kind], "device_id": phase.get("device"),
         "device_name": phase.get("device_type"), "catalog_type": phase.get("device_type"), "host": None,
         "seq": seq, "model": str(model.get("name", "custom")), "layers_run": layers, **shape, "batch": batch,
         ("context_len" if kind == "decode" else "seq_len"): tokens, "dtype": phase.get("dtype") or "bf16",
-        "with_head": bool(phase.get("with_head", True)), "tp": _tp(work, phase.get("device")),
+        "with_head": bool(phase.get("with_head", not (kind == "prefill" and work.get("kind") == "generation"))),
+        "tp": _tp(work, phase.get("device")),
         "threads": phase.get("threads"), "source": SOURCE, "run_key": str(record["run"]),
         "dp": int(work.get("dp", 1) or 1), "dp_hosts": hosts_of(record.get("device_ids")),
         "packs": packs_of(phase), "seconds": seconds,
@@ -77,6 +88,38 @@ def hosts_of(device_ids: Any) -> int:
     if not isinstance(device_ids, (list, tuple)) or not device_ids:
         return 1
     return len({str(d).rsplit(":", 1)[0] for d in device_ids})
+
+
+def call_rows(record: Mapping[str, Any], work: Mapping[str, Any], phases: list) -> list[dict[str, Any]]:
+    """Each generation replica's whole call in one run record, as `task.generate` rows (module docstring)."""
+    model, replicas, leads = work.get("model"), record.get("extra", {}).get("replicas"), record.get("device_ids")
+    if (work.get("kind") != "generation" or not isinstance(model, Mapping) or int(work.get("pp", 1) or 1) > 1
+            or not isinstance(replicas, list) or not isinstance(leads, list) or len(replicas) != len(leads)):
+        return []
+    out = []
+    for r, (seconds, lead) in enumerate(zip(replicas, leads, strict=True)):
+        laps = [p for p in phases if isinstance(p, Mapping) and p.get("device") == lead]
+        prefills = [p for p in laps if p.get("kind") == "prefill"]
+        if len(prefills) != 1:
+            continue
+        row = phase_row(record, work, {**prefills[0], "seconds": seconds}, r)
+        if row is None:
+            continue
+        row.update(benchmark=CALL_BENCHMARK, sample_id=f"{row['sample_id']}/call",
+                   new_tokens=1 + sum(p.get("kind") == "decode" for p in laps), with_head=True)
+        out.append(row)
+    return out
+
+
+def run_call_rows(db: Any) -> pd.DataFrame:
+    """Every generation replica's whole call in the run records of the database (`call_rows`)."""
+    df = db.run_records()
+    rows: list[dict[str, Any]] = []
+    for rec in df.to_dict("records") if len(df) else []:
+        extra = rec.get("extra")
+        if isinstance(extra, Mapping) and isinstance(extra.get("phases"), list) and isinstance(extra.get("work"), Mapping):
+            rows += call_rows(rec, extra["work"], extra["phases"])
+    return pd.DataFrame(rows)
 
 
 def run_task_rows(db: Any, skipped: list[str] | None = None) -> pd.DataFrame:

@@ -83,6 +83,19 @@ def _check_plannable(cluster: ClusterSpec, cluster_path: str, what_ifs: tuple[st
         check_plannable(session.what_if_cluster(cluster, text), f"--what-if {text}")
 
 
+def _warn_missing_rows(db, workload, cluster, options, evaluate_path: str | None, workload_path: str,
+                       cluster_path: str) -> None:
+    """One line on stderr per task the database has no rows of the job's shapes or engine for
+    (planner/coverage.py), each with the `hetprof profile` command that measures them."""
+    from hetprof.planner.coverage import coverage_warnings
+    from hetprof.planner.engines import default_backend
+    from hetprof.specs import Plan
+
+    engine = options.backend or (Plan.load(evaluate_path).backend if evaluate_path else default_backend(cluster))
+    for line in coverage_warnings(db, workload, cluster, engine, workload_path, cluster_path, str(db_path())):
+        click.echo(f"warning: {line}", err=True)
+
+
 def _target_backend(target: str | None, backend: str | None) -> str | None:
     """The generation engine to price: with --target, one the framework runs (vllm unless given)."""
     if target is None:
@@ -147,7 +160,10 @@ def _print_unrestricted(console, cluster, workload, search: str, options, db, be
 @click.option("--storage", default=None,
               help="Optuna storage URL (sqlite:///study.db; postgresql://… or mysql://… for many machines): "
                    "resumable, inspectable, and shared by every process given the same URL")
-@click.option("--no-streaming", is_flag=True, help="consumers wait for all of generation (no StreamRL pipelining)")
+@click.option("--streaming/--no-streaming", default=None,
+              help="price generation streaming its rollouts into the next stage (StreamRL pipelining) or "
+                   "consumers waiting for all of it [default: as `hetprof run` does for --runnable plans (it "
+                   "does not stream), streaming for --any-layout what-ifs]; the plan records which")
 @click.option("--runnable/--any-layout", "runnable", default=True, show_default=True,
               help="plan only layouts `hetprof run` carries out (no pipeline stages for generation or critic "
                    "inference, one layer split for all replicas of a training task, TP dividing heads, KV heads "
@@ -172,7 +188,7 @@ def _print_unrestricted(console, cluster, workload, search: str, options, db, be
 @db_option
 def plan(cluster_path: str, workload_path: str, search: str, objective: str, budget: float | None,
          budget_s: float | None, max_evals: int | None, workers: int, seed: int, search_seed: int | None,
-         cost_model: str, max_tp: int, max_pp: int, storage: str | None, no_streaming: bool, runnable: bool,
+         cost_model: str, max_tp: int, max_pp: int, storage: str | None, streaming: bool | None, runnable: bool,
          evaluate_path: str | None, what_ifs: tuple[str, ...], backend: str | None, out_path: str | None,
          gantt_path: str | None, catalog_path: str | None, target: str | None, overrides: tuple[str, ...] = ()) -> None:
     """Find the fastest (or cheapest) placement of an RL job on a heterogeneous cluster.
@@ -206,9 +222,11 @@ def plan(cluster_path: str, workload_path: str, search: str, objective: str, bud
     options = session.PlanOptions(objective=objective, budget=budget, budget_s=budget_s, max_evals=max_evals,
                                   seed=seed, cost_model=cost_model, max_tp=max_tp, max_pp=max_pp, storage=storage,
                                   workers=workers, search_seed=search_seed,
-                                  streaming=not no_streaming, executable=runnable,
+                                  streaming=streaming, executable=runnable,
                                   backend=_target_backend(target, backend), target=target)
     with session.open_db(_db_to_read(cost_model)) as db:
+        if db is not None and cost_model in READS_FITTED_MODELS:
+            _warn_missing_rows(db, workload, cluster, options, evaluate_path, workload_path, cluster_path)
         if evaluate_path:
             outcome, sim = session.evaluate_plan_file(cluster, workload, evaluate_path, options, db)
             outcomes = [outcome]

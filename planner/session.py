@@ -37,7 +37,7 @@ class PlanOptions:
     max_pp: int = 4
     storage: str | None = None
     workers: int = 1           # processes evaluating placements at once (hetrl)
-    streaming: bool = True
+    streaming: bool | None = None  # None: as `hetprof run` carries it out (runnable), else streaming
     executable: bool = True  # only layouts `hetprof run` carries out (hetprof/specs/executable.py)
     backend: str | None = None  # generation engine priced; None: simulator.default_backend of the cluster
     target: str | None = None  # plan only what this framework expresses (planner/targets.py)
@@ -191,7 +191,7 @@ def build_plan(sim: Simulator, candidate: Candidate, score: Score | None = None,
                             bottleneck=score.bottleneck, memory_headroom=headroom,
                             cost_per_iteration=score.cost_per_iteration, throughput=score.throughput)
     plan = Plan(cluster=sim.cluster.to_dict(), workload=sim.workload.to_dict(), groups=groups, tasks=placements,
-                predicted=prediction, backend=sim.backend,
+                predicted=prediction, backend=sim.backend, streaming=sim.streaming,
                 cost_model=getattr(sim.cost_model, "name", "") or type(sim.cost_model).__name__,
                 profile_snapshot=profile_snapshot, search=search, seed=seed, objective=objective,
                 search_trace=[dict(x) for x in trace if math.isfinite(x.get("best", 0.0))],

@@ -38,7 +38,7 @@ from hetprof.planner.structure import StructureCheck
 from hetprof.planner.taskcosts import TaskCosts, TaskEval
 from hetprof.planner.transfers import Transfers
 from hetprof.specs import FOLLOWS, GENERATION_BACKENDS, ClusterSpec, WorkloadSpec
-from hetprof.specs.executable import workload_problems
+from hetprof.specs.executable import priced_streaming, workload_problems
 from hetprof.specs.layout import TaskLayout
 from hetprof.specs.precision import require_fp8
 
@@ -52,7 +52,7 @@ class Simulator:
     """Predicts iteration time, memory and cost of candidates for one cluster, workload and cost model."""
 
     def __init__(self, cluster: ClusterSpec, workload: WorkloadSpec, cost_model, seed: int = 0, db=None,
-                 streaming: bool = True, chunks: int = CHUNKS, executable: bool = False,
+                 streaming: bool | None = None, chunks: int = CHUNKS, executable: bool = False,
                  backend: str | None = None) -> None:
         self.cluster = cluster
         self.backend = backend or default_backend(cluster)
@@ -66,7 +66,8 @@ class Simulator:
         self.workload = workload
         self.cost_model = cost_model
         self.seed = seed
-        self.streaming = streaming
+        # streaming by default only where the run streams (hetprof/specs/executable.py); given, as told
+        self.streaming = priced_streaming(executable) if streaming is None else streaming
         self.graph = build_graph(workload)
         # The tasks a search places; a follower (FOLLOWS) runs on its leader's workers with its layout.
         self.tasks: list[str] = [t for t in self.graph.tasks if t not in FOLLOWS]

@@ -21,7 +21,7 @@ import torch
 from hetprof.errors import ExecutionError, HetprofError, SpecError
 from hetprof.executor.prompts.data import Prompt
 from hetprof.specs import RUNNABLE_BACKENDS, ClusterSpec, Plan, WorkloadSpec
-from hetprof.specs.executable import layout_problems, workload_problems
+from hetprof.specs.executable import layout_problems, streaming_problem, workload_problems
 from hetprof.specs.overrides import apply_overrides, from_override
 from hetprof.specs.vocabulary import TaskKind
 
@@ -252,6 +252,17 @@ def check_resumable(checkpoint_dir: str | Path, plan: Plan) -> int:
 
 
 # ---- what the run reads and writes: refused as bad input (exit 2) before any worker starts ------------
+
+def warn_streaming(plan: Plan, path: str | Path = "the plan") -> str | None:
+    """One line on stderr when the plan was priced with streaming generation this executor does not carry
+    out (hetprof/specs/executable.py): the run goes on, its prediction will not hold. Returns the line."""
+    problem = streaming_problem(plan.streaming)
+    if problem is None:
+        return None
+    line = f"warning: {path}: {problem}"
+    print(line, file=sys.stderr)
+    return line
+
 
 def check_inputs(plan: Plan, plan_path: str | Path, backend: str, reward: str, prompts: str | None, seed: int,
                  outputs: dict[str, tuple[str | None, str]], overrides: Sequence[str] = (),

@@ -27,6 +27,7 @@ from hetprof.executor.launch.checks import (
     load_plan,
     plan_is_cpu,
     planned_hosts,
+    warn_streaming,
 )
 from hetprof.executor.launch.sizebounds import check_run_sizes
 from hetprof.executor.options import RunOptions
@@ -97,6 +98,8 @@ def launch(options: RunOptions, nnodes: int = 1, node_rank: int = 0, rdzv: str |
                  options.overrides, options.allow_prompts_outside)
     check_wandb(options.wandb_project)
     check_supported(plan)
+    if node_rank == 0:  # one line per run, not one per host
+        warn_streaming(plan, options.plan_path)
     host = node_host(plan, nnodes, node_rank)
     if options.resume and node_rank == 0:
         check_resumable(options.checkpoint_dir, plan)

@@ -23,6 +23,29 @@ UNPIPELINED = {
 }
 
 
+# Whether `hetprof run` streams rollouts: hands each finished group of a generation step to the next
+# stage while the rest still decodes (StreamRL, AReaL). It does not: a stage's output moves once the
+# whole stage is done. The planner prices streaming only where this says the run has it, so a plan
+# for `hetprof run` is not priced for overlap its run never has.
+STREAMS_ROLLOUTS = False
+NO_STREAMING_WHY = "the executor hands a step's rollouts to the next stage once the whole generation step is done"
+
+
+def priced_streaming(executable: bool) -> bool:
+    """Whether a plan is priced with streaming by default: as `hetprof run` does for a runnable plan;
+    a what-if (--any-layout) plans the overlap a streaming runtime would have."""
+    return STREAMS_ROLLOUTS if executable else True
+
+
+def streaming_problem(streaming: bool | None) -> str | None:
+    """Why a plan priced with (`streaming` True) or without streaming runs other than priced (None: as priced;
+    an older plan that does not record it is taken as priced for what it runs on)."""
+    if streaming and not STREAMS_ROLLOUTS:
+        return (f"the plan was priced with streaming generation, but {NO_STREAMING_WHY}: its prediction "
+                "counts overlap this run will not have (replan without --streaming for a prediction that holds)")
+    return None
+
+
 def workload_problems(workload) -> list[str]:
     """What `hetprof run` does not carry out in a workload (`workload`: a WorkloadSpec); a plan made
     with --any-layout prices it as a what-if."""

@@ -145,6 +145,8 @@ class Plan:
     cost_model: str = field("analytical", help="cost model the prediction used")
     backend: str = field("hf", help="generation backend the plan was priced for (hetprof run --backend must match)",
                          check=lambda b: b in GENERATION_BACKENDS, expect="one of " + ", ".join(GENERATION_BACKENDS))
+    streaming: bool | None = field(None, help="whether the prediction priced generation streaming its rollouts "
+                                   "into the next stage (absent: not recorded)")
     profile_snapshot: str = field("", help="content hash of the profile data the cost model saw")
     search: str = field("", help="search that produced the plan")
     seed: int = field(0, help="search seed")

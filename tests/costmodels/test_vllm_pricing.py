@@ -47,8 +47,9 @@ def test_each_engine_learns_its_own_call_cost_and_plans_price_the_one_they_run(t
         (dec,) = [f for f in fits if f.task_type == "task.decode"]
         fitting.store(db, fits)
         cm = FittedCostModel(db)
-    assert set(dec.call.points) == set(SHAPES) and set(dec.engine_calls) == {"vllm"}
-    gap = {s: dec.engine_calls["vllm"].points[s] - dec.call.points[s] for s in SHAPES}
+    key = calloverhead.model_key(TINY)
+    assert set(dec.call.points) == {(key, *s) for s in SHAPES} and set(dec.engine_calls) == {"vllm"}
+    gap = {s: dec.engine_calls["vllm"].points[(key, *s)] - dec.call.points[(key, *s)] for s in SHAPES}
     assert all(v == pytest.approx(VLLM_EXTRA - HF_EXTRA, abs=1e-9) for v in gap.values())  # same phases, own term
 
     def call_part(engine: str) -> float:
@@ -56,13 +57,13 @@ def test_each_engine_learns_its_own_call_cost_and_plans_price_the_one_they_run(t
                     engine=engine)
         return cm.task_time(work, Placement("cpu", 1)).breakdown["call"]
 
-    assert call_part("vllm") == pytest.approx(dec.engine_calls["vllm"].points[(4, 48)])
-    assert call_part("hf") == pytest.approx(dec.call.points[(4, 48)])
+    assert call_part("vllm") == pytest.approx(dec.engine_calls["vllm"].points[key, 4, 48])
+    assert call_part("hf") == pytest.approx(dec.call.points[key, 4, 48])
     assert call_part("static") == call_part("hf")  # an engine with no rows of its own: hf's term
 
 
 def test_stored_engine_overheads_round_trip_and_bad_ones_name_the_engine():
-    learned = calloverhead.learn([(4, 48, 0.03, 0.01)])
+    learned = calloverhead.learn([(calloverhead.model_key(TINY), 4, 48, 0.03, 0.01)])
     raw = json.loads(json.dumps({"vllm": learned.to_json()}))
     assert calloverhead.load_by_engine(raw) == {"vllm": learned} and calloverhead.load_by_engine(None) == {}
     with pytest.raises(ValueError, match=r"engine_call_overhead\.vllm: call_overhead\.default_s"):
