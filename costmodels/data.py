@@ -85,6 +85,8 @@ class Placement:
     profile database when present, the datasheet otherwise). `microbatches` feeds the pipeline
     (default 2 × pp, capped by the batch). A training replica shards its state over `dp` replicas
     as `sharding` says (none, zero1, zero2, fsdp: hetprof.specs.plan.SHARDING); memory reads both.
+    An MoE model's routed experts are split over `ep` replicas (expert parallelism, costmodels/moe.py),
+    whose dispatch and combine all-to-alls cross `ep_link` (None: the device type's own link).
     """
 
     device_type: str
@@ -95,10 +97,13 @@ class Placement:
     microbatches: int | None = None
     dp: int = 1
     sharding: str = "none"
+    ep: int = 1
+    ep_link: LinkSpec | None = None
 
     def __post_init__(self) -> None:
-        if self.tp < 1 or self.pp < 1 or self.dp < 1:
-            raise ValueError(f"Placement.tp, pp and dp must be >= 1, got tp={self.tp} pp={self.pp} dp={self.dp}")
+        if self.tp < 1 or self.pp < 1 or self.dp < 1 or self.ep < 1:
+            raise ValueError(f"Placement.tp, pp, dp and ep must be >= 1, got tp={self.tp} pp={self.pp} dp={self.dp} "
+                             f"ep={self.ep}")
         if not isinstance(self.device_type, str) or not self.device_type.strip():
             # whether the catalog knows it is the cost model's question: its catalog may extend the built-in one
             raise ValueError(f"Placement.device_type must name a GPU type, got {self.device_type!r}")
@@ -165,7 +170,8 @@ class Phase:
     decode: one step of `batch` sequences whose attention spans `tokens` cached tokens;
     train: forward + backward over `batch` × `tokens`, plus one Adam step of the layers' weights.
     Tensor parallelism `tp` shards matmuls, heads and weights; `with_head` adds the LM head
-    (all tokens for prefill/train, the new token for decode).
+    (all tokens for prefill/train, the new token for decode). An MoE model's routed experts are
+    split over `ep` ranks, each receiving its experts' share of all `ep` ranks' tokens.
     """
 
     kind: PhaseKind
@@ -177,3 +183,4 @@ class Phase:
     with_head: bool = False
     dtype: str = "bf16"
     recompute: bool = False
+    ep: int = 1

@@ -87,9 +87,10 @@ class PlanningContext:
         return self._costs.replicas.stage_signature(devices, tp, pp)
 
     def replica_memory(self, task: str, device_type: str, tp: int, layers: int, batch: int, dp: int = 1,
-                       sharding: str = "none") -> MemoryEstimate:
-        """Peak bytes on one GPU of a replica (`layers` of its stage, its state sharded over `dp`)."""
-        return self._costs.memory(task, device_type, tp, layers, batch, dp, sharding)
+                       sharding: str = "none", ep: int = 1) -> MemoryEstimate:
+        """Peak bytes on one GPU of a replica (`layers` of its stage, its state sharded over `dp`, an
+        MoE model's experts over `ep`)."""
+        return self._costs.memory(task, device_type, tp, layers, batch, dp, sharding, ep)
 
     def task_eval(self, layout: TaskLayout) -> TaskEval:
         """One task's layout judged: seconds, memory per device, problems."""

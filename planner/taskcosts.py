@@ -21,10 +21,16 @@ from hetprof.costmodels import MemoryEstimate, Placement
 from hetprof.planner.basis import PricingBasis
 from hetprof.planner.controller import controller_seconds
 from hetprof.planner.imbalance import longest_sequence_factor
-from hetprof.planner.layoutcomms import dp_traffic, learner_collectives, optimizer_steps, ulysses_seconds
+from hetprof.planner.layoutcomms import (
+    dp_traffic,
+    expert_link,
+    learner_collectives,
+    optimizer_steps,
+    ulysses_seconds,
+)
 from hetprof.planner.memo import memoised
 from hetprof.planner.passtime import finish_curve
-from hetprof.planner.replicas import ReplicaCost, ReplicaPricer
+from hetprof.planner.replicas import NO_EXPERTS, Experts, ReplicaCost, ReplicaPricer
 from hetprof.specs.layout import TaskLayout
 from hetprof.specs.vocabulary import TaskKind
 
@@ -66,18 +72,21 @@ class TaskCosts:
 
     # ---- memory ---------------------------------------------------------------------------------
     def memory(self, task: str, device_type: str, tp: int, layers: int, batch: int, dp: int = 1,
-               sharding: str = "none") -> MemoryEstimate:
-        """Peak bytes of one device of a replica; a training replica shards its state over `dp` as `sharding` says."""
+               sharding: str = "none", ep: int = 1) -> MemoryEstimate:
+        """Peak bytes of one device of a replica; a training replica shards its state over `dp` as `sharding`
+        says, an MoE model's routed experts over `ep` replicas."""
         dp = min(dp, self.basis.workload.training.shard_group or dp)  # HSDP: a shard group holds one copy
         if sharding == "none" or dp == 1:
             dp, sharding = 1, "none"
-        return self._memory(task, device_type, tp, layers, batch, dp, sharding)
+        if ep == 1:
+            return self._memory(task, device_type, tp, layers, batch, dp, sharding)
+        return self._memory(task, device_type, tp, layers, batch, dp, sharding, ep)
 
     @memoised(MEMORY_MEMO)
     def _memory(self, task: str, device_type: str, tp: int, layers: int, batch: int, dp: int,
-                sharding: str) -> MemoryEstimate:
+                sharding: str, ep: int = 1) -> MemoryEstimate:
         return self.basis.cm.memory(self.basis.work(task, batch, layers),
-                                    Placement(device_type, tp, dp=dp, sharding=sharding))
+                                    Placement(device_type, tp, dp=dp, sharding=sharding, ep=ep))
 
     # ---- a whole task layout --------------------------------------------------------------------
     def batches(self, layout: TaskLayout) -> list[int]:
@@ -97,12 +106,13 @@ class TaskCosts:
         over: dict[tuple, list[str]] = {}
         held: dict[tuple, MemoryEstimate] = {}     # GPUs of one type holding the same stage hold the same
         dp = layout.dp
+        experts = Experts(layout.ep, expert_link(b, layout)) if layout.ep > 1 else NO_EXPERTS
         for r, (devices, batch) in enumerate(zip(layout.replicas, self.batches(layout), strict=True)):
             split = layout.layer_splits[r]
             # a generation task's replicas may differ in TP; every other task's share `tp`
             tp = max(1, layout.tp_of(r)) if kind == TaskKind.GENERATION else layout.tp
             if batch:
-                cost = self.replicas.replica(task, devices, tp, pp, batch, split)
+                cost = self.replicas.replica(task, devices, tp, pp, batch, split, experts)
                 replica_s.append(cost.seconds)
                 finish.append(cost.finish)
                 if cost.note and cost.note not in problems:
@@ -116,7 +126,7 @@ class TaskCosts:
                 est = held.get((dev.type, tp, layers, batch))
                 if est is None:
                     est = held[dev.type, tp, layers, batch] = self.memory(task, dev.type, tp, layers, max(1, batch),
-                                                                          dp, layout.sharding)
+                                                                          dp, layout.sharding, layout.ep)
                 memory[d] = est
                 if est.total > self._capacity[dev.type]:
                     over.setdefault((dev.type, layers, est), []).append(d)

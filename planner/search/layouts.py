@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from hetprof.errors import InfeasibleError
 from hetprof.planner.balance import Curve, balance_shares, largest_batch_within  # noqa: F401 (re-exported)
+from hetprof.planner.search.experts import expert_degrees
 from hetprof.specs import catalog, executable
 from hetprof.specs.layout import TaskLayout
 from hetprof.specs.models import ModelShape
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from hetprof.planner.planning import PlanningContext
 
 MAX_LAYER_MOVES = 8
-Sharded = tuple[int, str]  # (dp, sharding) of a training layout's state
+Sharded = tuple  # (dp, sharding) of a training layout's state, then the expert-parallel degree when not 1
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -247,7 +248,7 @@ def _curve(sim: PlanningContext, task: str, replica: tuple[str, ...], tp: int, p
     and shards that size its memory alike (sharding none holds the same at any dp). A curve is
     the same numbers whichever such replica built it, so sharing changes no layout, only the work."""
     first_types = tuple(sim.devices[replica[s * tp]].type for s in range(pp))
-    held = (1, "none") if shards[1] == "none" or shards[0] == 1 else shards
+    held = (1, "none", *shards[2:]) if shards[1] == "none" or shards[0] == 1 else shards
     key = ("exact-curve", task, sim.stage_signature(replica, tp, pp), first_types, tp, pp, split, total, held)
     hit = memo.get(key)
     if hit is None:
@@ -307,6 +308,9 @@ def balanced_layout(sim: PlanningContext, task: str, replicas: Sequence[tuple[st
         return None
     replicas = replicas[:task_batch(sim)]
     levels = sharding_levels(sim, task, len(replicas), tp, pp)
+    degrees = expert_degrees(sim, task, replicas)
+    if len(degrees) > 1:
+        return _expert_layout(sim, task, replicas, tp, pp, balanced, memo, levels, degrees)
     # Balanced once at the level holding least (sharding moves no replica's compute, only what fits),
     # then each level judged on those shares and splits.
     base = _layout_at(sim, task, replicas, tp, pp, balanced, memo, levels[-1])
@@ -322,6 +326,26 @@ def balanced_layout(sim: PlanningContext, task: str, replicas: Sequence[tuple[st
     return best
 
 
+def _expert_layout(sim: PlanningContext, task: str, replicas: list[tuple[str, ...]], tp: int, pp: int,
+                   balanced: bool, memo: dict, levels: tuple[str, ...], degrees: tuple[int, ...]) -> TaskLayout | None:
+    """balanced_layout of an MoE task: balanced once at the sharding level and expert-parallel degree
+    holding least, then every (degree, level) judged on those shares and splits; the fastest wins, of
+    equally fast ones the least expert-parallel and least sharded. A degree the kept replicas (those
+    with a share) no longer divide is skipped."""
+    base = _layout_at(sim, task, replicas, tp, pp, balanced, memo, levels[-1], degrees[-1])
+    if base is None:
+        return None
+    kept = expert_degrees(sim, task, base.replicas) if base.dp != len(replicas) else degrees
+    best, best_t = None, math.inf
+    for ep in kept:
+        for level in levels if base.dp > 1 else ("none",):
+            layout = dataclasses.replace(base, sharding=level, ep=ep)
+            t = layout_cost(sim, layout)
+            if best is None or t < best_t * (1 - 1e-9):
+                best, best_t = layout, t
+    return best
+
+
 def sharding_levels(sim: PlanningContext, task: str, dp: int, tp: int, pp: int) -> tuple[str, ...]:
     """The shardings a layout is tried with, least sharded first: none for all but multi-replica
     training; zero1 never, as zero2 moves the same bytes and holds less; none alone where `hetprof
@@ -334,8 +358,8 @@ def sharding_levels(sim: PlanningContext, task: str, dp: int, tp: int, pp: int) 
 
 
 def _layout_at(sim: PlanningContext, task: str, replicas: list[tuple[str, ...]], tp: int, pp: int, balanced: bool,
-               memo: dict, sharding: str) -> TaskLayout | None:
-    """balanced_layout at one sharding level."""
+               memo: dict, sharding: str, ep: int = 1) -> TaskLayout | None:
+    """balanced_layout at one sharding level (and, for an MoE task, expert-parallel degree: what fits)."""
     model = task_model(sim, task)
     total = task_batch(sim)
     dp = len(replicas)
@@ -345,7 +369,7 @@ def _layout_at(sim: PlanningContext, task: str, replicas: list[tuple[str, ...]],
         return TaskLayout(task=task, tp=tp, pp=pp, replicas=tuple(replicas), shares=tuple(c / total for c in counts),
                           layer_splits=tuple(split for _ in replicas), sharding=sharding)
     nominal = max(1, total // dp)
-    shards = (dp, sharding)
+    shards = (dp, sharding) if ep == 1 else (dp, sharding, ep)
     splits = []
     timers = []
     # Planning for `hetprof run`: training replicas average gradients stage by stage, so they share
