@@ -16,6 +16,11 @@ With `--equal-evals N` every search runs under the same evaluation budget instea
     .venv/bin/python bench/planner_bench.py --subset12 --seeds 3 --equal-evals 2000   # median of 3 seeds
     .venv/bin/python bench/planner_bench.py --cost-check --equal-evals 800 --no-ilp    # $/iter vs sub-pools
     .venv/bin/python bench/planner_bench.py --subset12 --seeds 3 --anytime 10 60 --load  # anytime quality
+
+The mixture-of-experts grid (Qwen3-30B-A3B GRPO, sync and async, on every scenario; expert
+parallelism searched by hetrl and configured by each baseline as its users do):
+
+    .venv/bin/python bench/planner_bench.py --models 30b-a3b --algorithms grpo --equal-evals 1000 --no-ilp --no-scale
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hetprof.costmodels import memory, phases
+from hetprof.costmodels import memory, moe, phases
 from hetprof.costmodels.base import CostModel, optimizer_shards
 from hetprof.costmodels.calibration import Calibration
 from hetprof.costmodels.data import LinkSpec, Phase, PhaseTime, Placement, Work
@@ -38,7 +38,7 @@ class AnalyticalCostModel(CostModel):
         moved = phases.pass_bytes(phase)
         memory = cal.memory_rate(device_type, phase.batch if phase.kind == "decode" else None, moved)
         t_attention = phases.forward_attention_flops(phase) / attention.value
-        t_compute = (phases.passes(phase) * (phases.forward_matmul_flops(phase) / matmul.value + t_attention)
+        t_compute = (phases.passes(phase) * (self._matmul_seconds(phase, device_type, matmul.value) + t_attention)
                      + (phases.attention_passes(phase) - phases.passes(phase)) * t_attention)
         t_memory = moved / memory.value
         floor = phases.kernel_launches(phase) * cal.launch_s(device_type)
@@ -47,14 +47,31 @@ class AnalyticalCostModel(CostModel):
             f"{device_type}: compute rate {matmul.source}, memory bandwidth {memory.source}")
         return PhaseTime(bound + floor, rate.source, note)
 
+    def _matmul_seconds(self, phase: Phase, device_type: str, rate: float) -> float:
+        """Forward seconds of the weight matmuls at `rate`; an MoE model's routed experts apart, as
+        grouped GEMMs at their rows per expert, paced by the busiest expert-parallel rank (moe.py)."""
+        routed = phases.routed_matmul_flops(phase)
+        if not routed:
+            return phases.forward_matmul_flops(phase) / rate
+        grouped = self.calibration.compute_rate(device_type, phase.dtype, "matmul", phases.expert_rows(phase))
+        return ((phases.forward_matmul_flops(phase) - routed) / rate
+                + routed * moe.imbalance(phase.model, phase.ep) / (grouped.value * moe.GROUPED_GEMM_FACTOR))
+
     def optimizer_step_time(self, work: Work, placement: Placement) -> float:
         """One Adam step over the optimizer shard a rank of this replica-stage owns (every parameter
         it holds, embeddings too, over the ranks that share the optimizer: ZeRO paper §5.1), at the
         HBM rate a sweep of that many bytes reaches: memory-bound, after the backward, not overlapped."""
         if work.kind != TaskKind.TRAINING:
             return 0.0
-        params = memory.params_on_device(work.model, self._stage_layers(work, placement), placement.tp)
-        moved = phases.adam_step_bytes(params / optimizer_shards(placement), work.dtype)
+        shared, experts = memory.split_params_on_device(work.model, self._stage_layers(work, placement),
+                                                        placement.tp, ep=placement.ep)
+        shards = optimizer_shards(placement)
+        if experts:  # the experts' optimizer is sharded over their expert-data-parallel copies only
+            copies = memory.expert_replicas(placement.dp, placement.tp, placement.ep) if shards > 1 else 1
+            params = shared / shards + experts / copies
+        else:
+            params = memory.params_on_device(work.model, self._stage_layers(work, placement), placement.tp) / shards
+        moved = phases.adam_step_bytes(params, work.dtype)
         return moved / self.calibration.memory_rate(placement.device_type, None, moved).value
 
     def device_link(self, device_type: str) -> tuple[LinkSpec, str]:

@@ -14,7 +14,7 @@ import abc
 import functools
 import math
 
-from hetprof.costmodels import comm, memory
+from hetprof.costmodels import comm, memory, moe
 from hetprof.costmodels.data import Estimate, LinkSpec, MemoryEstimate, Phase, PhaseTime, Placement, Work
 from hetprof.specs.catalog import Catalog, builtin
 from hetprof.specs.models import ModelShape
@@ -143,6 +143,8 @@ class CostModel(abc.ABC):
         layers = self._stage_layers(work, placement)
         width = stored_width(work.dtype)  # gradients and parameters travel in 16 bits under FP8 too
         layer_bytes = model.params_per_layer * width / tp
+        if placement.ep > 1:  # a rank syncs its 1/ep of the routed experts (with their expert copies)
+            layer_bytes -= model.routed_expert_params_per_layer * (1 - 1 / placement.ep) * width / tp
         root_bytes = (memory.params_on_device(model, layers, tp, with_embeddings=True)
                       - layers * model.params_per_layer / tp) * width
         micro = math.ceil(work.batch / memory.micro_batch(work.batch, work.seq_len,
@@ -209,7 +211,8 @@ class CostModel(abc.ABC):
 
         def phase(kind: str, batch: int, tokens: int, head: bool) -> float:
             p = Phase(kind, work.model, layers, batch, tokens, placement.tp, head, work.dtype, work.recompute == "full",
-                      work.recompute == "selective", work.attention_span if kind != "decode" else None)
+                      work.recompute == "selective", work.attention_span if kind != "decode" else None,
+                      placement.ep)
             t = self._phase(p, dev)
             sources.add(t.source)
             if t.note and t.note not in notes:
@@ -219,6 +222,9 @@ class CostModel(abc.ABC):
         def tp_comm(tokens: float, per_layer: int) -> float:
             size = tokens * hidden_bytes
             return layers * per_layer * self.collective_time("all_reduce", size, placement.tp, tp_link)
+
+        def ep_comm(tokens: float, passes: int) -> float:
+            return self.expert_parallel_time(work, placement, tokens, passes)
 
         mem = self.memory(work, placement)
         if work.kind == TaskKind.GENERATION:
@@ -237,14 +243,20 @@ class CostModel(abc.ABC):
             call = self.generation_call_overhead(dev, work.dtype, conc, prompt, work.engine, work.model)
             parts["call"] = waves * max(call, -0.5 * (prefill + decode))
             parts["tp_comm"] = waves * (tp_comm(conc * prompt, 2) + steps * tp_comm(conc, 2))
+            if placement.ep > 1:
+                parts["ep_comm"] = waves * (ep_comm(conc * prompt, 1) + steps * ep_comm(conc, 1))
         # context parallelism: a rank computes 1/cp of every sequence's tokens and, in Megatron's
         # load-balanced causal chunks, 1/cp of its attention pairs (its ring is priced per layout)
         elif work.kind == TaskKind.INFERENCE:
             parts["forward"] = phase("prefill", work.batch, work.seq_len, True) / work.cp
             parts["tp_comm"] = tp_comm(work.batch * work.seq_len / work.cp, 2)
+            if placement.ep > 1:
+                parts["ep_comm"] = ep_comm(work.batch * work.seq_len / work.cp, 1)
         else:
             parts["train"] = phase("train", work.batch, work.seq_len, True) / work.cp
             parts["tp_comm"] = tp_comm(work.batch * work.seq_len / work.cp, 6 if work.recompute == "full" else 4)
+            if placement.ep > 1:
+                parts["ep_comm"] = ep_comm(work.batch * work.seq_len / work.cp, 3 if work.recompute == "full" else 2)
             if work.activation_offload:
                 parts["activation_offload"] = self._offload_exposed(work, placement, layers, parts["train"])
         if placement.tp > 1:
@@ -256,6 +268,19 @@ class CostModel(abc.ABC):
         if mem.total > self.catalog.lookup(dev).memory_bytes and work.kind != TaskKind.GENERATION:
             notes.append(f"needs {mem.total / 1e9:.1f} GB per device, more than {dev} has")
         return Estimate(stage, parts, source, tuple(notes))
+
+    def expert_parallel_time(self, work: Work, placement: Placement, tokens: float, passes: int) -> float:
+        """Seconds of the dispatch and combine all-to-alls of a stage's MoE layers for `tokens` tokens
+        on one device (its TP group's tokens split over its tp ranks), over `placement.ep_link` (None:
+        the device type's own link); `passes` 1 forward, 2 forward + backward, 3 with recomputation."""
+        model = work.model
+        if placement.ep <= 1 or model.moe is None:
+            return 0.0
+        link, _ = self._link(placement.ep_link, placement.device_type)
+        layers = self._stage_layers(work, placement) * model.moe_layers / model.layers
+        sent = moe.dispatch_bytes(model, tokens / placement.tp, placement.ep, work.dtype)
+        return comm.expert_all_to_all_time(sent, round(layers), placement.ep, passes, link.alpha_s,
+                                           link.beta_Bps, moe.imbalance(model, placement.ep))
 
     def _pipeline(self, work: Work, placement: Placement, stage: float, parts: dict[str, float]) -> float:
         """GPipe-style schedule: (m + pp − 1) microbatch slots on the critical path, plus transfers."""
@@ -289,7 +314,7 @@ class CostModel(abc.ABC):
         """How many sequences' KV caches fit next to the weights on one device of a generation replica."""
         return memory.max_concurrent_sequences(work.model, self._stage_layers(work, placement), placement.tp,
                                                work.seq_len, work.dtype, self.catalog.lookup(placement.device_type).memory_bytes,
-                                               work.memory_utilization)
+                                               work.memory_utilization, ep=placement.ep)
 
     def device_source(self, device_type: str) -> str:
         """Where this model's numbers for a device type come from when no phase was timed."""
@@ -302,7 +327,7 @@ class CostModel(abc.ABC):
         return memory.task_memory(work.kind, work.model, self._stage_layers(work, placement), placement.tp,
                                   work.batch, work.seq_len, work.dtype, work.recompute, concurrent,
                                   placement.dp, placement.sharding, work.token_budget, work.sp, cp=work.cp,
-                                  micro_tokens=work.micro_tokens, offload=work.activation_offload)
+                                  micro_tokens=work.micro_tokens, offload=work.activation_offload, ep=placement.ep)
 
 
 def optimizer_shards(placement: Placement) -> int:

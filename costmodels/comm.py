@@ -160,6 +160,18 @@ def ring_attention_time(tokens: float, kv_dim: int, layers: int, cp: int, passes
     return layers * passes * (cp - 1) * (alpha_s + block / beta_Bps)
 
 
+def expert_all_to_all_time(dispatch_bytes: float, layers: int, ep: int, passes: int, alpha_s: float,
+                           beta_Bps: float, imbalance: float = 1.0) -> float:
+    """Seconds expert parallelism over `ep` ranks adds to one rank: per MoE layer and pass a dispatch
+    and a combine all-to-all, each `ep − 1` α-steps (one per peer) and the rank's `dispatch_bytes`
+    over β, scaled by `imbalance` (the busiest rank receives that much more than the mean, and every
+    rank waits for it). A backward pass exchanges the gradients the same way."""
+    if ep <= 1 or layers <= 0 or dispatch_bytes <= 0:
+        return 0.0
+    per_pass = 2 * ((ep - 1) * alpha_s + imbalance * dispatch_bytes / beta_Bps)
+    return layers * passes * per_pass
+
+
 def fsdp_forward_gather_time(layer_bytes: float, layers: int, root_bytes: float, n: int, alpha_s: float,
                              beta_Bps: float, forward_s: float = 0.0, micro_batches: int = 1) -> float:
     """Exposed seconds FSDP's parameter gathers add to a forward-only pass over `n` ranks' shards

@@ -94,6 +94,8 @@ class Placement:
     profile database when present, the datasheet otherwise). `microbatches` feeds the pipeline
     (default 2 × pp, capped by the batch). A training replica shards its state over `dp` replicas
     as `sharding` says (none, zero1, zero2, fsdp: hetprof.specs.plan.SHARDING); memory reads both.
+    An MoE model's routed experts are split over `ep` replicas (expert parallelism, costmodels/moe.py),
+    whose dispatch and combine all-to-alls cross `ep_link` (None: the device type's own link).
     """
 
     device_type: str
@@ -104,10 +106,13 @@ class Placement:
     microbatches: int | None = None
     dp: int = 1
     sharding: str = "none"
+    ep: int = 1
+    ep_link: LinkSpec | None = None
 
     def __post_init__(self) -> None:
-        if self.tp < 1 or self.pp < 1 or self.dp < 1:
-            raise ValueError(f"Placement.tp, pp and dp must be >= 1, got tp={self.tp} pp={self.pp} dp={self.dp}")
+        if self.tp < 1 or self.pp < 1 or self.dp < 1 or self.ep < 1:
+            raise ValueError(f"Placement.tp, pp, dp and ep must be >= 1, got tp={self.tp} pp={self.pp} dp={self.dp} "
+                             f"ep={self.ep}")
         if not isinstance(self.device_type, str) or not self.device_type.strip():
             # whether the catalog knows it is the cost model's question: its catalog may extend the built-in one
             raise ValueError(f"Placement.device_type must name a GPU type, got {self.device_type!r}")
@@ -177,7 +182,9 @@ class Phase:
     (all tokens for prefill/train, the new token for decode). `attention_span` (prefill/train) is the
     keys an average token attends over when the batch's sequences differ in length, Σs²/Σs (None:
     `tokens`, every sequence that long). `recompute` replays the whole forward
-    in training's backward; `recompute_attention` only each layer's attention core (selective).
+    in training's backward; `recompute_attention` only each layer's attention core (selective). An
+    MoE model's routed experts are split over `ep` ranks, each receiving its experts' share of all
+    `ep` ranks' tokens.
     """
 
     kind: PhaseKind
@@ -191,3 +198,4 @@ class Phase:
     recompute: bool = False
     recompute_attention: bool = False
     attention_span: float | None = None  # prefill/train: Σs²/Σs of sequences that differ in length (None: tokens)
+    ep: int = 1

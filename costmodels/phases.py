@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 
+from hetprof.costmodels import moe
 from hetprof.costmodels.data import Phase
 from hetprof.costmodels.memory import kv_bytes_per_token, optimizer_bytes_per_param
 from hetprof.specs.precision import gemm_weight_width, width
@@ -54,6 +55,17 @@ def forward_matmul_flops(p: Phase) -> float:
     matmul = tokens(p) * m.matmul_flops_per_token_per_layer()
     head = 2.0 * m.vocab * m.hidden * tokens(p) if p.with_head else 0.0
     return (p.layers * matmul + head) / p.tp
+
+
+def routed_matmul_flops(p: Phase) -> float:
+    """The part of `forward_matmul_flops` in an MoE model's routed experts (0 for a dense model):
+    on average a rank computes its own tokens' top-k expert FLOPs, whoever holds the experts."""
+    return p.layers * tokens(p) * moe.routed_flops_per_token_per_layer(p.model) / p.tp
+
+
+def expert_rows(p: Phase) -> float:
+    """Rows of each routed expert's GEMM on one device (moe.rows_per_expert)."""
+    return moe.rows_per_expert(p.model, tokens(p), p.ep)
 
 
 def forward_attention_flops(p: Phase) -> float:
@@ -99,9 +111,13 @@ def attention_keys(p: Phase) -> float:
 
 
 def weight_bytes(p: Phase) -> float:
-    """Bytes of the phase's weights on one device."""
+    """Bytes of the phase's weights on one device (an MoE model's: the rank's 1/ep of the routed
+    experts, of which the experts its EP group's tokens reach, moe.touched_fraction)."""
     m = p.model
     n = p.layers * m.params_per_layer + (m.vocab * m.hidden if p.with_head else 0)
+    if m.moe is not None:
+        routed = p.layers * moe.routed_params_per_layer(m)
+        n -= routed * (1.0 - moe.touched_fraction(m, tokens(p), p.ep) / p.ep)
     return n * gemm_weight_width(p.dtype) / p.tp
 
 
@@ -157,6 +173,8 @@ def memory_bytes(p: Phase) -> float:
 def kernel_launches(p: Phase) -> float:
     """Kernels launched: a fixed number per layer and pass (the latency floor of small phases)."""
     per_layer = 14.0
+    if p.model.moe is not None:  # the router, permutes and grouped GEMMs (moe.MOE_EXTRA_KERNELS)
+        per_layer += moe.MOE_EXTRA_KERNELS * p.model.moe_layers / p.model.layers
     passes = {"prefill": 1.0, "decode": 1.0, "train": 4.0 if p.recompute else 3.0}[p.kind]
     return passes * (p.layers * per_layer + (2.0 if p.with_head else 0.0)) + (
         3.0 * p.layers if p.kind == "train" else 0.0)
@@ -164,5 +182,5 @@ def kernel_launches(p: Phase) -> float:
 
 def check(p: Phase) -> None:
     """Shapes a phase can be computed for (guards divisions and logs downstream)."""
-    if p.layers < 1 or p.batch < 1 or p.tokens < 1 or p.tp < 1 or not math.isfinite(p.tokens):
+    if p.layers < 1 or p.batch < 1 or p.tokens < 1 or p.tp < 1 or p.ep < 1 or not math.isfinite(p.tokens):
         raise ValueError(f"invalid phase {p}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from hetprof.costmodels import Placement
+from hetprof.costmodels import LinkSpec, Placement
 from hetprof.planner.basis import PricingBasis
 from hetprof.specs.layout import TaskLayout
 from hetprof.specs.vocabulary import TaskKind
@@ -23,7 +23,7 @@ def optimizer_steps(basis: PricingBasis, layout: TaskLayout) -> float:
     types = {basis.devices[d].type for d in layout.devices()}
     dp = min(layout.dp, basis.workload.training.shard_group or layout.dp)
     one = max(basis.cm.optimizer_step_time(work, Placement(t, layout.tp, layout.pp, dp=dp,
-                                                           sharding=layout.sharding)) for t in types)
+                                                           sharding=layout.sharding, ep=layout.ep)) for t in types)
     return one * basis.workload.ppo_epochs * basis.workload.mini_batches
 
 
@@ -69,13 +69,40 @@ def ring_seconds(basis: PricingBasis, layout: TaskLayout) -> float:
     return epochs * basis.cm.context_parallel_time(work, Placement(first.type, layout.tp, layout.pp), layout.cp, link)
 
 
+def expert_groups(layout: TaskLayout) -> list[tuple[str, ...]]:
+    """The devices of each expert-parallel group: `ep` consecutive replicas (Megatron's and vLLM's
+    EP ranks are consecutive data-parallel ranks; the layout orders replicas locality first)."""
+    ep = max(1, layout.ep)
+    return [tuple(d for r in layout.replicas[g:g + ep] for d in r) for g in range(0, layout.dp, ep)]
+
+
+def expert_link(basis: PricingBasis, layout: TaskLayout) -> LinkSpec | None:
+    """The link an MoE layer's dispatch and combine all-to-alls cross: the slowest link among the hosts
+    of any expert-parallel group (the host's own GPU link when a group sits on one host; across hosts
+    each GPU gets its share of the host's link, as all of them exchange at once); None
+    without expert parallelism. Looked up in the layout's LinkTable like every other collective's."""
+    if layout.ep <= 1:
+        return None
+    worst: LinkSpec | None = None
+    for group in expert_groups(layout):
+        hosts = [basis.devices[d].host for d in group]
+        link = basis.links.slowest(set(hosts))
+        if link is None:
+            link = basis.links.between(hosts[0], hosts[0])
+        else:  # every GPU of a host exchanges at once: they share the host's network cards (weight_sync_time)
+            flows = max(hosts.count(h) for h in set(hosts))
+            link = LinkSpec(link.alpha_s, link.beta_Bps / flows)
+        worst = link if worst is None or link.beta_Bps < worst.beta_Bps else worst
+    return worst
+
+
 def dp_traffic(basis: PricingBasis, layout: TaskLayout, seconds: float) -> float:
     """Data-parallel traffic over the slowest link among the replicas. Training: per optimizer step
     (gradients; parameters too when sharded), FSDP's overlapping the step's compute (`seconds` over
     all steps). A forward-only pass on FSDP shards (the log-prob pass): one pass's gathers."""
     hosts = {basis.devices[d].host for d in layout.devices()}
     link = basis.links.slowest(hosts) or basis.links.between(*(2 * sorted(hosts)[:1]))
-    place = Placement(basis.devices[layout.replicas[0][0]].type, layout.tp, layout.pp)
+    place = Placement(basis.devices[layout.replicas[0][0]].type, layout.tp, layout.pp, ep=layout.ep)
     training = basis.graph.kind_of(layout.task) == TaskKind.TRAINING
     steps = basis.workload.ppo_epochs * basis.workload.mini_batches if training else 1
     per_call = basis.workload.mini_batches if training else 1  # sequences of one optimizer step, or the pass

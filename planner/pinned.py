@@ -4,7 +4,7 @@ A search proposes candidates; to check the simulator against a published run (or
 layout a team already uses) the layout is given instead. A pinned layout names groups of GPUs —
 each the next `gpus` devices of the cluster in its listed order — and, per task kind
 (`generation`, `inference`, `training`) or per task name, the group a task runs on and its
-TP × PP (× CP, with a Ulysses degree); data parallelism fills the group. Tasks named in one group time-share its GPUs, as the
+TP × PP (× CP, with a Ulysses degree, and an MoE model's expert-parallel degree); data parallelism fills the group. Tasks named in one group time-share its GPUs, as the
 planner's groups do; a group listed under `offload` swaps each task's state to host memory and back
 around it every step, as a hybrid engine does by configuration. Naming kinds rather than tasks keeps a layout valid when the workload's task
 graph gains or drops a pass (a log-prob recompute, a reference only with KL).
@@ -36,6 +36,9 @@ class PinnedTask:
     cp: int = field(1, help="context-parallel degree: each stage holds tp × cp GPUs sharing every sequence",
                     check=positive, expect="a positive integer")
     sp: int = field(1, help="Ulysses degree: this many replicas share each sequence (a divisor of the replicas)",
+                    check=positive, expect="a positive integer")
+    ep: int = field(1, help="expert-parallel degree of an MoE model: the routed experts split over this many "
+                    "consecutive replicas (Megatron's expert_model_parallel_size over TP1, vLLM's EP over DP)",
                     check=positive, expect="a positive integer")
 
 
@@ -104,7 +107,11 @@ def pinned_candidate(sim, layout: PinnedLayout, file: str | None = None, path: s
                             str(exc)) from None
         if even.dp % pin.sp:
             raise SpecError(file, _join(path, f"tasks.{key}.sp"), f"a divisor of the task's {even.dp} replicas", pin.sp)
-        layouts[task] = dataclasses.replace(even, sharding=pin.sharding)
+        if pin.ep > 1 and (even.dp % pin.ep or sim.graph.model_of(task).moe is None
+                           or sim.graph.model_of(task).moe.experts % pin.ep):
+            raise SpecError(file, _join(path, f"tasks.{key}.ep"), f"a divisor of the task's {even.dp} replicas and "
+                            "of its model's experts (an MoE model)", pin.ep)
+        layouts[task] = dataclasses.replace(even, sharding=pin.sharding, ep=pin.ep)
     used = [name for name in layout.groups if members[name]]
     return Candidate([members[n] for n in used], [group_devices[n] for n in used], layouts,
                      [i for i, n in enumerate(used) if n in layout.offload])

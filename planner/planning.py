@@ -87,15 +87,15 @@ class PlanningContext:
         return self._costs.replicas.stage_signature(devices, tp, pp, cp)
 
     def replica_memory(self, task: str, device_type: str, tp: int, layers: int, batch: int, dp: int = 1,
-                       sharding: str = "none", sp: int | None = None, cp: int = 1) -> MemoryEstimate:
+                       sharding: str = "none", sp: int | None = None, cp: int = 1, ep: int = 1) -> MemoryEstimate:
         """Peak bytes on one GPU of a replica (`layers` of its stage, its state sharded over `dp`, each
-        sequence split over `sp` Ulysses and `cp` context-parallel ranks)."""
-        return self._costs.memory(task, device_type, tp, layers, batch, dp, sharding, sp, cp)
+        sequence split over `sp` Ulysses and `cp` context-parallel ranks, an MoE model's experts over `ep`)."""
+        return self._costs.memory(task, device_type, tp, layers, batch, dp, sharding, sp, cp, ep)
 
     def micro_tokens(self, task: str, device_type: str, tp: int, layers: int, batch: int, dp: int = 1,
-                     sharding: str = "none", sp: int | None = None, cp: int = 1) -> int | None:
+                     sharding: str = "none", sp: int | None = None, cp: int = 1, ep: int = 1) -> int | None:
         """The padded micro-batch token budget the planner chose for such a GPU (None: not the planner's)."""
-        return self._costs.micro_tokens(task, device_type, tp, layers, batch, dp, sharding, sp, cp)
+        return self._costs.micro_tokens(task, device_type, tp, layers, batch, dp, sharding, sp, cp, ep)
 
     def task_eval(self, layout: TaskLayout) -> TaskEval:
         """One task's layout judged: seconds, memory per device, problems."""

@@ -8,7 +8,9 @@ longest response — so a long tail costs more than fixed lengths of the same me
 samples leave in order, which is what lets the next stage start early (streaming).
 
 Answers are memoised (planner.memo) on a replica's stage signature, not its device names:
-replicas with equal signatures cost the same at any batch.
+replicas with equal signatures cost the same at any batch. An MoE task's replica may be one of an
+expert-parallel group (`Experts`: the degree and the link its all-to-alls cross, which the layout
+decides); a dense task's never is.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-from hetprof.costmodels import Placement
+from hetprof.costmodels import LinkSpec, Placement
 from hetprof.planner.basis import PricingBasis
 from hetprof.planner.candidate import even_split
 from hetprof.planner.engines import ENGINES, EngineLimits, GenerationRequest, StepTable, arrival_order
@@ -31,6 +33,18 @@ SIGNATURE_MEMO = 20_000    # device tuples whose stage signature is kept
 STAGE_MEMO = 200_000       # cost-model answers for one stage kept
 REPLICA_MEMO = 200_000     # replica prices kept
 TABLE_MEMO = 2_000         # a vllm engine's step tables kept (one per replica kind)
+
+
+@dataclasses.dataclass(frozen=True)
+class Experts:
+    """A replica's expert parallelism: `ep` replicas share its routed experts over `link` (None: the
+    device type's own link)."""
+
+    ep: int = 1
+    link: LinkSpec | None = None
+
+
+NO_EXPERTS = Experts()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,10 +100,12 @@ class ReplicaPricer:
 
     @memoised(STAGE_MEMO)
     def stage_time(self, task: str, device_type: str, tp: int, link, layers: int | None, batch: int,
-                   response: float, prompt: float | None = None, cp: int = 1) -> float:
+                   response: float, prompt: float | None = None, cp: int = 1,
+                   experts: Experts = NO_EXPERTS) -> float:
         """The cost model's seconds for one stage, memoised on plain values (cheaper to hash than Work)."""
         work = self.basis.work(task, batch, layers, response, prompt, cp=cp)
-        return self.basis.cm.task_time(work, Placement(device_type, tp, 1, tp_link=link)).seconds
+        return self.basis.cm.task_time(work, Placement(device_type, tp, 1, tp_link=link, ep=experts.ep,
+                                                       ep_link=experts.link)).seconds
 
     def without_fp8(self, task: str, devices: Sequence[str]) -> list[str]:
         """The GPU types among `devices` an FP8 `task` cannot run on (no catalog fp8_tflops); empty
@@ -101,28 +117,32 @@ class ReplicaPricer:
 
     # ---- one replica ----------------------------------------------------------------------------
     def replica(self, task: str, devices: Sequence[str], tp: int, pp: int, batch: int,
-                layer_split: Sequence[int] | None = None, cp: int = 1) -> ReplicaCost:
+                layer_split: Sequence[int] | None = None, cp: int = 1,
+                experts: Experts = NO_EXPERTS) -> ReplicaCost:
         lacking = self.without_fp8(task, devices)
         if lacking:
             return ReplicaCost(math.inf, note=f"fp8 on {lacking[0]}, which has no FP8 figure "
                                               f"(gpus.{lacking[0]}.fp8_tflops in the catalog)")
         layers = self.basis.graph.model_of(task).layers
         split = tuple(layer_split) if layer_split is not None else even_split(layers, pp)
-        return self._replica(task, self._signature(tuple(devices), tp, pp, cp), tp, batch, split, cp)
+        sig = self._signature(tuple(devices), tp, pp, cp)
+        if experts.ep == 1:
+            return self._replica(task, sig, tp, batch, split, cp)
+        return self._replica(task, sig, tp, batch, split, cp, experts)
 
     @memoised(REPLICA_MEMO)
     def _replica(self, task: str, sig: tuple, tp: int, batch: int, split: tuple[int, ...],
-                 cp: int = 1) -> ReplicaCost:
+                 cp: int = 1, experts: Experts = NO_EXPERTS) -> ReplicaCost:
         kind = self.basis.graph.kind_of(task)
         if kind == TaskKind.INFERENCE:
-            return ReplicaCost(self.packed_call(task, sig, tp, batch, split, cp))
+            return ReplicaCost(self.packed_call(task, sig, tp, batch, split, cp, experts))
         if kind == TaskKind.TRAINING:
             # Each optimizer step is a forward + backward + Adam over one mini-batch: per-step costs
             # (the optimizer, launches, small-batch inefficiency) are paid mini_batches times per epoch.
             steps = self.basis.workload.mini_batches
-            per_step = self.packed_call(task, sig, tp, max(1, math.ceil(batch / steps)), split, cp)
+            per_step = self.packed_call(task, sig, tp, max(1, math.ceil(batch / steps)), split, cp, experts)
             return ReplicaCost(per_step * steps * self.basis.workload.ppo_epochs)
-        return self._generation(task, sig, tp, batch, split)
+        return self._generation(task, sig, tp, batch, split, experts)
 
     def pipeline_seconds(self, task: str, devices: Sequence[str], tp: int, pp: int, batch: int,
                          split: Sequence[int]) -> float:
@@ -133,19 +153,20 @@ class ReplicaPricer:
         sig = self._signature(tuple(devices), tp, pp)
         return self.composed(task, sig, tp, max(1, batch), tuple(split), self.basis.response, self.basis.prompt)
 
-    def packed_call(self, task: str, sig: tuple, tp: int, batch: int, split: tuple[int, ...], cp: int = 1) -> float:
+    def packed_call(self, task: str, sig: tuple, tp: int, batch: int, split: tuple[int, ...], cp: int = 1,
+                    experts: Experts = NO_EXPERTS) -> float:
         """A forward (inference) or forward + backward (training) pass over `batch` sequences: with a
         token budget, each of the `packs(batch)` packs at its own sequences and tokens; else one call
         at the priced widths. Pipelined replicas run fixed-shape padded micro-batches
         (executor/algorithms/learner.py), so a plan for `hetprof run` prices them padded."""
         b = self.basis
         if b.token_budget is None:
-            return self.composed(task, sig, tp, batch, split, b.sequence_response, b.sequence_prompt, cp)
+            return self.composed(task, sig, tp, batch, split, b.sequence_response, b.sequence_prompt, cp, experts)
         if b.runs_padded and len(sig[0]) > 1:
             return self.composed(task, sig, tp, batch, split, b.padded_response(b.sequences),
-                                 b.generation_prompt(b.sequences), cp)
+                                 b.generation_prompt(b.sequences), cp, experts)
         groups = b.packs(batch)
-        times = [(self.composed(task, sig, tp, n, split, *pack_tokens(length, b.prompt), cp), count)
+        times = [(self.composed(task, sig, tp, n, split, *pack_tokens(length, b.prompt), cp, experts), count)
                  for n, length, count in groups]
         return packed_seconds(times, self._step_in_pass(task, sig, tp, groups[0][0], split))
 
@@ -157,11 +178,12 @@ class ReplicaPricer:
         return max(self.basis.cm.optimizer_step_in_phase_time(self.basis.work(task, batch, split[s]), Placement(t, tp))
                    for s, (types, _link) in enumerate(sig[0]) for t in types)
 
-    def _generation(self, task: str, sig: tuple, tp: int, batch: int, split: tuple[int, ...]) -> ReplicaCost:
+    def _generation(self, task: str, sig: tuple, tp: int, batch: int, split: tuple[int, ...],
+                    experts: Experts = NO_EXPERTS) -> ReplicaCost:
         """A generator replica's batch as the plan's engine runs it, within its KV room (planner.engines)."""
         b = self.basis
         stages, _ = sig
-        room = min(b.cm.max_concurrent_sequences(b.work(task, 1, split[s], 0.0, 1.0), Placement(t, tp))
+        room = min(b.cm.max_concurrent_sequences(b.work(task, 1, split[s], 0.0, 1.0), Placement(t, tp, ep=experts.ep))
                    for s, (types, _link) in enumerate(stages) for t in types)
         if room < 1:
             model = b.graph.model_of(task)
@@ -171,10 +193,10 @@ class ReplicaPricer:
         gen = b.workload.generation
 
         def call(n: int, prompt: float, steps: float) -> float:
-            return self.composed(task, sig, tp, n, split, steps, prompt)
+            return self.composed(task, sig, tp, n, split, steps, prompt, experts=experts)
 
         # one step table per replica kind, whatever its batch (vllm only)
-        table = self._step_table(task, sig, tp, split, room) if b.backend == "vllm" else None
+        table = self._step_table(task, sig, tp, split, room, experts) if b.backend == "vllm" else None
         request = GenerationRequest(tuple(arrival_order(b.replica_lengths(batch)).tolist()), b.prompt,
                                     b.generation_prompt, b.padded_response,
                                     EngineLimits(room, gen.max_num_seqs, gen.block_tokens), table)
@@ -182,15 +204,16 @@ class ReplicaPricer:
         return ReplicaCost(run.seconds, run.finish, run.note)
 
     @memoised(TABLE_MEMO)
-    def _step_table(self, task: str, sig: tuple, tp: int, split: tuple[int, ...], room: int) -> StepTable:
+    def _step_table(self, task: str, sig: tuple, tp: int, split: tuple[int, ...], room: int,
+                    experts: Experts = NO_EXPERTS) -> StepTable:
         def call(n: int, prompt: float, steps: float) -> float:
-            return self.composed(task, sig, tp, n, split, steps, prompt)
+            return self.composed(task, sig, tp, n, split, steps, prompt, experts=experts)
 
         b = self.basis
         return StepTable(call, b.prompt, b.workload.generation.max_num_seqs, b.workload.response_len.cap, room)
 
     def composed(self, task: str, sig: tuple, tp: int, batch: int, split: tuple[int, ...], response: float,
-                 prompt: float | None = None, cp: int = 1) -> float:
+                 prompt: float | None = None, cp: int = 1, experts: Experts = NO_EXPERTS) -> float:
         """One replica's seconds for `batch` sequences: the cost model per stage, composed as a pipeline
         (a stage of cp TP groups splits every sequence over them: context parallelism)."""
         b = self.basis
@@ -198,11 +221,11 @@ class ReplicaPricer:
         prompt = b.prompt if prompt is None else prompt
         if len(stages) == 1:
             types, link = stages[0]
-            return max(self.stage_time(task, t, tp, link, None, batch, response, prompt, cp) for t in types)
+            return max(self._stage(task, t, tp, link, None, batch, response, prompt, cp, experts) for t in types)
         model = b.graph.model_of(task)
         times = []
         for s, (types, link) in enumerate(stages):
-            t_s = max(self.stage_time(task, t, tp, link, split[s], batch, response, prompt, cp) for t in types)
+            t_s = max(self._stage(task, t, tp, link, split[s], batch, response, prompt, cp, experts) for t in types)
             times.append(t_s * layer_fraction(model, split[s], last=s == len(stages) - 1))
         pp = len(stages)
         m = max(1, min(batch, 2 * pp))
@@ -217,3 +240,11 @@ class ReplicaPricer:
             per = [b.cm.collective_time("p2p", msg, 2, x) for x in bounds]
             comm = (sum(per) + (m - 1) * max(per)) * (2 if kind == TaskKind.TRAINING else 1)
         return pipe + comm
+
+    def _stage(self, task: str, device_type: str, tp: int, link, layers: int | None, batch: int, response: float,
+               prompt: float, cp: int, experts: Experts) -> float:
+        """stage_time, asked without `experts` when there is no expert parallelism (the memo's keys stay
+        those of a dense replica)."""
+        if experts.ep == 1:
+            return self.stage_time(task, device_type, tp, link, layers, batch, response, prompt, cp)
+        return self.stage_time(task, device_type, tp, link, layers, batch, response, prompt, cp, experts)

@@ -24,6 +24,7 @@ from hetprof.planner.controller import controller_seconds
 from hetprof.planner.imbalance import longest_sequence_factor
 from hetprof.planner.layoutcomms import (
     dp_traffic,
+    expert_link,
     learner_collectives,
     optimizer_steps,
     ring_seconds,
@@ -31,7 +32,7 @@ from hetprof.planner.layoutcomms import (
 )
 from hetprof.planner.memo import memoised
 from hetprof.planner.passtime import finish_curve
-from hetprof.planner.replicas import ReplicaCost, ReplicaPricer
+from hetprof.planner.replicas import NO_EXPERTS, Experts, ReplicaCost, ReplicaPricer
 from hetprof.specs.layout import TaskLayout
 from hetprof.specs.vocabulary import TaskKind
 
@@ -74,18 +75,19 @@ class TaskCosts:
 
     # ---- memory ---------------------------------------------------------------------------------
     def memory(self, task: str, device_type: str, tp: int, layers: int, batch: int, dp: int = 1,
-               sharding: str = "none", sp: int | None = None, cp: int = 1) -> MemoryEstimate:
+               sharding: str = "none", sp: int | None = None, cp: int = 1, ep: int = 1) -> MemoryEstimate:
         """Peak bytes of one device of a replica; a training replica shards its state over `dp` as `sharding`
         says; `sp` Ulysses ranks (None: the workload's fixed degree) and `cp` context-parallel ranks share
-        each sequence. Padded micro-batches are as large as fits (`micro_tokens`)."""
-        return self._memory(task, device_type, tp, layers, batch, *self._held(dp, sharding), sp, cp)[1]
+        each sequence; an MoE model's routed experts are split over `ep` replicas. Padded micro-batches are
+        as large as fits (`micro_tokens`)."""
+        return self._memory(task, device_type, tp, layers, batch, *self._held(dp, sharding), sp, cp, ep)[1]
 
     def micro_tokens(self, task: str, device_type: str, tp: int, layers: int, batch: int, dp: int = 1,
-                     sharding: str = "none", sp: int | None = None, cp: int = 1) -> int | None:
+                     sharding: str = "none", sp: int | None = None, cp: int = 1, ep: int = 1) -> int | None:
         """The padded micro-batch's token budget the planner gives a device of this replica: the largest
         of memory.micro_token_choices that fits it (None: the workload packs by its own budget, or the
         task generates)."""
-        return self._memory(task, device_type, tp, layers, batch, *self._held(dp, sharding), sp, cp)[0]
+        return self._memory(task, device_type, tp, layers, batch, *self._held(dp, sharding), sp, cp, ep)[0]
 
     def _held(self, dp: int, sharding: str) -> tuple[int, str]:
         dp = min(dp, self.basis.workload.training.shard_group or dp)  # HSDP: a shard group holds one copy
@@ -93,9 +95,9 @@ class TaskCosts:
 
     @memoised(MEMORY_MEMO)
     def _memory(self, task: str, device_type: str, tp: int, layers: int, batch: int, dp: int,
-                sharding: str, sp: int | None, cp: int) -> tuple[int | None, MemoryEstimate]:
+                sharding: str, sp: int | None, cp: int, ep: int = 1) -> tuple[int | None, MemoryEstimate]:
         b = self.basis
-        place = Placement(device_type, tp, dp=dp, sharding=sharding)
+        place = Placement(device_type, tp, dp=dp, sharding=sharding, ep=ep)
         if b.token_budget is not None or b.graph.kind_of(task) == TaskKind.GENERATION:
             return None, b.cm.memory(b.work(task, batch, layers, sp=sp, cp=cp), place)
         work = b.work(task, batch, layers, sp=sp, cp=cp)
@@ -120,12 +122,13 @@ class TaskCosts:
         over: dict[tuple, list[str]] = {}
         held: dict[tuple, MemoryEstimate] = {}     # GPUs of one type holding the same stage hold the same
         dp, sp, cp = layout.dp, b.sp_of(layout), layout.cp
+        experts = Experts(layout.ep, expert_link(b, layout)) if layout.ep > 1 else NO_EXPERTS
         for r, (devices, batch) in enumerate(zip(layout.replicas, self.batches(layout), strict=True)):
             split = layout.layer_splits[r]
             # a generation task's replicas may differ in TP; every other task's share `tp`
             tp = max(1, layout.tp_of(r)) if kind == TaskKind.GENERATION else layout.tp
             if batch:
-                cost = self.replicas.replica(task, devices, tp, pp, batch, split, cp)
+                cost = self.replicas.replica(task, devices, tp, pp, batch, split, cp, experts)
                 replica_s.append(cost.seconds)
                 finish.append(cost.finish)
                 if cost.note and cost.note not in problems:
@@ -139,7 +142,7 @@ class TaskCosts:
                 est = held.get((dev.type, tp, layers, batch))
                 if est is None:
                     est = held[dev.type, tp, layers, batch] = self.memory(task, dev.type, tp, layers, max(1, batch),
-                                                                          dp, layout.sharding, sp, cp)
+                                                                          dp, layout.sharding, sp, cp, layout.ep)
                 memory[d] = est
                 if est.total > self._capacity[dev.type]:
                     over.setdefault((dev.type, layers, est), []).append(d)

@@ -9,7 +9,10 @@ is found by binary search on which side is slower. Phase 1, for each rollout poo
 is a MILP over rollout replica configurations per GPU type (each type's own TP degree and how many
 replicas of it, maximising generated sequences per second) — solved here with PuLP + CBC; the
 generation layout is those replicas, each type at its own TP, with the batch balanced over them.
-Every visited plan is scored by the simulator and the best is returned.
+Every visited plan is scored by the simulator and the best is returned. An MoE model's training and
+inference layouts take the expert-parallel degree `layouts.best_layout` finds fastest (AReaL trains
+MoE models with Megatron's EP); the per-type rollout replicas of phase 1 are priced without EP, as
+the paper's rollout configurations are TP degrees only.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from hetprof.errors import InfeasibleError
 from hetprof.planner.balance import Curve, balance_shares, largest_batch_within  # noqa: F401 (re-exported)
+from hetprof.planner.search.experts import expert_degrees
 from hetprof.planner.search.splits import Sharded, sequence_splits, sharded, split_cp
 from hetprof.specs import catalog, executable
 from hetprof.specs.layout import TaskLayout
@@ -331,6 +332,9 @@ def balanced_layout(sim: PlanningContext, task: str, replicas: Sequence[tuple[st
         return None
     replicas = replicas[:task_batch(sim)]
     levels = sharding_levels(sim, task, len(replicas), tp, pp)
+    degrees = expert_degrees(sim, task, replicas)
+    if len(degrees) > 1:
+        return _expert_layout(sim, task, replicas, tp, pp, balanced, memo, levels, degrees, cp)
     sps = [k for k in sequence_splits(sim, task, tp, pp)[0] if len(replicas) % k == 0] or [1]
     # Balanced once at the level holding least (sharding moves no replica's compute, only what fits), then
     # each level judged on those; at the largest Ulysses degree when the smallest fits nowhere (alike).
@@ -351,6 +355,27 @@ def balanced_layout(sim: PlanningContext, task: str, replicas: Sequence[tuple[st
     return best
 
 
+def _expert_layout(sim: PlanningContext, task: str, replicas: list[tuple[str, ...]], tp: int, pp: int,
+                   balanced: bool, memo: dict, levels: tuple[str, ...], degrees: tuple[int, ...],
+                   cp: int = 1) -> TaskLayout | None:
+    """balanced_layout of an MoE task: balanced once at the sharding level and expert-parallel degree
+    holding least, then every (degree, level) judged on those shares and splits; the fastest wins, of
+    equally fast ones the least expert-parallel and least sharded. A degree the kept replicas (those
+    with a share) no longer divide is skipped."""
+    base = _layout_at(sim, task, replicas, tp, pp, balanced, memo, levels[-1], cp=cp, ep=degrees[-1])
+    if base is None:
+        return None
+    kept = expert_degrees(sim, task, base.replicas) if base.dp != len(replicas) else degrees
+    best, best_t = None, math.inf
+    for ep in kept:
+        for level in levels if base.dp > 1 else ("none",):
+            layout = dataclasses.replace(base, sharding=level, ep=ep)
+            t = layout_cost(sim, layout)
+            if best is None or t < best_t * (1 - 1e-9):
+                best, best_t = layout, t
+    return best
+
+
 def sharding_levels(sim: PlanningContext, task: str, dp: int, tp: int, pp: int) -> tuple[str, ...]:
     """The shardings a layout is tried with, least sharded first: none for all but multi-replica
     training; zero1 never, as zero2 moves the same bytes and holds less; none alone where `hetprof
@@ -363,8 +388,9 @@ def sharding_levels(sim: PlanningContext, task: str, dp: int, tp: int, pp: int) 
 
 
 def _layout_at(sim: PlanningContext, task: str, replicas: list[tuple[str, ...]], tp: int, pp: int, balanced: bool,
-               memo: dict, sharding: str, sp: int = 1, cp: int = 1) -> TaskLayout | None:
-    """balanced_layout at one sharding level and Ulysses and context-parallel degree."""
+               memo: dict, sharding: str, sp: int = 1, cp: int = 1, ep: int = 1) -> TaskLayout | None:
+    """balanced_layout at one sharding level, Ulysses and context-parallel degree (and, for an MoE task,
+    expert-parallel degree: what fits)."""
     model = task_model(sim, task)
     total = task_batch(sim)
     dp = len(replicas)
@@ -374,7 +400,7 @@ def _layout_at(sim: PlanningContext, task: str, replicas: list[tuple[str, ...]],
         return TaskLayout(task=task, tp=tp, pp=pp, replicas=tuple(replicas), shares=tuple(c / total for c in counts),
                           layer_splits=tuple(split for _ in replicas), sharding=sharding, sp=sp, cp=cp)
     nominal = max(1, total // dp)
-    shards = sharded(dp, sharding, sp, cp)
+    shards = sharded(dp, sharding, sp, cp, ep)
     splits = []
     timers = []
     # Planning for `hetprof run`: training replicas average gradients stage by stage, so they share

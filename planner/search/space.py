@@ -3,9 +3,10 @@
 HetRL's five levels map onto three choices here: a *grouping* (level 1: which tasks time-share
 GPUs), per group an *ordered device list* (levels 2-3 and 5: how many GPUs of each kind, which
 ones, and — through the order — which tasklet sits where), and per task a *shape* TP×PP (level 4).
-Layer splits, batch shares, a training layout's data-parallel sharding and the sequence-split degrees
-(Ulysses sp, context-parallel cp) are not searched here: `search.layouts` balances the first two to
-device speed and picks the sharding and the split degrees per shape.
+Layer splits, batch shares, a training layout's data-parallel sharding, the sequence-split degrees
+(Ulysses sp, context-parallel cp) and an MoE task's expert-parallel degree are not searched here:
+`search.layouts` balances the first two to device speed and picks the sharding, the split degrees and
+the EP degree per shape (EP moves no device, only which replicas share experts).
 The old-log-prob pass is never placed: it follows actor_train (hetprof.specs.plan.FOLLOWS).
 Keeping the assembly here guarantees `exhaustive`, `hetrl` and the ILP explore the same space, so
 the tests can compare their optima honestly.

@@ -20,7 +20,9 @@ if TYPE_CHECKING:
 
 MAX_SEQUENCE_SPLIT = 8  # most ranks one sequence is split over (Ulysses, context parallel): a host's GPUs
 # How a replica's memory is divided: (dp, sharding) of a training layout's state, then optionally
-# (sp, cp): the Ulysses and context-parallel ranks each of its sequences is split over.
+# (sp, cp, ep): the Ulysses and context-parallel ranks each of its sequences is split over, and the
+# expert-parallel ranks an MoE model's routed experts are split over — the order of
+# PlanningContext.replica_memory's arguments, so a `Sharded` is passed to it unpacked.
 Sharded = tuple
 
 
@@ -29,9 +31,9 @@ def split_cp(shards: Sharded) -> int:
     return shards[3] if len(shards) > 3 else 1
 
 
-def sharded(dp: int, sharding: str, sp: int = 1, cp: int = 1) -> Sharded:
-    """The `Sharded` of a layout: (dp, sharding), with (sp, cp) only when a sequence is split."""
-    return (dp, sharding) if sp == 1 and cp == 1 else (dp, sharding, sp, cp)
+def sharded(dp: int, sharding: str, sp: int = 1, cp: int = 1, ep: int = 1) -> Sharded:
+    """The `Sharded` of a layout: (dp, sharding), with (sp, cp, ep) only when one of them is not 1."""
+    return (dp, sharding) if sp == cp == ep == 1 else (dp, sharding, sp, cp, ep)
 
 
 def sequence_splits(sim: PlanningContext, task: str, tp: int,

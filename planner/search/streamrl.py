@@ -6,7 +6,9 @@ simulator's streaming), and generation instances balanced by output length (skew
 instance's share follows its speed, `layouts.best_layout`). Its resource planner chooses the
 pools: here every pair of disjoint single-region pools — a region, a GPU type within it, or its
 hosts ranked bandwidth-first (decode is bandwidth-bound) cut at every count from either end —
-with each pool's layouts tuned, and the best pair kept.
+with each pool's layouts tuned, and the best pair kept. An MoE model's layouts take the expert-parallel
+degree `layouts.best_layout` finds fastest, as a StreamRL user tunes their training and inference
+engines' EP (the paper's models are dense and say nothing more).
 """
 
 from __future__ import annotations

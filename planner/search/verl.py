@@ -52,6 +52,10 @@ def _engine_layout(sim, task: str, order: tuple[str, ...], engine: str, tp: int,
     lay = layouts.build_layout(sim, task, order, tp, pp, balanced=False)
     if lay is not None and engine == FSDP and TASKS[task][0] == TaskKind.TRAINING and lay.dp > 1:
         lay = dataclasses.replace(lay, sharding=FSDP)       # verl's FSDP workers shard the whole state
+    if lay is not None and engine == FSDP and lay.ep > 1:
+        # verl's FSDP workers have no expert parallelism; an MoE model gets Megatron's EP (the degree
+        # build_layout chose, as a verl user tunes expert_model_parallel_size) on the Megatron engine only
+        lay = dataclasses.replace(lay, ep=1)
     return lay
 
 

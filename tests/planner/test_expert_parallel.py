@@ -1,0 +1,95 @@
+"""Expert parallelism in the planner: the degrees a layout is tried with, the link its all-to-alls
+cross, EP chosen where it pays for an MoE model, and dense plans untouched."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from hetprof.costmodels import LinkSpec, get_cost_model
+from hetprof.errors import SpecError
+from hetprof.planner.layoutcomms import expert_groups, expert_link
+from hetprof.planner.pinned import PinnedLayout, pinned_candidate
+from hetprof.planner.planning import PlanningContext
+from hetprof.planner.search import layouts
+from hetprof.planner.simulator import Simulator
+from hetprof.specs import ClusterSpec, WorkloadSpec
+from hetprof.specs.vocabulary import Task
+
+# two 8-GPU H100 hosts in one region joined by 400 Gb/s; one 8-GPU L40S host
+LINK = {"latency": "0.01ms", "bandwidth": "400Gbps"}
+
+
+def _sim(model: str, hosts=(("h0", "H100-SXM"), ("h1", "H100-SXM"), ("l0", "L40S"))) -> Simulator:
+    cluster = ClusterSpec.from_dict({
+        "name": "moe", "hosts": [{"name": h, "gpus": {"type": t, "count": 8}, "region": "r"} for h, t in hosts],
+        "network": {"intra_region": LINK}})
+    workload = WorkloadSpec.from_dict({
+        "name": "w", "algorithm": "grpo", "mode": "sync", "models": {"actor": model}, "prompts_per_step": 128,
+        "responses_per_prompt": 8, "prompt_len": {"mean": 256}, "response_len": {"mean": 512}})
+    return Simulator(cluster, workload, get_cost_model("analytical"))
+
+
+@pytest.fixture(scope="module")
+def moe() -> Simulator:
+    return _sim("qwen3-30b-a3b")
+
+
+def _ctx(sim: Simulator) -> PlanningContext:
+    return sim.planning
+
+
+def test_ep_degrees_divide_replicas_and_experts_and_keep_a_gpu_type_per_group(moe):
+    ctx = _ctx(moe)
+    h100 = [(f"h0:{i}",) for i in range(8)]
+    assert layouts.expert_degrees(ctx, Task.ACTOR_GEN, h100) == (1, 2, 4, 8)
+    mixed = [("h0:0",), ("h0:1",), ("l0:0",), ("l0:1",)]   # groups of 4 would mix H100 and L40S
+    assert layouts.expert_degrees(ctx, Task.ACTOR_GEN, mixed) == (1, 2)
+    dense = _ctx(_sim("qwen3-8b"))
+    assert layouts.expert_degrees(dense, Task.ACTOR_GEN, h100) == (1,)
+
+
+def test_expert_link_is_the_gpu_link_in_a_host_and_a_share_of_the_network_across_hosts(moe):
+    ctx = _ctx(moe)
+    basis = moe.costs.basis
+    one_host = layouts.build_layout(ctx, Task.ACTOR_GEN, [f"h0:{i}" for i in range(8)], 1, 1)
+    assert one_host is not None
+    within = dataclasses.replace(one_host, ep=8)
+    assert expert_link(basis, within) == basis.links.between("h0", "h0")
+    assert expert_link(basis, dataclasses.replace(one_host, ep=1)) is None
+    across = dataclasses.replace(one_host, replicas=tuple((d,) for d in ("h0:0", "h0:1", "h1:0", "h1:1")),
+                                 shares=(0.25,) * 4, layer_splits=((48,),) * 4, ep=4)
+    assert expert_groups(across) == [("h0:0", "h0:1", "h1:0", "h1:1")]
+    net = basis.links.between("h0", "h1")
+    # two GPUs of each host exchange at once: each gets half of the host's link
+    assert expert_link(basis, across) == LinkSpec(net.alpha_s, net.beta_Bps / 2)
+
+
+def test_generation_on_one_host_chooses_expert_parallelism(moe):
+    ctx = _ctx(moe)
+    lay = layouts.best_layout(ctx, Task.ACTOR_GEN, [f"h0:{i}" for i in range(8)])
+    assert lay is not None and lay.ep > 1
+    plain = layouts.layout_cost(ctx, dataclasses.replace(lay, ep=1))
+    assert layouts.layout_cost(ctx, lay) < plain
+
+
+def test_hetrl_plans_qwen3_30b_a3b_with_expert_parallelism(moe):
+    from hetprof.planner.session import PlanOptions, run_search
+
+    result = run_search(moe, "hetrl", PlanOptions(max_evals=60, executable=False))
+    eps = {task: lay.ep for task, lay in result.candidate.layouts}
+    assert max(eps.values()) > 1, eps
+
+
+def test_a_pinned_ep_must_divide_the_replicas_and_the_experts(moe):
+    pin = PinnedLayout.from_dict({"groups": {"all": 8}, "tasks": {
+        "generation": {"group": "all", "tp": 1, "ep": 8}, "inference": {"group": "all"},
+        "training": {"group": "all", "ep": 3}}})
+    with pytest.raises(SpecError) as err:
+        pinned_candidate(moe, pin, file="case.yaml")
+    assert "layout.tasks.training.ep" in str(err.value) and "\n" not in str(err.value)
+    ok = PinnedLayout.from_dict({"groups": {"all": 8}, "tasks": {
+        "generation": {"group": "all", "ep": 8}, "inference": {"group": "all"}, "training": {"group": "all"}}})
+    cand = pinned_candidate(moe, ok)
+    assert dict(cand.layouts)[Task.ACTOR_GEN].ep == 8
