@@ -23,7 +23,7 @@ import math
 from hetprof.errors import InfeasibleError
 from hetprof.planner.balance import Curve, balance_shares
 from hetprof.planner.candidate import Candidate
-from hetprof.planner.search import layouts, register_search
+from hetprof.planner.search import layouts, register_search, replica_kinds
 from hetprof.planner.search.base import Ledger, Search, SearchResult
 from hetprof.planner.search.cbc import cbc
 from hetprof.specs.layout import TaskLayout
@@ -60,8 +60,8 @@ def rollout_options(sim, devices: list[str], max_tp: int) -> list[RolloutOption]
             if not replicas:
                 continue
             batch = max(1, math.ceil(total / len(replicas)))
-            s = layouts.replica_time(sim, Task.ACTOR_GEN, replicas[0], tp, 1, batch, None)
-            if layouts.replica_overflow(sim, Task.ACTOR_GEN, replicas[0], tp, (model.layers,), batch) > 0 \
+            s = replica_kinds.replica_time(sim, Task.ACTOR_GEN, replicas[0], tp, 1, batch, None)
+            if replica_kinds.replica_overflow(sim, Task.ACTOR_GEN, replicas[0], tp, (model.layers,), batch) > 0 \
                     or not math.isfinite(s):
                 continue
             out.append(RolloutOption(t, tp, replicas, batch / s))
@@ -124,14 +124,14 @@ class _ReplicaTimer:
         self.sim, self.replica, self.tp, self.layers = sim, replica, tp, layers
 
     def fits(self, batch: int) -> bool:
-        return layouts.replica_overflow(self.sim, Task.ACTOR_GEN, self.replica, self.tp, (self.layers,), batch) <= 0
+        return replica_kinds.replica_overflow(self.sim, Task.ACTOR_GEN, self.replica, self.tp, (self.layers,), batch) <= 0
 
     def __call__(self, batch: int) -> float:
         if batch <= 0:
             return 0.0
         if not self.fits(batch):
             return math.inf
-        return layouts.replica_time(self.sim, Task.ACTOR_GEN, self.replica, self.tp, 1, batch, (self.layers,))
+        return replica_kinds.replica_time(self.sim, Task.ACTOR_GEN, self.replica, self.tp, 1, batch, (self.layers,))
 
 
 @register_search("arealhex")

@@ -18,7 +18,7 @@ import math
 from typing import Any
 
 from hetprof.errors import InfeasibleError
-from hetprof.planner.search import layouts
+from hetprof.planner.search import layouts, replica_kinds
 from hetprof.planner.search.restricted import RestrictedSpace
 from hetprof.specs.plan import TASKS
 from hetprof.specs.vocabulary import Task, TaskKind
@@ -35,14 +35,14 @@ def replica_rate(space: RestrictedSpace, task: str, kind: str, tp: int, pp: int,
     if not reps:
         return 0.0, 0
     rep = reps[0]
-    split = layouts.balance_layers(sim, task, rep, tp, pp, max(1, total // max(1, len(reps))))
+    split = replica_kinds.balance_layers(sim, task, rep, tp, pp, max(1, total // max(1, len(reps))))
 
     def seconds(b: int) -> float:
         if b <= 0:
             return 0.0
-        if layouts.replica_overflow(sim, task, rep, tp, split, b) > 0:
+        if replica_kinds.replica_overflow(sim, task, rep, tp, split, b) > 0:
             return math.inf
-        return layouts.replica_time(sim, task, rep, tp, pp, b, split)
+        return replica_kinds.replica_time(sim, task, rep, tp, pp, b, split)
 
     most = layouts.largest_batch_within(seconds, math.inf, total)
     if most == 0:

@@ -8,7 +8,7 @@ import pytest
 
 from hetprof.costmodels import get_cost_model
 from hetprof.planner.planning import PlanningContext
-from hetprof.planner.search import layouts
+from hetprof.planner.search import layouts, replica_kinds
 from hetprof.planner.search.layouts import DegreeOption
 from hetprof.planner.simulator import Simulator
 from hetprof.specs import ClusterSpec, WorkloadSpec
@@ -90,9 +90,9 @@ def test_sharding_is_tried_only_for_training_with_several_replicas(sim):
 @pytest.mark.parametrize("task", ["actor_train", "actor_gen"])
 def test_the_faster_stage_holds_more_layers(sim, task):
     layers = layouts.task_model(sim, task).layers
-    split = layouts.balance_layers(sim, task, ("a:0", "b:0"), 1, 2, 16)  # A100 stage, then L4 stage
+    split = replica_kinds.balance_layers(sim, task, ("a:0", "b:0"), 1, 2, 16)  # A100 stage, then L4 stage
     assert sum(split) == layers and min(split) >= 1 and split[0] > split[1]
-    assert layouts.balance_layers(sim, task, ("a:0",), 1, 1, 16) == (layers,)
+    assert replica_kinds.balance_layers(sim, task, ("a:0",), 1, 1, 16) == (layers,)
 
 
 def test_a_balanced_layout_gives_the_faster_replica_more_sequences_and_no_slower_time(sim):
