@@ -43,32 +43,32 @@ class RolloutOption:
     rate: float
 
 
-def rollout_options(sim, devices: list[str], max_tp: int) -> list[RolloutOption]:
+def rollout_options(planning, devices: list[str], max_tp: int) -> list[RolloutOption]:
     """Every (GPU type, TP degree) whose replica holds the generator and its share of the batch.
 
     TP stays within a host; a degree is an option only where its replica fits in memory at
     the batch it would serve if that type generated alone (a small-memory type may need TP2 where a
     large one runs TP1)."""
-    total = layouts.task_batch(sim)
-    model = layouts.task_model(sim, Task.ACTOR_GEN)
-    order = layouts.canonical_order(sim, devices)
+    total = layouts.task_batch(planning)
+    model = layouts.task_model(planning, Task.ACTOR_GEN)
+    order = layouts.canonical_order(planning, devices)
     out = []
-    for t in sorted({sim.devices[d].type for d in devices}):
-        mine = [d for d in order if sim.devices[d].type == t]
-        for tp in layouts.degree_limits(sim, Task.ACTOR_GEN, max_tp)[0]:
-            replicas = tuple(layouts.arrange(sim, mine, tp, 1))
+    for t in sorted({planning.devices[d].type for d in devices}):
+        mine = [d for d in order if planning.devices[d].type == t]
+        for tp in layouts.degree_limits(planning, Task.ACTOR_GEN, max_tp)[0]:
+            replicas = tuple(layouts.arrange(planning, mine, tp, 1))
             if not replicas:
                 continue
             batch = max(1, math.ceil(total / len(replicas)))
-            s = replica_kinds.replica_time(sim, Task.ACTOR_GEN, replicas[0], tp, 1, batch, None)
-            if replica_kinds.replica_overflow(sim, Task.ACTOR_GEN, replicas[0], tp, (model.layers,), batch) > 0 \
+            s = replica_kinds.replica_time(planning, Task.ACTOR_GEN, replicas[0], tp, 1, batch, None)
+            if replica_kinds.replica_overflow(planning, Task.ACTOR_GEN, replicas[0], tp, (model.layers,), batch) > 0 \
                     or not math.isfinite(s):
                 continue
             out.append(RolloutOption(t, tp, replicas, batch / s))
     return out
 
 
-def rollout_milp(sim, devices: list[str], max_tp: int) -> dict[str, tuple[RolloutOption, int]] | None:
+def rollout_milp(planning, devices: list[str], max_tp: int) -> dict[str, tuple[RolloutOption, int]] | None:
     """Phase 1: per GPU type, the rollout TP degree and replica count maximising generation throughput.
 
     Variables: n[o] replicas of option o (a type at a TP degree), z[o] whether type o.gpu_type
@@ -78,7 +78,7 @@ def rollout_milp(sim, devices: list[str], max_tp: int) -> dict[str, tuple[Rollou
     """
     import pulp
 
-    options = rollout_options(sim, devices, max_tp)
+    options = rollout_options(planning, devices, max_tp)
     if not options:
         return None
     prob = pulp.LpProblem("arealhex_rollout", pulp.LpMaximize)
@@ -89,7 +89,7 @@ def rollout_milp(sim, devices: list[str], max_tp: int) -> dict[str, tuple[Rollou
         prob += pulp.lpSum(z[i] for i, o in enumerate(options) if o.gpu_type == t) <= 1
     for i, o in enumerate(options):
         prob += n[i] <= len(o.replicas) * z[i]
-    prob += pulp.lpSum(n) <= layouts.task_batch(sim)
+    prob += pulp.lpSum(n) <= layouts.task_batch(planning)
     prob.solve(cbc(msg=False, timeLimit=10))
     if pulp.LpStatus[prob.status] != "Optimal":
         return None
@@ -98,15 +98,15 @@ def rollout_milp(sim, devices: list[str], max_tp: int) -> dict[str, tuple[Rollou
     return chosen or None
 
 
-def rollout_layout(sim, chosen: dict[str, tuple[RolloutOption, int]]) -> TaskLayout | None:
+def rollout_layout(planning, chosen: dict[str, tuple[RolloutOption, int]]) -> TaskLayout | None:
     """The generation layout phase 1 solved for: each type's replicas at its own TP degree, the
     batch split by min-max balancing of their generation times (None if it cannot hold the batch)."""
-    total = layouts.task_batch(sim)
-    layers = layouts.task_model(sim, Task.ACTOR_GEN).layers
+    total = layouts.task_batch(planning)
+    layers = layouts.task_model(planning, Task.ACTOR_GEN).layers
     replicas, timers = [], []
     for t in sorted(chosen):
         option, count = chosen[t]
-        curve = Curve(_ReplicaTimer(sim, option.replicas[0], option.tp, layers), total)
+        curve = Curve(_ReplicaTimer(planning, option.replicas[0], option.tp, layers), total)
         replicas.extend(option.replicas[:count])
         timers.extend([curve] * count)
     counts = balance_shares(timers, total)
@@ -120,18 +120,18 @@ def rollout_layout(sim, chosen: dict[str, tuple[RolloutOption, int]]) -> TaskLay
 class _ReplicaTimer:
     """One rollout replica kind's seconds at a batch (infinite where the batch overflows its memory)."""
 
-    def __init__(self, sim, replica: tuple[str, ...], tp: int, layers: int) -> None:
-        self.sim, self.replica, self.tp, self.layers = sim, replica, tp, layers
+    def __init__(self, planning, replica: tuple[str, ...], tp: int, layers: int) -> None:
+        self.planning, self.replica, self.tp, self.layers = planning, replica, tp, layers
 
     def fits(self, batch: int) -> bool:
-        return replica_kinds.replica_overflow(self.sim, Task.ACTOR_GEN, self.replica, self.tp, (self.layers,), batch) <= 0
+        return replica_kinds.replica_overflow(self.planning, Task.ACTOR_GEN, self.replica, self.tp, (self.layers,), batch) <= 0
 
     def __call__(self, batch: int) -> float:
         if batch <= 0:
             return 0.0
         if not self.fits(batch):
             return math.inf
-        return replica_kinds.replica_time(self.sim, Task.ACTOR_GEN, self.replica, self.tp, 1, batch, (self.layers,))
+        return replica_kinds.replica_time(self.planning, Task.ACTOR_GEN, self.replica, self.tp, 1, batch, (self.layers,))
 
 
 @register_search("arealhex")
@@ -139,16 +139,16 @@ class ArealHexSearch(Search):
     """γ binary search over the train/rollout partition; a rollout MILP per partition."""
 
     def run(self) -> SearchResult:
-        sim = self.ctx.planning
+        planning = self.ctx.planning
         ledger = Ledger(self.ctx)           # an evaluation budget binds it like every search
-        train_tasks = tuple(t for t in sim.tasks if t not in (Task.ACTOR_GEN, Task.REWARD_INFER))
-        roll_tasks = tuple(t for t in sim.tasks if t in (Task.ACTOR_GEN, Task.REWARD_INFER))
+        train_tasks = tuple(t for t in planning.tasks if t not in (Task.ACTOR_GEN, Task.REWARD_INFER))
+        roll_tasks = tuple(t for t in planning.tasks if t in (Task.ACTOR_GEN, Task.REWARD_INFER))
         visited: list[dict] = []
         # The compute-first ranking is AReaL-Hex's; phase 2 partitions interconnects too, so each
         # region in turn lends the training side its hosts first (a partition that keeps training's
         # all-reduce inside one region). The reverse ranking is tried only where none holds a plan
         # (compute-dense GPUs too small for the training state).
-        regions = sorted({d.region for d in sim.devices.values()})
+        regions = sorted({d.region for d in planning.devices.values()})
         firsts: list[str | None] = [None, *regions] if len(regions) > 1 else [None]
         for reverse in (False, True):
             if reverse and ledger.best is not None and ledger.best_value < float("inf"):
@@ -162,8 +162,8 @@ class ArealHexSearch(Search):
 
     def _gamma_search(self, hosts, ledger: Ledger, train_tasks, roll_tasks, visited: list[dict]) -> None:
         """Binary search on γ, the training side's share of the cluster's FLOPs: grow the slower side."""
-        sim = self.ctx.planning
-        flops = {h: sum(sim.catalog.lookup(sim.devices[d].type).peak_flops("bf16") for d in ds) for h, ds in hosts}
+        planning = self.ctx.planning
+        flops = {h: sum(planning.catalog.lookup(planning.devices[d].type).peak_flops("bf16") for d in ds) for h, ds in hosts}
         whole = sum(flops.values())
         lo, hi = 0.0, 1.0
         for _ in range(GAMMA_STEPS):
@@ -190,50 +190,50 @@ class ArealHexSearch(Search):
     def _training_first_hosts(self, first_region: str | None = None) -> list[tuple[str, list[str]]]:
         """Hosts ranked for training: most FLOPs per byte of HBM bandwidth first, then (given)
         `first_region`'s hosts, then locality."""
-        sim = self.ctx.planning
+        planning = self.ctx.planning
         by_host: dict[str, list[str]] = {}
-        for d in layouts.canonical_order(sim, sim.devices):
-            by_host.setdefault(sim.devices[d].host, []).append(d)
+        for d in layouts.canonical_order(planning, planning.devices):
+            by_host.setdefault(planning.devices[d].host, []).append(d)
 
         def ratio(h: str) -> float:
-            g = sim.catalog.lookup(sim.devices[by_host[h][0]].type)
+            g = planning.catalog.lookup(planning.devices[by_host[h][0]].type)
             return g.peak_flops("bf16") / g.hbm_Bps
 
         def elsewhere(h: str) -> bool:
-            return first_region is not None and sim.devices[by_host[h][0]].region != first_region
+            return first_region is not None and planning.devices[by_host[h][0]].region != first_region
 
         order = sorted(by_host, key=lambda h: (-ratio(h), elsewhere(h), list(by_host).index(h)))
         return [(h, by_host[h]) for h in order]
 
     def _partition(self, hosts, flops, whole, gamma, train_tasks, roll_tasks):
-        sim, ctx = self.ctx.planning, self.ctx
+        planning, ctx = self.ctx.planning, self.ctx
         train, acc = [], 0.0
         for h, ds in hosts:
             if acc >= gamma * whole and train:
                 break
             train.extend(ds)
             acc += flops[h]
-        if len(train) == len(sim.devices):
+        if len(train) == len(planning.devices):
             train = train[:-len(hosts[-1][1])]
-        roll = [d for d in sim.devices if d not in set(train)]
+        roll = [d for d in planning.devices if d not in set(train)]
         if not train:
             return None, "train"
         if not roll:
             return None, "rollout"
         lays = {}
         for task in train_tasks:
-            lay = layouts.best_layout(sim, task, train, ctx.max_tp, ctx.max_pp)
+            lay = layouts.best_layout(planning, task, train, ctx.max_tp, ctx.max_pp)
             if lay is None:
                 return None, "train"
             lays[task] = lay
-        phase1 = rollout_milp(sim, roll, ctx.max_tp)
-        gen = rollout_layout(sim, phase1) if phase1 is not None else None
+        phase1 = rollout_milp(planning, roll, ctx.max_tp)
+        gen = rollout_layout(planning, phase1) if phase1 is not None else None
         if gen is None:
             return None, "rollout"
         lays[Task.ACTOR_GEN] = gen
         for task in roll_tasks:
             if task != Task.ACTOR_GEN:
-                lay = layouts.best_layout(sim, task, roll, ctx.max_tp, ctx.max_pp)
+                lay = layouts.best_layout(planning, task, roll, ctx.max_tp, ctx.max_pp)
                 if lay is None:
                     return None, "rollout"
                 lays[task] = lay

@@ -81,13 +81,13 @@ def enumerate_arms(groupings: Sequence[Grouping], types: Sequence[str], totals: 
     return arms
 
 
-def region_cuts(sim: PlanningContext, by_type: dict[str, tuple[str, ...]], types: Sequence[str]) -> list[tuple[int, ...]]:
+def region_cuts(planning: PlanningContext, by_type: dict[str, tuple[str, ...]], types: Sequence[str]) -> list[tuple[int, ...]]:
     """Per GPU kind, the counts that hand one side a whole-region block of its locality-ordered
     GPUs: every place the region changes, seen from either end (c and total - c)."""
     out = []
     for t in types:
         pool = by_type.get(t, ())
-        cuts = {i for i in range(1, len(pool)) if sim.devices[pool[i]].region != sim.devices[pool[i - 1]].region}
+        cuts = {i for i in range(1, len(pool)) if planning.devices[pool[i]].region != planning.devices[pool[i - 1]].region}
         out.append(tuple(sorted(cuts | {len(pool) - c for c in cuts})))
     return out
 
@@ -124,15 +124,15 @@ def _split_one_kind(grouping: Grouping, types: Sequence[str], totals: Sequence[i
     return out
 
 
-def type_region_counts(sim: PlanningContext) -> Counter[tuple[str, str]]:
+def type_region_counts(planning: PlanningContext) -> Counter[tuple[str, str]]:
     """The cluster's GPUs counted per (type, region)."""
-    return Counter((d.type, d.region) for d in sim.devices.values())
+    return Counter((d.type, d.region) for d in planning.devices.values())
 
 
-def sub_pools(sim: PlanningContext, types: Sequence[str]) -> list[tuple[tuple[int, ...], str | None]]:
+def sub_pools(planning: PlanningContext, types: Sequence[str]) -> list[tuple[tuple[int, ...], str | None]]:
     """The sub-pools a user would try by hand: each region, each GPU type, each type within a
     region — as GPU counts per type, with the region the GPUs must come from (None: any)."""
-    count = type_region_counts(sim)
+    count = type_region_counts(planning)
     regions = sorted({r for _, r in count})
     pools: list[tuple[tuple[int, ...], str | None]] = []
     if len(regions) > 1:
@@ -153,46 +153,46 @@ def sub_pools(sim: PlanningContext, types: Sequence[str]) -> list[tuple[tuple[in
     return list(out)
 
 
-def one_region_pools(sim: PlanningContext, types: Sequence[str]) -> list[tuple[tuple[int, ...], str]]:
+def one_region_pools(planning: PlanningContext, types: Sequence[str]) -> list[tuple[tuple[int, ...], str]]:
     """Each region's GPUs, and each GPU type's within a region that has several, as counts per type
     with their region, most bf16 FLOPs first (training is compute-bound: the pool that would train
     fastest is offered first); none on a one-region cluster."""
-    pools = region_pools(sim, types)
+    pools = region_pools(planning, types)
     if not pools:
         return []
-    count = type_region_counts(sim)
+    count = type_region_counts(planning)
     regions = [r for _, r in pools]
     pools += [(tuple(count.get((u, r), 0) if u == t else 0 for u in types), r) for r in regions for t in types
               if count.get((t, r)) and sum(1 for (_, rr) in count if rr == r) > 1]
-    flops = [sim.catalog.lookup(t).peak_flops("bf16") for t in types]
+    flops = [planning.catalog.lookup(t).peak_flops("bf16") for t in types]
     return sorted(pools, key=lambda p: (-sum(n * f for n, f in zip(p[0], flops, strict=True)), p[1], p[0]))
 
 
-def pool_pairs(sim: PlanningContext, types: Sequence[str]) -> list[tuple[tuple[tuple[int, ...], str], ...]]:
+def pool_pairs(planning: PlanningContext, types: Sequence[str]) -> list[tuple[tuple[tuple[int, ...], str], ...]]:
     """Ordered pairs of disjoint one-region pools (a region, or a GPU type within it): generation
     on the first, everything else on the second, the rest idle — the disaggregated plan of a
     geo-distributed cluster, where each stage stays inside one datacenter and only weights and
     rollouts cross the WAN. Largest pairs first, then by the link between their regions (the
     weights cross it every step)."""
     host_of: dict[str, str] = {}
-    for d in sim.devices.values():
+    for d in planning.devices.values():
         host_of.setdefault(d.region, d.host)
-    pools = one_region_pools(sim, types)
+    pools = one_region_pools(planning, types)
 
     def disjoint(a: tuple[tuple[int, ...], str], b: tuple[tuple[int, ...], str]) -> bool:
         return a[1] != b[1] or not any(x and y for x, y in zip(a[0], b[0], strict=True))
 
     def rank(pair: tuple) -> tuple:
         (ca, ra), (cb, rb) = pair
-        link = sim.links.between(host_of[ra], host_of[rb])
+        link = planning.links.between(host_of[ra], host_of[rb])
         return -sum(ca) - sum(cb), -link.beta_Bps, ra, rb, ca, cb
 
     return sorted(((a, b) for a in pools for b in pools if a is not b and disjoint(a, b)), key=rank)
 
 
-def region_pools(sim: PlanningContext, types: Sequence[str]) -> list[tuple[tuple[int, ...], str]]:
+def region_pools(planning: PlanningContext, types: Sequence[str]) -> list[tuple[tuple[int, ...], str]]:
     """Each region's whole GPU pool as counts per type, regions in name order; none on one region."""
-    count = type_region_counts(sim)
+    count = type_region_counts(planning)
     regions = sorted({r for _, r in count})
     if len(regions) < 2:
         return []
@@ -210,22 +210,22 @@ def region_pair_arms(grouping: Grouping, pools: Sequence[tuple[tuple[int, ...], 
             for ca, ra in pools for cb, rb in pools if ra != rb and sum(ca) and sum(cb)]
 
 
-def host_splits(sim: PlanningContext, types: Sequence[str]) -> list[tuple[tuple[tuple[int, ...], str], ...]]:
+def host_splits(planning: PlanningContext, types: Sequence[str]) -> list[tuple[tuple[tuple[int, ...], str], ...]]:
     """On a one-region cluster, the disaggregated plans a pair of pools names elsewhere: generation
     alone on whole hosts of one GPU type (a block at every host boundary of its locality order), the
     rest of the cluster on everything else — pair-shaped, as `pool_pairs` gives them. Blocks with the
     most HBM bandwidth first (decoding is memory-bound). None where the cluster spans regions."""
-    regions = {d.region for d in sim.devices.values()}
+    regions = {d.region for d in planning.devices.values()}
     if len(regions) != 1:
         return []
     (region,) = regions
-    by_type = devices_by_type(sim)  # locality order: one region, so host then index
+    by_type = devices_by_type(planning)  # locality order: one region, so host then index
     totals = [len(by_type.get(t, ())) for t in types]
     out = []
     for i, t in enumerate(types):
-        pool, bandwidth = by_type.get(t, []), sim.catalog.lookup(t).hbm_Bps
+        pool, bandwidth = by_type.get(t, []), planning.catalog.lookup(t).hbm_Bps
         for c in range(1, len(pool)):
-            if sim.devices[pool[c]].host != sim.devices[pool[c - 1]].host:
+            if planning.devices[pool[c]].host != planning.devices[pool[c - 1]].host:
                 gen = tuple(c if j == i else 0 for j in range(len(types)))
                 rest = tuple(n - g for n, g in zip(totals, gen, strict=True))
                 out.append((-c * bandwidth, (gen, region), (rest, region)))

@@ -91,7 +91,7 @@ class ArmEvolution:
         return Genome(orders, tuple(sorted(new.items())))
 
     def seed_genome(self) -> Genome | None:
-        devices = self.assembler.sim.devices
+        devices = self.assembler.planning.devices
         orders = initial_orders(self.arm, self.by_type, self.variant, self.rng, lambda d: devices[d].region)
         self.variant += 1
         return self._repair(orders, None, set(range(len(orders))), True)
@@ -100,7 +100,7 @@ class ArmEvolution:
         orders = [list(o) for o in genome.orders]
         shapes = genome.shape_map()
         touched: set[int] = set()
-        devs, grouping, rng, allowed = self.assembler.sim.devices, self.arm.grouping, self.rng, self.assembler.shapes_for
+        devs, grouping, rng, allowed = self.assembler.planning.devices, self.arm.grouping, self.rng, self.assembler.shapes_for
         ops: list[Callable[[], bool]] = [lambda: swap_across(orders, touched, False, devs, rng),
                                          lambda: swap_across(orders, touched, True, devs, rng),
                                          lambda: swap_tasklets(orders, touched, grouping, rng),

@@ -33,11 +33,11 @@ class ExhaustiveConfig(SearchConfig):
     no_deadline: bool = knob(True, "ignore the time budget (ground truth must finish)")
 
 
-def _host_orders(sim, devices: Sequence[str]) -> Iterator[tuple[str, ...]]:
+def _host_orders(planning, devices: Sequence[str]) -> Iterator[tuple[str, ...]]:
     """Distinct device orders up to swapping GPUs of one host (multiset permutations of hosts)."""
     by_host: dict[str, list[str]] = {}
     for d in devices:
-        by_host.setdefault(sim.devices[d].host, []).append(d)
+        by_host.setdefault(planning.devices[d].host, []).append(d)
     labels = sorted(h for h, ds in by_host.items() for _ in ds)
     seen = set()
     for perm in itertools.permutations(labels):
@@ -75,14 +75,14 @@ class ExhaustiveSearch(Search):
                                   "it is meant for small clusters (use --search hetrl)")
 
     def _full(self, ledger: Ledger, limit: int) -> int:
-        sim = self.ctx.planning
-        asm = Assembler(sim, self.ctx.max_tp, self.ctx.max_pp)
+        planning = self.ctx.planning
+        asm = Assembler(planning, self.ctx.max_tp, self.ctx.max_pp)
         hosts: dict[str, list[str]] = {}
-        for d in sorted(sim.devices, key=lambda d: (sim.devices[d].host, sim.devices[d].index)):
-            hosts.setdefault(sim.devices[d].host, []).append(d)
+        for d in sorted(planning.devices, key=lambda d: (planning.devices[d].host, planning.devices[d].index)):
+            hosts.setdefault(planning.devices[d].host, []).append(d)
         seen: set = set()
         count = 0
-        for grouping in all_groupings(sim):
+        for grouping in all_groupings(planning):
             k = len(grouping)
             splits = [compositions(len(ds), k + 1) for ds in hosts.values()]
             for split in itertools.product(*splits):
@@ -99,14 +99,14 @@ class ExhaustiveSearch(Search):
 
     def _group_choices(self, grouping: Grouping, groups: list[tuple[str, ...]], asm: Assembler, ledger: Ledger,
                        seen: set, count: int, limit: int) -> int:
-        sim = self.ctx.planning
+        planning = self.ctx.planning
         tasks = [t for g in grouping for t in g]
         owner = {t: gi for gi, g in enumerate(grouping) for t in g}
         shape_lists = [asm.shapes_for(t, groups[owner[t]]) for t in tasks]
         for shapes in itertools.product(*shape_lists):
             chosen = dict(zip(tasks, shapes, strict=True))
             pipelined = [any(chosen[t][1] > 1 for t in g) for g in grouping]
-            order_lists = [list(_host_orders(sim, devs)) if pipelined[gi] else [devs]
+            order_lists = [list(_host_orders(planning, devs)) if pipelined[gi] else [devs]
                            for gi, devs in enumerate(groups)]
             for orders in itertools.product(*order_lists):
                 cand = asm.assemble(grouping, orders, chosen)

@@ -18,14 +18,14 @@ def _divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
-def expert_degrees(sim: PlanningContext, task: str, replicas: Sequence[tuple[str, ...]]) -> tuple[int, ...]:
+def expert_degrees(planning: PlanningContext, task: str, replicas: Sequence[tuple[str, ...]]) -> tuple[int, ...]:
     """The expert-parallel degrees an MoE task's layout over `replicas` is tried with, smallest first:
     those dividing the replicas and the experts whose groups of consecutive replicas each hold one GPU
     type (an EP group computes in lockstep: every rank waits at each all-to-all). (1,) for a dense
     model, and where `hetprof run` plans (the executor has no EP yet, hetprof/specs/executable.py)."""
-    moe = sim.model_of(task).moe
-    if moe is None or len(replicas) < 2 or sim.executable:
+    moe = planning.model_of(task).moe
+    if moe is None or len(replicas) < 2 or planning.executable:
         return (1,)
-    types = [frozenset(sim.devices[d].type for d in r) for r in replicas]
+    types = [frozenset(planning.devices[d].type for d in r) for r in replicas]
     return tuple(ep for ep in _divisors(len(replicas)) if moe.experts % ep == 0
                  and all(len(set(types[g:g + ep])) == 1 for g in range(0, len(types), ep)))

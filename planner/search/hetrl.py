@@ -111,19 +111,19 @@ class _Problem:
         return [d for t in sorted(self.by_type) for d in self.by_type[t]]
 
 
-def arm_space(sim: PlanningContext, config: HetRLConfig, objective: str) -> tuple[_Problem, list[Arm], list[Arm]]:
+def arm_space(planning: PlanningContext, config: HetRLConfig, objective: str) -> tuple[_Problem, list[Arm], list[Arm]]:
     """The problem's arms: every (grouping, counts) arm when few enough (`enumerate_limit`), else the
     structured ones; and the structured arms a screening ranks."""
-    types, by_type = gpu_types(sim), devices_by_type(sim)
+    types, by_type = gpu_types(planning), devices_by_type(planning)
     totals = [len(by_type[t]) for t in types]
-    groupings = all_groupings(sim)
+    groupings = all_groupings(planning)
     exact = arm_count(groupings, totals) <= config.enumerate_limit
-    cuts, pools = region_cuts(sim, by_type, types), sub_pools(sim, types)
+    cuts, pools = region_cuts(planning, by_type, types), sub_pools(planning, types)
     if not exact:
         # parts of sub-pools only where GPUs are priced: they crowd a throughput search's arms
         parts = objective != "throughput"
-        pairs = (pool_pairs(sim, types) or host_splits(sim, types)) if config.pool_pairs else []
-        trainers = one_region_pools(sim, types) if config.pool_pairs else []
+        pairs = (pool_pairs(planning, types) or host_splits(planning, types)) if config.pool_pairs else []
+        trainers = one_region_pools(planning, types) if config.pool_pairs else []
         structured = structured_arms(groupings, types, totals, cuts, pools, parts, pairs, trainers)
         return _Problem(types, by_type, totals, groupings, exact), structured, structured
     # enumeration names every count split, but not where a sub-pool's GPUs come from: those

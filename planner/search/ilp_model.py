@@ -30,19 +30,19 @@ Shape = tuple[int, int]
 
 def replica_rate(space: RestrictedSpace, task: str, kind: str, tp: int, pp: int, total: int) -> tuple[float, int]:
     """(sequences/s, most sequences that fit) of one replica of `kind` and shape tp×pp; (0, 0) if none fits."""
-    sim = space.sim
+    planning = space.planning
     reps = space.replicas([d for h in space.hosts[kind] for d in h], tp, pp)
     if not reps:
         return 0.0, 0
     rep = reps[0]
-    split = replica_kinds.balance_layers(sim, task, rep, tp, pp, max(1, total // max(1, len(reps))))
+    split = replica_kinds.balance_layers(planning, task, rep, tp, pp, max(1, total // max(1, len(reps))))
 
     def seconds(b: int) -> float:
         if b <= 0:
             return 0.0
-        if replica_kinds.replica_overflow(sim, task, rep, tp, split, b) > 0:
+        if replica_kinds.replica_overflow(planning, task, rep, tp, split, b) > 0:
             return math.inf
-        return replica_kinds.replica_time(sim, task, rep, tp, pp, b, split)
+        return replica_kinds.replica_time(planning, task, rep, tp, pp, b, split)
 
     most = layouts.largest_batch_within(seconds, math.inf, total)
     if most == 0:
@@ -139,10 +139,10 @@ def _placement(model: RestrictedModel, rate: dict, cap: dict, total: int) -> dic
 
 def _region_links(space: RestrictedSpace, regions: list[str]) -> dict:
     """The slowest link between two regions' hosts (a region with itself: its slowest inner link)."""
-    sim = space.sim
-    hosts = {r: {sim.devices[h[0]].host for k in space.types if space.region[k] == r for h in space.hosts[k]}
+    planning = space.planning
+    hosts = {r: {planning.devices[h[0]].host for k in space.types if space.region[k] == r for h in space.hosts[k]}
              for r in regions}
-    return {(a, b): sim.links.slowest_between(hosts[a], hosts[b]) for a in regions for b in regions}
+    return {(a, b): planning.links.slowest_between(hosts[a], hosts[b]) for a in regions for b in regions}
 
 
 def _regions(model: RestrictedModel, T: dict[str, Any]) -> Any:
@@ -150,7 +150,7 @@ def _regions(model: RestrictedModel, T: dict[str, Any]) -> Any:
     import pulp  # noqa: F401 - PuLP's operators on the variables below
 
     prob, space, grouping = model.prob, model.space, model.space.grouping
-    sim = space.sim
+    planning = space.planning
     owner = {k: gi for gi, g in enumerate(grouping) for k in g}
     regions = sorted(set(space.region.values()))
     rho = {(g, r): prob.add_variable(f"rho_{g}_{ri}", cat="Binary")
@@ -160,11 +160,11 @@ def _regions(model: RestrictedModel, T: dict[str, Any]) -> Any:
             for v in range(1, space.totals[t] + 1):
                 prob += model.u[g, t, v] <= rho[g, space.region[t]]
     link = _region_links(space, regions)
-    cm = sim.cost_model
+    cm = planning.cost_model
     for k in model.tasks:
         if TASKS[k][0] != TaskKind.TRAINING:
             continue
-        grads = layouts.task_model(sim, k).weight_bytes(sim.workload.weights_dtype)
+        grads = layouts.task_model(planning, k).weight_bytes(planning.workload.weights_dtype)
         for i, r1 in enumerate(regions):
             for r2 in regions[i + 1:]:
                 # data parallelism across two regions all-reduces gradients over their link
@@ -173,10 +173,10 @@ def _regions(model: RestrictedModel, T: dict[str, Any]) -> Any:
     sync = prob.add_variable("S", 0)
     for src, dst in ((Task.ACTOR_TRAIN, Task.ACTOR_GEN), (Task.CRITIC_TRAIN, Task.CRITIC_INFER)):
         if src in owner and dst in owner and owner[src] != owner[dst]:
-            weights = layouts.task_model(sim, src)
+            weights = layouts.task_model(planning, src)
             for r1 in regions:
                 for r2 in regions:
-                    cost = cm.weight_sync_time(weights, link[r1, r2], 1, sim.workload.weights_dtype)
+                    cost = cm.weight_sync_time(weights, link[r1, r2], 1, planning.workload.weights_dtype)
                     prob += sync >= cost * (rho[owner[src], r1] + rho[owner[dst], r2] - 1)
     return sync
 
@@ -185,7 +185,7 @@ def _objective(model: RestrictedModel, T: dict[str, Any], sync: Any) -> None:
     import pulp
 
     prob, grouping = model.prob, model.space.grouping
-    if model.space.sim.workload.mode == "async":
+    if model.space.planning.workload.mode == "async":
         Z = prob.add_variable("Z", 0)
         for g in grouping:
             prob += Z >= pulp.lpSum(T[k] for k in g) + (sync if Task.ACTOR_GEN in g else 0)
@@ -204,7 +204,7 @@ def build_model(space: RestrictedSpace, rates: ReplicaRates) -> RestrictedModel:
     """The MILP of `space` (its grouping fixed), replica constants from `rates`."""
     import pulp
 
-    total = layouts.task_batch(space.sim)
+    total = layouts.task_batch(space.planning)
     rate, cap, shapes = _rates(space, rates, total, space.max_tp, space.max_pp)
     prob = pulp.LpProblem("hetrl_restricted", pulp.LpMinimize)
     types, grouping = space.types, space.grouping

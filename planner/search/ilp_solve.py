@@ -82,7 +82,7 @@ def _solve_once(prob: Any, limit: float, warm: bool, max_nodes: int | None) -> d
     return info
 
 
-def solve_restricted(sim: Any, grouping: Grouping, ledger: Ledger, limits: SolveLimits, *, max_tp: int,
+def solve_restricted(planning: Any, grouping: Grouping, ledger: Ledger, limits: SolveLimits, *, max_tp: int,
                      max_pp: int, rates: ReplicaRates | None = None,
                      warm: Candidate | None = None) -> RestrictedSolution:
     """Solve the MILP of `grouping` up to `limits.shortlist` times; score each solution on `ledger`.
@@ -90,7 +90,7 @@ def solve_restricted(sim: Any, grouping: Grouping, ledger: Ledger, limits: Solve
     The time limits count from the ledger's start, so a caller that built the ledger for this call
     gets `total_s` as a cap on the whole of it, the model's construction included.
     """
-    space = RestrictedSpace(sim, tuple(tuple(g) for g in grouping), max_tp, max_pp)
+    space = RestrictedSpace(planning, tuple(tuple(g) for g in grouping), max_tp, max_pp)
     model = build_model(space, rates if rates is not None else ReplicaRates())
     warmed = warm_start(model, warm) if warm is not None else False
     out = RestrictedSolution(space.grouping, [], [], warmed)

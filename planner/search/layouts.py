@@ -54,17 +54,17 @@ class DegreeOption:
         return f"DP{self.dp}×TP{self.tp}×PP{self.pp}"
 
 
-def canonical_order(sim: PlanningContext, devices: Iterable[str]) -> tuple[str, ...]:
+def canonical_order(planning: PlanningContext, devices: Iterable[str]) -> tuple[str, ...]:
     """A deterministic, locality-first device order: region, then host, then index.
 
     Hosts of one region are adjacent, so consecutive TP groups (the stages of one pipeline
     replica) sit on the same host or the same region whenever the device set allows it.
     """
-    devs = sim.devices
+    devs = planning.devices
     return tuple(sorted(devices, key=lambda d: (devs[d].region, devs[d].host, devs[d].index)))
 
 
-def tp_groups(sim: PlanningContext, order: Sequence[str], tp: int) -> list[tuple[str, ...]]:
+def tp_groups(planning: PlanningContext, order: Sequence[str], tp: int) -> list[tuple[str, ...]]:
     """Cut an ordered device list into same-NVLink-domain groups of `tp`, in the order they complete.
 
     Walking the order, a domain's devices (a host's, unless the spec joins hosts into one NVLink
@@ -75,7 +75,7 @@ def tp_groups(sim: PlanningContext, order: Sequence[str], tp: int) -> list[tuple
     pending: dict[str, list[str]] = {}
     groups = []
     for d in order:
-        waiting = pending.setdefault(sim.devices[d].nvlink_domain, [])
+        waiting = pending.setdefault(planning.devices[d].nvlink_domain, [])
         waiting.append(d)
         if len(waiting) == tp:
             groups.append(tuple(waiting))
@@ -83,10 +83,10 @@ def tp_groups(sim: PlanningContext, order: Sequence[str], tp: int) -> list[tuple
     return groups
 
 
-def arrange(sim: PlanningContext, order: Sequence[str], tp: int, pp: int, cp: int = 1) -> list[tuple[str, ...]]:
+def arrange(planning: PlanningContext, order: Sequence[str], tp: int, pp: int, cp: int = 1) -> list[tuple[str, ...]]:
     """Replicas (tp·cp·pp device ids each, stage-major: a stage is cp consecutive TP groups) from an
     ordered device list."""
-    groups = tp_groups(sim, order, tp)
+    groups = tp_groups(planning, order, tp)
     per = pp * cp
     dp = len(groups) // per
     return [tuple(d for g in groups[r * per:(r + 1) * per] for d in g) for r in range(dp)]
@@ -96,21 +96,21 @@ def divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
-def degree_limits(sim: PlanningContext, task: str, max_tp: int = 8, max_pp: int = 4) -> tuple[tuple[int, ...], int]:
+def degree_limits(planning: PlanningContext, task: str, max_tp: int = 8, max_pp: int = 4) -> tuple[tuple[int, ...], int]:
     """The TP degrees and the most pipeline stages `task` may have: TP divides the heads, PP ≤ the
-    layers, and — when the simulator plans for `hetprof run` (`sim.executable`) — only what the
+    layers, and — when the simulator plans for `hetprof run` (`planning.executable`) — only what the
     executor carries out (hetprof/specs/executable.py: no stages for generation or critic inference,
     TP dividing the KV heads and the FFN width too)."""
-    model = task_model(sim, task)
+    model = task_model(planning, task)
     tps = tuple(tp for tp in divisors(model.heads) if tp <= max_tp)
     stages = min(max_pp, model.layers)
-    if sim.executable:
+    if planning.executable:
         tps = tuple(tp for tp in tps if executable.tp_divides(model, tp))
         stages = stages if executable.may_pipeline(task) else 1
     return tps, stages
 
 
-def feasible_shapes(sim: PlanningContext, task: str, devices: Sequence[str], max_tp: int = 8,
+def feasible_shapes(planning: PlanningContext, task: str, devices: Sequence[str], max_tp: int = 8,
                     max_pp: int = 4) -> list[DegreeOption]:
     """Every TP×PP×DP the device set can host within `degree_limits`, TP within an NVLink domain.
 
@@ -119,9 +119,9 @@ def feasible_shapes(sim: PlanningContext, task: str, devices: Sequence[str], max
     """
     per_domain: dict[str, int] = {}
     for d in devices:
-        domain = sim.devices[d].nvlink_domain
+        domain = planning.devices[d].nvlink_domain
         per_domain[domain] = per_domain.get(domain, 0) + 1
-    return shapes_for_hosts(tuple(per_domain.values()), *degree_limits(sim, task, max_tp, max_pp))
+    return shapes_for_hosts(tuple(per_domain.values()), *degree_limits(planning, task, max_tp, max_pp))
 
 
 def shapes_for_hosts(per_host: Sequence[int], tps: Sequence[int], stages: int) -> list[DegreeOption]:
@@ -139,7 +139,7 @@ def shapes_for_hosts(per_host: Sequence[int], tps: Sequence[int], stages: int) -
     return shapes
 
 
-def build_layout(sim: PlanningContext, task: str, order: Sequence[str], tp: int, pp: int,
+def build_layout(planning: PlanningContext, task: str, order: Sequence[str], tp: int, pp: int,
                  balanced: bool = True, memo: dict | None = None) -> TaskLayout | None:
     """The layout of `task` with degrees tp×pp on devices taken in `order`; None if none fits.
 
@@ -148,17 +148,17 @@ def build_layout(sim: PlanningContext, task: str, order: Sequence[str], tp: int,
     of replica kinds across calls: a search builds thousands of layouts from the same kinds.
     Context parallelism is tried in rising degree until a layout fits: it computes what cp replicas
     would plus a ring, so it pays only where memory asks; none fitting, the unsplit layout says why."""
-    cps = sequence_splits(sim, task, tp, pp)[1]
+    cps = sequence_splits(planning, task, tp, pp)[1]
     first = None
     for cp in cps:
-        layout = balanced_layout(sim, task, arrange(sim, order, tp, pp, cp), tp, pp, balanced, memo, cp)
+        layout = balanced_layout(planning, task, arrange(planning, order, tp, pp, cp), tp, pp, balanced, memo, cp)
         first = layout if cp == cps[0] else first
-        if len(cps) == 1 or (layout is not None and math.isfinite(layout_cost(sim, layout))):
+        if len(cps) == 1 or (layout is not None and math.isfinite(layout_cost(planning, layout))):
             return layout
     return first
 
 
-def balanced_layout(sim: PlanningContext, task: str, replicas: Sequence[tuple[str, ...]], tp: int, pp: int,
+def balanced_layout(planning: PlanningContext, task: str, replicas: Sequence[tuple[str, ...]], tp: int, pp: int,
                     balanced: bool = True, memo: dict | None = None, cp: int = 1) -> TaskLayout | None:
     """A layout over given replicas (stages of tp × `cp` devices) with balanced (or, balanced=False,
     equal) layer splits and shares.
@@ -174,19 +174,19 @@ def balanced_layout(sim: PlanningContext, task: str, replicas: Sequence[tuple[st
     replicas = list(replicas)
     if not replicas:
         return None
-    if pp > task_model(sim, task).layers:
+    if pp > task_model(planning, task).layers:
         return None
-    replicas = replicas[:task_batch(sim)]
-    levels = sharding_levels(sim, task, len(replicas), tp, pp)
-    degrees = expert_degrees(sim, task, replicas)
+    replicas = replicas[:task_batch(planning)]
+    levels = sharding_levels(planning, task, len(replicas), tp, pp)
+    degrees = expert_degrees(planning, task, replicas)
     if len(degrees) > 1:
-        return _expert_layout(sim, task, replicas, tp, pp, balanced, memo, levels, degrees, cp)
-    sps = [k for k in sequence_splits(sim, task, tp, pp)[0] if len(replicas) % k == 0] or [1]
+        return _expert_layout(planning, task, replicas, tp, pp, balanced, memo, levels, degrees, cp)
+    sps = [k for k in sequence_splits(planning, task, tp, pp)[0] if len(replicas) % k == 0] or [1]
     # Balanced once at the level holding least (sharding moves no replica's compute, only what fits), then
     # each level judged on those; at the largest Ulysses degree when the smallest fits nowhere (alike).
-    base = _layout_at(sim, task, replicas, tp, pp, balanced, memo, levels[-1], sps[0], cp)
-    if len(sps) > 1 and (base is None or not math.isfinite(layout_cost(sim, base))):
-        base = _layout_at(sim, task, replicas, tp, pp, balanced, memo, levels[-1], sps[-1], cp)
+    base = _layout_at(planning, task, replicas, tp, pp, balanced, memo, levels[-1], sps[0], cp)
+    if len(sps) > 1 and (base is None or not math.isfinite(layout_cost(planning, base))):
+        base = _layout_at(planning, task, replicas, tp, pp, balanced, memo, levels[-1], sps[-1], cp)
     if base is None:
         return None
     options = [(sp, level) for sp in sps if base.dp % sp == 0 for level in (levels if base.dp > 1 else ("none",))]
@@ -195,50 +195,50 @@ def balanced_layout(sim: PlanningContext, task: str, replicas: Sequence[tuple[st
     best, best_t = base, math.inf
     for sp, level in options:
         layout = dataclasses.replace(base, sharding=level, sp=sp)
-        t = layout_cost(sim, layout)
+        t = layout_cost(planning, layout)
         if t < best_t * (1 - 1e-9):
             best, best_t = layout, t
     return best
 
 
-def _expert_layout(sim: PlanningContext, task: str, replicas: list[tuple[str, ...]], tp: int, pp: int,
+def _expert_layout(planning: PlanningContext, task: str, replicas: list[tuple[str, ...]], tp: int, pp: int,
                    balanced: bool, memo: dict, levels: tuple[str, ...], degrees: tuple[int, ...],
                    cp: int = 1) -> TaskLayout | None:
     """balanced_layout of an MoE task: balanced once at the sharding level and expert-parallel degree
     holding least, then every (degree, level) judged on those shares and splits; the fastest wins, of
     equally fast ones the least expert-parallel and least sharded. A degree the kept replicas (those
     with a share) no longer divide is skipped."""
-    base = _layout_at(sim, task, replicas, tp, pp, balanced, memo, levels[-1], cp=cp, ep=degrees[-1])
+    base = _layout_at(planning, task, replicas, tp, pp, balanced, memo, levels[-1], cp=cp, ep=degrees[-1])
     if base is None:
         return None
-    kept = expert_degrees(sim, task, base.replicas) if base.dp != len(replicas) else degrees
+    kept = expert_degrees(planning, task, base.replicas) if base.dp != len(replicas) else degrees
     best, best_t = None, math.inf
     for ep in kept:
         for level in levels if base.dp > 1 else ("none",):
             layout = dataclasses.replace(base, sharding=level, ep=ep)
-            t = layout_cost(sim, layout)
+            t = layout_cost(planning, layout)
             if best is None or t < best_t * (1 - 1e-9):
                 best, best_t = layout, t
     return best
 
 
-def sharding_levels(sim: PlanningContext, task: str, dp: int, tp: int, pp: int) -> tuple[str, ...]:
+def sharding_levels(planning: PlanningContext, task: str, dp: int, tp: int, pp: int) -> tuple[str, ...]:
     """The shardings a layout is tried with, least sharded first: none for all but multi-replica
     training; zero1 never, as zero2 moves the same bytes and holds less; none alone where `hetprof
     run` shards nothing (TP/PP replicas, hetprof/specs/executable.py)."""
     if TASKS[task][0] != TaskKind.TRAINING or dp < 2:
         return ("none",)
-    if sim.executable and (tp > 1 or pp > 1):
+    if planning.executable and (tp > 1 or pp > 1):
         return ("none",)
     return ("none", "zero2", "fsdp")
 
 
-def _layout_at(sim: PlanningContext, task: str, replicas: list[tuple[str, ...]], tp: int, pp: int, balanced: bool,
+def _layout_at(planning: PlanningContext, task: str, replicas: list[tuple[str, ...]], tp: int, pp: int, balanced: bool,
                memo: dict, sharding: str, sp: int = 1, cp: int = 1, ep: int = 1) -> TaskLayout | None:
     """balanced_layout at one sharding level, Ulysses and context-parallel degree (and, for an MoE task,
     expert-parallel degree: what fits)."""
-    model = task_model(sim, task)
-    total = task_batch(sim)
+    model = task_model(planning, task)
+    total = task_batch(planning)
     dp = len(replicas)
     if not balanced:
         split = tuple(proportional(model.layers, [1.0] * pp))
@@ -251,17 +251,17 @@ def _layout_at(sim: PlanningContext, task: str, replicas: list[tuple[str, ...]],
     timers = []
     # Planning for `hetprof run`: training replicas average gradients stage by stage, so they share
     # one split — the one balanced for the first (by the locality-first order, the most common) kind.
-    shared = sim.executable and pp > 1 and TASKS[task][0] == TaskKind.TRAINING
+    shared = planning.executable and pp > 1 and TASKS[task][0] == TaskKind.TRAINING
     for r in replicas:
-        kind = replica_key(sim, replicas[0] if shared else r, tp, pp, memo, cp)
+        kind = replica_key(planning, replicas[0] if shared else r, tp, pp, memo, cp)
         skey = ("split", task, kind, tp, pp, nominal, shards)
         if skey not in memo:
-            memo[skey] = balance_layers(sim, task, replicas[0] if shared else r, tp, pp, nominal, shards)
+            memo[skey] = balance_layers(planning, task, replicas[0] if shared else r, tp, pp, nominal, shards)
         split = memo[skey]
         splits.append(split)
         tkey = ("curve", task, kind, tp, pp, split, total, shards)
         if tkey not in memo:
-            memo[tkey] = replica_curve(sim, task, r, tp, pp, split, total, shards, memo)
+            memo[tkey] = replica_curve(planning, task, r, tp, pp, split, total, shards, memo)
         timers.append(memo[tkey])
     # Shares depend only on the sequence of curves (each kept alive by the memo, so ids are stable):
     # mutations that move GPUs of one type between groups rebuild the same sequence again and again.
@@ -277,23 +277,23 @@ def _layout_at(sim: PlanningContext, task: str, replicas: list[tuple[str, ...]],
                       sharding=sharding, sp=sp, cp=cp)
 
 
-def layout_seconds(sim: PlanningContext, layout: TaskLayout) -> float:
+def layout_seconds(planning: PlanningContext, layout: TaskLayout) -> float:
     """The layout's task time as its slowest replica (no DP traffic, no colocation effects)."""
-    total = task_batch(sim)
+    total = task_batch(planning)
     worst = 0.0
     for r, share, split in zip(layout.replicas, layout.shares, layout.layer_splits, strict=True):
-        worst = max(worst, replica_time(sim, layout.task, tuple(r), layout.tp, layout.pp,
+        worst = max(worst, replica_time(planning, layout.task, tuple(r), layout.tp, layout.pp,
                                             max(1, round(share * total)), tuple(split), layout.cp))
     return worst
 
 
-def layout_cost(sim: PlanningContext, layout: TaskLayout) -> float:
+def layout_cost(planning: PlanningContext, layout: TaskLayout) -> float:
     """The task's own seconds on this layout (gradient sync included), inf if it alone overflows memory."""
-    judged = sim.task_eval(layout)
+    judged = planning.task_eval(layout)
     return math.inf if judged.violations else float(judged.seconds)
 
 
-def best_of(sim: PlanningContext, shapes: Sequence[tuple[int, int]], build) -> tuple[TaskLayout | None, tuple[int, int] | None]:
+def best_of(planning: PlanningContext, shapes: Sequence[tuple[int, int]], build) -> tuple[TaskLayout | None, tuple[int, int] | None]:
     """The fastest of the layouts `build(tp, pp)` gives, trying few pipeline depths per TP.
 
     For each TP degree, deeper pipelines are tried only until one fits memory, plus one more:
@@ -309,7 +309,7 @@ def best_of(sim: PlanningContext, shapes: Sequence[tuple[int, int]], build) -> t
             if extra is not None and pp > extra:
                 break
             layout = build(tp, pp)
-            t = math.inf if layout is None else layout_cost(sim, layout)
+            t = math.inf if layout is None else layout_cost(planning, layout)
             if math.isfinite(t) and extra is None:
                 extra = pp + 1
             if t < best_t:
@@ -317,9 +317,9 @@ def best_of(sim: PlanningContext, shapes: Sequence[tuple[int, int]], build) -> t
     return best, best_shape
 
 
-def best_layout(sim: PlanningContext, task: str, devices: Sequence[str], max_tp: int = 8, max_pp: int = 4,
+def best_layout(planning: PlanningContext, task: str, devices: Sequence[str], max_tp: int = 8, max_pp: int = 4,
                 order: Sequence[str] | None = None) -> TaskLayout | None:
     """The fastest balanced layout of `task` on `devices` by its own time, or None if none fits."""
-    order = tuple(order) if order is not None else canonical_order(sim, devices)
-    shapes = [(s.tp, s.pp) for s in feasible_shapes(sim, task, order, max_tp, max_pp)]
-    return best_of(sim, shapes, lambda tp, pp: build_layout(sim, task, order, tp, pp))[0]
+    order = tuple(order) if order is not None else canonical_order(planning, devices)
+    shapes = [(s.tp, s.pp) for s in feasible_shapes(planning, task, order, max_tp, max_pp)]
+    return best_of(planning, shapes, lambda tp, pp: build_layout(planning, task, order, tp, pp))[0]

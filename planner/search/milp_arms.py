@@ -57,7 +57,7 @@ class MilpArms:
         CBC's node limit bounds each solve, so the answer does not depend on machine load; the
         search's `deadline` (perf_counter) only cuts a solve that would outlast the whole search.
         """
-        ctx, sim = self.ctx, self.ctx.planning
+        ctx, planning = self.ctx, self.ctx.planning
         groupings = self._groupings(ranked, count)
         out: dict[Arm, list[Candidate]] = {}
         started = time.perf_counter()
@@ -74,7 +74,7 @@ class MilpArms:
             # incumbent and found worse solutions in the same time (measured)
             ledger = Ledger(dataclasses.replace(ctx, warm_start=None, max_evals=None, storage=None, config=None))
             try:
-                found = solve_restricted(sim, grouping, ledger, limits, max_tp=ctx.max_tp, max_pp=ctx.max_pp,
+                found = solve_restricted(planning, grouping, ledger, limits, max_tp=ctx.max_tp, max_pp=ctx.max_pp,
                                          rates=self.rates)
             except InfeasibleError:
                 continue
@@ -82,7 +82,7 @@ class MilpArms:
                 continue
             solved.append(grouping_label(grouping))
             for _value, cand in sorted(found.solutions, key=lambda vc: vc[0]):
-                counts = tuple(counts_of(sim, devs, self.types) for devs in cand.group_devices)
+                counts = tuple(counts_of(planning, devs, self.types) for devs in cand.group_devices)
                 out.setdefault(Arm(grouping, counts, tuple(self.types)), []).append(cand)
         self.info.update(groupings=solved, arms=self.info.get("arms", 0) + len(out),
                          seconds=round(self.info.get("seconds", 0.0) + time.perf_counter() - started, 3))

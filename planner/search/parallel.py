@@ -34,20 +34,20 @@ if TYPE_CHECKING:
 _WORKER: dict[str, Any] = {}
 
 
-def _init_worker(sim: PlanningContext, objective: str, budget: float | None, max_tp: int, max_pp: int) -> None:
-    _WORKER.update(sim=sim, objective=objective, budget=budget, assembler=Assembler(sim, max_tp, max_pp))
+def _init_worker(planning: PlanningContext, objective: str, budget: float | None, max_tp: int, max_pp: int) -> None:
+    _WORKER.update(planning=planning, objective=objective, budget=budget, assembler=Assembler(planning, max_tp, max_pp))
 
 
 def _advance_in_worker(state: ArmEvolution, n: int, deadline_wall: float) -> tuple[ArmEvolution, list]:
-    sim = _WORKER["sim"]
+    planning = _WORKER["planning"]
     state.assembler = _WORKER["assembler"]
     found: list[tuple[float, str]] = []
 
     best: list[tuple[float, float]] = []     # (value, $/iteration) of the best so far
 
     def evaluate(cand: Candidate) -> float:
-        score = sim.evaluate(cand)
-        value = float(sim.objective_value(score, _WORKER["objective"], _WORKER["budget"])) if score.feasible \
+        score = planning.evaluate(cand)
+        value = float(planning.objective_value(score, _WORKER["objective"], _WORKER["budget"])) if score.feasible \
             else math.inf
         # the ledger's rule: lower value, or within TIE and cheaper
         if not best or value < best[-1][0] * (1 - TIE) or (

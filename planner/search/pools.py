@@ -23,26 +23,26 @@ class Pool:
     name: str
     devices: tuple[str, ...]
 
-    def regions(self, sim: PlanningContext) -> set[str]:
-        return {sim.devices[d].region for d in self.devices}
+    def regions(self, planning: PlanningContext) -> set[str]:
+        return {planning.devices[d].region for d in self.devices}
 
 
-def hosts(sim: PlanningContext) -> dict[str, tuple[str, ...]]:
+def hosts(planning: PlanningContext) -> dict[str, tuple[str, ...]]:
     """Each host's devices, hosts in locality order (region, host)."""
     out: dict[str, list[str]] = {}
-    for d in layouts.canonical_order(sim, sim.devices):
-        out.setdefault(sim.devices[d].host, []).append(d)
+    for d in layouts.canonical_order(planning, planning.devices):
+        out.setdefault(planning.devices[d].host, []).append(d)
     return {h: tuple(ds) for h, ds in out.items()}
 
 
-def _pool(sim: PlanningContext, name: str, members: list[tuple[str, ...]]) -> Pool:
-    return Pool(name, layouts.canonical_order(sim, [d for ds in members for d in ds]))
+def _pool(planning: PlanningContext, name: str, members: list[tuple[str, ...]]) -> Pool:
+    return Pool(name, layouts.canonical_order(planning, [d for ds in members for d in ds]))
 
 
-def host_pools(sim: PlanningContext) -> list[Pool]:
+def host_pools(planning: PlanningContext) -> list[Pool]:
     """All GPUs, each region, each GPU type, each type within a region (one pool per device set)."""
-    by_host = hosts(sim)
-    first = {h: sim.devices[ds[0]] for h, ds in by_host.items()}
+    by_host = hosts(planning)
+    first = {h: planning.devices[ds[0]] for h, ds in by_host.items()}
     regions = sorted({d.region for d in first.values()})
     types = sorted({d.type for d in first.values()})
     named = [("all GPUs", list(by_host.values()))]
@@ -53,24 +53,24 @@ def host_pools(sim: PlanningContext) -> list[Pool]:
     out: dict[tuple[str, ...], Pool] = {}
     for name, members in named:
         if members:
-            pool = _pool(sim, name, members)
+            pool = _pool(planning, name, members)
             out.setdefault(pool.devices, pool)
     return list(out.values())
 
 
-def region_pools(sim: PlanningContext, rank: dict[str, float]) -> list[Pool]:
+def region_pools(planning: PlanningContext, rank: dict[str, float]) -> list[Pool]:
     """Pools inside one region: the region, each type in it, and its hosts ranked by `rank` (host ->
     key, lower first) cut at every host count, from either end."""
-    by_host = hosts(sim)
+    by_host = hosts(planning)
     out: dict[tuple[str, ...], Pool] = {}
-    for pool in host_pools(sim):
-        if len(pool.regions(sim)) == 1 and pool.name != "all GPUs":
+    for pool in host_pools(planning):
+        if len(pool.regions(planning)) == 1 and pool.name != "all GPUs":
             out.setdefault(pool.devices, pool)
-    for region in sorted({sim.devices[ds[0]].region for ds in by_host.values()}):
-        mine = sorted((h for h, ds in by_host.items() if sim.devices[ds[0]].region == region),
+    for region in sorted({planning.devices[ds[0]].region for ds in by_host.values()}):
+        mine = sorted((h for h, ds in by_host.items() if planning.devices[ds[0]].region == region),
                       key=lambda h: (rank.get(h, 0.0), list(by_host).index(h)))
         for k in range(1, len(mine)):
             for name, part in ((f"first {k} of {region}", mine[:k]), (f"last {len(mine) - k} of {region}", mine[k:])):
-                pool = _pool(sim, name, [by_host[h] for h in part])
+                pool = _pool(planning, name, [by_host[h] for h in part])
                 out.setdefault(pool.devices, pool)
     return list(out.values())

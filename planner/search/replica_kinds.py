@@ -25,35 +25,35 @@ if TYPE_CHECKING:
 MAX_LAYER_MOVES = 8
 
 
-def task_model(sim: PlanningContext, task: str) -> ModelShape:
+def task_model(planning: PlanningContext, task: str) -> ModelShape:
     """The model a task runs (its role's shape in the workload)."""
-    return sim.model_of(task)
+    return planning.model_of(task)
 
 
-def task_batch(sim: PlanningContext) -> int:
+def task_batch(planning: PlanningContext) -> int:
     """Sequences every task handles per iteration (prompts × responses)."""
-    return int(sim.workload.sequences_per_step)
+    return int(planning.workload.sequences_per_step)
 
 
-def replica_time(sim: PlanningContext, task: str, devices: tuple[str, ...], tp: int, pp: int, batch: int,
+def replica_time(planning: PlanningContext, task: str, devices: tuple[str, ...], tp: int, pp: int, batch: int,
                      split: tuple[int, ...] | None, cp: int = 1) -> float:
     try:
-        t = sim.replica_seconds(task, devices, tp, pp, batch, split, *((cp,) if cp > 1 else ()))
+        t = planning.replica_seconds(task, devices, tp, pp, batch, split, *((cp,) if cp > 1 else ()))
     except InfeasibleError:
         return math.inf
     return float(t) if t is not None and t == t else math.inf
 
 
-def replica_overflow(sim: PlanningContext, task: str, replica: tuple[str, ...], tp: int, split: Sequence[int], batch: int,
+def replica_overflow(planning: PlanningContext, task: str, replica: tuple[str, ...], tp: int, split: Sequence[int], batch: int,
                      shards: Sharded = (1, "none")) -> float:
     """Bytes by which the replica's stages exceed their GPUs' memory at this batch (0 if it fits);
     `shards` is (dp, sharding): how a training replica's state is sharded over its peers."""
     over = 0.0
     width = tp * split_cp(shards)  # a stage's devices: tp × cp
     for s, layers in enumerate(split):
-        dev = sim.devices[replica[s * width]]
-        need = sim.replica_memory(task, dev.type, tp, layers, max(1, batch), *shards).total
-        over += max(0.0, need - sim.catalog.lookup(dev.type).memory_bytes)
+        dev = planning.devices[replica[s * width]]
+        need = planning.replica_memory(task, dev.type, tp, layers, max(1, batch), *shards).total
+        over += max(0.0, need - planning.catalog.lookup(dev.type).memory_bytes)
     return over
 
 
@@ -78,28 +78,28 @@ def proportional(total: int, weights: Sequence[float], minimum: int = 1) -> list
     return [b + minimum for b in base]
 
 
-def balance_layers(sim: PlanningContext, task: str, replica: tuple[str, ...], tp: int, pp: int,
+def balance_layers(planning: PlanningContext, task: str, replica: tuple[str, ...], tp: int, pp: int,
                    batch: int, shards: Sharded = (1, "none")) -> tuple[int, ...]:
     """Layers per stage for one replica: seeded by device speed, then improved one layer at a time."""
-    layers = task_model(sim, task).layers
+    layers = task_model(planning, task).layers
     if pp == 1:
         return (layers,)
     kind = TASKS[task][0]
     cp = split_cp(shards)
-    stage_types = [sim.devices[replica[s * tp * cp]].type for s in range(pp)]
-    split = proportional(layers, [_type_speed(sim.catalog.lookup(t), kind) for t in stage_types])
+    stage_types = [planning.devices[replica[s * tp * cp]].type for s in range(pp)]
+    split = proportional(layers, [_type_speed(planning.catalog.lookup(t), kind) for t in stage_types])
 
     def judge(candidate: Sequence[int], bar: float = math.inf) -> tuple[float, float]:
         """(bytes over memory, seconds); seconds are not priced when the overflow alone exceeds `bar`
         (a split overflowing more than the best one loses whatever its time)."""
-        overflow = replica_overflow(sim, task, replica, tp, candidate, batch, shards)
+        overflow = replica_overflow(planning, task, replica, tp, candidate, batch, shards)
         if overflow > bar:
             return overflow, math.inf
         if kind == TaskKind.GENERATION:  # stage balance from one pipelined call, not a whole engine run per trial
-            seconds = sim.pipeline_seconds(task, replica, tp, pp, min(batch, sim.workload.generation.max_num_seqs),
+            seconds = planning.pipeline_seconds(task, replica, tp, pp, min(batch, planning.workload.generation.max_num_seqs),
                                                  candidate)
         else:
-            seconds = replica_time(sim, task, replica, tp, pp, batch, tuple(candidate), cp)
+            seconds = replica_time(planning, task, replica, tp, pp, batch, tuple(candidate), cp)
         return overflow, seconds
 
     best = judge(split)
@@ -123,55 +123,55 @@ def balance_layers(sim: PlanningContext, task: str, replica: tuple[str, ...], tp
     return tuple(split)
 
 
-def replica_key(sim: PlanningContext, replica: tuple[str, ...], tp: int, pp: int, memo: dict | None = None,
+def replica_key(planning: PlanningContext, replica: tuple[str, ...], tp: int, pp: int, memo: dict | None = None,
                  cp: int = 1) -> tuple:
     """Replicas with equal device types and equal stage-to-stage links behave identically (a stage:
     its tp × cp devices)."""
     if memo is not None:
         hit = memo.get(("kind", replica, tp, pp, cp))
         if hit is None:
-            hit = memo[("kind", replica, tp, pp, cp)] = replica_key(sim, replica, tp, pp, cp=cp)
+            hit = memo[("kind", replica, tp, pp, cp)] = replica_key(planning, replica, tp, pp, cp=cp)
         return hit
     w = tp * cp
-    types = tuple(sim.devices[d].type for d in replica)
+    types = tuple(planning.devices[d].type for d in replica)
     hops = []
     for s in range(1, pp):
-        a, b = sim.devices[replica[(s - 1) * w]], sim.devices[replica[s * w]]
+        a, b = planning.devices[replica[(s - 1) * w]], planning.devices[replica[s * w]]
         hops.append((a.host == b.host, a.region == b.region))
-    hosts = tuple(len({sim.devices[d].host for d in replica[s * w:(s + 1) * w]}) for s in range(pp))
+    hosts = tuple(len({planning.devices[d].host for d in replica[s * w:(s + 1) * w]}) for s in range(pp))
     return types, tuple(hops), hosts
 
 
-def replica_curve(sim: PlanningContext, task: str, replica: tuple[str, ...], tp: int, pp: int,
+def replica_curve(planning: PlanningContext, task: str, replica: tuple[str, ...], tp: int, pp: int,
                   split: tuple[int, ...], total: int, shards: Sharded, memo: dict) -> Curve:
     """The time curve of `replica`, shared with every replica that is priced exactly alike: the same
     stage signature (what decides its seconds), the same stage GPU types (what decides its memory),
     and shards that size its memory alike (sharding none holds the same at any dp). A curve is
     the same numbers whichever such replica built it, so sharing changes no layout, only the work."""
     cp = split_cp(shards)
-    first_types = tuple(sim.devices[replica[s * tp * cp]].type for s in range(pp))
+    first_types = tuple(planning.devices[replica[s * tp * cp]].type for s in range(pp))
     held = (1, "none", *shards[2:]) if shards[1] == "none" or shards[0] == 1 else shards
-    signature = sim.stage_signature(replica, tp, pp, *((cp,) if cp > 1 else ()))
+    signature = planning.stage_signature(replica, tp, pp, *((cp,) if cp > 1 else ()))
     key = ("exact-curve", task, signature, first_types, tp, pp, split, total, held)
     hit = memo.get(key)
     if hit is None:
-        hit = memo[key] = Curve(_Timer(sim, task, replica, tp, pp, split, shards), total)
+        hit = memo[key] = Curve(_Timer(planning, task, replica, tp, pp, split, shards), total)
     return hit
 
 
 class _Timer:
     """One replica kind's seconds at a batch, and whether that batch fits its GPUs' memory."""
 
-    def __init__(self, sim: PlanningContext, task: str, replica: tuple[str, ...], tp: int, pp: int,
+    def __init__(self, planning: PlanningContext, task: str, replica: tuple[str, ...], tp: int, pp: int,
                  split: tuple[int, ...], shards: Sharded = (1, "none")) -> None:
-        self.sim, self.task, self.replica, self.tp, self.pp, self.split = sim, task, replica, tp, pp, split
+        self.planning, self.task, self.replica, self.tp, self.pp, self.split = planning, task, replica, tp, pp, split
         self.shards = shards
         self._fits: dict[int, bool] = {}
 
     def fits(self, b: int) -> bool:
         hit = self._fits.get(b)
         if hit is None:
-            hit = self._fits[b] = replica_overflow(self.sim, self.task, self.replica, self.tp, self.split, b,
+            hit = self._fits[b] = replica_overflow(self.planning, self.task, self.replica, self.tp, self.split, b,
                                                    self.shards) <= 0
         return hit
 
@@ -180,4 +180,4 @@ class _Timer:
             return 0.0
         if not self.fits(b):
             return math.inf
-        return replica_time(self.sim, self.task, self.replica, self.tp, self.pp, b, self.split, split_cp(self.shards))
+        return replica_time(self.planning, self.task, self.replica, self.tp, self.pp, b, self.split, split_cp(self.shards))

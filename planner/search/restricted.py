@@ -27,21 +27,21 @@ if TYPE_CHECKING:
 class RestrictedSpace:
     """Host blocks per type and the candidate each (counts, shapes) choice stands for."""
 
-    def __init__(self, sim: PlanningContext, grouping: Grouping, max_tp: int = 8, max_pp: int = 4) -> None:
-        self.sim = sim
+    def __init__(self, planning: PlanningContext, grouping: Grouping, max_tp: int = 8, max_pp: int = 4) -> None:
+        self.planning = planning
         self.grouping = grouping
         self.max_tp, self.max_pp = max_tp, max_pp
-        by_type = devices_by_type(sim)
+        by_type = devices_by_type(planning)
         self.hosts: dict[str, list[tuple[str, ...]]] = {}
-        for t in gpu_types(sim):
+        for t in gpu_types(planning):
             per: dict[str, list[str]] = {}
             for d in by_type[t]:
-                per.setdefault(sim.devices[d].host, []).append(d)
+                per.setdefault(planning.devices[d].host, []).append(d)
             for devs in per.values():
-                region = sim.devices[devs[0]].region
+                region = planning.devices[devs[0]].region
                 self.hosts.setdefault(f"{t}/{len(devs)}@{region}", []).append(tuple(devs))
         self.types = tuple(sorted(self.hosts))          # kinds: "type/GPUs per host@region"
-        self.region = {k: sim.devices[self.hosts[k][0][0]].region for k in self.types}
+        self.region = {k: planning.devices[self.hosts[k][0][0]].region for k in self.types}
         self.totals = {k: sum(len(h) for h in self.hosts[k]) for k in self.types}
         self._members = {k: {d for h in self.hosts[k] for d in h} for k in self.types}
         self._layouts: dict[tuple, object] = {}
@@ -93,7 +93,7 @@ class RestrictedSpace:
         return [tuple(o) for o in out]
 
     def shapes(self, task: str) -> list[tuple[int, int]]:
-        tps, stages = layouts.degree_limits(self.sim, task, self.max_tp, self.max_pp)
+        tps, stages = layouts.degree_limits(self.planning, task, self.max_tp, self.max_pp)
         return [(tp, pp) for tp in tps for pp in range(1, stages + 1)]
 
     def replicas(self, devices: Sequence[str], tp: int, pp: int) -> list[tuple[str, ...]]:
@@ -101,7 +101,7 @@ class RestrictedSpace:
         out = []
         for t in self.types:
             mine = [d for d in devices if d in self._members[t]]
-            out.extend(layouts.arrange(self.sim, mine, tp, pp))
+            out.extend(layouts.arrange(self.planning, mine, tp, pp))
         return out
 
     def candidate(self, counts: Sequence[Sequence[int]], shapes: dict[str, tuple[int, int]]) -> Candidate | None:
@@ -112,7 +112,7 @@ class RestrictedSpace:
                 tp, pp = shapes[task]
                 key = (task, devs, tp, pp)
                 if key not in self._layouts:
-                    self._layouts[key] = layouts.balanced_layout(self.sim, task, self.replicas(devs, tp, pp), tp, pp,
+                    self._layouts[key] = layouts.balanced_layout(self.planning, task, self.replicas(devs, tp, pp), tp, pp,
                                                                     memo=self.memo)
                 lay = self._layouts[key]
                 if lay is None:

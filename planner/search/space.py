@@ -55,8 +55,8 @@ def canonical_grouping(grouping: Sequence[Sequence[str]], task_order: Sequence[s
     return tuple(sorted(groups, key=lambda g: rank[g[0]]))
 
 
-def all_groupings(sim: PlanningContext) -> list[Grouping]:
-    tasks = list(sim.tasks)
+def all_groupings(planning: PlanningContext) -> list[Grouping]:
+    tasks = list(planning.tasks)
     return sorted({canonical_grouping(p, tasks) for p in set_partitions(tasks)},
                   key=lambda g: (len(g), grouping_label(g)))
 
@@ -65,20 +65,20 @@ def grouping_label(grouping: Grouping) -> str:
     return " | ".join("+".join(g) for g in grouping)
 
 
-def gpu_types(sim: PlanningContext) -> tuple[str, ...]:
-    return tuple(sorted({d.type for d in sim.devices.values()}))
+def gpu_types(planning: PlanningContext) -> tuple[str, ...]:
+    return tuple(sorted({d.type for d in planning.devices.values()}))
 
 
-def devices_by_type(sim: PlanningContext) -> dict[str, tuple[str, ...]]:
+def devices_by_type(planning: PlanningContext) -> dict[str, tuple[str, ...]]:
     """Each type's devices in locality order (region, host, index)."""
     out: dict[str, list[str]] = {}
-    for d in layouts.canonical_order(sim, sim.devices):
-        out.setdefault(sim.devices[d].type, []).append(d)
+    for d in layouts.canonical_order(planning, planning.devices):
+        out.setdefault(planning.devices[d].type, []).append(d)
     return {t: tuple(v) for t, v in out.items()}
 
 
-def counts_of(sim: PlanningContext, devices: Sequence[str], types: Sequence[str]) -> tuple[int, ...]:
-    return tuple(sum(1 for d in devices if sim.devices[d].type == t) for t in types)
+def counts_of(planning: PlanningContext, devices: Sequence[str], types: Sequence[str]) -> tuple[int, ...]:
+    return tuple(sum(1 for d in devices if planning.devices[d].type == t) for t in types)
 
 
 class Assembler:
@@ -88,24 +88,24 @@ class Assembler:
     candidates; balancing it calls the simulator dozens of times, so it is done once.
     """
 
-    def __init__(self, sim: PlanningContext, max_tp: int = 8, max_pp: int = 4) -> None:
-        self.sim = sim
+    def __init__(self, planning: PlanningContext, max_tp: int = 8, max_pp: int = 4) -> None:
+        self.planning = planning
         self.max_tp = max_tp
         self.max_pp = max_pp
         self.memo: dict = {}
 
     @memoised(1 << 16)
     def layout(self, task: str, order: tuple[str, ...], tp: int, pp: int) -> TaskLayout | None:
-        return layouts.build_layout(self.sim, task, order, tp, pp, memo=self.memo)
+        return layouts.build_layout(self.planning, task, order, tp, pp, memo=self.memo)
 
     def own_seconds(self, task: str, order: tuple[str, ...], shape: ShapeChoice) -> float:
         """The task's own seconds on its balanced layout at `shape` (inf if none fits)."""
         lay = self.layout(task, order, *shape)
-        return math.inf if lay is None else layouts.layout_cost(self.sim, lay)
+        return math.inf if lay is None else layouts.layout_cost(self.planning, lay)
 
     @memoised(1 << 16)
     def shapes(self, task: str, per_host: tuple[int, ...]) -> tuple[ShapeChoice, ...]:
-        limits = layouts.degree_limits(self.sim, task, self.max_tp, self.max_pp)
+        limits = layouts.degree_limits(self.planning, task, self.max_tp, self.max_pp)
         return tuple((s.tp, s.pp) for s in layouts.shapes_for_hosts(per_host, *limits))
 
     def shapes_for(self, task: str, devices: Sequence[str]) -> tuple[ShapeChoice, ...]:
@@ -113,13 +113,13 @@ class Assembler:
         per host, unless the spec joins hosts into one domain)."""
         per_host: dict[str, int] = {}
         for d in devices:
-            domain = self.sim.devices[d].nvlink_domain
+            domain = self.planning.devices[d].nvlink_domain
             per_host[domain] = per_host.get(domain, 0) + 1
         return self.shapes(task, tuple(sorted(per_host.values())))
 
     @memoised(1 << 14)
     def best_shape(self, task: str, order: tuple[str, ...]) -> ShapeChoice | None:
-        return layouts.best_of(self.sim, self.shapes_for(task, order),
+        return layouts.best_of(self.planning, self.shapes_for(task, order),
                                lambda tp, pp: self.layout(task, order, tp, pp))[1]
 
     def assemble(self, grouping: Grouping, orders: Orders, shapes: dict[str, ShapeChoice]) -> Candidate | None:
@@ -134,7 +134,7 @@ class Assembler:
                 if lay is None:
                     return None
                 lays[task] = lay
-        return Candidate(grouping, tuple(tuple(sorted(o, key=_device_sort(self.sim))) for o in orders[:len(grouping)]),
+        return Candidate(grouping, tuple(tuple(sorted(o, key=_device_sort(self.planning))) for o in orders[:len(grouping)]),
                          lays)
 
     def default_shapes(self, grouping: Grouping, orders: Orders) -> dict[str, ShapeChoice] | None:
@@ -149,8 +149,8 @@ class Assembler:
         return out
 
 
-def _device_sort(sim: PlanningContext):
-    devs = sim.devices
+def _device_sort(planning: PlanningContext):
+    devs = planning.devices
     return lambda d: (devs[d].region, devs[d].host, devs[d].index)
 
 
@@ -238,8 +238,8 @@ def _count(v: object) -> int:
     return v
 
 
-def problem_key(sim: PlanningContext, objective: str, budget: float | None) -> str:
+def problem_key(planning: PlanningContext, objective: str, budget: float | None) -> str:
     """A short hash naming one planning problem (cluster, workload, objective) for study names."""
-    payload = json.dumps({"cluster": sim.cluster.to_dict(), "workload": sim.workload.to_dict(),
+    payload = json.dumps({"cluster": planning.cluster.to_dict(), "workload": planning.workload.to_dict(),
                           "objective": objective, "budget": budget}, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:12]

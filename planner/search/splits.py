@@ -36,7 +36,7 @@ def sharded(dp: int, sharding: str, sp: int = 1, cp: int = 1, ep: int = 1) -> Sh
     return (dp, sharding) if sp == cp == ep == 1 else (dp, sharding, sp, cp, ep)
 
 
-def sequence_splits(sim: PlanningContext, task: str, tp: int,
+def sequence_splits(planning: PlanningContext, task: str, tp: int,
                     pp: int = 1) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The Ulysses (sp) and context-parallel (cp) degrees `task` is tried with at TP `tp` and PP `pp`,
     smallest first: 1 alone for generation (a decode step has one token per sequence to split); the
@@ -46,13 +46,13 @@ def sequence_splits(sim: PlanningContext, task: str, tp: int,
     Ulysses on whole-model replicas of packed passes, no context parallelism."""
     if TASKS[task][0] == TaskKind.GENERATION:
         return (1,), (1,)
-    training = sim.workload.training
+    training = planning.workload.training
     free = tuple(1 << i for i in range(MAX_SEQUENCE_SPLIT.bit_length()) if 1 << i <= MAX_SEQUENCE_SPLIT)
-    model = sim.model_of(task)
+    model = planning.model_of(task)
     heads = model.heads // tp
     sps = (training.sequence_parallel,) if training.sequence_parallel else tuple(k for k in free if heads % k == 0)
     cps = (training.context_parallel,) if training.context_parallel else free
-    if sim.executable:
+    if planning.executable:
         packed = training.max_tokens_per_microbatch is not None
         kind = TASKS[task][0]
         sps = tuple(k for k in sps if not executable.sequence_parallel_problems(task, kind, model, k, tp, pp,

@@ -22,13 +22,13 @@ from hetprof.specs.layout import TaskLayout
 from hetprof.specs.vocabulary import Task
 
 
-def bandwidth_rank(sim) -> dict[str, float]:
+def bandwidth_rank(planning) -> dict[str, float]:
     """Host -> rank key for generation: most HBM bandwidth per FLOP first."""
     def ratio(device_type: str) -> float:
-        g = sim.catalog.lookup(device_type)
+        g = planning.catalog.lookup(device_type)
         return g.hbm_Bps / g.peak_flops("bf16")
 
-    return {h: -ratio(sim.devices[ds[0]].type) for h, ds in hosts(sim).items()}
+    return {h: -ratio(planning.devices[ds[0]].type) for h, ds in hosts(planning).items()}
 
 
 @register_search("streamrl")
@@ -49,10 +49,10 @@ class StreamRLBaseline(Search):
         return cache[key]
 
     def run(self) -> SearchResult:
-        sim = self.ctx.planning
+        planning = self.ctx.planning
         ledger = Ledger(self.ctx)
-        pools = region_pools(sim, bandwidth_rank(sim))
-        rest = [t for t in sim.tasks if t != Task.ACTOR_GEN]
+        pools = region_pools(planning, bandwidth_rank(planning))
+        rest = [t for t in planning.tasks if t != Task.ACTOR_GEN]
         cache: dict = {}
         chosen, tried = "", 0
         for gen_pool in pools:

@@ -33,12 +33,12 @@ class VerlConfig(SearchConfig):
     megatron: bool = knob(True, "try the Megatron training engine (one TP×PP for training and inference)")
 
 
-def _train_engines(sim, order: tuple[str, ...], tasks: list[str], cfg: VerlConfig, max_tp: int,
+def _train_engines(planning, order: tuple[str, ...], tasks: list[str], cfg: VerlConfig, max_tp: int,
                    max_pp: int) -> list[tuple[str, int, int]]:
     """(engine, tp, pp) settings every non-generation task can run at on these devices."""
     common = None
     for task in tasks:
-        shapes = {(s.tp, s.pp) for s in layouts.feasible_shapes(sim, task, order, max_tp, max_pp)}
+        shapes = {(s.tp, s.pp) for s in layouts.feasible_shapes(planning, task, order, max_tp, max_pp)}
         common = shapes if common is None else common & shapes
     out: list[tuple[str, int, int]] = []
     if cfg.fsdp and (1, 1) in (common or set()) and len(order) > 1:
@@ -48,8 +48,8 @@ def _train_engines(sim, order: tuple[str, ...], tasks: list[str], cfg: VerlConfi
     return out
 
 
-def _engine_layout(sim, task: str, order: tuple[str, ...], engine: str, tp: int, pp: int) -> TaskLayout | None:
-    lay = layouts.build_layout(sim, task, order, tp, pp, balanced=False)
+def _engine_layout(planning, task: str, order: tuple[str, ...], engine: str, tp: int, pp: int) -> TaskLayout | None:
+    lay = layouts.build_layout(planning, task, order, tp, pp, balanced=False)
     if lay is not None and engine == FSDP and TASKS[task][0] == TaskKind.TRAINING and lay.dp > 1:
         lay = dataclasses.replace(lay, sharding=FSDP)       # verl's FSDP workers shard the whole state
     if lay is not None and engine == FSDP and lay.ep > 1:
@@ -67,20 +67,20 @@ class VerlBaseline(Search):
     config: VerlConfig
 
     def _settings(self, pool: Pool) -> Iterator[tuple[str, Candidate]]:
-        sim, ctx = self.ctx.planning, self.ctx
+        planning, ctx = self.ctx.planning, self.ctx
         order = pool.devices
-        tasks = list(sim.tasks)
+        tasks = list(planning.tasks)
         others = [t for t in tasks if t != Task.ACTOR_GEN]
-        gen_tps = sorted({s.tp for s in layouts.feasible_shapes(sim, Task.ACTOR_GEN, order, ctx.max_tp, 1)})
-        engines = _train_engines(sim, order, others, self.config, ctx.max_tp, ctx.max_pp)
+        gen_tps = sorted({s.tp for s in layouts.feasible_shapes(planning, Task.ACTOR_GEN, order, ctx.max_tp, 1)})
+        engines = _train_engines(planning, order, others, self.config, ctx.max_tp, ctx.max_pp)
         for gen_tp in gen_tps:
-            gen = layouts.build_layout(sim, Task.ACTOR_GEN, order, gen_tp, 1, balanced=False)
+            gen = layouts.build_layout(planning, Task.ACTOR_GEN, order, gen_tp, 1, balanced=False)
             if gen is None:
                 continue
             for engine, tp, pp in engines:
                 lays = {Task.ACTOR_GEN: gen}
                 for task in others:
-                    lay = _engine_layout(sim, task, order, engine, tp, pp)
+                    lay = _engine_layout(planning, task, order, engine, tp, pp)
                     if lay is None:
                         break
                     lays[task] = lay
@@ -90,9 +90,9 @@ class VerlBaseline(Search):
                     yield knobs, Candidate((tuple(tasks),), (order,), lays)
 
     def run(self) -> SearchResult:
-        sim = self.ctx.planning
+        planning = self.ctx.planning
         ledger = Ledger(self.ctx)
-        pools = host_pools(sim) if self.config.choose_pool else host_pools(sim)[:1]
+        pools = host_pools(planning) if self.config.choose_pool else host_pools(planning)[:1]
         chosen, tried = "", 0
         for pool in pools:
             for knobs, cand in self._settings(pool):
