@@ -312,12 +312,17 @@ def check_writable(option: str, path: str | None, kind: str) -> None:
 
 
 def check_generation_backend(backend: str, plan_path: str | Path) -> None:
-    """The backend is registered and its engine's package importable in this Python."""
+    """The backend is registered and its engine's package importable in this Python.
+
+    A built-in backend is hetprof's own module: its name is checked, not imported — importing the hf
+    engine brings in transformers' modeling stack (seconds of CPU), which only the workers need. A
+    plugin's entry point is loaded, so a broken one is named here rather than in every worker."""
     import importlib.util
 
-    from hetprof.executor.backends import get_backend
+    from hetprof.executor.backends import BACKENDS, get_backend
 
-    get_backend(backend)
+    if backend not in BACKENDS.builtins:
+        get_backend(backend)  # an unknown name is refused listing the names there are
     package = BACKEND_PACKAGES.get(backend)
     if package and importlib.util.find_spec(package) is None:
         raise HetprofError(f"{plan_path} runs the {backend} generation backend, but {package} is not installed in "
@@ -330,10 +335,10 @@ BACKEND_PACKAGES = {"vllm": "vllm"}  # engines that live in an optional package
 def check_prompts(workload: WorkloadSpec, prompts: str | None, seed: int, answers_for: str | None = None) -> None:
     """Read every prompt (and validation prompt) as the workers will, and render one in the chat
     template; with `answers_for` (a reward that scores against answers) every prompt must have one."""
+    from hetprof.executor.models.model_ref import model_ref
     from hetprof.executor.models.tokenizer import load_tokenizer
     from hetprof.executor.prompts.data import encode_prompt
     from hetprof.executor.prompts.prompt_files import prompt_sets
-    from hetprof.executor.runners.context import model_ref
     from hetprof.specs.vocabulary import Role
 
     sets = prompt_sets(workload.data, workload.base_dir, prompts, seed, answers_for)

@@ -8,12 +8,12 @@ its task (runners/registry.py), so a rank holds only what the plan put on it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from rich.console import Console
 
 from hetprof.executor.algorithms import Algorithm, AlgorithmConfig, get_algorithm
+from hetprof.executor.models.model_ref import model_ref
 from hetprof.executor.models.modeling import torch_dtype
 from hetprof.executor.models.tokenizer import Tokenizer, load_tokenizer
 from hetprof.executor.options import RunOptions
@@ -23,19 +23,7 @@ from hetprof.executor.prompts.data import Prompt, PromptSource
 from hetprof.executor.prompts.prompt_files import prompt_sets
 from hetprof.executor.runners.rewards import RewardFn, get_reward
 from hetprof.specs import WorkloadSpec
-from hetprof.specs.models import PRESETS
 from hetprof.specs.vocabulary import Role, TaskKind
-
-
-def model_ref(workload: WorkloadSpec, role: str) -> str:
-    """A preset name, or the absolute path of a local HF model (relative to the workload file)."""
-    ref = getattr(workload.models, role) or workload.models.actor
-    if ref.strip().lower() in PRESETS:
-        return ref.strip().lower()
-    path = Path(ref)
-    if not path.is_absolute() and workload.base_dir:
-        path = Path(workload.base_dir) / path
-    return str(path)
 
 
 @dataclass
