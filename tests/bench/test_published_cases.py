@@ -148,3 +148,44 @@ def test_neutral_factors_price_like_the_committed_catalog():
     plain = cases_mod.price(case, get_cost_model("analytical"))
     neutral = calibration.price_all([case], calibration.catalog_with(dict(calibration.NEUTRAL)))[0]
     assert neutral.predicted_s == pytest.approx(plain.predicted_s)
+
+
+def _needing(tmp_path: Path, needs: list[str] | None, precision) -> Path:
+    """A copied case declaring `needs` (None: none) whose workload asks for `precision`."""
+    folder = _copy_case(tmp_path)
+    data = yaml.safe_load((folder / "case.yaml").read_text())
+    if needs is not None:
+        data["needs"] = needs
+    (folder / "case.yaml").write_text(yaml.safe_dump(data))
+    workload = yaml.safe_load((folder / "workload.yaml").read_text())
+    workload["precision"] = precision
+    (folder / "workload.yaml").write_text(yaml.safe_dump(workload))
+    return folder
+
+
+def test_a_case_needing_what_does_not_load_yet_is_skipped_with_its_reason(tmp_path):
+    folder = _needing(tmp_path, ["FP8 precision per task"], {"generation": "fp8", "training": "fp8"})
+    cases, skipped = cases_mod.scan_cases(folder.parent)
+    assert cases == [] and [s.name for s in skipped] == [folder.name]
+    assert skipped[0].needs == ("FP8 precision per task",)
+    assert skipped[0].reason.startswith("workload.yaml") and "precision" in skipped[0].reason
+
+
+def test_a_case_without_needs_that_does_not_load_is_an_error(tmp_path):
+    folder = _needing(tmp_path, None, {"generation": "fp8", "training": "fp8"})
+    with pytest.raises(SpecError, match="precision"):
+        cases_mod.scan_cases(folder.parent)
+
+
+def test_a_case_whose_needs_have_landed_is_priced(tmp_path):
+    folder = _needing(tmp_path, ["something that has landed"], "bf16")
+    cases, skipped = cases_mod.scan_cases(folder.parent)
+    assert skipped == [] and [c.name for c in cases] == [folder.name]
+    assert cases[0].spec.needs == ["something that has landed"]
+    assert cases_mod.price(cases[0], get_cost_model("analytical")).feasible
+
+
+def test_every_committed_case_loads_or_says_what_it_needs():
+    cases, skipped = cases_mod.scan_cases()
+    assert {c.name for c in cases} == {c.name for c in CASES}
+    assert all(s.needs and s.reason for s in skipped)
