@@ -8,10 +8,11 @@ fitted per case — and reads the simulator's step time and per-phase task times
 Published frameworks hand a whole step's batch from generation to training (no streaming in
 chunks), so cases are priced without streaming.
 
-A case may list in `needs` what hetprof must express before it can be priced (FP8 precision, a GPU
-type the catalog lacks, an NVLink domain spanning hosts): such a case is written in the syntax it
-will have, and while its files do not load it is skipped with that reason instead of failing the
-bench. Once they load it is priced like any other case.
+A case may list in `needs` what hetprof must express before it can price the run as published (FP8
+precision, a GPU type the catalog lacks, the micro-batch a recipe ran): such a case is written in
+the syntax it will have, and while its files do not load it is skipped with that reason instead of
+failing the bench. Once they load it is priced like any other case; a layout the model still
+refuses is reported with the reason, as for any case.
 """
 
 from __future__ import annotations
@@ -105,8 +106,8 @@ class CaseSpec:
     backend: str = field("vllm", help="generation engine the source ran, as priced (planner.engines)",
                          check=lambda b: b in GENERATION_BACKENDS, expect="one of " + ", ".join(GENERATION_BACKENDS))
     needs: list[str] = field(default_factory=list,
-                             help="features the case's files use that hetprof may not express yet: while the "
-                                  "files do not load, the case is skipped with this reason")
+                             help="what hetprof must express to price the run as published: while the case's "
+                                  "files do not load, it is skipped with this reason")
 
 
 @dataclasses.dataclass(frozen=True)
