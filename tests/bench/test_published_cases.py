@@ -39,7 +39,9 @@ def test_case_cites_its_source_and_prices_to_a_finite_time(case):
     assert case.spec.published.figure and case.published_s > 0
     assert case.name == case.folder.name
     priced = cases_mod.price(case, get_cost_model("analytical"))
-    assert priced.feasible, priced.problems
+    if not priced.feasible:  # only a case still waiting on what it needs may be refused, and says why
+        assert case.spec.needs and priced.problems, priced.problems
+        return
     assert math.isfinite(priced.predicted_s) and priced.predicted_s > 0
     for phase in case.spec.published.phases:
         assert priced.phases[phase] > 0
@@ -148,3 +150,48 @@ def test_neutral_factors_price_like_the_committed_catalog():
     plain = cases_mod.price(case, get_cost_model("analytical"))
     neutral = calibration.price_all([case], calibration.catalog_with(dict(calibration.NEUTRAL)))[0]
     assert neutral.predicted_s == pytest.approx(plain.predicted_s)
+
+
+def _needing(tmp_path: Path, needs: list[str] | None, gpu: str) -> Path:
+    """A copied case declaring `needs` (None: none) whose cluster's hosts are `gpu`s."""
+    folder = _copy_case(tmp_path)
+    data = yaml.safe_load((folder / "case.yaml").read_text())
+    if needs is not None:
+        data["needs"] = needs
+    (folder / "case.yaml").write_text(yaml.safe_dump(data))
+    cluster = yaml.safe_load((folder / "cluster.yaml").read_text())
+    for host in cluster["hosts"]:
+        host["gpus"]["type"] = gpu
+    (folder / "cluster.yaml").write_text(yaml.safe_dump(cluster))
+    return folder
+
+
+UNKNOWN_GPU = "XPU-FROM-THE-FUTURE"  # a type no catalog names: the feature a case waits on
+
+
+def test_a_case_needing_what_does_not_load_yet_is_skipped_with_its_reason(tmp_path):
+    folder = _needing(tmp_path, ["XPU-FROM-THE-FUTURE in the GPU catalog"], UNKNOWN_GPU)
+    cases, skipped = cases_mod.scan_cases(folder.parent)
+    assert cases == [] and [s.name for s in skipped] == [folder.name]
+    assert skipped[0].needs == ("XPU-FROM-THE-FUTURE in the GPU catalog",)
+    assert skipped[0].reason.startswith("cluster.yaml") and "hosts[0].gpus.type" in skipped[0].reason
+
+
+def test_a_case_without_needs_that_does_not_load_is_an_error(tmp_path):
+    folder = _needing(tmp_path, None, UNKNOWN_GPU)
+    with pytest.raises(SpecError, match="gpus.type"):
+        cases_mod.scan_cases(folder.parent)
+
+
+def test_a_case_whose_needs_have_landed_is_priced(tmp_path):
+    folder = _needing(tmp_path, ["H100-SXM in the GPU catalog"], "H100-SXM")
+    cases, skipped = cases_mod.scan_cases(folder.parent)
+    assert skipped == [] and [c.name for c in cases] == [folder.name]
+    assert cases[0].spec.needs == ["H100-SXM in the GPU catalog"]
+    assert cases_mod.price(cases[0], get_cost_model("analytical")).feasible
+
+
+def test_every_committed_case_loads_or_says_what_it_needs():
+    cases, skipped = cases_mod.scan_cases()
+    assert {c.name for c in cases} == {c.name for c in CASES}
+    assert all(s.needs and s.reason for s in skipped)
