@@ -56,7 +56,7 @@ def _db_rows(db: Any, dtype: str) -> pd.DataFrame:
     """Task rows of the job's dtype (absent dtype: bf16, as `hetprof fit` reads them)."""
     rows = db.samples(benchmark="task.")
     if not len(rows) or "benchmark" not in rows:
-        return pd.DataFrame(columns=["benchmark", "catalog_type"])
+        return pd.DataFrame(columns=["benchmark", "catalog_type", "backend", "dtype", *SHAPE_COLUMNS])
     rows = rows.copy()
     rows["dtype"] = rows["dtype"].fillna("bf16") if "dtype" in rows else "bf16"
     rows = rows[rows["dtype"] == dtype]
@@ -69,13 +69,16 @@ def missing_rows(db: Any, workload: WorkloadSpec, cluster: ClusterSpec, engine: 
     """Per task of the job, what the database has no rows of and the profiler suite that measures it
     (("task.decode of tiny on cpu", "tasks"), ("hf generation calls of tiny on cpu", "tasks")); tasks it
     has everything for are left out."""
-    rows = _db_rows(db, workload.precision)
+    by_dtype: dict[str, pd.DataFrame] = {}
     types = sorted({canonical_name(d.type) or d.type for d in cluster.devices()})
     graph = build_graph(workload)
     out: dict[str, list[tuple[str, str]]] = {}
     for task in graph.tasks:
         kind, model = graph.kind_of(task), graph.model_of(task)
-        shaped = _shape_rows(rows, model)
+        dtype = workload.dtype_of(kind)  # a task's own precision (FP8 generation beside bf16 training)
+        if dtype not in by_dtype:
+            by_dtype[dtype] = _db_rows(db, dtype)
+        shaped = _shape_rows(by_dtype[dtype], model)
         missing = []
         for bench in KIND_BENCHMARKS[kind]:
             lacking = [t for t in types if t not in _types(shaped[shaped["benchmark"] == bench])]
@@ -102,11 +105,14 @@ def coverage_warnings(db: Any, workload: WorkloadSpec, cluster: ClusterSpec, eng
                       cluster_path: str, db_path: str) -> list[str]:
     """One line per task the database lacks rows for, with the command that profiles them (on a host of
     each GPU type named)."""
+    if not len(db.samples(benchmark="task.")):  # nothing profiled: the fitted model's own warning names
+        return []                                   # every GPU type once, and one line per task adds nothing
     lines = []
     for task, missing in missing_rows(db, workload, cluster, engine).items():
         suites = list(dict.fromkeys(suite for _, suite in missing))
         what = "; ".join(m for m, _ in missing)
-        lines.append(f"{task}: the profile database has no rows of {what} ({workload.precision}), "
+        lines.append(f"{task}: the profile database has no rows of {what} "
+                     f"({workload.dtype_of(build_graph(workload).kind_of(task))}), "
                      f"so its time is extrapolated; profile them: {profile_command(suites, workload_path, cluster_path, db_path)}")
     return lines
 

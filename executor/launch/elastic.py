@@ -15,6 +15,7 @@ import logging
 import multiprocessing
 import os
 import tempfile
+from collections.abc import Collection
 
 from hetprof.errors import ExecutionError, HetprofError
 from hetprof.executor.launch.checks import (
@@ -54,8 +55,10 @@ def node_host(plan: Plan, nnodes: int, node_rank: int) -> str:
     return hosts[node_rank]
 
 
-def describe_failures(exc: Exception, plan: Plan, host: str, log_dir: str | None = None) -> str:
-    """One sentence per failed worker, naming its device and tasks; killed ones first (the cause)."""
+def describe_failures(exc: Exception, plan: Plan, host: str, log_dir: str | None = None,
+                      stopped: Collection[int] = (), timeout_s: float | None = None) -> str:
+    """One sentence per failed worker, naming its device and tasks; killed ones first (the cause).
+    `stopped`: pids the launcher killed for staying stopped past --timeout (`timeout_s`)."""
     failures = getattr(exc, "failures", {}) or {}
     devices = host_devices(plan, host)
     tasks_of = {d: [t.task for t in plan.tasks if d in t.devices()] for d in devices}
@@ -63,7 +66,9 @@ def describe_failures(exc: Exception, plan: Plan, host: str, log_dir: str | None
     ordered = sorted(failures.items(), key=lambda kv: (kv[1].exitcode >= 0, kv[1].timestamp, kv[0]))
     for local_rank, failure in ordered:
         dev = devices[local_rank] if local_rank < len(devices) else f"local rank {local_rank}"
-        how = (f"killed by signal {-failure.exitcode} ({failure.signal_name()})" if failure.exitcode < 0
+        how = (f"stayed stopped (not running) past --timeout {timeout_s:g} s and was killed"
+               if failure.pid in stopped and timeout_s is not None
+               else f"killed by signal {-failure.exitcode} ({failure.signal_name()})" if failure.exitcode < 0
                else f"exited with code {failure.exitcode}")
         message = failure.message
         if isinstance(message, dict):  # the error file's structured form: {"message": "...", "extraInfo": ...}
@@ -140,10 +145,10 @@ def launch(options: RunOptions, nnodes: int = 1, node_rank: int = 0, rdzv: str |
     try:
         # workers, and the resource tracker, never import from the plan's folder; a worker stopped past
         # --timeout is killed, so the run ends naming it instead of its peers waiting in a collective
-        with isolated_children(), stopped_descendants_killed(options.timeout_s), workers_die_with_me():
+        with isolated_children(), stopped_descendants_killed(options.timeout_s) as stopped, workers_die_with_me():
             elastic_launch(config, worker_main)(options, host)
     except ChildFailedError as exc:
-        raise ExecutionError(describe_failures(exc, plan, host, log_dir)) from None
+        raise ExecutionError(describe_failures(exc, plan, host, log_dir, stopped, options.timeout_s)) from None
     except Exception as exc:  # rendezvous/agent failures: name the host and the endpoint
         if isinstance(exc, ExecutionError):
             raise

@@ -77,12 +77,14 @@ def descendants(root: int) -> list[int]:
 
 
 @contextlib.contextmanager
-def stopped_descendants_killed(limit_s: float, poll_s: float = PATROL_S) -> Iterator[None]:
+def stopped_descendants_killed(limit_s: float, poll_s: float = PATROL_S) -> Iterator[set[int]]:
     """While the block runs, SIGKILL any descendant of this process that stays stopped (SIGSTOP, a
     debugger) past `limit_s`: its peers would wait in a collective that no timeout of theirs ends,
-    while a killed worker is seen by the launcher at once and the run ends naming it."""
+    while a killed worker is seen by the launcher at once and the run ends naming it. Yields the set
+    of pids it killed, so the report can say why they died."""
     done = threading.Event()
     me = os.getpid()
+    killed: set[int] = set()
 
     def patrol() -> None:
         since: dict[tuple[int, int], float] = {}  # (pid, start time) -> first seen stopped
@@ -97,12 +99,13 @@ def stopped_descendants_killed(limit_s: float, poll_s: float = PATROL_S) -> Iter
                 if now - since.setdefault(key, now) > limit_s:
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.kill(pid, signal.SIGKILL)
+                        killed.add(pid)
             since = {k: v for k, v in since.items() if k in seen}
 
     thread = threading.Thread(target=patrol, name="hetprof-stopped-workers", daemon=True)
     thread.start()
     try:
-        yield
+        yield killed
     finally:
         done.set()
         thread.join()
