@@ -63,11 +63,14 @@ test-fast: $(STAMP)
 
 # The hostile-input campaign: every fuzz test of a shared-file surface (exports, databases merged and
 # opened directly, specs, plans, prompt files, checkpoint markers, run logs) at thousands of inputs
-# each, then one table of what each surface refused and accepted (tests/helpers/campaign.py).
+# each (CAMPAIGN_EXAMPLES=N for another size), then one table of what each surface refused and
+# accepted (tests/helpers/campaign.py).
+CAMPAIGN_EXAMPLES ?= 2000
 CAMPAIGN_TALLY := build/campaign-tally.jsonl
 campaign: $(STAMP)
 	mkdir -p build && rm -f $(CAMPAIGN_TALLY)
-	HYPOTHESIS_PROFILE=campaign HETPROF_CAMPAIGN_TALLY=$(CURDIR)/$(CAMPAIGN_TALLY) $(BIN)/pytest -q \
+	HYPOTHESIS_PROFILE=campaign HETPROF_CAMPAIGN_EXAMPLES=$(CAMPAIGN_EXAMPLES) \
+		HETPROF_CAMPAIGN_TALLY=$(CURDIR)/$(CAMPAIGN_TALLY) $(BIN)/pytest -q \
 		-p no:cacheprovider $(PYTEST_PARALLEL) tests/specs/test_hostile_fuzz.py tests/executor/test_hostile_executor_fuzz.py
 	cd tests && ../$(BIN)/python -m helpers.campaign ../$(CAMPAIGN_TALLY)
 

@@ -18,12 +18,16 @@ from hypothesis import HealthCheck, settings
 
 CAMPAIGN = os.environ.get("HYPOTHESIS_PROFILE") == "campaign"
 TALLY_ENV = "HETPROF_CAMPAIGN_TALLY"
+SIZE_ENV = "HETPROF_CAMPAIGN_EXAMPLES"  # inputs per fuzz test in the campaign (default 2000)
 OUTCOMES = ("refused", "accepted")
 
 
 def fuzz(suite_examples: int, campaign_examples: int = 2000) -> settings:
-    """Hypothesis settings for one fuzz test: a few dozen inputs in the suite, thousands in the campaign;
-    no example database (a fixed suite), no deadline (a loaded machine is slow, not wrong)."""
+    """Hypothesis settings for one fuzz test: a few dozen inputs in the suite, thousands in the campaign
+    (SIZE_ENV overrides how many); no example database (a fixed suite), no deadline (a loaded machine
+    is slow, not wrong)."""
+    if CAMPAIGN:
+        campaign_examples = int(os.environ.get(SIZE_ENV, campaign_examples))
     return settings(max_examples=campaign_examples if CAMPAIGN else suite_examples, deadline=None, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
                                            HealthCheck.data_too_large])
