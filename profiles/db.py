@@ -76,6 +76,8 @@ class ProfileDB:
                 self.conn = sqlite3.connect(self.path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
         except sqlite3.DatabaseError as exc:
             raise ProfileDBError(f"{self.path}: not a readable profile database ({exc})") from None
+        except UnicodeDecodeError:  # SQLite's own message quoted a corrupt schema's bytes
+            raise ProfileDBError(f"{self.path}: not a readable profile database (malformed schema)") from None
         try:
             self._open(readonly)
         except BaseException:
@@ -103,6 +105,8 @@ class ProfileDB:
             self.conn.execute("PRAGMA foreign_keys=ON")
         except sqlite3.DatabaseError as exc:
             raise ProfileDBError(f"{self.path}: not a readable profile database ({exc})") from None
+        except UnicodeDecodeError:  # SQLite's own message quoted a corrupt schema's bytes
+            raise ProfileDBError(f"{self.path}: not a readable profile database (malformed schema)") from None
         if version < 0 or version > SCHEMA_VERSION:
             raise ProfileDBError(
                 f"{self.path}: schema version {version} is newer than this hetprof understands "

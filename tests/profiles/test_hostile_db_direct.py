@@ -243,6 +243,18 @@ def test_an_export_of_rows_an_import_would_refuse_is_refused_naming_the_row(tmp_
     assert not out.exists() and not list(tmp_path.glob(".out.hpx.*"))
 
 
+def test_a_schema_whose_text_is_not_utf8_is_refused_in_one_line(tmp_path):
+    """Found by the campaign: SQLite quotes the damaged schema text in its error, and Python's sqlite3
+    then fails to decode that message (UnicodeDecodeError), which escaped as a traceback."""
+    theirs = _theirs(tmp_path, [])
+    raw = bytearray(theirs.read_bytes())
+    at = raw.index(b"PRIMARY KEY")
+    raw[at + len("PRIMARY "):at + len("PRIMARY K")] = b"\x80"
+    theirs.write_bytes(bytes(raw))
+    _refused(["db", "info", "--db", str(theirs)], str(theirs), "not a readable profile database")
+    _refused(["db", "export", "--db", str(theirs), str(tmp_path / "out.hpx")], str(theirs), "malformed")
+
+
 # ---- expansion of an import ----------------------------------------------------------------------
 
 def _model_bomb(path: Path, rows: int) -> None:
