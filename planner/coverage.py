@@ -52,9 +52,9 @@ def _types(rows: pd.DataFrame) -> set[str]:
     return {canonical_name(c) or c for c in rows["catalog_type"].dropna().astype(str)} if "catalog_type" in rows else set()
 
 
-def _db_rows(db: Any, dtype: str) -> pd.DataFrame:
-    """Task rows of the job's dtype (absent dtype: bf16, as `hetprof fit` reads them)."""
-    rows = db.samples(benchmark="task.")
+def _db_rows(rows: pd.DataFrame, dtype: str) -> pd.DataFrame:
+    """The task rows (`db.samples(benchmark="task.")`) of one dtype (absent dtype: bf16, as `hetprof fit`
+    reads them)."""
     if not len(rows) or "benchmark" not in rows:
         return pd.DataFrame(columns=["benchmark", "catalog_type", "backend", "dtype", *SHAPE_COLUMNS])
     rows = rows.copy()
@@ -64,11 +64,12 @@ def _db_rows(db: Any, dtype: str) -> pd.DataFrame:
     return rows
 
 
-def missing_rows(db: Any, workload: WorkloadSpec, cluster: ClusterSpec, engine: str
-                 ) -> dict[str, list[tuple[str, str]]]:
+def missing_rows(db: Any, workload: WorkloadSpec, cluster: ClusterSpec, engine: str,
+                 samples: pd.DataFrame | None = None) -> dict[str, list[tuple[str, str]]]:
     """Per task of the job, what the database has no rows of and the profiler suite that measures it
     (("task.decode of tiny on cpu", "tasks"), ("hf generation calls of tiny on cpu", "tasks")); tasks it
-    has everything for are left out."""
+    has everything for are left out. `samples`: the database's task rows, when the caller read them."""
+    samples = db.samples(benchmark="task.") if samples is None else samples
     by_dtype: dict[str, pd.DataFrame] = {}
     types = sorted({canonical_name(d.type) or d.type for d in cluster.devices()})
     graph = build_graph(workload)
@@ -77,7 +78,7 @@ def missing_rows(db: Any, workload: WorkloadSpec, cluster: ClusterSpec, engine: 
         kind, model = graph.kind_of(task), graph.model_of(task)
         dtype = workload.dtype_of(kind)  # a task's own precision (FP8 generation beside bf16 training)
         if dtype not in by_dtype:
-            by_dtype[dtype] = _db_rows(db, dtype)
+            by_dtype[dtype] = _db_rows(samples, dtype)
         shaped = _shape_rows(by_dtype[dtype], model)
         missing = []
         for bench in KIND_BENCHMARKS[kind]:
@@ -105,14 +106,16 @@ def coverage_warnings(db: Any, workload: WorkloadSpec, cluster: ClusterSpec, eng
                       cluster_path: str, db_path: str) -> list[str]:
     """One line per task the database lacks rows for, with the command that profiles them (on a host of
     each GPU type named)."""
-    if not len(db.samples(benchmark="task.")):  # nothing profiled: the fitted model's own warning names
-        return []                                   # every GPU type once, and one line per task adds nothing
+    samples = db.samples(benchmark="task.")
+    if not len(samples):  # nothing profiled: the fitted model's own warning names every GPU type once,
+        return []         # and one line per task adds nothing
+    graph = build_graph(workload)
     lines = []
-    for task, missing in missing_rows(db, workload, cluster, engine).items():
+    for task, missing in missing_rows(db, workload, cluster, engine, samples).items():
         suites = list(dict.fromkeys(suite for _, suite in missing))
         what = "; ".join(m for m, _ in missing)
         lines.append(f"{task}: the profile database has no rows of {what} "
-                     f"({workload.dtype_of(build_graph(workload).kind_of(task))}), "
+                     f"({workload.dtype_of(graph.kind_of(task))}), "
                      f"so its time is extrapolated; profile them: {profile_command(suites, workload_path, cluster_path, db_path)}")
     return lines
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -93,11 +93,7 @@ def build_causal_lm(model_ref: str | ModelShape, seed: int = 0, dtype: str | tor
     dt = torch_dtype(dtype)
     ckpt = checkpoint_dir(model_ref)
     if ckpt is not None:
-        try:
-            model = AutoModelForCausalLM.from_pretrained(str(ckpt), dtype=dt, local_files_only=True,
-                                                         attn_implementation=attn_implementation)
-        except Exception as exc:  # any unreadable checkpoint is a user error
-            raise SpecError(str(ckpt), "model", "a loadable Hugging Face checkpoint", str(exc)) from None
+        model = _from_checkpoint(AutoModelForCausalLM, ckpt, dt, attn_implementation)
         return model.to(device)
     with seeded(seed):
         model = AutoModelForCausalLM.from_config(hf_config(model_ref), dtype=dt,
@@ -150,11 +146,7 @@ def _build_scalar(model_ref: str | ModelShape, seed: int, dtype, device, zero_he
     ckpt = checkpoint_dir(model_ref)
     with seeded(seed):
         if ckpt is not None:
-            try:
-                backbone = AutoModel.from_pretrained(str(ckpt), dtype=dt, local_files_only=True,
-                                                     attn_implementation=attn_implementation)
-            except Exception as exc:  # any unreadable checkpoint is a user error
-                raise SpecError(str(ckpt), "model", "a loadable Hugging Face checkpoint", str(exc)) from None
+            backbone = _from_checkpoint(AutoModel, ckpt, dt, attn_implementation)
         else:
             backbone = AutoModel.from_config(hf_config(model_ref), dtype=dt, attn_implementation=attn_implementation)
         model = ScalarHeadModel(backbone, backbone.config.hidden_size, zero_head)
@@ -183,3 +175,12 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def _from_checkpoint(auto_class: Any, ckpt: Path, dtype: torch.dtype, attn_implementation: str) -> Any:
+    """`auto_class.from_pretrained` of a local checkpoint; any unreadable checkpoint is a user error."""
+    try:
+        return auto_class.from_pretrained(str(ckpt), dtype=dtype, local_files_only=True,
+                                          attn_implementation=attn_implementation)
+    except Exception as exc:
+        raise SpecError(str(ckpt), "model", "a loadable Hugging Face checkpoint", str(exc)) from None
