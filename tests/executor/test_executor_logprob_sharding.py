@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from helpers.inprocess import hetprof_here
 
 from hetprof.errors import HetprofError
 from hetprof.executor.algorithms import RLBatch, get_algorithm
@@ -150,17 +151,16 @@ def cpu_plan(tmp: Path, backend: str = "hf", **workload) -> Path:
 def test_hetprof_run_trains_fsdp_with_the_log_prob_pass_and_no_reference(tmp_path):
     plan = cpu_plan(tmp_path)
     assert [t["task"] for t in json.loads(plan.read_text())["tasks"]] == ["actor_gen", "actor_logprob", "actor_train"]
-    cmd = [HETPROF, "--db", str(tmp_path / "db.sqlite"), "run", str(plan), "--log", str(tmp_path / "run.jsonl"),
+    cmd = ["--db", str(tmp_path / "db.sqlite"), "run", str(plan), "--log", str(tmp_path / "run.jsonl"),
            "--seed", "0", "--timeout", "60", "--verify-sync", "--checkpoint-dir", str(tmp_path / "ckpt"),
            "--checkpoint-every", "2"]
-    done = subprocess.run([*cmd, "--iterations", "2"], capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    done = hetprof_here([*cmd, "--iterations", "2"], tmp_path, 180)
     assert done.returncode == 0, done.stderr[-3000:]
     # the sharded trainer's checkpoint holds the whole model, gathered from both shards
     saved = torch.load(tmp_path / "ckpt" / "actor_train" / "iter-000002" / "state.pt", weights_only=True)
     whole = dict(build_causal_lm("tiny", seed=0).named_parameters())
     assert {n: t.shape for n, t in saved["model"].items() if n in whole} == {n: t.shape for n, t in whole.items()}
-    resumed = subprocess.run([*cmd, "--iterations", "3", "--resume"], capture_output=True, text=True, timeout=180,
-                             cwd=tmp_path)
+    resumed = hetprof_here([*cmd, "--iterations", "3", "--resume"], tmp_path, 180)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     records = read_log(tmp_path / "run.jsonl")
     assert [r["iteration"] for r in records] == [0, 1, 2]

@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from helpers.inprocess import hetprof_here
 from test_executor_parallel import DEVS, make_plan
 
 from hetprof.costmodels.runrows import run_task_rows
@@ -24,9 +25,9 @@ HETPROF = str(Path(__import__("sys").executable).with_name("hetprof"))
 
 
 def run(plan: Path, tmp: Path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [HETPROF, "--db", str(tmp / "db.sqlite"), "run", str(plan), "--log", str(tmp / "run.jsonl"),
-           "--seed", "0", "--timeout", "60", "--verify-sync", "--quiet", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=tmp)
+    """`hetprof run PLAN` from `tmp`, inside this process (helpers/inprocess.py says why)."""
+    return hetprof_here(["--db", str(tmp / "db.sqlite"), "run", str(plan), "--log", str(tmp / "run.jsonl"),
+                         "--seed", "0", "--timeout", "60", "--verify-sync", "--quiet", *args], tmp, 240)
 
 
 def _plan(tmp: Path, train: dict, ref: dict, max_tokens: int | None = None,

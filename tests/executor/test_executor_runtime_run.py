@@ -18,6 +18,7 @@ from pathlib import Path
 
 import datasets
 import pytest
+from helpers.inprocess import hetprof_here
 
 from hetprof.costmodels.runrows import run_task_rows
 from hetprof.errors import ExecutionError
@@ -43,9 +44,9 @@ def write_plan(path: Path, slots: int, placement: dict, shares: dict | None = No
 
 
 def hetprof_run(plan: Path, tmp: Path, *args: str, timeout: float = 150) -> subprocess.CompletedProcess:
-    cmd = [HETPROF, "--db", str(tmp / "db.sqlite"), "run", str(plan), "--log", str(tmp / "run.jsonl"),
-           "--seed", "0", "--timeout", "60", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp)
+    """`hetprof run PLAN` from `tmp`, inside this process (helpers/inprocess.py says why)."""
+    return hetprof_here(["--db", str(tmp / "db.sqlite"), "run", str(plan), "--log", str(tmp / "run.jsonl"),
+                         "--seed", "0", "--timeout", "60", *args], tmp, timeout)
 
 
 def hetprof_run_here(plan: Path, tmp: Path, *args: str):
@@ -125,10 +126,11 @@ def test_async_k2_keeps_every_trained_sample_within_two_versions_and_syncs_bitwi
     assert gen["work"]["model"]["name"] == "tiny" and {p["device"] for p in gen["phases"]} == {"localhost:0",
                                                                                               "localhost:1"}
     assert set(learnable[learnable["benchmark"] == "task.prefill"]["tp"]) == {1, 2}  # ref_infer ran TP2
-    # one run naming: the name the run prints first is what validate, db show and db list speak
+    # one run naming: the run's name (the one it prints first, see the killed-worker test) is what
+    # validate, db show and db list speak
     from helpers.cli import invoke, printed_names
 
-    name = re.search(r"^run (run-[0-9a-f]{8}-\d{8}T\d{6})$", done.stdout, re.M).group(1)
+    name = records[0]["run"]
     db = str(tmp_path / "db.sqlite")
     assert f"run {name}:" in invoke("--db", db, "validate", name[:-2], columns=200).output
     shown = invoke("--db", db, "db", "show", name, columns=200)
@@ -191,7 +193,7 @@ def test_killed_worker_stops_the_run_naming_it_and_resume_completes(tmp_path):
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         pids = json.loads(log.read_text().splitlines()[-1])["pids"]
         os.kill(pids["localhost:0"], signal.SIGKILL)  # the generator dies mid-run
-        _, err = proc.communicate(timeout=60)  # the run ends in bounded time, or TimeoutExpired fails the test
+        printed, err = proc.communicate(timeout=60)  # the run ends in bounded time, or TimeoutExpired fails the test
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -200,6 +202,8 @@ def test_killed_worker_stops_the_run_naming_it_and_resume_completes(tmp_path):
     assert not left_behind(pids), "worker processes left behind"
     committed = json.loads((ckpt / "COMMITTED.json").read_text())["iteration"]
     before = {r["iteration"] for r in read_log(log)}
+    # the name the run prints first is the one its records carry
+    assert re.search(r"^run (run-[0-9a-f]{8}-\d{8}T\d{6})$", printed, re.M).group(1) == read_log(log)[0]["run"]
     assert committed >= 2 and committed <= max(before) + 1
 
     done = hetprof_run(plan, tmp_path, "--iterations", "6", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "2",

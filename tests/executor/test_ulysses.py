@@ -4,7 +4,6 @@ and score exactly as one rank does — the same log-prob pass, loss and gradient
 from __future__ import annotations
 
 import copy
-import os
 from pathlib import Path
 
 import pytest
@@ -132,7 +131,7 @@ REWARD = "def reward(prompt, response, answer):\n    return sum(map(ord, respons
 
 
 def _run(tmp_path: Path, sp: dict) -> list[dict]:
-    import subprocess
+    from helpers.inprocess import hetprof_here
 
     from hetprof.executor.records.run_log import read_log
 
@@ -140,11 +139,9 @@ def _run(tmp_path: Path, sp: dict) -> list[dict]:
     (tmp_path / "ulysses_reward.py").write_text(REWARD)
     plan = tmp_path / "plan.json"
     _plan(plan, sp, max_tokens_per_microbatch=80)
-    hetprof = str(Path(os.sys.executable).with_name("hetprof"))
-    done = subprocess.run([hetprof, "--db", str(tmp_path / "db.sqlite"), "run", str(plan), "--log",
-                           str(tmp_path / "run.jsonl"), "--seed", "0", "--timeout", "60", "--iterations", "2",
-                           "--reward", "ulysses_reward:reward"], capture_output=True, text=True, timeout=300,
-                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    done = hetprof_here(["--db", str(tmp_path / "db.sqlite"), "run", str(plan), "--log", str(tmp_path / "run.jsonl"),
+                         "--seed", "0", "--timeout", "60", "--iterations", "2", "--reward", "ulysses_reward.py:reward"],
+                        tmp_path, 300)
     assert done.returncode == 0, done.stderr[-3000:]
     return read_log(tmp_path / "run.jsonl")
 
