@@ -8,8 +8,10 @@ are documented quantities rather than raw shape fields. Counts are per device of
   has s²/2 pairs per sequence, a decode step at context c has c. Sequences of different lengths
   have Σs²/2 pairs, not n·s̄²/2: a phase priced at the mean length s̄ carries `attention_span`
   Σs²/Σs, so a long tail costs its quadratic share (lognormal with std = mean: twice s̄²).
-- training: backward is twice the forward; full recomputation replays the forward once more,
-  selective recomputation (Megatron's) only each layer's attention core (QKᵀ, AV).
+- training: a weight matmul's backward is twice its forward; the attention core's backward is
+  ATTENTION_BACKWARD times its forward (FlashAttention recomputes QKᵀ in the backward: five matmuls
+  to the forward's two); full recomputation replays the forward once more, selective recomputation
+  (Megatron's) only each layer's attention core (QKᵀ, AV).
 - bytes: weights read once per pass (three times in training: forward, input- and weight-gradient),
   activations read+written ACT_RW_PER_LAYER hidden-sized and 3 ffn-sized tensors per token per
   layer, KV cache written (prefill) or read (decode), and Adam's update touches for every parameter
@@ -30,6 +32,11 @@ from hetprof.specs.precision import gemm_weight_width, width
 
 ACT_RW_PER_LAYER = 12  # hidden-sized tensors read or written per token per layer (norms, residuals, qkv, o)
 ADAM_BYTES_PER_PARAM = 2 * 12 + 2 + 2  # master, m, v read+write (fp32); gradient read; new weight write
+# FLOPs of FlashAttention's backward over its forward: 5 matmuls (QKᵀ recomputed, dV, dP, dQ, dK) to 2.
+# Tri Dao, "FlashAttention-2: Faster Attention with Better Parallelism and Work Partitioning" (2023),
+# §4.1: "multiply the forward pass FLOPs by 2.5"; flash-attention's benchmarks/benchmark_flash_attention.py
+# flops(): 2.5 × fwd for "bwd".
+ATTENTION_BACKWARD = 2.5
 
 
 def tokens(p: Phase) -> int:
@@ -87,11 +94,12 @@ def passes(p: Phase) -> float:
 
 
 def attention_passes(p: Phase) -> float:
-    """Forward-equivalents of attention-core work: `passes`, plus one more forward of the core when
-    training replays it alone (selective recomputation)."""
-    if p.kind == "train" and p.recompute_attention and not p.recompute:
-        return passes(p) + 1.0
-    return passes(p)
+    """Forward-equivalents of attention-core work: the forward, in training its FlashAttention backward
+    (ATTENTION_BACKWARD forwards) and one more forward when the core is replayed (full or selective
+    recomputation)."""
+    if p.kind != "train":
+        return passes(p)
+    return 1.0 + ATTENTION_BACKWARD + (1.0 if p.recompute or p.recompute_attention else 0.0)
 
 
 def flops(p: Phase) -> float:

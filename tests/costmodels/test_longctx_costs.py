@@ -75,14 +75,25 @@ def test_micro_batch_choices_halve_down_to_one_sequence_per_rank():
 def test_selective_recompute_costs_one_more_attention_forward():
     none, selective = (Phase("train", M, 4, 2, 512, recompute_attention=s) for s in (False, True))
     assert phases.flops(selective) - phases.flops(none) == pytest.approx(phases.forward_attention_flops(none))
-    assert phases.attention_passes(selective) == 4.0 and phases.passes(selective) == 3.0
+    # forward 1 + FlashAttention backward 2.5 + the replayed core 1; the weight matmuls stay at 3
+    assert phases.attention_passes(selective) == 4.5 and phases.passes(selective) == 3.0
     full = Phase("train", M, 4, 2, 512, recompute=True, recompute_attention=True)
-    assert phases.attention_passes(full) == phases.passes(full) == 4.0  # the full replay holds the core's
+    assert (phases.attention_passes(full), phases.passes(full)) == (4.5, 4.0)  # the full replay holds the core's
     cm = get_cost_model("analytical")  # a compute-bound phase: 4 sequences of 8K through 8B's layers
     big = [Phase("train", PRESETS["qwen3-8b"], 36, 4, 8192, with_head=True, recompute_attention=s) for s in (False, True)]
     t_none, t_sel = (cm.phase_time(p, "H100-SXM").seconds for p in big)
     attention = cm.calibration.compute_rate("H100-SXM", "bf16", "attention", 8192).value
     assert t_sel - t_none == pytest.approx(phases.forward_attention_flops(big[0]) / attention)
+
+
+def test_training_prices_flash_attention_backward_at_two_and_a_half_forwards():
+    """FlashAttention-2 (Dao 2023) §4.1: backward FLOPs = 2.5 × forward (QKᵀ recomputed). By hand for one
+    layer of 2 sequences of 512 at tp 1: pairs 2·512·513/2 = 262,656, × 4·heads·head_dim FLOPs each."""
+    train, prefill = (Phase(kind, M, 1, 2, 512) for kind in ("train", "prefill"))
+    core = 262_656 * 4 * M.heads * M.head_dim
+    assert phases.forward_attention_flops(prefill) == pytest.approx(core)
+    assert phases.attention_passes(prefill) == 1.0 and phases.attention_passes(train) == 3.5
+    assert phases.flops(train) == pytest.approx(3.0 * phases.forward_matmul_flops(train) + 3.5 * core)
 
 
 def test_work_reads_old_and_new_recompute_forms():

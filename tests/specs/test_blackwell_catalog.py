@@ -41,6 +41,35 @@ def test_fp8_peaks_and_a_type_without_fp8_names_the_missing_field():
     assert h100.matmul_fp8.source in cat.sources and h100.matmul_fp8.best < h100.matmul.best
 
 
+def test_blackwell_matmul_ceilings_are_the_h100s_times_measured_training_fractions_of_peak():
+    """megatron-bridge-perf-25.11, Llama3-8B FP8-CS: Model TFLOP/sec/GPU over dense FP8 peak, against the
+    H100's 744 of 1979; each part's ceiling is the H100's (bf16 and FP8) times that ratio."""
+    cat = builtin()
+    h100 = cat.lookup("H100-SXM").efficiency
+    measured = {"B200": 1576 / 4500, "B300": 1576 / 4500, "GB200": 1622 / 5000, "GB300": 1933 / 5000}
+    for name, fraction in measured.items():
+        eff = cat.lookup(name).efficiency
+        ratio = fraction / (744 / 1979)
+        assert eff.matmul.best == pytest.approx(h100.matmul.best * ratio, abs=1e-3)
+        assert eff.matmul_fp8.best == pytest.approx(h100.matmul_fp8.best * ratio, abs=1e-3)
+        assert eff.matmul.source == "megatron-bridge-perf-25.11" and eff.matmul.source in cat.sources
+    assert cat.lookup("GB200").efficiency.matmul.best < cat.lookup("B200").efficiency.matmul.best
+
+
+def test_blackwell_decodes_at_the_measured_vllm_speedup_over_h100():
+    """aimultiple-vllm-b200: vLLM on a B200 is 1.77x an H100 on Llama-3.1-8B, against an HBM ratio of
+    8000 / 3350; the decode curve is the default's × 1.77 / (8000 / 3350) = 0.741, so at any decode
+    batch a Blackwell part moves 1.77x the H100's bytes per second."""
+    from hetprof.costmodels.calibration import Calibration
+
+    cal = Calibration(None, builtin())
+    for name in ("B200", "B300", "GB200", "GB300"):
+        for batch in (1, 64, 256):
+            ratio = cal.memory_rate(name, batch, 1e9).value / cal.memory_rate("H100-SXM", batch, 1e9).value
+            assert ratio == pytest.approx(1.77, rel=2e-3)
+        assert builtin().lookup(name).efficiency.decode_memory.source == "aimultiple-vllm-b200"
+
+
 @pytest.mark.parametrize(("entry", "path"), [
     ({"fp8_tflops": -1}, "gpus.X.fp8_tflops"),
     ({"fp8_tflops": "fast"}, "gpus.X.fp8_tflops"),
