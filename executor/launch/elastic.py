@@ -10,12 +10,13 @@ The agent's report names only local ranks; this module maps them back to the pla
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import multiprocessing
 import os
 import tempfile
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 
 from hetprof.errors import ExecutionError, HetprofError
 from hetprof.executor.launch.checks import (
@@ -40,6 +41,28 @@ from hetprof.specs import Plan
 
 # what the worker server imports before it forks workers (the runtime pulls in transformers)
 WORKER_PRELOAD = ("hetprof.executor.launch.worker_entry", "hetprof.executor.loop.worker")
+
+
+@contextlib.contextmanager
+def worker_server(cpu: bool) -> Iterator[None]:
+    """Inside, processes started through multiprocessing's forkserver fork from a server that holds
+    what workers need: the runtime imported (WORKER_PRELOAD), no import from the current folder, the
+    launcher's pid to die with, and one thread per core on a `cpu` plan. The server keeps what it
+    was started with for the life of this process, so every later start finds the same."""
+    env_before = os.environ.get("OMP_NUM_THREADS")
+    if cpu:
+        os.environ["OMP_NUM_THREADS"] = "1"  # one core per `cpu` slot, inherited by the worker server and its workers
+    # Workers fork from one server that imported torch and the runtime once: spawned, each worker
+    # imported them itself, seconds of CPU apiece, and a host with fewer cores than workers waited.
+    multiprocessing.set_forkserver_preload(list(WORKER_PRELOAD))
+    try:
+        with isolated_children(), workers_die_with_me():
+            yield
+    finally:
+        if env_before is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = env_before
 
 
 def node_host(plan: Plan, nnodes: int, node_rank: int) -> str:
@@ -133,19 +156,13 @@ def launch(options: RunOptions, nnodes: int = 1, node_rank: int = 0, rdzv: str |
         # failure torch waits its own 30 s for a survivor that ignores SIGTERM
         shutdown_timeout=5,
     )
-    env_before = os.environ.get("OMP_NUM_THREADS")
-    if plan_is_cpu(plan):
-        os.environ["OMP_NUM_THREADS"] = "1"  # one core per `cpu` slot, inherited by the worker server and its workers
     # The agent logs each failure with its traceback at ERROR; the summary below says it once, in
     # the plan's words, and points at the files that keep the tracebacks.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
-    # Workers fork from one server that imported torch and the runtime once: spawned, each worker
-    # imported them itself, seconds of CPU apiece, and a host with fewer cores than workers waited.
-    multiprocessing.set_forkserver_preload(list(WORKER_PRELOAD))
     try:
-        # workers, and the resource tracker, never import from the plan's folder; a worker stopped past
-        # --timeout is killed, so the run ends naming it instead of its peers waiting in a collective
-        with isolated_children(), stopped_descendants_killed(options.timeout_s) as stopped, workers_die_with_me():
+        # a worker stopped past --timeout is killed, so the run ends naming it instead of its peers
+        # waiting in a collective
+        with worker_server(cpu=plan_is_cpu(plan)), stopped_descendants_killed(options.timeout_s) as stopped:
             elastic_launch(config, worker_main)(options, host)
     except ChildFailedError as exc:
         raise ExecutionError(describe_failures(exc, plan, host, log_dir, stopped, options.timeout_s)) from None
@@ -154,8 +171,3 @@ def launch(options: RunOptions, nnodes: int = 1, node_rank: int = 0, rdzv: str |
             raise
         raise ExecutionError(f"the run on host {host} (node {node_rank} of {nnodes}, rendezvous {endpoint}) "
                              f"failed: {type(exc).__name__}: {exc}") from None
-    finally:
-        if env_before is None:
-            os.environ.pop("OMP_NUM_THREADS", None)
-        else:
-            os.environ["OMP_NUM_THREADS"] = env_before

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from helpers.inprocess import spawn_ranks
 from test_executor_runtime_run import write_plan
 from test_rl_math_reference import ref_gae
 
@@ -104,7 +104,7 @@ def test_async_ppo_kl_penalty_and_gae_use_the_proximal_policy(tmp_path):
                       shares={"actor_train": [0.6, 0.4]}, mode="async", staleness=1, algorithm="ppo",
                       responses_per_prompt=2, models={"actor": "tiny", "critic": "tiny"},
                       training={"lr": 0.01, "kl_coef": KL_COEF, "gamma": GAMMA, "lam": LAM, "temperature": 1.0})
-    mp.spawn(_worker, args=(file_init_method(tmp_path), str(plan), str(tmp_path)), nprocs=len(DEVICES), join=True)
+    spawn_ranks(_worker, (file_init_method(tmp_path), str(plan), str(tmp_path)), len(DEVICES))
     seen = torch.load(tmp_path / "seen.pt", weights_only=True)
     assert len(seen) == 3
     # one π_prox forward per iteration on the leader: the pass before the advantages, none in the update

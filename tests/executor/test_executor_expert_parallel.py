@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from helpers.inprocess import spawn_ranks
 
 from hetprof.executor.models.modeling import build_causal_lm
 from hetprof.executor.parallel.experts import average_expert_grads, shard_experts
@@ -63,7 +63,7 @@ def _worker(rank: int, init: str, out: str) -> None:
 def spawned(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("experts")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.spawn(_worker, args=(file_init_method(out), str(out)), nprocs=WORLD, join=True)
+    spawn_ranks(_worker, (file_init_method(out), str(out)), WORLD)
     return out
 
 

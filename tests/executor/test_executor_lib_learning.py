@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from helpers.inprocess import spawn_ranks
 
 from hetprof.executor.algorithms import RLBatch, get_algorithm
 from hetprof.executor.algorithms.learner import Learner, forward_module
@@ -165,7 +165,7 @@ def test_ddp_with_uneven_shares_equals_the_single_process_update(tmp_path):
     path = str(tmp_path / "ddp")
     torch.save(fields, path + ".batch")
     # Rank 0 holds 6 of 8 sequences, rank 1 holds 2 (a plan's speed-balanced shares); their token counts differ.
-    mp.spawn(_ddp_worker, args=(2, file_init_method(tmp_path), path, [[0, 1, 2, 3, 4, 5], [6, 7]]), nprocs=2, join=True)
+    spawn_ranks(_ddp_worker, (2, file_init_method(tmp_path), path, [[0, 1, 2, 3, 4, 5], [6, 7]]), 2)
     distributed = torch.load(path + ".out", weights_only=True)
     single = _updated_params(copy.deepcopy(batch), 1)
     for a, b in zip(single, distributed, strict=True):

@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from helpers.inprocess import hetprof_here
+from helpers.inprocess import hetprof_here, spawn_ranks
 
 from hetprof.errors import HetprofError
 from hetprof.executor.algorithms import RLBatch, get_algorithm
@@ -118,8 +117,7 @@ def sharded_updates(tmp_path_factory) -> tuple[RLBatch, str]:
     batch = stale_batch()
     path = str(tmp / "shard")
     torch.save({k: v for k, v in vars(batch).items() if isinstance(v, torch.Tensor)}, path + ".batch")
-    mp.spawn(_sharded_worker, args=(2, file_init_method(tmp), path, [[0, 1, 2, 3, 4, 5], [6, 7]], SHARDINGS),
-             nprocs=2, join=True)
+    spawn_ranks(_sharded_worker, (2, file_init_method(tmp), path, [[0, 1, 2, 3, 4, 5], [6, 7]], SHARDINGS), 2)
     return batch, path
 
 

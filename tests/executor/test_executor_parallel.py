@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from helpers.inprocess import spawn_ranks
 
 from hetprof.errors import ExecutionError
 from hetprof.executor.algorithms import AlgorithmConfig, RLBatch, get_algorithm
@@ -208,7 +208,7 @@ def _loc(t):
 def spawned(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("parallel")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.spawn(_worker, args=(file_init_method(out), str(out)), nprocs=WORLD, join=True)
+    spawn_ranks(_worker, (file_init_method(out), str(out)), WORLD)
     return out
 
 

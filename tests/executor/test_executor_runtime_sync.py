@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from helpers.inprocess import spawn_ranks
 from torch import nn
 
 from hetprof.executor.parallel.weightsync import (
@@ -82,7 +82,7 @@ def _sync_rounds(rank: int, group, out: Path, wire: str | None, flat: bool) -> N
 @pytest.fixture(scope="module")
 def spawned(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("sync")
-    mp.spawn(_worker, args=(file_init_method(out), str(out)), nprocs=WORLD, join=True)
+    spawn_ranks(_worker, (file_init_method(out), str(out)), WORLD)
     return out
 
 

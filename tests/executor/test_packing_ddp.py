@@ -9,7 +9,7 @@ import copy
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from helpers.inprocess import spawn_ranks
 from helpers.packing_batches import ragged_batch
 
 from hetprof.executor.algorithms import RLBatch, get_algorithm
@@ -54,7 +54,7 @@ def test_packed_ddp_with_uneven_shares_equals_the_single_process_padded_update(t
     fields = {k: v for k, v in vars(batch).items() if isinstance(v, torch.Tensor)}
     path = str(tmp_path / "packed")
     torch.save(fields, path + ".batch")
-    mp.spawn(_worker, args=(2, file_init_method(tmp_path), path), nprocs=2, join=True)
+    spawn_ranks(_worker, (2, file_init_method(tmp_path), path), 2)
     distributed = torch.load(path + ".out", weights_only=True)
     single = _grads(build_causal_lm("tiny", seed=0), copy.deepcopy(batch))
     for a, b in zip(single, distributed, strict=True):

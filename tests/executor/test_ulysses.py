@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from helpers.inprocess import hetprof_here, spawn_ranks
 from helpers.packing_batches import ragged_batch
 
 from hetprof.executor.algorithms import RLBatch, get_algorithm
@@ -81,7 +81,7 @@ def test_two_ulysses_ranks_score_and_train_as_one_rank(tmp_path):
     fields = {k: v for k, v in vars(batch).items() if isinstance(v, torch.Tensor)}
     path = str(tmp_path / "ulysses")
     torch.save(fields, path + ".batch")
-    mp.spawn(_worker, args=(2, file_init_method(tmp_path), path), nprocs=2, join=True)
+    spawn_ranks(_worker, (2, file_init_method(tmp_path), path), 2)
     split = torch.load(path + ".out", weights_only=False)
     for role, wrapper in CASES:
         one = _update(BUILD[role]("tiny", seed=0), copy.deepcopy(batch), role, max_tokens_per_microbatch=BUDGET * 2)
@@ -131,8 +131,6 @@ REWARD = "def reward(prompt, response, answer):\n    return sum(map(ord, respons
 
 
 def _run(tmp_path: Path, sp: dict) -> list[dict]:
-    from helpers.inprocess import hetprof_here
-
     from hetprof.executor.records.run_log import read_log
 
     tmp_path.mkdir()

@@ -6,6 +6,8 @@ imports are done once, and multiprocessing keeps one worker server per process, 
 on the same pytest worker forks its workers at once. The command, its options, the launcher and the
 workers are the same code; tests that signal the launcher or read what the user's terminal shows
 (killed or hung workers, warnings on stderr, two hosts) keep a process of their own.
+
+`spawn_ranks` starts a test's own gloo ranks from that same server, for the same reason.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import os
 import signal
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from multiprocessing import forkserver
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -46,6 +49,19 @@ def _workers_killed_after(timeout_s: float) -> Iterator[None]:
     finally:
         timer.cancel()
     assert not fired.is_set(), f"the command ran past {timeout_s:.0f} s and its workers were killed"
+
+
+def spawn_ranks(fn: Callable, args: tuple, nprocs: int) -> None:
+    """`torch.multiprocessing.spawn(fn, args, nprocs)`, forked from the worker server `hetprof run`
+    uses (started as the launcher starts it, if no run has yet): `fn(rank, *args)` in each process,
+    and any rank's exception raised here."""
+    import torch.multiprocessing as mp
+
+    from hetprof.executor.launch.elastic import worker_server
+
+    with worker_server(cpu=True):
+        forkserver.ensure_running()
+    mp.start_processes(fn, args=args, nprocs=nprocs, join=True, start_method="forkserver")
 
 
 def hetprof_here(args: list[str], cwd: Path, timeout_s: float = 150) -> subprocess.CompletedProcess:
