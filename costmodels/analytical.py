@@ -90,8 +90,11 @@ class AnalyticalCostModel(CostModel):
         return self.calibration.link(device_type)
 
     def inputs(self, device_type: str) -> dict[str, str]:
-        """What this device type's numbers rest on: compute, memory and link → measured/reference/datasheet."""
-        return self.calibration.source(device_type)
+        """What this device type's numbers rest on: compute, memory and link → measured/reference/datasheet;
+        "moe experts" → fitted where a grouped-GEMM model of the device type prices routed experts."""
+        name = canonical_name(device_type) or device_type
+        experts = {"moe experts": "fitted"} if any(t == name for t, _ in self.expert_gemms) else {}
+        return {**self.calibration.source(device_type), **experts}
 
     def dp_step_extra(self, device_type: str) -> float:
         return self.calibration.dp_step_extra(device_type).value
