@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import math
 import statistics
+from collections.abc import Callable
 from typing import Any
 
 from hetprof.profiler import devices as devmod
@@ -168,29 +169,31 @@ class MoeSuite(Suite):
         dev = torch.device(device)
         flush = Flusher(dev, cpu_caches=True)  # a layer runs after other layers' work, never its own repeat
         rows = rows_for(ctx, device, model)
-        groups = groups_for(device, model)
-        shape = {"model": model.name, "hidden": model.hidden, "expert_ffn": model.moe.expert_ffn,
-                 "experts": model.moe.experts, "top_k": model.moe.top_k, "dtype": dtype, "threads": ctx.threads}
+        groups, ffn = groups_for(device, model), model.moe.expert_ffn
+        shape = {"model": model.name, "hidden": model.hidden, "expert_ffn": ffn, "experts": model.moe.experts,
+                 "top_k": model.moe.top_k, "dtype": dtype, "threads": ctx.threads}
+        where = f"{device}: " if len(ctx.devices) > 1 else ""
         samples = []
         for r in rows:
             tokens = max(1, math.ceil(r * model.moe.experts / model.moe.top_k))
-            call = router_call(tokens, model, dtype, dev)
-            times = measure(call.fn, dev, ctx.policy, flush=flush)
+            times = _timed(ctx, f"{MoeBenchmark.ROUTER} {model.name} tokens={tokens}", dev, flush,
+                           lambda t=tokens: router_call(t, model, dtype, dev))
             samples += [{"params": {**shape, "tokens": tokens}, "metrics": {"seconds": t}} for t in times]
-            ctx.advance(1)
-        ctx.record(MoeBenchmark.ROUTER, {"model": model.name, "dtype": dtype, "threads": ctx.threads}, samples,
-                   f"{model.name}: {len(rows)} token counts, median {_median_ms(samples):.3f} ms", device_id=device_id)
+        if samples:
+            ctx.record(MoeBenchmark.ROUTER, {"model": model.name, "dtype": dtype, "threads": ctx.threads}, samples,
+                       f"{where}{model.name}: {len(rows)} token counts, median {_median_ms(samples):.3f} ms",
+                       device_id=device_id)
         samples = []
         for pass_ in PASSES:
             for r in rows:
-                call = expert_call(groups, r, model.hidden, model.moe.expert_ffn, dtype, dev, pass_ == "backward")
-                times = measure(call.fn, dev, ctx.policy, setup=call.setup, flush=flush)
+                times = _timed(ctx, f"{MoeBenchmark.EXPERTS} {model.name} {pass_} rows={r}", dev, flush,
+                               lambda r=r, b=pass_ == "backward": expert_call(groups, r, model.hidden, ffn, dtype, dev, b))
                 params = {**shape, "groups": groups, "rows": r, "pass": pass_}
                 samples += [{"params": params, "metrics": {"seconds": t}} for t in times]
-                del call
-                ctx.advance(1)
-        ctx.record(MoeBenchmark.EXPERTS, {"model": model.name, "dtype": dtype, "threads": ctx.threads}, samples,
-                   f"{model.name}: {groups} experts × {rows[0]}–{rows[-1]} rows, fwd+bwd", device_id=device_id)
+        if samples:
+            ctx.record(MoeBenchmark.EXPERTS, {"model": model.name, "dtype": dtype, "threads": ctx.threads}, samples,
+                       f"{where}{model.name}: {groups} experts × {rows[0]}–{rows[-1]} rows, fwd+bwd",
+                       device_id=device_id)
 
     def _all_to_all(self, ctx: ProfileContext, model: ModelShape, dtype: str) -> None:
         """Dispatch all-to-alls of this model's hidden states among 2..n local ranks (none on one GPU)."""
@@ -217,6 +220,21 @@ class MoeSuite(Suite):
             ctx.record(MoeBenchmark.ALL_TO_ALL, {"model": model.name, "backend": backend, "world": world}, samples,
                        f"{model.name} {backend} ×{world}: {tokens[-1]} tokens in {_median_ms(samples[-1:]):.3f} ms")
             ctx.advance(1)
+
+
+def _timed(ctx: ProfileContext, label: str, dev: Any, flush: Flusher, build: Callable[[], Timed]) -> list[float]:
+    """One point's repeats; a point that does not fit in the device's memory gets none and a note."""
+    import torch
+
+    try:
+        call = build()
+        return measure(call.fn, dev, ctx.policy, setup=call.setup, flush=flush)
+    except torch.OutOfMemoryError:
+        ctx.note(f"{label}: out of memory, skipped")
+        torch.cuda.empty_cache()
+        return []
+    finally:
+        ctx.advance(1)
 
 
 @contextlib.contextmanager

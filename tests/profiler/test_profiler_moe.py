@@ -99,3 +99,28 @@ def test_dispatch_all_to_all_among_two_gloo_ranks(tmp_path):
     assert set(df["world"]) == {2} and set(df["backend"]) == {"gloo"}
     assert (df["size_bytes"] == df["tokens"] * per_token).all() and df["tokens"].nunique() >= 2
     assert (df["algbw_Bps"] * df["seconds"]).round().eq(df["size_bytes"].astype(float)).all()
+
+
+def test_a_point_out_of_memory_is_skipped_with_a_note(tmp_path, monkeypatch):
+    import torch
+
+    from hetprof.profiler.suites import moe as suite
+
+    real = suite.expert_call
+
+    def tight(groups, rows, *args, **kwargs):
+        if rows == 256:
+            raise torch.OutOfMemoryError("simulated")
+        return real(groups, rows, *args, **kwargs)
+
+    monkeypatch.setattr(suite, "expert_call", tight)
+    notes = []
+    with ProfileDB(tmp_path / "p.db") as db:
+        ctx = _ctx(db, [TINY_MOE])
+        ctx.note = notes.append
+        monkeypatch.setitem(suite.ROWS, ("cpu", True), (1, 256))
+        MoeSuite().layers(ctx)
+        experts = db.samples(MoeBenchmark.EXPERTS)
+    assert set(experts["rows"]) == {1}
+    assert notes == ["moe.experts tiny-moe forward rows=256: out of memory, skipped",
+                     "moe.experts tiny-moe backward rows=256: out of memory, skipped"]
