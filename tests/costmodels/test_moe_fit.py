@@ -50,19 +50,19 @@ def _add_rows(db: ProfileDB, shapes=((64, 48), (128, 96), (256, 128)), dtype: st
     db.add_benchmark(MoeBenchmark.EXPERTS, dev, "synth", {"dtype": dtype}, samples)
 
 
-@pytest.fixture
-def fitted_db(tmp_path):
-    path = tmp_path / "p.db"
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory):
+    """A database of simulated rows, its grouped-GEMM model fitted once and stored: (path, fit)."""
+    path = tmp_path_factory.mktemp("moefit") / "p.db"
     with ProfileDB(path) as db:
         _add_rows(db)
-        moefit.store(db, moefit.fit_experts(db))
-    return path
-
-
-def test_fit_learns_the_grouped_gemm_curve_with_heldout_error(tmp_path):
-    with ProfileDB(tmp_path / "p.db") as db:
-        _add_rows(db)
         (fit,) = moefit.fit_experts(db)
+        moefit.store(db, [fit])
+    return path, fit
+
+
+def test_fit_learns_the_grouped_gemm_curve_with_heldout_error(fitted):
+    _, fit = fitted
     assert (fit.device_type, fit.dtype, fit.threads) == ("cpu", "fp32", 1)
     assert fit.n_rows == 3 * 2 * len(ROWS) and fit.n_samples == 4 * fit.n_rows
     # folds hold out the most and fewest rows per expert and each expert shape
@@ -74,10 +74,10 @@ def test_fit_learns_the_grouped_gemm_curve_with_heldout_error(tmp_path):
         assert gemm.seconds(96, 64, 4, rows, "forward") == pytest.approx(want, rel=0.2)
 
 
-def test_pricing_uses_the_fitted_rate_where_one_exists(fitted_db):
+def test_pricing_uses_the_fitted_rate_where_one_exists(fitted):
     decode = Phase("decode", TINY_MOE, TINY_MOE.layers, 16, 64, dtype="fp32")
     train = Phase("train", TINY_MOE, TINY_MOE.layers, 8, 64, dtype="fp32", ep=2)
-    with ProfileDB(fitted_db, readonly=True) as db:
+    with ProfileDB(fitted[0], readonly=True) as db:
         fitted = AnalyticalCostModel(db)
     catalog = AnalyticalCostModel()
     assert fitted.inputs("cpu")["moe experts"] == "fitted" and "moe experts" not in catalog.inputs("cpu")
@@ -97,11 +97,9 @@ def test_pricing_uses_the_fitted_rate_where_one_exists(fitted_db):
     assert fitted.phase_time(other, "cpu").seconds == catalog.phase_time(other, "cpu").seconds
 
 
-def test_an_invalid_entry_is_refused_and_the_catalog_prices(tmp_path):
-    path = tmp_path / "p.db"
-    with ProfileDB(path) as db:
-        _add_rows(db)
-        (fit,) = moefit.fit_experts(db)
+def test_an_invalid_entry_is_refused(fitted, tmp_path):
+    fit = fitted[1]
+    with ProfileDB(tmp_path / "p.db") as db:
         entry = {**fit.entry(), "features": ["compute_s"]}
         db.add_cost_model(moe.EXPERT_MODEL, moe.EXPERT_MODEL, fit.family, entry, fit.metrics())
         with pytest.warns(UserWarning, match="ignored 1 invalid moe.experts"):
