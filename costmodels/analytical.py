@@ -17,7 +17,7 @@ from hetprof.costmodels import memory, moe, phases
 from hetprof.costmodels.base import CostModel, optimizer_shards
 from hetprof.costmodels.calibration import Calibration
 from hetprof.costmodels.data import LinkSpec, Phase, PhaseTime, Placement, Work
-from hetprof.specs.catalog import Catalog
+from hetprof.specs.catalog import Catalog, canonical_name
 from hetprof.specs.vocabulary import TaskKind
 
 
@@ -29,6 +29,7 @@ class AnalyticalCostModel(CostModel):
     def __init__(self, db: Any | None = None, catalog: Catalog | None = None):
         super().__init__(catalog)
         self.calibration = Calibration(db, self.catalog)
+        self.expert_gemms = moe.load_expert_gemms(db)  # fitted grouped GEMMs per (device type, dtype)
 
     def phase_time(self, phase: Phase, device_type: str) -> PhaseTime:
         phases.check(phase)
@@ -53,9 +54,20 @@ class AnalyticalCostModel(CostModel):
         routed = phases.routed_matmul_flops(phase)
         if not routed:
             return phases.forward_matmul_flops(phase) / rate
-        grouped = self.calibration.compute_rate(device_type, phase.dtype, "matmul", phases.expert_rows(phase))
         return ((phases.forward_matmul_flops(phase) - routed) / rate
-                + routed * moe.imbalance(phase.model, phase.ep) / (grouped.value * moe.GROUPED_GEMM_FACTOR))
+                + routed * moe.imbalance(phase.model, phase.ep) / self._grouped_rate(phase, device_type))
+
+    def _grouped_rate(self, phase: Phase, device_type: str) -> float:
+        """FLOP/s of the routed experts' grouped GEMMs: the fitted model of this device type and dtype
+        where `hetprof fit` learned one from `moe.experts` rows, else the catalog curve at their rows
+        per expert × the cited grouped-GEMM factor (moe.py)."""
+        rows = phases.expert_rows(phase)
+        fitted = self.expert_gemms.get((canonical_name(device_type) or device_type, phase.dtype))
+        rate = fitted.rate(phase.model, rows, phase.ep, phase.kind == "train") if fitted is not None else None
+        if rate is not None:
+            return rate
+        grouped = self.calibration.compute_rate(device_type, phase.dtype, "matmul", rows)
+        return grouped.value * moe.GROUPED_GEMM_FACTOR
 
     def optimizer_step_time(self, work: Work, placement: Placement) -> float:
         """One Adam step over the optimizer shard a rank of this replica-stage owns (every parameter
@@ -78,8 +90,11 @@ class AnalyticalCostModel(CostModel):
         return self.calibration.link(device_type)
 
     def inputs(self, device_type: str) -> dict[str, str]:
-        """What this device type's numbers rest on: compute, memory and link → measured/reference/datasheet."""
-        return self.calibration.source(device_type)
+        """What this device type's numbers rest on: compute, memory and link → measured/reference/datasheet;
+        "moe experts" → fitted where a grouped-GEMM model of the device type prices routed experts."""
+        name = canonical_name(device_type) or device_type
+        experts = {"moe experts": "fitted"} if any(t == name for t, _ in self.expert_gemms) else {}
+        return {**self.calibration.source(device_type), **experts}
 
     def dp_step_extra(self, device_type: str) -> float:
         return self.calibration.dp_step_extra(device_type).value

@@ -6,8 +6,10 @@ import click
 
 from hetprof.cli import catalog_option, db_option, db_path
 from hetprof.display import Col, escaped, fitted_table, print_wide, shown
+from hetprof.specs.vocabulary import MoeBenchmark
 
-TASK_TYPES = ("task.prefill", "task.decode", "task.train")
+EXPERTS = str(MoeBenchmark.EXPERTS)  # the grouped expert GEMMs of MoE models (costmodels/moefit.py)
+TASK_TYPES = ("task.prefill", "task.decode", "task.train", EXPERTS)
 
 
 @click.command("fit")
@@ -31,7 +33,9 @@ def fit(task, device, report, stat, envelope, runs, seed, store, wide, catalog_p
 
     Prints, per task type and device type, the rows used, the held-out MAPE of the fitted model
     (folds hold out whole shape ranges: the largest/smallest batch, length, layers, or a whole
-    model) next to the analytical model's MAPE on the same rows. The model is fitted on the
+    model) next to the analytical model's MAPE on the same rows. MoE models' `moe.experts` rows (the
+    `moe` suite) give one grouped expert GEMM model per device type and dtype, scored the same way
+    against the catalog curve; plans price routed experts with it. The model is fitted on the
     profiler's task rows; with --runs (the default) the phases that `hetprof run` recorded (a
     decode step or a training step as it really ran) calibrate it: the run factor, measured over
     predicted on the runs' shapes, scales every prediction the next plan is made with.
@@ -42,10 +46,11 @@ def fit(task, device, report, stat, envelope, runs, seed, store, wide, catalog_p
       hetprof fit --task task.decode --device cpu --report fit.png
       hetprof run plan.json --iterations 5 && hetprof fit      # learn from the run too
       hetprof fit --catalog team-gpus.yaml    # the analytical column with the team's efficiency curves
+      hetprof profile --quick --suite moe --models tiny-moe && hetprof fit --task moe.experts
     """
     from rich.console import Console
 
-    from hetprof.costmodels import fitting
+    from hetprof.costmodels import fitting, moefit
     from hetprof.errors import ProfileDBError
     from hetprof.profiles import ProfileDB
     from hetprof.specs.catalog import load_catalog
@@ -58,13 +63,18 @@ def fit(task, device, report, stat, envelope, runs, seed, store, wide, catalog_p
     skipped: list[str] = []
     with ProfileDB(path, readonly=not store) as db:  # a dry run writes nothing
         with console.status("fitting…") as status:
-            fits = fitting.fit_database(db, task=task, device=device, seed=seed, stat=stat, envelope=envelope,
-                                        runs=runs, skipped=skipped, catalog=catalog, progress=lambda m: status.update(f"fitting… {m}"))
-        if not fits:
+            fits = [] if task == EXPERTS else fitting.fit_database(
+                db, task=task, device=device, seed=seed, stat=stat, envelope=envelope, runs=runs, skipped=skipped,
+                catalog=catalog, progress=lambda m: status.update(f"fitting… {m}"))
+            experts = moefit.fit_experts(db, device=device, seed=seed, stat=stat, envelope=envelope,
+                                         skipped=skipped, catalog=catalog) if task in (None, EXPERTS) else []
+        if not fits and not experts:
             where = f" on {device}" if device else ""
+            suite = "moe" if task == EXPERTS else "tasks"
             raise ProfileDBError(f"{path}: no {task or 'task'} rows{where} to fit; "
-                                 "run `hetprof profile --suite tasks` first")
-        ids = fitting.store(db, fits) if store else []
+                                 f"run `hetprof profile --suite {suite}` first")
+        ids = fitting.store(db, fits) + moefit.store(db, experts) if store else []
+        fits = [*fits, *experts]
     target = f"{stat} of repeats" + (", monotone envelope" if envelope else "")
     print_wide(console, _table(console, fits, ids, shown(f"hetprof fit ({path.name}, target: {target})"), wide), wide)
     for f in fits:

@@ -23,11 +23,24 @@ Cited figures:
   grouped gate-up GEMM, the activation, the grouped down GEMM and the unpermute (Megatron-core's
   MoELayer, transformers' Qwen3MoeSparseMoeBlock) where a dense FFN runs gate-up, activation and
   down: 4 kernels more per MoE layer and pass.
+
+Measured instead of cited: where `hetprof fit` has learned the grouped GEMM's time on a device type and
+dtype from the profiler's `moe.experts` rows (costmodels/moefit.py), the routed experts run at the rate
+that fitted model gives at their rows per expert (`ExpertGemm.rate`), and the catalog curve × the
+DeepGEMM factor stands only where it has not.
 """
 
 from __future__ import annotations
 
-from hetprof.specs.models import ModelShape
+import dataclasses
+import math
+import warnings
+from typing import Any
+
+from hetprof.costmodels.families import Family, get_family
+from hetprof.specs.catalog import canonical_name, lookup
+from hetprof.specs.models import DTYPE_BYTES, ModelShape
+from hetprof.specs.vocabulary import MoeBenchmark
 
 GROUPED_GEMM_FACTOR = 1288.0 / 1304.0
 MAX_VIOLATION = {"aux_loss": 0.52, "loss_free": 0.04}
@@ -79,3 +92,111 @@ def dispatch_bytes(model: ModelShape, tokens: float, ep: int, dtype: str) -> flo
     combine brings the same back): each token's hidden state to the (ep−1)/ep of its top_k experts
     that live on other ranks."""
     return tokens * model.dispatch_bytes_per_token_layer(ep, dtype)
+
+
+# ---- the fitted grouped GEMM ----------------------------------------------------------------
+
+EXPERT_MODEL = str(MoeBenchmark.EXPERTS)  # name and task type of its cost-model entries
+EXPERT_FORMAT = 1
+# Features of one grouped expert pass (all ≥ 0, non-decreasing in rows and groups, so a monotone fit
+# never prices more rows cheaper): its GEMM FLOPs / datasheet peak, expert weight bytes / datasheet HBM
+# bandwidth (what a few rows per expert are bound by), activation bytes / the same, groups × 1 µs
+# (per-group dispatch), and 1 ms (per-call overhead). Dividing by datasheet figures makes a
+# coefficient read as 1 / achieved efficiency, as the task features do (features.py).
+EXPERT_FEATURES = ("compute_s", "weight_s", "activation_s", "groups", "const")
+# A backward pass computes the data and the weight gradients: two forward passes' GEMMs and traffic.
+PASS_WORK = {"forward": 1.0, "backward": 2.0}
+
+
+def expert_flops(hidden: int, ffn: int, groups: float, rows: float) -> float:
+    """Forward FLOPs of `groups` SwiGLU experts (gate, up, down) over `rows` rows each."""
+    return 2.0 * 3 * hidden * ffn * groups * rows
+
+
+def expert_features(hidden: int, ffn: int, groups: float, rows: float, pass_: str, dtype: str,
+                    device_type: str) -> list[float]:
+    """The feature vector (order of EXPERT_FEATURES) of one grouped expert pass on a device type."""
+    gpu = lookup(device_type)
+    work, size = PASS_WORK[pass_], DTYPE_BYTES[dtype]
+    weights = 3.0 * hidden * ffn * groups * size
+    activations = groups * rows * (2 * hidden + 3 * ffn) * size  # in, gate-up out, activation, out
+    return [work * expert_flops(hidden, ffn, groups, rows) / gpu.peak_flops(dtype), work * weights / gpu.hbm_Bps,
+            work * activations / gpu.hbm_Bps, work * groups * 1e-6, 1e-3]
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpertGemm:
+    """A fitted grouped-GEMM time model of one device type and dtype (a `moe.experts` cost-model entry)."""
+
+    id: str
+    device_type: str
+    dtype: str
+    family: Family
+    params: dict[str, Any]
+    heldout_mape: float | None = None
+
+    def seconds(self, hidden: int, ffn: int, groups: float, rows: float, pass_: str) -> float:
+        x = expert_features(hidden, ffn, groups, rows, pass_, self.dtype, self.device_type)
+        return self.family.predict_one(self.params, x)
+
+    def rate(self, model: ModelShape, rows: float, ep: int, training: bool) -> float | None:
+        """FLOP/s at which a rank's routed experts (experts / ep of them, `rows` rows each) run their
+        forward FLOPs — forward alone, or for training forward and backward over 3× those FLOPs, the
+        work the roofline's three passes charge. None when the model gives no positive time."""
+        assert model.moe is not None
+        groups = max(1.0, model.moe.experts / ep)
+        ffn = model.moe.expert_ffn
+        seconds = self.seconds(model.hidden, ffn, groups, rows, "forward")
+        if training:
+            seconds += self.seconds(model.hidden, ffn, groups, rows, "backward")
+        if not (math.isfinite(seconds) and seconds > 0):
+            return None
+        return expert_flops(model.hidden, ffn, groups, rows) * (3.0 if training else 1.0) / seconds
+
+
+def validate_expert_entry(entry: dict[str, Any]) -> ExpertGemm:
+    """An ExpertGemm from one database entry, or ValueError saying what is wrong with it (entries may
+    come from strangers' databases: numbers only, checked before anything is computed)."""
+    params = entry.get("params")
+    if not isinstance(params, dict) or params.get("format") != EXPERT_FORMAT:
+        raise ValueError(f"params are not a format-{EXPERT_FORMAT} {EXPERT_MODEL} entry")
+    device = params.get("device_type")
+    device = canonical_name(device) if isinstance(device, str) else None
+    if device is None:
+        raise ValueError("device_type is not a catalog device type")
+    dtype = params.get("dtype")
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}")
+    if params.get("features") != list(EXPERT_FEATURES):
+        raise ValueError("fitted on other features than this version computes")
+    family = get_family(params.get("family"))
+    model = params.get("model")
+    if not isinstance(model, dict):
+        raise ValueError("model is not an object")
+    family.check(model, len(EXPERT_FEATURES))
+    mape = (entry.get("metrics") or {}).get("heldout_mape")
+    return ExpertGemm(str(entry.get("id", "")), device, dtype, family, model,
+                      float(mape) if isinstance(mape, (int, float)) else None)
+
+
+def load_expert_gemms(db: Any | None) -> dict[tuple[str, str], ExpertGemm]:
+    """The newest valid fitted grouped GEMM per (device type, dtype) in the profile database; invalid
+    entries are skipped with one warning (an older valid one stands)."""
+    if db is None:
+        return {}
+    index = db.cost_models(task_type=EXPERT_MODEL)
+    if not len(index):
+        return {}
+    loaded: dict[tuple[str, str], ExpertGemm] = {}
+    rejected = []
+    for model_id in index[index["name"] == EXPERT_MODEL].sort_values("created")["id"]:
+        try:
+            gemm = validate_expert_entry(db.get_cost_model(model_id))
+        except Exception as exc:  # noqa: BLE001 - any malformed entry is refused the same way
+            rejected.append(f"cost model {str(model_id)[:12]}: {exc}")
+            continue
+        loaded[(gemm.device_type, gemm.dtype)] = gemm
+    if rejected:
+        warnings.warn(f"ignored {len(rejected)} invalid {EXPERT_MODEL} entries: " + "; ".join(rejected[:3]),
+                      stacklevel=2)
+    return loaded

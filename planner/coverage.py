@@ -5,8 +5,10 @@ the roofline where a whole task type is missing), a generation engine whose call
 the `hf` loop's per-call term — but those answers are extrapolations, and a plan made on them says
 nothing about it. So before planning, each task of the job is checked against the database: rows of
 its phases (prefill, decode, train) of its model's shape, in the job's dtype, on every GPU type of the
-cluster; for generation also whole calls of the plan's engine. A task that lacks any is named in one
-line with the `hetprof profile` command that measures what is missing.
+cluster; for generation also whole calls of the plan's engine; for an MoE model also its grouped expert
+GEMMs (`moe.experts`, the `moe` suite), which price its routed experts once `hetprof fit` has learned
+them (the catalog curve answers otherwise). A task that lacks any is named in one line with the
+`hetprof profile` command that measures what is missing.
 
 A shape is matched by the model's dimensions, not its name: a preset and the HF config it came from
 are the same rows.
@@ -24,7 +26,7 @@ from hetprof.planner.graph import build_graph
 from hetprof.specs import ClusterSpec, WorkloadSpec
 from hetprof.specs.catalog import canonical_name
 from hetprof.specs.models import ModelShape
-from hetprof.specs.vocabulary import TaskKind
+from hetprof.specs.vocabulary import MoeBenchmark, TaskKind
 
 # The phases a task of each kind is priced from (costmodels.features.TASK_PHASE's benchmarks).
 KIND_BENCHMARKS = {TaskKind.GENERATION: ("task.prefill", "task.decode"), TaskKind.INFERENCE: ("task.prefill",),
@@ -36,6 +38,7 @@ DEFAULT_ENGINE = "hf"    # the engine of a call row without `backend`
 PHASE_SUITE = "tasks"
 ENGINE_SUITES = {"hf": PHASE_SUITE, "vllm": "vllmgen"}
 SHAPE_COLUMNS = ("hidden", "ffn", "heads", "kv_heads", "head_dim", "vocab")
+MOE_SUITE = "moe"  # times an MoE model's router, grouped expert GEMMs and all-to-all
 
 
 def _shape_rows(rows: pd.DataFrame, model: ModelShape) -> pd.DataFrame:
@@ -64,13 +67,26 @@ def _db_rows(rows: pd.DataFrame, dtype: str) -> pd.DataFrame:
     return rows
 
 
+def _expert_types(rows: pd.DataFrame, model: ModelShape) -> set[str]:
+    """The device types with `moe.experts` rows of `model`'s expert shape (hidden, expert width)."""
+    if model.moe is None or not len(rows) or not {"hidden", "expert_ffn"} <= set(rows.columns):
+        return set()
+    same = ((pd.to_numeric(rows["hidden"], errors="coerce") == float(model.hidden))
+            & (pd.to_numeric(rows["expert_ffn"], errors="coerce") == float(model.moe.expert_ffn)))
+    return _types(rows[same])
+
+
 def missing_rows(db: Any, workload: WorkloadSpec, cluster: ClusterSpec, engine: str,
-                 samples: pd.DataFrame | None = None) -> dict[str, list[tuple[str, str]]]:
+                 samples: pd.DataFrame | None = None,
+                 experts: pd.DataFrame | None = None) -> dict[str, list[tuple[str, str]]]:
     """Per task of the job, what the database has no rows of and the profiler suite that measures it
-    (("task.decode of tiny on cpu", "tasks"), ("hf generation calls of tiny on cpu", "tasks")); tasks it
-    has everything for are left out. `samples`: the database's task rows, when the caller read them."""
+    (("task.decode of tiny on cpu", "tasks"), ("hf generation calls of tiny on cpu", "tasks"),
+    ("moe.experts of tiny-moe on cpu", "moe")); tasks it has everything for are left out. `samples`:
+    the database's task rows, `experts` its `moe.experts` rows, when the caller read them."""
     samples = db.samples(benchmark="task.") if samples is None else samples
+    experts = db.samples(benchmark=MoeBenchmark.EXPERTS) if experts is None else experts
     by_dtype: dict[str, pd.DataFrame] = {}
+    moe_by_dtype: dict[str, pd.DataFrame] = {}
     types = sorted({canonical_name(d.type) or d.type for d in cluster.devices()})
     graph = build_graph(workload)
     out: dict[str, list[tuple[str, str]]] = {}
@@ -91,6 +107,12 @@ def missing_rows(db: Any, workload: WorkloadSpec, cluster: ClusterSpec, engine: 
             if lacking:
                 missing.append((f"{engine} generation calls of {model.name} on {', '.join(lacking)}",
                                 ENGINE_SUITES[engine]))
+        if model.moe is not None:
+            if dtype not in moe_by_dtype:
+                moe_by_dtype[dtype] = _db_rows(experts, dtype)
+            lacking = [t for t in types if t not in _expert_types(moe_by_dtype[dtype], model)]
+            if lacking:
+                missing.append((f"{MoeBenchmark.EXPERTS} of {model.name} on {', '.join(lacking)}", MOE_SUITE))
         if missing:
             out[task] = missing
     return out

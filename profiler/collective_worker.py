@@ -19,6 +19,7 @@ BUS_FACTORS = {
     "all_reduce": lambda n: 2.0 * (n - 1) / n,
     "all_gather": lambda n: (n - 1) / n,
     "broadcast": lambda n: 1.0,
+    "all_to_all": lambda n: (n - 1) / n,  # S is what each rank sends; 1/n of it stays on the rank
 }
 TARGET_REPEAT_S = 0.01
 
@@ -32,6 +33,8 @@ def _op(dist: Any, op: str, buf: Any, out: Any, parts: list | None):
         return lambda: dist.all_reduce(buf)
     if op == "broadcast":
         return lambda: dist.broadcast(buf, src=0)
+    if op == "all_to_all":
+        return lambda: dist.all_to_all_single(out, buf)
     if parts is not None:
         return lambda: dist.all_gather(parts, buf)
     return lambda: dist.all_gather_into_tensor(out, buf)
@@ -76,6 +79,11 @@ def verify(dist, torch, op: str, world: int, device) -> None:
     elif op == "broadcast":
         dist.broadcast(x, src=0)
         want = torch.ones_like(x)
+    elif op == "all_to_all":  # rank r's chunk j goes to rank j: every rank receives chunk j from rank j
+        out = torch.empty_like(x)
+        dist.all_to_all_single(out, x)
+        x = out
+        want = torch.arange(1, world + 1, device=device, dtype=x.dtype).repeat_interleave(4)
     else:
         parts = [torch.empty(4, device=device) for _ in range(world)]
         dist.all_gather(parts, x[:4].contiguous())
@@ -96,6 +104,8 @@ def _time_one(dist, torch, op: str, size: int, world: int, device, warmup: int, 
             parts = list(out.chunk(world))
     else:
         buf = torch.rand(elems, device=device).add_(0.5)
+        if op == "all_to_all":
+            out = torch.empty_like(buf)
     fn = _op(dist, op, buf, out, parts)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     for _ in range(warmup):

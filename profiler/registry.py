@@ -43,7 +43,7 @@ SUITES: Registry[type[Suite]] = Registry(
     "benchmark suite", ENTRY_POINT_GROUP,
     # Importing the package registers the built-ins (their modules use @register_suite) in the order
     # they run and are listed.
-    builtins=dict.fromkeys(["inventory", "compute", "memory", "collectives", "tasks", "dptrain", "link", "vllmgen"],
+    builtins=dict.fromkeys(["inventory", "compute", "memory", "collectives", "tasks", "dptrain", "link", "vllmgen", "moe"],
                            "hetprof.profiler.suites"),
     check=subclass_of(Suite), expected="a hetprof.profiler.registry.Suite subclass",
     find=lambda group: entry_points(group=group))  # this module's name, so tests can replace it

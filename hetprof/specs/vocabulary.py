@@ -85,3 +85,12 @@ SYNC_EDGES: dict[SyncEdge, tuple[Role, Task, Task]] = {
     SyncEdge.WEIGHT_SYNC: (Role.ACTOR, Task.ACTOR_TRAIN, Task.ACTOR_GEN),
     SyncEdge.CRITIC_SYNC: (Role.CRITIC, Task.CRITIC_TRAIN, Task.CRITIC_INFER),
 }
+
+
+class MoeBenchmark(StrEnum):
+    """The profiler's mixture-of-experts rows (the `moe` suite), named once for the profiler that writes
+    them, `hetprof fit` that learns from them and the planner that checks they exist."""
+
+    ROUTER = "moe.router"  # gate matmul, softmax and top-k over a batch of tokens
+    EXPERTS = "moe.experts"  # the routed experts' grouped SwiGLU GEMMs, forward or backward
+    ALL_TO_ALL = "moe.all_to_all"  # one dispatch all-to-all among the local ranks (the combine mirrors it)

@@ -3,4 +3,4 @@
 The import order is the order suites run in and are listed.
 """
 
-from hetprof.profiler.suites import inventory, compute, memory, collectives, tasks, dptrain, link, vllmgen  # noqa: F401, I001
+from hetprof.profiler.suites import inventory, compute, memory, collectives, tasks, dptrain, link, vllmgen, moe  # noqa: F401, I001

@@ -117,7 +117,7 @@ def test_registry_lists_builtins_and_refuses_unknown_suites():
     names = registry.available_suites()
     assert names[:7] == ["inventory", "compute", "memory", "collectives", "tasks", "dptrain", "link"]
     assert [c.name for c in registry.suites_to_run(None)] == ["inventory", "compute", "memory", "collectives", "tasks",
-                                                        "dptrain"]
+                                                        "dptrain", "moe"]
     with pytest.raises(SpecError, match="--suite.*inventory"):
         registry.suites_to_run(["flops"])
 
