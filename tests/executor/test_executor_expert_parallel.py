@@ -1,5 +1,6 @@
 """Expert parallelism over 2 gloo ranks (executor/parallel/experts.py) against one rank: the tiny
-Qwen3-MoE's loss and every gradient equal, to rounding.
+Qwen3-MoE's loss, every gradient and the clip norm equal, to rounding; the gathered weights and
+checkpoint state are the whole model's; forward passes of different counts per rank run in lockstep.
 
 One spawn runs both ranks; each takes half of a batch (data parallelism), holds half of every MoE
 layer's experts and exchanges tokens with the other rank in the layers' all-to-alls.
@@ -16,7 +17,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from hetprof.executor.models.modeling import build_causal_lm
-from hetprof.executor.parallel.experts import average_expert_grads, shard_experts
+from hetprof.executor.parallel.experts import ExpertParallel, expert_lockstep
 from hetprof.runtime.distributed import file_init_method, leave_process_group
 from hetprof.safety.processes import skip_teardown_at_exit
 
@@ -38,22 +39,30 @@ def _worker(rank: int, init: str, out: str) -> None:
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=WORLD)
     torch.set_num_threads(1)
     model = build_causal_lm("tiny-moe", seed=11)
-    shards = shard_experts(model)
+    ep = ExpertParallel(model, None, dist.group.WORLD, None, replicas=WORLD)  # one EP group of both ranks
     half = SEQUENCES // WORLD
     loss = _loss(model, _batch()[rank * half:(rank + 1) * half])
     loss.backward()
-    average_expert_grads(shards)
-    expert = {id(p) for s in shards for p in s.parameters()}
-    grads = {}
-    for name, p in model.named_parameters():
-        g = p.grad.clone()
-        if id(p) not in expert:  # data parallelism averages what every rank holds whole
-            dist.all_reduce(g)
-            g /= WORLD
-        grads[name] = g
+    ep.finish_gradients()
+    norm = ep.clip_grad_norm_(1e9)
+    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
     mean = loss.detach().clone()
     dist.all_reduce(mean)
-    torch.save({"loss": mean / WORLD, "grads": grads, "first": [s.first for s in shards]},
+    full = {n: t.clone() for n, t in ep.full_state().items()}  # the optimizer steps below
+    # forwards of different counts (rank 0 two, rank 1 one) in lockstep, each rank's rows its own
+    with torch.no_grad(), expert_lockstep(model):
+        rows = _batch()[:2 + rank]
+        logits = torch.cat([model(input_ids=part).logits for part in rows.split(2 - rank)])
+    torch.optim.AdamW(model.parameters(), lr=1e-3).step()  # moments to gather, then restore elsewhere
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    optimizer.step()
+    saved = ep.full_training_state(optimizer)
+    fresh = ExpertParallel(build_causal_lm("tiny-moe", seed=12), None, dist.group.WORLD, None, replicas=WORLD)
+    fresh_opt = torch.optim.AdamW(fresh.module.parameters(), lr=1e-3)
+    fresh.load_full_training_state(fresh_opt, saved)
+    restored = fresh.full_training_state(fresh_opt)
+    torch.save({"loss": mean / WORLD, "grads": grads, "first": [s.first for s in ep.shards], "norm": norm,
+                "full": full, "logits": logits, "saved": saved, "restored": restored},
                Path(out) / f"rank{rank}.pt")
     leave_process_group()
     skip_teardown_at_exit()
@@ -81,6 +90,42 @@ def test_ep2_loss_and_gradients_equal_one_rank(spawned):
                 first = got["first"][int(name.split(".layers.")[1].split(".")[0])]
                 ref = ref[first:first + g.shape[0]]
             torch.testing.assert_close(g, ref, rtol=1e-4, atol=1e-6, msg=f"rank {rank}: {name}")
+
+
+def test_the_clip_norm_and_gathered_weights_are_the_whole_models(spawned):
+    model = build_causal_lm("tiny-moe", seed=11)
+    _loss(model, _batch()).backward()
+    want = torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)
+    whole = dict(model.named_parameters())
+    for rank in range(WORLD):
+        got = torch.load(spawned / f"rank{rank}.pt", weights_only=True)
+        assert abs(got["norm"] - float(want)) <= 1e-5 * float(want)
+        assert set(got["full"]) == set(whole)
+        for name, t in got["full"].items():
+            torch.testing.assert_close(t, whole[name].detach(), rtol=0, atol=0, msg=name)
+
+
+def test_forwards_of_different_counts_run_in_lockstep(spawned):
+    model = build_causal_lm("tiny-moe", seed=11)
+    with torch.no_grad():
+        want = model(input_ids=_batch()[:3]).logits
+    for rank in range(WORLD):
+        got = torch.load(spawned / f"rank{rank}.pt", weights_only=True)["logits"]
+        torch.testing.assert_close(got, want[:2 + rank], rtol=1e-4, atol=1e-5)
+
+
+def test_checkpoint_state_is_the_whole_models_and_restores(spawned):
+    got = torch.load(spawned / "rank0.pt", weights_only=True)
+    saved, restored = got["saved"], got["restored"]
+    experts = [k for k in saved["model"] if ".experts." in k]
+    assert experts and all(saved["model"][k].shape[0] == 8 for k in experts)  # every expert of the layer
+    moments = [st["exp_avg"] for st in saved["optimizer"]["state"].values()]
+    assert {m.shape[0] for m in moments if m.dim() == 3} == {8}
+    for k, v in saved["model"].items():
+        torch.testing.assert_close(restored["model"][k], v, rtol=0, atol=0, msg=k)
+    for i, st in saved["optimizer"]["state"].items():
+        for k, v in st.items():
+            torch.testing.assert_close(restored["optimizer"]["state"][i][k], v, rtol=0, atol=0)
 
 
 def test_every_rank_holds_half_of_each_layers_experts(spawned):
