@@ -104,12 +104,23 @@ class ExpertShard(nn.Module):
         return out
 
 
+def _moe_blocks(model: nn.Module) -> list[nn.Module]:
+    """The model's MoE blocks: a router `gate` and `experts` holding fused expert tensors."""
+    return [m for m in model.modules() if isinstance(getattr(m, "experts", None), nn.Module)
+            and hasattr(m.experts, "gate_up_proj") and hasattr(m, "gate")]
+
+
+def has_routed_experts(model: nn.Module) -> bool:
+    """Whether `model` has MoE layers (whole or sharded experts)."""
+    return bool(_moe_blocks(model))
+
+
 def shard_experts(model: nn.Module, group: dist.ProcessGroup | None = None) -> list[ExpertShard]:
     """Replace every MoE layer's experts of `model` with this rank's ExpertShard (in place); the shards."""
     shards = []
-    for module in list(model.modules()):
-        experts = getattr(module, "experts", None)
-        if isinstance(experts, nn.Module) and hasattr(experts, "gate_up_proj") and hasattr(module, "gate"):
+    for module in _moe_blocks(model):
+        experts = module.experts
+        if not isinstance(experts, ExpertShard):
             shard = ExpertShard(experts, group)
             module.experts = shard
             shards.append(shard)
