@@ -2,8 +2,10 @@
 Qwen3-MoE's loss, every gradient and the clip norm equal, to rounding; the gathered weights and
 checkpoint state are the whole model's; forward passes of different counts per rank run in lockstep.
 
-One spawn runs both ranks; each takes half of a batch (data parallelism), holds half of every MoE
-layer's experts and exchanges tokens with the other rank in the layers' all-to-alls.
+One spawn runs 4 ranks as 2 EP groups of 2 (DP4 EP2); each takes a quarter of a batch (data
+parallelism), holds half of every MoE layer's experts, exchanges tokens with the other rank of its
+group in the layers' all-to-alls, and averages its experts' gradients with the other group's rank
+holding the same experts.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from hetprof.executor.parallel.experts import ExpertParallel, expert_lockstep
 from hetprof.runtime.distributed import file_init_method, leave_process_group
 from hetprof.safety.processes import skip_teardown_at_exit
 
-WORLD = 2
-SEQUENCES, LENGTH = 4, 12
+WORLD, EP = 4, 2
+SEQUENCES, LENGTH = 8, 12
 
 
 def _batch() -> torch.Tensor:
@@ -38,10 +40,17 @@ def _loss(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
 def _worker(rank: int, init: str, out: str) -> None:
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=WORLD)
     torch.set_num_threads(1)
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # every rank creates every group, in order
+    peers = [dist.new_group([0, 2]), dist.new_group([1, 3])]  # the ranks holding the same experts
+    place = rank % EP
+
+    def placed(model: torch.nn.Module) -> ExpertParallel:
+        return ExpertParallel(model, groups[rank // EP], dist.group.WORLD, peers[place], replicas=WORLD)
+
     model = build_causal_lm("tiny-moe", seed=11)
-    ep = ExpertParallel(model, None, dist.group.WORLD, None, replicas=WORLD)  # one EP group of both ranks
-    half = SEQUENCES // WORLD
-    loss = _loss(model, _batch()[rank * half:(rank + 1) * half])
+    ep = placed(model)
+    share = SEQUENCES // WORLD
+    loss = _loss(model, _batch()[rank * share:(rank + 1) * share])
     loss.backward()
     ep.finish_gradients()
     norm = ep.clip_grad_norm_(1e9)
@@ -49,15 +58,14 @@ def _worker(rank: int, init: str, out: str) -> None:
     mean = loss.detach().clone()
     dist.all_reduce(mean)
     full = {n: t.clone() for n, t in ep.full_state().items()}  # the optimizer steps below
-    # forwards of different counts (rank 0 two, rank 1 one) in lockstep, each rank's rows its own
+    # forwards of different counts (a group's place 0 two, place 1 one) in lockstep, each rank's rows its own
     with torch.no_grad(), expert_lockstep(model):
-        rows = _batch()[:2 + rank]
-        logits = torch.cat([model(input_ids=part).logits for part in rows.split(2 - rank)])
-    torch.optim.AdamW(model.parameters(), lr=1e-3).step()  # moments to gather, then restore elsewhere
+        rows = _batch()[:2 + place]
+        logits = torch.cat([model(input_ids=part).logits for part in rows.split(2 - place)])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    optimizer.step()
+    optimizer.step()  # moments to gather, then restore in another model
     saved = ep.full_training_state(optimizer)
-    fresh = ExpertParallel(build_causal_lm("tiny-moe", seed=12), None, dist.group.WORLD, None, replicas=WORLD)
+    fresh = placed(build_causal_lm("tiny-moe", seed=12))
     fresh_opt = torch.optim.AdamW(fresh.module.parameters(), lr=1e-3)
     fresh.load_full_training_state(fresh_opt, saved)
     restored = fresh.full_training_state(fresh_opt)
@@ -111,7 +119,7 @@ def test_forwards_of_different_counts_run_in_lockstep(spawned):
         want = model(input_ids=_batch()[:3]).logits
     for rank in range(WORLD):
         got = torch.load(spawned / f"rank{rank}.pt", weights_only=True)["logits"]
-        torch.testing.assert_close(got, want[:2 + rank], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(got, want[:2 + rank % EP], rtol=1e-4, atol=1e-5)
 
 
 def test_checkpoint_state_is_the_whole_models_and_restores(spawned):
@@ -130,4 +138,4 @@ def test_checkpoint_state_is_the_whole_models_and_restores(spawned):
 
 def test_every_rank_holds_half_of_each_layers_experts(spawned):
     firsts = [torch.load(spawned / f"rank{r}.pt", weights_only=True)["first"] for r in range(WORLD)]
-    assert firsts == [[0, 0], [4, 4]]  # tiny-moe: 2 MoE layers of 8 experts
+    assert firsts == [[0, 0], [4, 4]] * 2  # tiny-moe: 2 MoE layers of 8 experts
