@@ -23,6 +23,8 @@ from hetprof.executor.parallel.experts import ExpertParallel, expert_lockstep
 from hetprof.runtime.distributed import file_init_method, leave_process_group
 from hetprof.safety.processes import skip_teardown_at_exit
 
+pytestmark = pytest.mark.slow  # multi-process: `make test-fast` leaves it out
+
 WORLD, EP = 4, 2
 SEQUENCES, LENGTH = 8, 12
 
