@@ -1,7 +1,8 @@
 """A tiny Qwen3-MoE (transformers' Qwen3MoeForCausalLM at the `tiny-moe` preset, random weights)
 trains with GRPO end to end on CPU: hf generation, log-probs, data-parallel training, weight sync,
 a Hugging Face export — and with expert parallelism (actor_train and ref_infer DP2 EP2: each rank
-holds half of every MoE layer's experts) the same losses and gradient norms as without, to rounding.
+holds half of every MoE layer's experts) the same losses and gradient norms as without, to rounding,
+also across a resume from its checkpoint (which holds every expert, gathered).
 
 Two runs share one module-scoped fixture (each `hetprof run` starts worker processes): the same plan
 with EP1 and with EP2. The `vllm` tests (make test-vllm) run the tiny MoE on vLLM's CPU build:
@@ -47,27 +48,31 @@ def moe_plan(path: Path, ep: int) -> Path:
     cluster = ClusterSpec.from_dict({"name": "cpu", "hosts": [{"name": "localhost", "gpus": {"type": "cpu",
                                                                                               "count": 2}}]})
     workload = WorkloadSpec.load(ROOT / "examples" / "workloads" / "grpo-tiny.yaml").to_dict()
-    # two mini-batches, so each update clips and steps twice on rows the two replicas hold unevenly
+    # two mini-batches, so each update clips and steps twice; the reference's replicas take uneven rows
+    # (the trainer's stay even: a resume restores one shuffler for every replica, which only replicas
+    # of equal shares continue alike)
     workload.update({"prompts_per_step": 4, "responses_per_prompt": 4, "ppo_epochs": 1, "mini_batches": 2,
                      "models": {"actor": "tiny-moe"}})
-    handwritten_plan(cluster, workload, PLACEMENT, shares={"actor_train": [0.75, 0.25]},
+    handwritten_plan(cluster, workload, PLACEMENT, shares={"ref_infer": [0.75, 0.25]},
                      expert_parallel={"actor_train": ep, "ref_infer": ep}).save(path)
     return path
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[int, Path]:
-    """Each EP degree's run folder (run.jsonl; checkpoint and HF export after iteration 2)."""
+    """Each EP degree's run folder (run.jsonl; checkpoint and HF export after iteration 2): EP1 runs
+    2 iterations straight, EP2 one, then resumes from its checkpoint for the second."""
     out = {}
-    for ep in (1, 2):
+    for ep, legs in ((1, (("--iterations", "2"),)), (2, (("--iterations", "1"), ("--iterations", "2", "--resume")))):
         tmp = tmp_path_factory.mktemp(f"ep{ep}")
         # a reward that differs between a group's responses (a random model rarely answers right), so
         # the advantages and with them every gradient are not zero
         (tmp / "spread.py").write_text("def score(prompt, response, answer):\n    return float(sum(map(ord, response)) % 7)\n")
-        done = hetprof_run(moe_plan(tmp / "plan.json", ep), tmp, "--iterations", "2", "--verify-sync",
-                           "--reward", "spread.py:score", "--checkpoint-dir", str(tmp / "ckpt"),
-                           "--checkpoint-every", "2")
-        assert done.returncode == 0, done.stderr[-3000:]
+        plan = moe_plan(tmp / "plan.json", ep)
+        for leg in legs:
+            done = hetprof_run(plan, tmp, *leg, "--verify-sync", "--reward", "spread.py:score",
+                               "--checkpoint-dir", str(tmp / "ckpt"), "--checkpoint-every", "1")
+            assert done.returncode == 0, done.stderr[-3000:]
         out[ep] = tmp
     return out
 
@@ -80,7 +85,7 @@ def test_tiny_qwen3_moe_trains_with_grpo_on_cpu(runs):
     assert records[0]["layouts"]["actor_train"] == "DP2×TP1×PP1"
 
 
-def test_expert_parallel_training_equals_one_expert_group(runs):
+def test_expert_parallel_training_resumed_equals_one_expert_group(runs):
     one, two = (read_log(runs[ep] / "run.jsonl") for ep in (1, 2))
     assert two[0]["layouts"]["actor_train"] == "DP2×TP1×PP1 EP2"
     assert two[0]["layouts"]["ref_infer"] == "DP2×TP1×PP1 EP2"
