@@ -9,7 +9,8 @@ follow from that, and both are handled for every caller (algorithms/replicas.py)
   divided by the *global* token count (all-reduced), which makes DDP's gradient average equal to the
   token mean over the whole batch instead of a mean of per-replica means.
 
-A tensor- or pipeline-parallel task hands in a `parallel.ShardedModel` instead of a DDP wrapper: the
+A tensor- or pipeline-parallel task hands in a `parallel.ShardedModel` instead of a DDP wrapper (an
+expert-parallel one a `parallel.ExpertParallel`, which answers the same calls): the
 same loss and denominators, with its gradients averaged over its data-parallel group explicitly, its
 norm clipped over the whole (sharded) model, and — when pipelined — each mini-batch run through
 torch's pipeline schedule, whose last stage computes the loss per micro-batch from the rows it is
@@ -32,6 +33,7 @@ from hetprof.executor.algorithms.base import Algorithm, RLBatch
 from hetprof.executor.algorithms.objectives import OBJECTIVES
 from hetprof.executor.algorithms.replicas import ReplicaCoordination
 from hetprof.executor.models.logprobs import first_response_column, token_logprobs
+from hetprof.executor.parallel.experts import expert_lockstep
 from hetprof.runtime.packedpass import logits_to_logprobs, packed_token_logprobs
 from hetprof.runtime.ulysses import SequenceParallel
 from hetprof.specs.vocabulary import Role
@@ -65,7 +67,7 @@ class Learner:
         self.recompute_proximal = recompute_proximal
         self.lr_scheduler = lr_scheduler
         self.process_group = process_group
-        self.parallel = parallel  # a parallel.ShardedModel for TP/PP tasks
+        self.parallel = parallel  # a parallel.ShardedModel for TP/PP tasks, an ExpertParallel for EP
         self.pipeline = parallel.pipeline if parallel is not None else None
         # packed micro-batches of at most this many tokens (executor/models/packing.py); a pipeline's
         # schedule splits fixed-shape padded micro-batches, so pipelined tasks stay padded
@@ -84,7 +86,8 @@ class Learner:
 
     @torch.no_grad()
     def proximal_logprobs(self, batch: RLBatch) -> torch.Tensor:
-        """The current policy's log-probs before this update (the decoupled objective's π_prox)."""
+        """The current policy's log-probs before this update (the decoupled objective's π_prox); an
+        expert-parallel model's replicas run it in lockstep (parallel/experts.py)."""
         was = self.model.training
         self.model.eval()
         try:
@@ -92,12 +95,13 @@ class Learner:
                 logits = self.pipeline.forward(batch.input_ids, batch.attention_mask)
                 return logits_to_logprobs(logits[:, :-1], batch.input_ids[:, 1:], self.temperature)
             model = forward_module(self.model)
-            if self.max_tokens is not None:
-                return packed_token_logprobs(model, batch.input_ids, batch.attention_mask, self.temperature,
-                                             max_tokens=self.max_tokens, needed=batch.mask,
-                                             sequence_parallel=self.sequence_parallel)
-            return token_logprobs(model, batch.input_ids, batch.attention_mask, self.temperature,
-                                  from_column=first_response_column(batch.mask))
+            with expert_lockstep(model):
+                if self.max_tokens is not None:
+                    return packed_token_logprobs(model, batch.input_ids, batch.attention_mask, self.temperature,
+                                                 max_tokens=self.max_tokens, needed=batch.mask,
+                                                 sequence_parallel=self.sequence_parallel)
+                return token_logprobs(model, batch.input_ids, batch.attention_mask, self.temperature,
+                                      from_column=first_response_column(batch.mask))
         finally:
             self.model.train(was)
 

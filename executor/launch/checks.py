@@ -120,12 +120,13 @@ def check_supported(plan: Plan, cuda_available: bool | None = None) -> str:
     tensor-parallel API over each stage's devices) for every task; pipeline stages
     (torch.distributed.pipelining, the plan's layer split) for training tasks and for the reference
     and reward models, combined with TP and DP; Ulysses sequence parallelism (a layout's `sp`) for the
-    packed passes of every task but generation, on whole-model replicas. Refused, naming the task and
-    its layout, what `hetprof.specs.executable` lists (the planner plans within the same rules):
-    pipeline stages for actor_gen and critic_infer, a pipelined training task whose replicas split
-    the layers differently, a TP degree that does not divide the heads, KV heads and FFN width, an
-    `sp` it cannot run, context or expert parallelism; and here two replicas of one task on one
-    device, and a GPU plan on a machine without CUDA.
+    packed passes of every task but generation, on whole-model replicas; expert parallelism (a
+    layout's `ep`) of an MoE model's training and inference passes but generation and critic_infer,
+    on whole-model replicas. Refused, naming the task and its layout, what `hetprof.specs.executable`
+    lists (the planner plans within the same rules): pipeline stages for actor_gen and critic_infer,
+    a pipelined training task whose replicas split the layers differently, a TP degree that does not
+    divide the heads, KV heads and FFN width, an `sp` or `ep` it cannot run, context parallelism;
+    and here two replicas of one task on one device, and a GPU plan on a machine without CUDA.
     """
     for problem in workload_problems(plan.workload_spec()):
         raise ExecutionError(f"{problem}; it is refused rather than ignored — the plan is a what-if "

@@ -31,12 +31,14 @@ def handwritten_plan(cluster: ClusterSpec | Mapping[str, Any], workload: Workloa
                 placement: Mapping[str, Sequence[str]], shares: Mapping[str, Sequence[float]] | None = None,
                 predicted: Prediction | None = None, task_seconds: Mapping[str, float] | None = None,
                 sharding: Mapping[str, str] | None = None, backend: str = "hf",
-                sequence_parallel: Mapping[str, int] | None = None) -> Plan:
+                sequence_parallel: Mapping[str, int] | None = None,
+                expert_parallel: Mapping[str, int] | None = None) -> Plan:
     """A plan from placements: `placement[task]` lists each replica's device, or its list of devices
     for tensor parallelism (one TP degree for all replicas of a task, except that generation replicas
     may differ in TP); `shares[task]` their
     batch shares; `sharding[task]` a training task's data-parallel sharding (none, zero2, fsdp);
-    `sequence_parallel[task]` its Ulysses degree (`sp`: that many consecutive replicas share each sequence).
+    `sequence_parallel[task]` its Ulysses degree (`sp`: that many consecutive replicas share each sequence);
+    `expert_parallel[task]` its EP degree (`ep`: that many consecutive replicas split the experts).
     A follower (the log-prob pass) goes where its leader goes, with its leader's degree, unless placed."""
     cluster_d = cluster.to_dict() if isinstance(cluster, ClusterSpec) else dict(cluster)
     workload_d = workload.to_dict() if isinstance(workload, WorkloadSpec) else dict(workload)
@@ -47,6 +49,8 @@ def handwritten_plan(cluster: ClusterSpec | Mapping[str, Any], workload: Workloa
     shares = {**{f: shares[lead] for f, lead in FOLLOWS.items() if lead in (shares or {})}, **(shares or {})}
     sp = sequence_parallel or {}
     sp = {**{f: sp[lead] for f, lead in FOLLOWS.items() if lead in sp}, **sp}
+    ep = expert_parallel or {}
+    ep = {**{f: ep[lead] for f, lead in FOLLOWS.items() if lead in ep}, **ep}
     for task in tasks_of(wl):
         if task not in placement:
             raise SpecError(None, f"placement.{task}", "a list of device ids for every task of the workload", None)
@@ -66,7 +70,7 @@ def handwritten_plan(cluster: ClusterSpec | Mapping[str, Any], workload: Workloa
         role = Task(task).role
         n_layers = layers[role].layers
         layout = TaskLayout(task, tp, 1, tuple(tuple(d) for d in devices), tuple(share), ((n_layers,),) * len(devices),
-                            (sharding or {}).get(task, "none"), sp=sp.get(task, 1))
+                            (sharding or {}).get(task, "none"), sp=sp.get(task, 1), ep=ep.get(task, 1))
         placements.append(TaskPlacement(layout, group="", predicted_s=(task_seconds or {}).get(task)))
     # Tasks whose device sets overlap time-share those devices: they form one group, as in the planner.
     components: list[tuple[set[str], list[str]]] = []

@@ -45,6 +45,14 @@ class ProcessGroups:
     def sequence_name(task: str, batch_group: int) -> str:
         return f"{task}/sp{batch_group}"
 
+    @staticmethod
+    def experts_name(task: str, expert_group: int) -> str:
+        return f"{task}/ep{expert_group}"
+
+    @staticmethod
+    def expert_peers_name(task: str, place: int) -> str:
+        return f"{task}/edp{place}"
+
     # ---- look-ups ---------------------------------------------------------------------------
     def tensor(self, task: str, replica: int, stage: int) -> dist.ProcessGroup | None:
         """The TP ranks of one stage of one replica (shards of the same layers)."""
@@ -70,6 +78,14 @@ class ProcessGroups:
         """The ranks of one Ulysses group (`sp` replicas sharing each sequence: TaskRanks.batch_groups)."""
         return self._groups.get(self.sequence_name(task, batch_group))
 
+    def experts(self, task: str, expert_group: int) -> dist.ProcessGroup | None:
+        """The ranks of one EP group (`ep` replicas splitting every MoE layer's experts)."""
+        return self._groups.get(self.experts_name(task, expert_group))
+
+    def expert_peers(self, task: str, place: int) -> dist.ProcessGroup | None:
+        """The ranks holding the same experts, one per EP group (they average those experts' gradients)."""
+        return self._groups.get(self.expert_peers_name(task, place))
+
     def replicas(self, task: str) -> dist.ProcessGroup | None:
         """The leads of a task's data-parallel replicas (DDP's group for a single-device replica)."""
         return self._groups.get(task)
@@ -93,7 +109,8 @@ class ProcessGroups:
     def build(cls, topo: Topology, backend: str | None = None) -> ProcessGroups:
         """Create one group per task's replicas and per sync edge, the TP, pipeline, data-parallel
         and replica groups of model-parallel tasks, the Ulysses groups of sequence-parallel tasks,
-        and the message and report groups.
+        the EP groups (and a trained task's groups of replicas holding the same experts) of
+        expert-parallel tasks, and the message and report groups.
 
         Every rank calls this with the same topology, so the new_group calls line up.
         """
@@ -107,6 +124,12 @@ class ProcessGroups:
             if t.sp > 1:
                 for g, ranks in enumerate(t.batch_groups):
                     groups[cls.sequence_name(t.task, g)] = dist.new_group(list(ranks), backend=backend)
+            if t.ep > 1:
+                for g, ranks in enumerate(t.expert_groups):
+                    groups[cls.experts_name(t.task, g)] = dist.new_group(list(ranks), backend=backend)
+                if t.kind == TaskKind.TRAINING and len(t.expert_groups) > 1:
+                    for j, ranks in enumerate(t.expert_peers):
+                        groups[cls.expert_peers_name(t.task, j)] = dist.new_group(list(ranks), backend=backend)
         groups[SyncEdge.WEIGHT_SYNC] = dist.new_group(topo.sync_members(SyncEdge.WEIGHT_SYNC), backend=backend)
         everyone = sorted(topo.device_of)
         # Tensor-dict messages match by tag, which gloo honours and NCCL does not (a rank that both

@@ -116,12 +116,12 @@ class ShardedModel:
                 q.grad = torch.zeros_like(q)
         if self.partial:
             grads = [q.grad for q in params if id(q) in self.partial]
-            _all_reduce_flat(grads, self.groups.tensor(self.task, self.pos.replica, self.pos.stage))
+            all_reduce_flat(grads, self.groups.tensor(self.task, self.pos.replica, self.pos.stage))
         tied = self._tied_copy()
         if self.tie_group is not None and tied is not None:
             dist.all_reduce(_local(tied.grad), group=self.tie_group)
         if self.dp_group is not None:
-            _all_reduce_flat([_local(q.grad) for q in params], self.dp_group, divide=self.pos.replicas)
+            all_reduce_flat([_local(q.grad) for q in params], self.dp_group, divide=self.pos.replicas)
 
     @torch.no_grad()
     def clip_grad_norm_(self, max_norm: float) -> float:
@@ -227,7 +227,7 @@ def _by_dtype(named: list[tuple[str, torch.Tensor]]) -> list[tuple[torch.dtype, 
     return list(out.items())
 
 
-def _all_reduce_flat(tensors: list[torch.Tensor], group: dist.ProcessGroup, divide: int = 1) -> None:
+def all_reduce_flat(tensors: list[torch.Tensor], group: dist.ProcessGroup, divide: int = 1) -> None:
     """Sum (then divide) tensors over `group` with one all-reduce per dtype, results in place."""
     from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 

@@ -116,6 +116,30 @@ class TaskRanks:
     def batch_group_of(self, rank: int) -> int:
         return self.replica_of(rank) // self.sp
 
+    # ---- expert parallelism: `ep` consecutive whole-model replicas split every MoE layer's experts ----
+    @property
+    def ep(self) -> int:
+        return self.layout.ep
+
+    @property
+    def expert_groups(self) -> tuple[tuple[int, ...], ...]:
+        """The ranks of each EP group: `ep` consecutive replicas, each holding 1/ep of the experts."""
+        ep = self.ep
+        return tuple(tuple(r for replica in self.replica_ranks[g:g + ep] for r in replica)
+                     for g in range(0, len(self.replica_ranks), ep))
+
+    @property
+    def expert_peers(self) -> tuple[tuple[int, ...], ...]:
+        """For each place j in an EP group, the ranks at j in every group: they hold the same experts."""
+        return tuple(tuple(group[j] for group in self.expert_groups) for j in range(self.ep))
+
+    def expert_group_of(self, rank: int) -> int:
+        return self.replica_of(rank) // self.ep
+
+    def expert_place_of(self, rank: int) -> int:
+        """Where `rank` sits in its EP group (which experts it holds)."""
+        return self.replica_of(rank) % self.ep
+
     def replica_of(self, rank: int) -> int:
         for i, replica in enumerate(self.replica_ranks):
             if rank in replica:

@@ -16,6 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from hetprof.errors import ExecutionError
+from hetprof.executor.parallel.experts import shard_experts
 from hetprof.executor.parallel.sharded import ShardedModel
 from hetprof.executor.parallel.topology import TaskRanks
 from hetprof.executor.parallel.weightsync import flatten_params
@@ -140,12 +141,17 @@ class RunnerBase:
 
 def place(ctx: RankContext, task: str, model: torch.nn.Module, head: str, flatten: bool = True
           ) -> tuple[torch.nn.Module, ShardedModel | None]:
-    """Shard a generation/inference model over its replica's TP ranks and pipeline stages, or (one
-    device) lay its weights out flat so weight syncs land in place. `head`: "lm" or "value"."""
+    """Shard a generation/inference model over its replica's TP ranks and pipeline stages, or its
+    experts over its EP group (whole-model replicas; the task runs its passes in
+    experts.expert_lockstep), or (one device) lay its weights out flat so weight syncs land in
+    place. `head`: "lm" or "value"."""
     tr = ctx.placement(task)
     if tr.tp_of(tr.replica_of(ctx.rank)) > 1 or tr.pp > 1:  # this rank's replica is TP- or PP-sharded
         sharded = ShardedModel(model, ctx.topo, ctx.groups, task, ctx.rank, ctx.device, head)
         return sharded.module, sharded
+    if tr.ep > 1:  # no weight sync lands in an EP copy (hetprof.specs.executable refuses one)
+        shard_experts(model, ctx.groups.experts(task, tr.expert_group_of(ctx.rank)))
+        return model, None
     if flatten:
         flatten_params(model, ctx.options.bucket_mb)
     return model, None

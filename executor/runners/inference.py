@@ -4,7 +4,8 @@
 Each pass runs one of three ways, chosen by how the plan placed it: a pipelined task runs its
 stages' schedule (the last stage's output reaches every stage), a token budget packs the rows into
 passes of at most that many tokens (models/packing.py), otherwise one padded forward. A family
-says what each way returns; the choice is the base class's.
+says what each way returns; the choice is the base class's. An expert-parallel pass runs in its EP
+group's lockstep (parallel/experts.py): its replicas' rows need not take as many forwards.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from hetprof.executor.algorithms import RLBatch
 from hetprof.executor.models.logprobs import token_logprobs
 from hetprof.executor.models.modeling import build_causal_lm, build_value_model, unwrap
 from hetprof.executor.models.packing import packed_values, priced_pass
+from hetprof.executor.parallel.experts import expert_lockstep
 from hetprof.executor.parallel.sharded import ShardedModel
 from hetprof.executor.parallel.tensorpar import is_sharded, load_full
 from hetprof.executor.records.iteration_report import prefill_timing
@@ -35,6 +37,10 @@ class InferencePass(RunnerBase):
 
     @torch.no_grad()
     def run(self, work: Tensors) -> Tensors:
+        with expert_lockstep(self.module):
+            return self._run(work)
+
+    def _run(self, work: Tensors) -> Tensors:
         ids, mask = work["input_ids"], work["attention_mask"]
         pipe = self.sharded.pipeline if self.sharded is not None else None
         if pipe is not None:  # every stage runs the schedule; the last stage's output reaches all

@@ -1,9 +1,11 @@
 """The trainers: actor_train and critic_train, each a model in fp32 masters, its optimizer and the
 learner that runs the algorithm's update, over the plan's data-parallel replicas.
 
-A trainer is placed one of two ways: TP/PP through torch's tensor-parallel API and pipeline stages
+A trainer is placed one of three ways: TP/PP through torch's tensor-parallel API and pipeline stages
 with data parallelism by an explicit gradient average over the replicas (parallel/sharded.py says
-why not DDP/FSDP there), or the plan's sharding (DDP or FSDP2, hetprof/runtime/dataparallel.py).
+why not DDP/FSDP there); expert parallelism (the layout's `ep`), whole-model replicas whose EP groups
+split every MoE layer's experts, averaged explicitly as well (parallel/experts.py); or the plan's
+sharding (DDP or FSDP2, hetprof/runtime/dataparallel.py).
 It answers weight sync (the sender's module, a sharded trainer's gathered weights) and checkpoints
 (its units, their state) for the model it owns.
 """
@@ -20,6 +22,7 @@ from hetprof.executor.algorithms.learner import Learner
 from hetprof.executor.algorithms.optimizer import build_optimizer, build_scheduler, optimizer_steps
 from hetprof.executor.models.modeling import build_causal_lm, build_value_model, unwrap
 from hetprof.executor.models.packing import priced_pass
+from hetprof.executor.parallel.experts import ExpertParallel
 from hetprof.executor.parallel.sharded import ShardedModel
 from hetprof.executor.parallel.weightsync import flatten_params
 from hetprof.executor.records.iteration_report import prefill_timing, train_timing
@@ -34,6 +37,7 @@ class Trainer(RunnerBase):
     """One training task on this rank: its (wrapped) model, optimizer and learner."""
 
     head = "lm"  # the model's output: "lm" (causal LM) or "value" (scalar head)
+    experts: ExpertParallel | None = None  # an expert-parallel replica's experts and collectives
 
     def __init__(self, ctx: RankContext, task: str, peers: Mapping[str, RunnerBase]) -> None:
         super().__init__(ctx, task, peers)
@@ -45,6 +49,7 @@ class Trainer(RunnerBase):
         optimizer = build_optimizer(model.parameters(), self.learning_rate(), settings)
         scheduler = build_scheduler(optimizer, settings, optimizer_steps(workload, ctx.options.iterations))
         replicated = self.sharded is None and len(self.placement.ranks) > 1
+        parallel = self.sharded if self.sharded is not None else self.experts
         # The plan's log-prob pass (actor_logprob, on these ranks) runs as its own forward pass before
         # the advantages (proximal_logprobs) and hands the learner π_prox on the batch; the learner
         # recomputes it only for a batch that lacks it, and without the pass π_behav serves.
@@ -52,7 +57,7 @@ class Trainer(RunnerBase):
                                mini_batches=workload.mini_batches, role=self.role,
                                temperature=training.temperature,
                                recompute_proximal=Task.ACTOR_LOGPROB in ctx.tasks,
-                               seed=ctx.options.seed, parallel=self.sharded, lr_scheduler=scheduler,
+                               seed=ctx.options.seed, parallel=parallel, lr_scheduler=scheduler,
                                max_grad_norm=settings.max_grad_norm,
                                process_group=ctx.groups.replicas(task) if replicated else None,
                                max_tokens_per_microbatch=self.pack_tokens, sequence_parallel=self.sequence_parallel)
@@ -71,6 +76,13 @@ class Trainer(RunnerBase):
             sharded = ShardedModel(model, ctx.topo, ctx.groups, self.task, ctx.rank, ctx.device, head=self.head)
             self.module = sharded.module
             return sharded.module, sharded
+        if tr.ep > 1:  # whole-model replicas; hetprof.specs.executable refuses EP with TP, PP or sharding
+            self.experts = ExpertParallel(model, ctx.groups.experts(self.task, tr.expert_group_of(ctx.rank)),
+                                          ctx.groups.replicas(self.task),
+                                          ctx.groups.expert_peers(self.task, tr.expert_place_of(ctx.rank)),
+                                          replicas=len(tr.ranks))
+            self.module = model
+            return model, None
         # the plan's sharding (DDP or FSDP2); a sharded model's weights are DTensors
         replicas = len(tr.ranks)
         sharding = tr.sharding if replicas > 1 else "none"
@@ -121,6 +133,8 @@ class Trainer(RunnerBase):
         before its lead can broadcast them; DDP replicas hold full copies and skip this."""
         if self.sharded is not None:  # TP/PP: replica 0's ranks gather, its first rank gets the result
             return self.sharded.full_state()
+        if self.experts is not None:  # each EP group gathers its expert shards
+            return self.experts.full_state()
         if not _is_sharded(self.module):
             return None
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -131,7 +145,9 @@ class Trainer(RunnerBase):
         return {n: t for n, t in state.items() if n in names}
 
     def sync_model(self) -> torch.nn.Module:
-        return self.sharded.reference if self.sharded is not None else unwrap(self.module)
+        if self.sharded is not None:
+            return self.sharded.reference
+        return self.experts.reference if self.experts is not None else unwrap(self.module)
 
     # ---- checkpoints ---------------------------------------------------------------------------------
     def units(self, lead_only: bool) -> list[str]:
@@ -144,17 +160,19 @@ class Trainer(RunnerBase):
         return [self.task] if not lead_only or self.placement.lead == self.ctx.rank else []
 
     def gathers_state(self) -> bool:
-        """Whether taking the state is a collective of the replicas (an FSDP-sharded trainer)."""
-        return self.sharded is None and _is_sharded(self.module)
+        """Whether taking the state is a collective of the replicas (an FSDP-sharded or EP trainer)."""
+        return self.experts is not None or (self.sharded is None and _is_sharded(self.module))
 
     def state(self) -> dict[str, Any]:
         """Model and optimizer state and the learner's progress (step counters, learning-rate schedule,
-        shuffler); an FSDP-sharded trainer gathers the full state, so every replica must call this
-        (a collective), though only the lead writes it."""
+        shuffler); an FSDP-sharded or EP trainer gathers the full state, so every replica must call
+        this (a collective), though only the lead writes it."""
         optimizer = self.learner.optimizer
         progress = {"learner": self.learner.progress_state()}
         if self.sharded is not None:
             return {**self.sharded.local_state(optimizer), **progress}
+        if self.experts is not None:
+            return {**self.experts.full_training_state(optimizer), **progress}
         if _is_sharded(self.module):
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
@@ -169,6 +187,8 @@ class Trainer(RunnerBase):
         optimizer = self.learner.optimizer
         if self.sharded is not None:
             self.sharded.load_local_state(optimizer, state)
+        elif self.experts is not None:  # every replica reads the whole model and keeps its experts
+            self.experts.load_full_training_state(optimizer, state)
         elif _is_sharded(self.module):  # every replica reads the full state and keeps its shard
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 

@@ -110,6 +110,37 @@ def sequence_parallel_problems(task: str, kind: str, model: ModelShape, sp: int,
             f"can ({'; '.join(why)})"] if why else []
 
 
+# Expert parallelism (a layout's `ep`): `ep` consecutive whole-model replicas split every MoE layer's
+# experts, exchanging tokens by all-to-all; the tasks whose copies cannot hold a split, and why.
+NO_EXPERT_SPLIT = {
+    Task.ACTOR_GEN: ("each generation replica decodes on its own (the hf backend token by token, and vLLM's "
+                     "expert parallelism is not wired to the weight sync)"),
+    Task.CRITIC_INFER: "it receives the critic's weights every iteration, and only whole-expert copies take a weight sync",
+}
+
+
+def expert_parallel_problems(task: str, model: ModelShape, ep: int, tp: int, pp: int, sp: int, sharding: str,
+                             name: str) -> list[str]:
+    """Why the executor would refuse `ep` > 1 for this layout (empty: it runs it). It splits the
+    experts of an MoE model over whole-model replicas (no TP, PP, Ulysses or sharded state: their
+    other gradients are averaged explicitly), `ep` dividing the experts of every MoE layer."""
+    if ep == 1:
+        return []
+    why = [NO_EXPERT_SPLIT[task]] if task in NO_EXPERT_SPLIT else []
+    if model.moe is None:
+        why.append(f"the {model.name} model has no experts")
+    elif model.moe.experts % ep:
+        why.append(f"EP{ep} must divide the {model.name} model's {model.moe.experts} experts per MoE layer")
+    if tp > 1 or pp > 1:
+        why.append("its groups are whole-model replicas (no TP or PP)")
+    if sp > 1:
+        why.append("not with Ulysses sequence parallelism")
+    if sharding != "none":
+        why.append(f"its replicas average gradients explicitly and shard no state ({sharding} sharding)")
+    return [f"task {task} has layout {name}: this executor runs expert parallelism only where it can "
+            f"({'; '.join(why)})"] if why else []
+
+
 def tp_divides(model: ModelShape, tp: int) -> bool:
     """Whether torch's tensor-parallel plan can shard `model` `tp` ways (heads, KV heads, FFN)."""
     return not (model.heads % tp or model.kv_heads % tp or model.ffn % tp)
@@ -124,7 +155,8 @@ def layout_problems(task: str, kind: str, model: ModelShape, tp: int, pp: int,
     layers per pipeline stage; `layout` how to name the layout in the sentences (e.g. DP2×TP1×PP2);
     `sp`, `cp`, `ep` its sequence-, context- and expert-parallel degrees; `packed` whether the
     workload packs its passes (training.max_tokens_per_microbatch). Ulysses sequence parallelism
-    runs where `sequence_parallel_problems` finds nothing; context and expert parallelism do not.
+    runs where `sequence_parallel_problems` finds nothing, expert parallelism where
+    `expert_parallel_problems` does; context parallelism does not.
     Sharded data parallelism runs on whole-model replicas — FSDP2 `fully_shard` for zero2 (kept
     gathered between forward and backward) and fsdp, on GPUs and on the CPU (gloo) alike; zero1 has
     no runner (the planner never picks it: zero2 moves the same bytes and holds less); TP/PP
@@ -150,6 +182,7 @@ def layout_problems(task: str, kind: str, model: ModelShape, tp: int, pp: int,
         out.append(f"task {task} has layout {name}: TP{tp} must divide the {model.name} model's attention "
                    f"heads ({model.heads}), KV heads ({model.kv_heads}) and FFN width ({model.ffn})")
     out += sequence_parallel_problems(task, kind, model, sp, tp, pp, packed, name)
-    out += [f"task {task} has layout {name}: this executor runs no {what} parallelism ({label}{degree})"
-            for what, label, degree in (("context", "CP", cp), ("expert", "EP", ep)) if degree != 1]
+    out += expert_parallel_problems(task, model, ep, tp, pp, sp, sharding, name)
+    if cp != 1:
+        out.append(f"task {task} has layout {name}: this executor runs no context parallelism (CP{cp})")
     return out
