@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from hetprof.specs import executable
+
 if TYPE_CHECKING:
     from hetprof.planner.planning import PlanningContext
 
@@ -18,14 +20,22 @@ def _divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
-def expert_degrees(planning: PlanningContext, task: str, replicas: Sequence[tuple[str, ...]]) -> tuple[int, ...]:
-    """The expert-parallel degrees an MoE task's layout over `replicas` is tried with, smallest first:
-    those dividing the replicas and the experts whose groups of consecutive replicas each hold one GPU
-    type (an EP group computes in lockstep: every rank waits at each all-to-all). (1,) for a dense
-    model, and where `hetprof run` plans (the executor has no EP yet, hetprof/specs/executable.py)."""
-    moe = planning.model_of(task).moe
-    if moe is None or len(replicas) < 2 or planning.executable:
+def expert_degrees(planning: PlanningContext, task: str, replicas: Sequence[tuple[str, ...]], tp: int = 1,
+                   pp: int = 1) -> tuple[int, ...]:
+    """The expert-parallel degrees an MoE task's layout over `replicas` (of `tp`×`pp` devices each) is
+    tried with, smallest first: those dividing the replicas and the experts whose groups of consecutive
+    replicas each hold one GPU type (an EP group computes in lockstep: every rank waits at each
+    all-to-all). (1,) for a dense model; where `hetprof run` plans, only degrees its executor runs
+    (hetprof/specs/executable.py)."""
+    model = planning.model_of(task)
+    if model.moe is None or len(replicas) < 2:
         return (1,)
     types = [frozenset(planning.devices[d].type for d in r) for r in replicas]
-    return tuple(ep for ep in _divisors(len(replicas)) if moe.experts % ep == 0
-                 and all(len(set(types[g:g + ep])) == 1 for g in range(0, len(types), ep)))
+    return tuple(ep for ep in _divisors(len(replicas)) if model.moe.experts % ep == 0
+                 and all(len(set(types[g:g + ep])) == 1 for g in range(0, len(types), ep))
+                 and not (planning.executable and runs_refused(planning, task, ep, tp, pp, "none")))
+
+
+def runs_refused(planning: PlanningContext, task: str, ep: int, tp: int, pp: int, sharding: str) -> bool:
+    """Whether `hetprof run` would refuse this expert-parallel layout (hetprof/specs/executable.py)."""
+    return bool(executable.expert_parallel_problems(task, planning.model_of(task), ep, tp, pp, 1, sharding, ""))

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from hetprof.planner.balance import Curve, balance_shares, largest_batch_within  # noqa: F401 (re-exported)
-from hetprof.planner.search.experts import expert_degrees
+from hetprof.planner.search.experts import expert_degrees, runs_refused
 from hetprof.planner.search.replica_kinds import (
     balance_layers,
     proportional,
@@ -178,7 +178,7 @@ def balanced_layout(planning: PlanningContext, task: str, replicas: Sequence[tup
         return None
     replicas = replicas[:task_batch(planning)]
     levels = sharding_levels(planning, task, len(replicas), tp, pp)
-    degrees = expert_degrees(planning, task, replicas)
+    degrees = expert_degrees(planning, task, replicas, tp, pp)
     if len(degrees) > 1:
         return _expert_layout(planning, task, replicas, tp, pp, balanced, memo, levels, degrees, cp)
     sps = [k for k in sequence_splits(planning, task, tp, pp)[0] if len(replicas) % k == 0] or [1]
@@ -211,10 +211,12 @@ def _expert_layout(planning: PlanningContext, task: str, replicas: list[tuple[st
     base = _layout_at(planning, task, replicas, tp, pp, balanced, memo, levels[-1], cp=cp, ep=degrees[-1])
     if base is None:
         return None
-    kept = expert_degrees(planning, task, base.replicas) if base.dp != len(replicas) else degrees
+    kept = expert_degrees(planning, task, base.replicas, tp, pp) if base.dp != len(replicas) else degrees
     best, best_t = None, math.inf
     for ep in kept:
         for level in levels if base.dp > 1 else ("none",):
+            if ep > 1 and planning.executable and runs_refused(planning, task, ep, tp, pp, level):
+                continue
             layout = dataclasses.replace(base, sharding=level, ep=ep)
             t = layout_cost(planning, layout)
             if best is None or t < best_t * (1 - 1e-9):

@@ -93,3 +93,21 @@ def test_a_pinned_ep_must_divide_the_replicas_and_the_experts(moe):
         "generation": {"group": "all", "ep": 8}, "inference": {"group": "all"}, "training": {"group": "all"}}})
     cand = pinned_candidate(moe, ok)
     assert dict(cand.layouts)[Task.ACTOR_GEN].ep == 8
+
+
+def test_runnable_plans_take_only_the_degrees_hetprof_run_carries_out():
+    """Planning for `hetprof run`: EP for training and the forward passes of whole-model replicas with
+    unsharded state; none for generation (vLLM/hf decode each sequence on one replica) or TP replicas."""
+    cluster = ClusterSpec.from_dict({"name": "moe", "hosts": [{"name": "h0", "gpus": {"type": "H100-SXM", "count": 8}}]})
+    workload = WorkloadSpec.from_dict({
+        "name": "w", "algorithm": "grpo", "mode": "sync", "models": {"actor": "qwen3-30b-a3b"},
+        "prompts_per_step": 128, "responses_per_prompt": 8, "prompt_len": {"mean": 256}, "response_len": {"mean": 512}})
+    ctx = Simulator(cluster, workload, get_cost_model("analytical"), executable=True).planning
+    singles = [(f"h0:{i}",) for i in range(8)]
+    assert layouts.expert_degrees(ctx, Task.ACTOR_TRAIN, singles) == (1, 2, 4, 8)
+    assert layouts.expert_degrees(ctx, Task.REF_INFER, singles) == (1, 2, 4, 8)
+    assert layouts.expert_degrees(ctx, Task.ACTOR_GEN, singles) == (1,)
+    pairs = [("h0:0", "h0:1"), ("h0:2", "h0:3")]
+    assert layouts.expert_degrees(ctx, Task.ACTOR_TRAIN, pairs, tp=2) == (1,)
+    lay = layouts.best_layout(ctx, Task.ACTOR_TRAIN, [f"h0:{i}" for i in range(8)])
+    assert lay is not None and not (lay.ep > 1 and lay.sharding != "none")
