@@ -125,10 +125,7 @@ class Learner:
         steps, updates, rng, schedule = (state.get(k) for k in ("steps", "updates", "rng", "lr_scheduler"))
         if type(steps) is not int or type(updates) is not int or min(steps, updates) < 0:
             raise ValueError(f"learner step counters must be integers >= 0, got {steps!r:.40}, {updates!r:.40}")
-        expected = self._rng.get_state()
-        if not isinstance(rng, torch.Tensor) or rng.dtype != expected.dtype or rng.shape != expected.shape:
-            raise ValueError(f"the learner's shuffler state must be a {tuple(expected.shape)} "
-                             f"{expected.dtype} tensor")
+        self._check_shuffler(rng)
         own = self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None
         if (schedule is None) != (own is None) or (own is not None and (
                 not isinstance(schedule, dict) or set(schedule) != set(own))):  # torch sets its attributes from it
@@ -138,6 +135,21 @@ class Learner:
         self._rng.set_state(rng)
         if self.lr_scheduler is not None:
             self.lr_scheduler.load_state_dict(schedule)
+
+    def shuffler_state(self) -> torch.Tensor:
+        """The mini-batch shuffler alone: a replica's own (its row count decides how far it advanced),
+        which a data-parallel task's checkpoint unit, written by its lead, does not hold."""
+        return self._rng.get_state()
+
+    def load_shuffler_state(self, rng: Any) -> None:
+        self._check_shuffler(rng)
+        self._rng.set_state(rng)
+
+    def _check_shuffler(self, rng: Any) -> None:
+        expected = self._rng.get_state()
+        if not isinstance(rng, torch.Tensor) or rng.dtype != expected.dtype or rng.shape != expected.shape:
+            raise ValueError(f"the learner's shuffler state must be a {tuple(expected.shape)} "
+                             f"{expected.dtype} tensor")
 
     # ---- the update ------------------------------------------------------------------------------
     def update(self, batch: RLBatch) -> dict[str, float]:

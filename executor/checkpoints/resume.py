@@ -91,17 +91,22 @@ class RankState:
 
 
 def save_rank(checkpoint_dir: str, rank: int, iteration: int, plan_hash: str, run_name: str,
-              data: dict[str, Any], rollouts: Mapping[int, Mapping[str, torch.Tensor]]) -> None:
-    """Write rank `rank`'s generators, data position and in-flight rollouts (batches >= `iteration`)."""
+              data: dict[str, Any], rollouts: Mapping[int, Mapping[str, torch.Tensor]],
+              runners: Mapping[str, RunnerBase]) -> None:
+    """Write rank `rank`'s generators, data position, in-flight rollouts (batches >= `iteration`) and
+    its runners' own state."""
     state = {"rng": checkpoint.rng_state(),
-             "rollouts": {str(b): {k: t.cpu() for k, t in r.items()} for b, r in rollouts.items() if b >= iteration}}
+             "rollouts": {str(b): {k: t.cpu() for k, t in r.items()} for b, r in rollouts.items() if b >= iteration},
+             "runners": {task: own for task, runner in runners.items() if (own := runner.own_state())}}
     _save(checkpoint_dir, rank_unit(rank), iteration, state,
           {"plan_hash": plan_hash, "run": run_name, "rank": rank, "data": data})
 
 
-def load_rank(checkpoint_dir: str, rank: int, start: int, device: torch.device) -> RankState:
-    """Rank `rank`'s state at iteration `start`, its random generators restored; a checkpoint without
-    it (or with it malformed) is refused naming the file."""
+def load_rank(checkpoint_dir: str, rank: int, start: int, device: torch.device,
+              runners: Mapping[str, RunnerBase]) -> RankState:
+    """Rank `rank`'s state at iteration `start`, its random generators and its runners' own state
+    restored (after their units: it overrides what a unit's lead saved); a checkpoint without it (or
+    with it malformed) is refused naming the file."""
     path = checkpoint.task_dir(checkpoint_dir, rank_unit(rank)) / checkpoint.iteration_folder(start)
     if not path.is_dir():
         raise checkpoint.CheckpointRefused(f"checkpoint {path}: missing; this rank's random generators, data "
@@ -117,6 +122,11 @@ def load_rank(checkpoint_dir: str, rank: int, start: int, device: torch.device) 
                     and all(isinstance(t, torch.Tensor) for t in tensors.values())):
                 raise ValueError(f"rollouts of batch {batch!r:.20}: expected a batch >= {start} and tensors")
             rollouts[int(batch)] = {k: t.to(device) for k, t in tensors.items()}
+        own = state.get("runners")
+        if not isinstance(own, dict):
+            raise ValueError("expected the runners' own state in state.pt")
+        for task, runner in runners.items():
+            runner.load_own_state(own.get(task, {}))
         checkpoint.set_rng_state(state.get("rng"))
 
     _restore(path, restore)

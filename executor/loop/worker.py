@@ -126,7 +126,7 @@ class Worker:
         units, the random generators, the data position, and (async) the k batches generated before
         the checkpoint that no update had trained on — replayed, not regenerated."""
         load_units(self.runners, self.opts.checkpoint_dir, start, self.device)
-        own = load_rank(self.opts.checkpoint_dir, self.rank, start, self.device)
+        own = load_rank(self.opts.checkpoint_dir, self.rank, start, self.device, self.runners)
         self.ctx.source.load_state_dict(own.data)
         if self.ctx.source.cursor != start:
             raise CheckpointRefused(f"--resume: rank {self.rank}'s checkpoint at iteration {start} holds the data "
@@ -257,6 +257,6 @@ class Worker:
         with self.timing.span("checkpoint", seconds=False):
             save_units(self.runners, self.opts.checkpoint_dir, iteration, self.hash, self.run_name)
             save_rank(self.opts.checkpoint_dir, self.rank, iteration, self.hash, self.run_name,
-                      self.ctx.source.position(iteration), self._rollouts)
+                      self.ctx.source.position(iteration), self._rollouts, self.runners)
             self.timing.report.checkpoint_saved = True
             export_models(self.runners, self.ctx, self.opts.checkpoint_dir, iteration)

@@ -58,6 +58,10 @@ class TaskRunner(Protocol):
 
     def units(self, lead_only: bool) -> list[str]: ...
 
+    def own_state(self) -> dict[str, Any]: ...
+
+    def load_own_state(self, state: dict[str, Any]) -> None: ...
+
 
 class RunnerBase:
     """Defaults for a runner: a task on this rank's ranks that owns no synced or checkpointed model."""
@@ -137,6 +141,14 @@ class RunnerBase:
     def units(self, lead_only: bool) -> list[str]:
         """Checkpoint units this rank holds (writes, with `lead_only`); none for an untrained task."""
         return []
+
+    def own_state(self) -> dict[str, Any]:
+        """What this rank's part of the task continues from that no checkpoint unit holds (saved with
+        the rank's own state, checkpoints/resume.py); nothing by default."""
+        return {}
+
+    def load_own_state(self, state: dict[str, Any]) -> None:
+        """The state `own_state` took on this rank."""
 
 
 def place(ctx: RankContext, task: str, model: torch.nn.Module, head: str, flatten: bool = True

@@ -199,6 +199,16 @@ class Trainer(RunnerBase):
             optimizer.load_state_dict(state["optimizer"])
         self.learner.load_progress_state(state["learner"])
 
+    def own_state(self) -> dict[str, Any]:
+        """This replica's mini-batch shuffler: replicas with different shares of the rows advance
+        theirs differently, and the unit holds its lead's only."""
+        return {"shuffler": self.learner.shuffler_state()}
+
+    def load_own_state(self, state: dict[str, Any]) -> None:
+        if "shuffler" not in state:
+            raise ValueError(f"no {self.task} mini-batch shuffler in it")
+        self.learner.load_shuffler_state(state["shuffler"])
+
 
 class ActorTrainer(Trainer):
     head = "lm"

@@ -6,7 +6,8 @@ COMMITTED.json at STOP); the resumed iterations must record the same losses, lea
 rewards, and the last checkpoint must hold the same weights, optimizer moments, learner progress,
 random generators and data position. A cosine schedule with warm-up makes a restarted schedule
 show, two mini-batches make a restarted shuffler show, and async mode has a batch in flight at
-the checkpoint (one case has the leader generate too, so it keeps its own).
+the checkpoint (one case has the leader generate too, so it keeps its own); one case trains two
+replicas with uneven shares, whose shufflers advance apart.
 """
 
 from __future__ import annotations
@@ -30,10 +31,12 @@ TOLERANCE = 1e-6
 COMPARED = (*TRAIN_KEYS, "reward_mean", "reward_std", "tokens", "staleness_max", "staleness_mean")
 WORKLOAD = {"mini_batches": 2, "optimizer": {"lr_schedule": "cosine", "warmup_steps": 2}}
 GRPO = {"actor_gen": ["localhost:0"], "ref_infer": ["localhost:1"], "actor_train": ["localhost:1"]}
+# two trainer replicas with uneven shares: each advances its own shuffler, which its rank saves
+GRPO_DP2 = {**GRPO, "actor_train": ["localhost:1", "localhost:0"]}
 PPO = {"actor_gen": ["localhost:0", "localhost:1"], "ref_infer": ["localhost:1"], "critic_infer": ["localhost:0"],
        "actor_train": ["localhost:1"], "critic_train": ["localhost:0"]}
 CASES = {
-    "grpo-sync": (GRPO, {}),
+    "grpo-sync": (GRPO_DP2, {}),
     "grpo-async": (GRPO, {"mode": "async", "staleness": 1}),
     "ppo-sync": (PPO, {"algorithm": "ppo", "models": {"actor": "tiny", "critic": "tiny"}}),
     "ppo-async": (PPO, {"algorithm": "ppo", "models": {"actor": "tiny", "critic": "tiny"}, "mode": "async",
@@ -82,7 +85,8 @@ def _assert_same(a, b, where: str) -> None:
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_resumed_run_is_the_uninterrupted_run(tmp_path, case):
     placement, workload = CASES[case]
-    plan = write_plan(tmp_path / "plan.json", 2, placement, **WORKLOAD, **workload)
+    shares = {"actor_train": [0.75, 0.25]} if len(placement["actor_train"]) == 2 else None
+    plan = write_plan(tmp_path / "plan.json", 2, placement, shares, **WORKLOAD, **workload)
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     straight.mkdir()
     args = ("--iterations", str(ITERATIONS), "--checkpoint-every", str(STOP))

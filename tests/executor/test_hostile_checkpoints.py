@@ -212,7 +212,7 @@ def test_hetprof_run_resume_refuses_a_hostile_marker_in_one_line_before_any_work
 def _rank_state(tmp_path, rollouts=None, rng=None, data=None):
     from hetprof.executor.checkpoints.resume import rank_unit
 
-    state = {"rng": checkpoint.rng_state() if rng is None else rng, "rollouts": rollouts or {}}
+    state = {"rng": checkpoint.rng_state() if rng is None else rng, "rollouts": rollouts or {}, "runners": {}}
     meta = {"plan_hash": "h", "run": "run-a", "rank": 0, "data": {"cursor": 2} if data is None else data}
     return checkpoint.save(checkpoint.task_dir(tmp_path, rank_unit(0)), 2, state, meta)
 
@@ -223,11 +223,40 @@ def test_a_rank_state_round_trips_its_generators_and_rollouts(tmp_path):
     from hetprof.executor.checkpoints.resume import load_rank, save_rank
 
     rollout = {"input_ids": torch.arange(6).reshape(2, 3)}
-    save_rank(str(tmp_path), 0, 2, "h", "run-a", {"cursor": 2}, {1: rollout, 2: rollout, 3: rollout})
+    saved, loaded = _Shuffled(torch.Generator().manual_seed(5)), _Shuffled(torch.Generator().manual_seed(9))
+    torch.randperm(7, generator=saved.rng)  # advanced as a replica's own share advances it
+    save_rank(str(tmp_path), 0, 2, "h", "run-a", {"cursor": 2}, {1: rollout, 2: rollout, 3: rollout},
+              {"actor_train": saved, "actor_gen": _Shuffled(None)})
     drawn = (random.random(), torch.rand(1))
-    own = load_rank(str(tmp_path), 0, 2, torch.device("cpu"))
+    own = load_rank(str(tmp_path), 0, 2, torch.device("cpu"), {"actor_train": loaded, "actor_gen": _Shuffled(None)})
     assert sorted(own.rollouts) == [2, 3] and torch.equal(own.rollouts[2]["input_ids"], rollout["input_ids"])
     assert own.data == {"cursor": 2} and (random.random(), torch.rand(1)) == drawn  # generators put back
+    assert torch.equal(loaded.rng.get_state(), saved.rng.get_state())  # the replica's own shuffler
+
+
+class _Shuffled:
+    """A runner whose own state is a shuffler (a trainer's replica), or nothing (rng None)."""
+
+    def __init__(self, rng: torch.Generator | None) -> None:
+        self.rng = rng
+
+    def own_state(self) -> dict:
+        return {} if self.rng is None else {"shuffler": self.rng.get_state()}
+
+    def load_own_state(self, state: dict) -> None:
+        if self.rng is not None:
+            if "shuffler" not in state:
+                raise ValueError("no shuffler in it")
+            self.rng.set_state(state["shuffler"])
+
+
+def test_a_rank_state_without_its_trainers_shuffler_is_refused_naming_it(tmp_path):
+    from hetprof.executor.checkpoints.resume import load_rank, save_rank
+
+    save_rank(str(tmp_path), 0, 2, "h", "run-a", {"cursor": 2}, {}, {"actor_train": _Shuffled(None)})
+    with pytest.raises(HetprofError) as err:
+        load_rank(str(tmp_path), 0, 2, torch.device("cpu"), {"actor_train": _Shuffled(torch.Generator())})
+    assert err.value.exit_code == 2 and "rank-00000" in str(err.value) and "shuffler" in str(err.value)
 
 
 @pytest.mark.parametrize("damage", ["missing", "rng", "rollout-key", "rollout-value", "data"])
@@ -247,7 +276,7 @@ def test_a_malformed_rank_state_is_refused_naming_it_and_changes_no_generator(tm
         _rank_state(tmp_path, data=[1])
     before = random.getstate()
     with pytest.raises(HetprofError) as err:
-        load_rank(str(tmp_path), 0, 2, torch.device("cpu"))
+        load_rank(str(tmp_path), 0, 2, torch.device("cpu"), {})
     text = str(err.value)
     assert err.value.exit_code == 2 and "rank-00000" in text and "\n" not in text, text
     assert random.getstate() == before
