@@ -14,6 +14,7 @@ runs on the trainer's workers with its weights (FOLLOWS), so it has no weight ed
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from hetprof.specs import TASKS, WorkloadSpec, workload_tasks
 from hetprof.specs.models import ModelShape
@@ -37,8 +38,8 @@ class Edge:
     bytes_per_sequence: int = 0
     model: str = ""
 
-    @property
-    def name(self) -> str:
+    @functools.cached_property
+    def name(self) -> str:  # cached: the scheduler keys its arrivals by it, millions of times a search
         return f"{self.kind}:{self.src}->{self.dst}"
 
     @property
