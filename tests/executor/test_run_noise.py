@@ -32,8 +32,8 @@ def test_generation_passes_the_kv_cache_by_the_name_the_model_takes():
 
 
 def test_only_the_known_vllm_lines_are_filtered(caplog):
-    """The tied head's reload line and the chat-template warm-up traceback are dropped; the same message for
-    another layer, and every other line of those loggers, still shows."""
+    """The tied head's and the rotary cache's reload lines and the chat-template warm-up traceback are
+    dropped; the same message for another layer, and every other line of those loggers, still shows."""
     quiet_known_noise()
     quiet_known_noise()  # idempotent: one filter per logger
     reload = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
@@ -41,6 +41,7 @@ def test_only_the_known_vllm_lines_are_filtered(caplog):
     assert sum(type(f).__name__ == "_KnownNoise" for f in reload.filters) == 1
     with caplog.at_level(logging.DEBUG):
         reload.warning("%s: Failed to load weights", "ParallelLMHead")
+        reload.warning("%s: Failed to load weights", "RotaryEmbedding")
         reload.warning("%s: Failed to load weights", "QKVParallelLinear")
         renderer.warning("Chat template warmup failed", exc_info=True)
         renderer.warning("Multi-modal warmup failed")
