@@ -21,6 +21,7 @@ computes the group's whole loss, and the denominators count the group's tokens o
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import defaultdict
 from typing import Any
@@ -33,7 +34,6 @@ from hetprof.executor.algorithms.base import Algorithm, RLBatch
 from hetprof.executor.algorithms.objectives import OBJECTIVES
 from hetprof.executor.algorithms.replicas import ReplicaCoordination
 from hetprof.executor.models.logprobs import first_response_column, token_logprobs
-from hetprof.executor.parallel.experts import expert_lockstep
 from hetprof.runtime.packedpass import logits_to_logprobs, packed_token_logprobs
 from hetprof.runtime.ulysses import SequenceParallel
 from hetprof.specs.vocabulary import Role
@@ -95,7 +95,8 @@ class Learner:
                 logits = self.pipeline.forward(batch.input_ids, batch.attention_mask)
                 return logits_to_logprobs(logits[:, :-1], batch.input_ids[:, 1:], self.temperature)
             model = forward_module(self.model)
-            with expert_lockstep(model):
+            # an expert-parallel replica runs its forwards in step with its EP group's (parallel/experts.py)
+            with self.parallel.lockstep() if self.parallel is not None else contextlib.nullcontext():
                 if self.max_tokens is not None:
                     return packed_token_logprobs(model, batch.input_ids, batch.attention_mask, self.temperature,
                                                  max_tokens=self.max_tokens, needed=batch.mask,

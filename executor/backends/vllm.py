@@ -37,9 +37,8 @@ from torch import nn
 from hetprof.errors import ExecutionError
 from hetprof.executor.backends import register_backend
 from hetprof.executor.backends.base import GenerationBackend, Rollout, check_sampling
-from hetprof.executor.models.modeling import unwrap
+from hetprof.executor.models.modeling import has_routed_experts, unwrap
 from hetprof.executor.models.tokenizer import Tokenizer
-from hetprof.executor.parallel.experts import has_routed_experts
 from hetprof.runtime.generation import pad_left
 from hetprof.runtime.vllm_engine import (
     WORKER_EXTENSION,

@@ -184,3 +184,15 @@ def _from_checkpoint(auto_class: Any, ckpt: Path, dtype: torch.dtype, attn_imple
                                           attn_implementation=attn_implementation)
     except Exception as exc:
         raise SpecError(str(ckpt), "model", "a loadable Hugging Face checkpoint", str(exc)) from None
+
+
+def moe_blocks(model: nn.Module) -> list[nn.Module]:
+    """The model's MoE blocks: a router `gate` and `experts` holding fused expert tensors
+    (transformers' Qwen3-MoE layout)."""
+    return [m for m in model.modules() if isinstance(getattr(m, "experts", None), nn.Module)
+            and hasattr(m.experts, "gate_up_proj") and hasattr(m, "gate")]
+
+
+def has_routed_experts(model: nn.Module) -> bool:
+    """Whether `model` has MoE layers (whole or sharded experts)."""
+    return bool(moe_blocks(model))

@@ -37,6 +37,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.nn.functional import all_to_all_single
 
+from hetprof.executor.models.modeling import moe_blocks
 from hetprof.executor.parallel.pipeline import Manifest
 from hetprof.executor.parallel.sharded import all_reduce_flat
 
@@ -104,21 +105,10 @@ class ExpertShard(nn.Module):
         return out
 
 
-def _moe_blocks(model: nn.Module) -> list[nn.Module]:
-    """The model's MoE blocks: a router `gate` and `experts` holding fused expert tensors."""
-    return [m for m in model.modules() if isinstance(getattr(m, "experts", None), nn.Module)
-            and hasattr(m.experts, "gate_up_proj") and hasattr(m, "gate")]
-
-
-def has_routed_experts(model: nn.Module) -> bool:
-    """Whether `model` has MoE layers (whole or sharded experts)."""
-    return bool(_moe_blocks(model))
-
-
 def shard_experts(model: nn.Module, group: dist.ProcessGroup | None = None) -> list[ExpertShard]:
     """Replace every MoE layer's experts of `model` with this rank's ExpertShard (in place); the shards."""
     shards = []
-    for module in _moe_blocks(model):
+    for module in moe_blocks(model):
         experts = module.experts
         if not isinstance(experts, ExpertShard):
             shard = ExpertShard(experts, group)
@@ -181,6 +171,10 @@ class ExpertParallel:
         self.expert_data_group = expert_data_group
         self.replicas = replicas
         self._shard_of = {id(p): s for s in self.shards for p in (s.gate_up_proj, s.down_proj)}
+
+    def lockstep(self) -> contextlib.AbstractContextManager[None]:
+        """Forwards this replica runs in a number its EP group's other ranks need not match."""
+        return expert_lockstep(self.module)
 
     def _split(self) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
         """(every rank's whole parameters, this rank's expert shards)."""

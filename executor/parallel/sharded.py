@@ -24,6 +24,7 @@ once), so clipping acts exactly as it does on one device.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any
 
@@ -108,6 +109,10 @@ class ShardedModel:
         return self.module.tied_copy() if isinstance(self.module, StageModule) else None
 
     @torch.no_grad()
+    def lockstep(self) -> contextlib.AbstractContextManager[None]:
+        """Forwards its replicas run in any number: nothing to keep in step (see ExpertParallel)."""
+        return contextlib.nullcontext()
+
     def finish_gradients(self) -> None:
         """TP partial sums, tied-embedding sum, then the data-parallel average (see module doc)."""
         params = self.parameters()
