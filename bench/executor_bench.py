@@ -166,17 +166,21 @@ def print_run_rows(runs: list[dict], bw: dict, quick: bool, max_tokens: int | No
                   f"{bw['sync_Bps'] / 1e9:.2f} vs {bw['plain_Bps'] / 1e9:.2f} GB/s, {bw['bytes'] / 1e6:.0f} MB "
                   f"in {bw['buckets']} buckets, 1 → {bw['world'] - 1}")
     console.print(table)
+    # the drift-free column divides by the run's drift probe: how far the model is off, not the machine
     tasks = Table(title="per task: measured (median) vs predicted, each run (goal 0.80–1.25 each)")
     for col in ("task", *(f"{c} (fit: {r['fitted_on']})" for r in runs for c in ("measured ms", "predicted ms",
-                                                                                 "measured / predicted"))):
+                                                                                 "measured / predicted",
+                                                                                 "the same, drift out"))):
         tasks.add_column(col, justify="right")
     for task in runs[0]["per_task"]:
         cells = []
         for run in runs:
             measured, predicted = run["per_task"].get(task, (None, None))
+            known = bool(predicted) and measured is not None
             cells += [f"{measured * 1e3:.1f}" if measured is not None else "—",
                       f"{predicted * 1e3:.1f}" if predicted else "—",
-                      f"{measured / predicted:.2f}" if predicted and measured is not None else "—"]
+                      f"{measured / predicted:.2f}" if known else "—",
+                      f"{measured / predicted / run['drift']:.2f}" if known else "—"]
         tasks.add_row(task, *cells)
     console.print(tasks)
     for run in runs:

@@ -29,8 +29,9 @@ LENGTH_SEED = 0
 # packs): the grid measures the sizes that hold the most packs, and the fit prices the rest.
 PACK_SHAPES_PER_BATCH = 3
 
-# The keys of `workload_points` naming the prefill points a packed inference pass runs at, and the
-# train points a packed training micro-batch runs at.
+# The keys of `workload_points` naming the prefill points a padded and a packed inference pass runs
+# at, and the train points a packed training micro-batch runs at.
+PADDED_PREFILL = "padded_prefill"
 PACKED_PREFILL = "packed_prefill"
 PACKED_TRAIN = "packed_train"
 
@@ -51,9 +52,10 @@ def dp_degrees(devices: int) -> list[int]:
 def workload_points(workload: WorkloadSpec, devices: int) -> dict[str, list[tuple[int, ...]]]:
     """(batch, length) points per task kernel (prefill, decode, train, generate) for `workload` on up to
     `devices` devices; lengths in tokens, as the executor pads them (a batch is as wide as its
-    longest prompt plus its longest response). Under `PACKED_PREFILL`, (batch, length, response)
-    of the packed inference passes among the prefill points; under `PACKED_TRAIN`, those of the packed
-    training micro-batches among the train points."""
+    longest prompt plus its longest response). Under `PADDED_PREFILL`, (batch, length) of the padded
+    inference passes among the prefill points; under `PACKED_PREFILL`, (batch, length, response)
+    of the packed ones; under `PACKED_TRAIN`, those of the packed training micro-batches among the
+    train points."""
     prompt_mean = max(1, round(workload.prompt_len.mean))
     prompt_max = max(prompt_mean, workload.prompt_len.cap)
     resp_mean = max(1, round(workload.response_len.mean))
@@ -72,10 +74,14 @@ def workload_points(workload: WorkloadSpec, devices: int) -> dict[str, list[tupl
     gen = {b: sorted({*prompts, max(1, round(workload.prompt_len.expected_longest(
         math.ceil(b / workload.responses_per_prompt))))}) for b in batches}
     packed_infer, packed_train = packed_points(workload, batches, train_batches)
+    # a padded workload's reference and log-prob passes: each replica's rows at the step's padded width
+    padded_infer = set() if workload.training.max_tokens_per_microbatch else {(b, padded) for b in batches}
     return {
         # generation's prefill over prompts, and the inference forward over whole sequences
         "prefill": sorted({(b, n) for b in batches for n in sorted({*gen[b], *sequences})} | packed_infer),
-        # which of them a packed inference pass runs, with its response tokens (the columns it scores)
+        # which of them a padded inference pass runs, and a packed one, with its response tokens
+        # (the columns it scores)
+        PADDED_PREFILL: sorted(padded_infer),
         PACKED_PREFILL: sorted((b, n, resp_mean) for b, n in packed_infer),
         "decode": [(b, n) for b in batches
                    for n in sorted({*contexts, *(p + 1 for p in gen[b]), *(p + max(1, resp_mean // 2) for p in gen[b])})],

@@ -249,7 +249,33 @@ def check_resumable(checkpoint_dir: str | Path, plan: Plan) -> int:
     start, _, warnings = resume_point(checkpoint_dir, plan_hash(plan))
     for warning in warnings:
         print(f"warning: {warning}; resuming from an earlier checkpoint", file=sys.stderr)
+    check_learner_progress(checkpoint_dir, plan, start)
     return start
+
+
+def check_learner_progress(checkpoint_dir: str | Path, plan: Plan, start: int) -> None:
+    """Refuse, before any worker starts, a trainer's checkpoint at `start` that holds no learner
+    progress (step counters, learning-rate schedule, shuffler: an older hetprof saved only the model
+    and optimizer). Why here: resumed from it, a run would restart its schedule and shuffle, so a
+    worker refuses it anyway, after every rank has started. A unit on another host is that host's check."""
+    from hetprof.executor.checkpoints.checkpoint import (
+        STATE,
+        CheckpointRefused,
+        iteration_folder,
+        load_state,
+        unit_folders,
+    )
+
+    training = {t.task for t in plan.tasks if t.kind == TaskKind.TRAINING}
+    root = Path(checkpoint_dir)
+    for unit in unit_folders(root, start):
+        if unit.relative_to(root).parts[0] not in training:
+            continue
+        path = unit / iteration_folder(start) / STATE
+        if not isinstance(load_state(path, "cpu", mmap=True).get("learner"), dict):
+            raise CheckpointRefused(f"--resume: checkpoint {path} holds no learner progress (step counters, "
+                                    "learning-rate schedule, shuffler): an older hetprof wrote it, and a run "
+                                    "resumed from it would restart them; start a new run instead")
 
 
 # ---- what the run reads and writes: refused as bad input (exit 2) before any worker starts ------------

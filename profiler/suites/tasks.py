@@ -33,10 +33,11 @@ from hetprof.profiler import taskmodels
 from hetprof.profiler.context import ProfileContext
 from hetprof.profiler.registry import Suite, register_suite
 from hetprof.profiler.timing import Flusher, Timed, measure, measure_round_robin
-from hetprof.profiler.workloadgrid import PACKED_PREFILL, PACKED_TRAIN, merge_points
+from hetprof.profiler.workloadgrid import PACKED_PREFILL, PACKED_TRAIN, PADDED_PREFILL, merge_points
 from hetprof.runtime.cpuslots import on_slot_core
 from hetprof.runtime.generation import sample_continuations
 from hetprof.runtime.packedpass import packed_token_logprobs
+from hetprof.runtime.paddedpass import token_logprobs
 from hetprof.runtime.sampling import next_tokens
 
 # (batch sizes, sequence/context lengths) per task, for (device kind, quick?)
@@ -120,10 +121,11 @@ class TaskTimer:
 
 
 class Prefill(TaskTimer):
-    """A forward over whole prompts or sequences. At a packed inference point of `--workload` (a
-    token-budget workload's reference or log-prob pass) it times what that pass runs,
-    `hetprof.runtime.packedpass.packed_token_logprobs` over one pack of `batch` sequences scoring their
-    response tokens; elsewhere a padded batch's forward, as generation's prefill runs it."""
+    """A forward over whole prompts or sequences. At an inference point of `--workload` (a reference
+    or log-prob pass) it times what that pass runs: padded, `hetprof.runtime.paddedpass.token_logprobs`
+    over the replica's padded batch (no KV cache, fp32 log-probs of every column over the vocabulary);
+    packed, `hetprof.runtime.packedpass.packed_token_logprobs` over one pack of `batch` sequences scoring
+    their response tokens. Elsewhere a padded batch's forward, as generation's prefill runs it."""
 
     task = "prefill"
 
@@ -137,9 +139,14 @@ class Prefill(TaskTimer):
         if response is not None and tm.with_head:
             return _packed_pass(model, tm, batch, length, response, device, flush, gen)
         x = taskmodels.inputs(tm, batch, length, device, gen)
+        # the run's padded reference or log-prob pass (a headless model has no log-probs to take)
+        padded = tm.with_head and (batch, length) in map(tuple, (ctx.options.get("workload_points") or {})
+                                                         .get(PADDED_PREFILL, []))
 
         def forward() -> Any:
             with torch.no_grad():
+                if padded:
+                    return token_logprobs(model, x["input_ids"], x["attention_mask"])
                 return model(**x, use_cache=True)
 
         return Timed(forward, flush=flush)

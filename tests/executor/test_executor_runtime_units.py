@@ -159,10 +159,28 @@ def test_resume_without_a_checkpoint_is_refused_up_front(tmp_path):
     with pytest.raises(HetprofError, match="no complete checkpoint") as err:
         check_resumable(tmp_path, plan)
     assert err.value.exit_code == 2  # nothing to resume from: a missing file, bad input
-    checkpoint.save(checkpoint.task_dir(tmp_path, "actor_train"), 4, {"w": torch.zeros(1)},
+    checkpoint.save(checkpoint.task_dir(tmp_path, "actor_train"), 4, {"w": torch.zeros(1), "learner": {"steps": 4}},
                     {"plan_hash": plan_hash(plan), "run": "r"})  # the launcher checks the state it resumes from
     checkpoint.commit(tmp_path, 4, {"plan_hash": plan_hash(plan), "run": "r"})
     assert check_resumable(tmp_path, plan) == 4
+
+
+def test_resume_from_a_checkpoint_without_learner_progress_is_refused_up_front(tmp_path):
+    """An older hetprof saved a trainer's model and optimizer only: resumed, the run would restart its
+    learning-rate schedule and shuffle, so the launcher refuses it in one line naming the file."""
+    from hetprof.executor.launch.checks import check_resumable
+
+    plan = handwritten_plan(cluster({"h": 2}), workload(), {"actor_gen": ["h:0"], "ref_infer": ["h:1"],
+                                                       "actor_train": ["h:1"]})
+    meta = {"plan_hash": plan_hash(plan), "run": "r"}
+    checkpoint.save(checkpoint.task_dir(tmp_path, "ranks/rank-00000"), 4, {"rng": {}}, meta)  # no trainer's state
+    checkpoint.save(checkpoint.task_dir(tmp_path, "actor_train"), 4,
+                    {"model": {"w": torch.zeros(1)}, "optimizer": {"state": {}}}, meta)
+    checkpoint.commit(tmp_path, 4, meta)
+    with pytest.raises(HetprofError, match="no learner progress") as err:
+        check_resumable(tmp_path, plan)
+    text = str(err.value)
+    assert err.value.exit_code == 2 and "actor_train/iter-000004/state.pt" in text and "\n" not in text
 
 
 def test_run_options_refuse_bad_values():

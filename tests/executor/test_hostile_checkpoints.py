@@ -175,9 +175,9 @@ def test_a_host_holding_no_unit_resumes_from_the_committed_iteration(tmp_path):
     assert checkpoint.resume_point(tmp_path, "h") == (4, "run-a", [])
 
 
-@pytest.mark.parametrize("marker", ['{"iteration": 1e999, "run": "r"}', '{"iteration": 2, "run": "../ESCAPED_TB"}',
-                                    "[" * 100_000])
-def test_hetprof_run_resume_refuses_a_hostile_marker_in_one_line_before_any_worker(tmp_path, monkeypatch, marker):
+def _resume_without_workers(tmp_path, monkeypatch, write_checkpoint):
+    """`hetprof run --resume` of a small CPU plan whose checkpoint folder `write_checkpoint(folder,
+    plan)` filled, with the worker launch replaced by a failure: (exit code, non-empty output lines)."""
     from pathlib import Path
 
     import torch.distributed.launcher.api as api
@@ -195,16 +195,41 @@ def test_hetprof_run_resume_refuses_a_hostile_marker_in_one_line_before_any_work
     cluster = ClusterSpec.from_dict({"name": "cpu", "hosts": [{"name": "localhost", "gpus": {"type": "cpu", "count": 2}}]})
     base = WorkloadSpec.load(root / "examples" / "workloads" / "grpo-tiny.yaml").to_dict()
     base.update({"prompts_per_step": 4, "responses_per_prompt": 4, "ppo_epochs": 1, "mini_batches": 1})
-    handwritten_plan(cluster, base, {"actor_gen": ["localhost:0"], "ref_infer": ["localhost:1"],
-                                     "actor_train": ["localhost:1"]}).save(tmp_path / "plan.json")
+    plan = handwritten_plan(cluster, base, {"actor_gen": ["localhost:0"], "ref_infer": ["localhost:1"],
+                                            "actor_train": ["localhost:1"]})
+    plan.save(tmp_path / "plan.json")
     (tmp_path / "ckpt").mkdir()
-    (tmp_path / "ckpt" / checkpoint.COMMIT).write_text(marker)
+    write_checkpoint(tmp_path / "ckpt", plan)
     result = CliRunner().invoke(cli, ["--db", str(tmp_path / "db.sqlite"), "run", str(tmp_path / "plan.json"),
                                       "--checkpoint-dir", str(tmp_path / "ckpt"), "--resume",
                                       "--tensorboard-dir", str(tmp_path / "tb")])
-    lines = [ln for ln in result.output.splitlines() if ln.strip()]
-    assert result.exit_code == 2 and len(lines) == 1 and "COMMITTED.json" in lines[0], result.output
+    return result.exit_code, [ln for ln in result.output.splitlines() if ln.strip()]
+
+
+@pytest.mark.parametrize("marker", ['{"iteration": 1e999, "run": "r"}', '{"iteration": 2, "run": "../ESCAPED_TB"}',
+                                    "[" * 100_000])
+def test_hetprof_run_resume_refuses_a_hostile_marker_in_one_line_before_any_worker(tmp_path, monkeypatch, marker):
+    code, lines = _resume_without_workers(tmp_path, monkeypatch,
+                                          lambda folder, plan: (folder / checkpoint.COMMIT).write_text(marker))
+    assert code == 2 and len(lines) == 1 and "COMMITTED.json" in lines[0], lines
     assert not (tmp_path / "ESCAPED_TB").exists()
+
+
+def test_hetprof_run_resume_refuses_an_older_checkpoint_without_learner_progress_before_any_worker(
+        tmp_path, monkeypatch):
+    """A trainer's state.pt of an older hetprof (model and optimizer only) is refused by the launcher in
+    one line naming the file, not by a worker after every rank has started."""
+    from hetprof.executor.records.run_log import plan_hash
+
+    def older(folder, plan):
+        meta = {"plan_hash": plan_hash(plan), "run": "run-a"}
+        checkpoint.save(checkpoint.task_dir(folder, "actor_train"), 2,
+                        {"model": {"w": torch.zeros(1)}, "optimizer": {"state": {}, "param_groups": []}}, meta)
+        checkpoint.commit(folder, 2, meta)
+
+    code, lines = _resume_without_workers(tmp_path, monkeypatch, older)
+    assert code == 2 and len(lines) == 1, lines
+    assert "no learner progress" in lines[0] and "actor_train/iter-000002/state.pt" in lines[0]
 
 
 # ---- the state a resume continues from: refused naming its file when it is not what the run saved ----

@@ -164,6 +164,29 @@ def test_packed_inference_points_time_the_runs_packed_pass(monkeypatch):
     assert len(calls) == runs
 
 
+def test_padded_inference_points_time_the_runs_padded_pass(monkeypatch):
+    """At a `--workload` padded inference point the prefill row times `token_logprobs` (the function a
+    run's padded reference and log-prob passes call: no KV cache, fp32 log-probs over the vocabulary)
+    on the padded batch; at any other point, and for a model profiled without its head, the forward."""
+    import hetprof.profiler.suites.tasks as tasks
+    from hetprof.profiler.timing import Flusher
+
+    calls = []
+    monkeypatch.setattr(tasks, "token_logprobs", lambda model, ids, mask: calls.append((tuple(ids.shape),
+                                                                                         int(mask.sum()))))
+    tm, model, ctx = _tiny_sweep({"prefill": [(3, 16), (4, 16)], "padded_prefill": [(3, 16)]})
+    cpu = torch.device("cpu")
+    gen = torch.Generator().manual_seed(0)
+    times = tasks.TIMERS["prefill"].time_point(ctx, model, tm, 3, 16, {}, cpu, Flusher(cpu), gen)
+    runs = ctx.policy.warmup + len(times)
+    assert calls == [((3, 16), 3 * 16 - 2 * 2)] * runs  # the padded mask: rows 0 and 2 start with 16 // 8 pads
+    tasks.TIMERS["prefill"].time_point(ctx, model, tm, 4, 16, {}, cpu, Flusher(cpu), gen)  # generation's prefill
+    headless = taskmodels.plan_model(PRESETS["tiny"], "fp32", 1)
+    tasks.TIMERS["prefill"].time_point(ctx, taskmodels.build(headless, "cpu"), headless, 3, 16, {}, cpu,
+                                       Flusher(cpu), gen)
+    assert len(calls) == runs
+
+
 def test_measure_round_robin_takes_turns_and_stops_each_call_on_its_own():
     from hetprof.profiler.timing import Timed, TimingPolicy, measure_round_robin
 

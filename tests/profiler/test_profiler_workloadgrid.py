@@ -53,3 +53,23 @@ def test_packed_inference_points_are_named_with_their_response_tokens():
     trained = pts["packed_train"]
     assert trained and all((b, n) in pts["train"] and r == 3 for b, n, r in trained)
     assert workload_points(w, 2)["packed_train"] == []
+
+
+def test_padded_inference_points_are_each_replicas_rows_at_the_priced_width():
+    """A padded workload's reference and log-prob passes run each replica's rows as wide as the step's
+    longest prompt plus its longest response: those prefill points are named, so the profiler times
+    the pass there (with its log-probs), not generation's prefill; a packed workload names none."""
+    from hetprof.costmodels import get_cost_model
+    from hetprof.planner.simulator import Simulator
+    from hetprof.specs import ClusterSpec
+
+    w = WorkloadSpec.load(ROOT / "examples" / "workloads" / "grpo-tiny.yaml")  # 64 sequences
+    cluster = ClusterSpec.from_dict({"name": "two", "hosts": [{"name": "h", "gpus": {"type": "cpu", "count": 2}}]})
+    costs = Simulator(cluster, w, get_cost_model("analytical"), executable=True).costs.basis
+    whole = round(costs.sequence_prompt + costs.sequence_response)
+    pts = workload_points(w, 2)
+    assert pts["padded_prefill"] == [(32, whole), (64, whole)]  # dp 2 and dp 1
+    assert set(pts["padded_prefill"]) <= set(pts["prefill"])
+    data = w.to_dict()
+    data["training"]["max_tokens_per_microbatch"] = 512
+    assert workload_points(WorkloadSpec.from_dict(data), 2)["padded_prefill"] == []
