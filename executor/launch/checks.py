@@ -269,13 +269,16 @@ def check_learner_progress(checkpoint_dir: str | Path, plan: Plan, start: int) -
     training = {t.task for t in plan.tasks if t.kind == TaskKind.TRAINING}
     root = Path(checkpoint_dir)
     for unit in unit_folders(root, start):
-        if unit.relative_to(root).parts[0] not in training:
+        folder = unit.relative_to(root).parts[0]
+        if folder not in training and folder != "ranks":
             continue
         path = unit / iteration_folder(start) / STATE
-        if not isinstance(load_state(path, "cpu", mmap=True).get("learner"), dict):
-            raise CheckpointRefused(f"--resume: checkpoint {path} holds no learner progress (step counters, "
-                                    "learning-rate schedule, shuffler): an older hetprof wrote it, and a run "
-                                    "resumed from it would restart them; start a new run instead")
+        # a trained unit holds its learner's progress; a rank's own state its replicas' shufflers
+        key, what = ("learner", "no learner progress (step counters, learning-rate schedule, shuffler)") \
+            if folder in training else ("runners", "no state of this rank's own (its trainer replica's shuffler)")
+        if not isinstance(load_state(path, "cpu", mmap=True).get(key), dict):
+            raise CheckpointRefused(f"--resume: checkpoint {path} holds {what}: an older hetprof wrote it, and a "
+                                    "run resumed from it would restart them; start a new run instead")
 
 
 # ---- what the run reads and writes: refused as bad input (exit 2) before any worker starts ------------

@@ -173,7 +173,7 @@ def test_resume_from_a_checkpoint_without_learner_progress_is_refused_up_front(t
     plan = handwritten_plan(cluster({"h": 2}), workload(), {"actor_gen": ["h:0"], "ref_infer": ["h:1"],
                                                        "actor_train": ["h:1"]})
     meta = {"plan_hash": plan_hash(plan), "run": "r"}
-    checkpoint.save(checkpoint.task_dir(tmp_path, "ranks/rank-00000"), 4, {"rng": {}}, meta)  # no trainer's state
+    checkpoint.save(checkpoint.task_dir(tmp_path, "ranks/rank-00000"), 4, {"rng": {}, "runners": {}}, meta)
     checkpoint.save(checkpoint.task_dir(tmp_path, "actor_train"), 4,
                     {"model": {"w": torch.zeros(1)}, "optimizer": {"state": {}}}, meta)
     checkpoint.commit(tmp_path, 4, meta)
@@ -181,6 +181,14 @@ def test_resume_from_a_checkpoint_without_learner_progress_is_refused_up_front(t
         check_resumable(tmp_path, plan)
     text = str(err.value)
     assert err.value.exit_code == 2 and "actor_train/iter-000004/state.pt" in text and "\n" not in text
+    # with the learner's progress, a rank's state from before replicas kept their own shufflers
+    checkpoint.save(checkpoint.task_dir(tmp_path, "actor_train"), 4,
+                    {"model": {"w": torch.zeros(1)}, "optimizer": {"state": {}}, "learner": {}}, meta)
+    checkpoint.save(checkpoint.task_dir(tmp_path, "ranks/rank-00001"), 4, {"rng": {}}, meta)
+    checkpoint.commit(tmp_path, 4, meta)
+    with pytest.raises(HetprofError, match="no state of this rank's own") as err:
+        check_resumable(tmp_path, plan)
+    assert err.value.exit_code == 2 and "ranks/rank-00001/iter-000004/state.pt" in str(err.value)
 
 
 def test_run_options_refuse_bad_values():
