@@ -34,7 +34,7 @@ install-vllm: $(STAMP)
 # ranks of its own, and with more runs than cores at once their collectives wait on ranks that
 # are not scheduled, so the runs took longer together than one after another.
 TEST_WORKERS ?= $(shell nproc)
-PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadfile
+PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # verl and AReaL for `pytest -m export` (tests/exporter/test_export_frameworks.py): the frameworks with --no-deps
 # (their own requirements would replace the CPU torch), then what their config modules import.

@@ -45,3 +45,12 @@ def one_thread():
     yield
     torch.set_num_threads(before)
 
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files with multi-process tests (marked `slow`: the long end-to-end runs) first, each file's
+    tests in their order: pytest-xdist hands files out in this order as workers free up
+    (`--no-loadscope-reorder`), so the long files start early and short unit files fill the end,
+    where files ordered by their number of tests left the longest runs to the last minute."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from helpers.costmodels_synth import add_rows, true_seconds
+from helpers.inprocess import hetprof_here
 
 from hetprof.costmodels import fitting
 from hetprof.costmodels.analytical import AnalyticalCostModel
@@ -23,7 +20,6 @@ from hetprof.specs.models import PRESETS
 
 TINY = PRESETS["tiny"]
 MODEL = {k: getattr(TINY, k) for k in ("name", "layers", "hidden", "ffn", "heads", "kv_heads", "head_dim", "vocab")}
-HETPROF = str(Path(sys.executable).with_name("hetprof"))
 
 
 def phase(kind: str, batch: int, tokens: int, seconds: float, **extra) -> dict:
@@ -93,8 +89,9 @@ def test_runs_calibrate_the_profile_fit_by_their_factor_and_can_be_left_out(tmp_
         cm = FittedCostModel(db)
         ask = Phase("decode", TINY, TINY.layers, 6, 80, with_head=True, dtype="fp32")
         assert cm.phase_time(ask, "cpu").seconds == pytest.approx(1.5 * true_seconds(ask), rel=0.12)
-    done = subprocess.run([HETPROF, "--db", str(db_file), "fit", "--task", "task.decode", "--no-store"],
-                          capture_output=True, text=True, env={**os.environ, "COLUMNS": "250"})
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("COLUMNS", "250")
+        done = hetprof_here(["--db", str(db_file), "fit", "--task", "task.decode", "--no-store"], tmp_path)
     assert done.returncode == 0, done.stderr
     header = next(line for line in done.stdout.splitlines() if "family" in line)
     row = next(line for line in done.stdout.splitlines() if "task.decode" in line)

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import math
-import os
-import subprocess
 
 import pytest
-from helpers.commands import hetprof_cmd
+from helpers.inprocess import hetprof_here
 
 from hetprof.costmodels import Placement, Work, get_cost_model
 from hetprof.profiles import ProfileDB
@@ -17,12 +15,13 @@ from hetprof.specs.models import PRESETS
 @pytest.mark.slow
 def test_profile_tiny_then_fit(tmp_path):
     db = tmp_path / "here.db"
-    prof = subprocess.run([*hetprof_cmd(), "--db", str(db), "profile", "--quick", "--suite", "tasks",
-                           "--models", "tiny"], capture_output=True, text=True, timeout=240)
+    # in this process (helpers/inprocess.py): the same commands without two more interpreters importing torch
+    prof = hetprof_here(["--db", str(db), "profile", "--quick", "--suite", "tasks", "--models", "tiny"], tmp_path, 240)
     assert prof.returncode == 0, prof.stderr[-2000:]
     png = tmp_path / "fit.png"
-    fit = subprocess.run([*hetprof_cmd(), "--db", str(db), "fit", "--report", str(png)],
-                         capture_output=True, text=True, timeout=240, env={**os.environ, "COLUMNS": "200"})
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("COLUMNS", "200")
+        fit = hetprof_here(["--db", str(db), "fit", "--report", str(png)], tmp_path, 240)
     assert fit.returncode == 0, fit.stderr[-2000:]
     for task in ("task.prefill", "task.decode", "task.train"):
         assert task in fit.stdout

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -30,7 +28,6 @@ from hetprof.safety.processes import skip_teardown_at_exit
 from hetprof.specs import ClusterSpec, WorkloadSpec
 
 ROOT = Path(__file__).resolve().parents[2]
-HETPROF = str(Path(os.sys.executable).with_name("hetprof"))
 TOK = CharTokenizer()
 LR = 0.5
 
@@ -178,8 +175,7 @@ def test_a_plan_runs_only_with_the_backend_it_was_made_for(tmp_path):
     assert check_backend(loaded, None) == "vllm" and check_backend(loaded, "vllm") == "vllm"
     with pytest.raises(HetprofError, match="planned for the vllm generation backend, not hf"):
         check_backend(loaded, "hf")
-    done = subprocess.run([HETPROF, "--db", str(tmp_path / "db.sqlite"), "run", str(plan), "--backend", "hf"],
-                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    done = hetprof_here(["--db", str(tmp_path / "db.sqlite"), "run", str(plan), "--backend", "hf"], tmp_path, 60)
     assert done.returncode == 2
     message = done.stderr.strip().splitlines()
     assert len(message) == 1 and "vllm" in message[0] and "hf" in message[0]

@@ -6,13 +6,13 @@ One PPO run on two CPU workers covers them all (the plan: `ppo_plan`).
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 from click.testing import CliRunner
-from test_executor_runtime_run import HETPROF, ROOT, hetprof_run
+from helpers.inprocess import hetprof_here
+from test_executor_runtime_run import ROOT, hetprof_run
 from test_executor_tensorboard import event_scalars
 
 from hetprof.executor.launch.handwritten_plan import handwritten_plan
@@ -78,8 +78,8 @@ def test_a_ppo_run_leaves_curves_loadable_models_a_trace_and_a_timeline(tmp_path
         assert any(str(n).startswith("aten::") for n in names)  # the ops the traced iteration ran
 
     assert {s["task"] for s in records[1]["timeline"]} >= {"actor_gen", "actor_train", "critic_train", "reward"}
-    gantt = subprocess.run([HETPROF, "--db", str(tmp_path / "db.sqlite"), "validate", str(tmp_path / "run.jsonl"),
-                            "--gantt", str(tmp_path / "run.png")], capture_output=True, text=True, timeout=120)
+    gantt = hetprof_here(["--db", str(tmp_path / "db.sqlite"), "validate", str(tmp_path / "run.jsonl"),
+                          "--gantt", str(tmp_path / "run.png")], tmp_path)
     assert gantt.returncode == 0, gantt.stderr
     assert (tmp_path / "run.png").read_bytes()[:4] == b"\x89PNG"
 

@@ -7,7 +7,8 @@ on the same pytest worker forks its workers at once. The command, its options, t
 workers are the same code; tests that signal the launcher or read what the user's terminal shows
 (killed or hung workers, warnings on stderr, two hosts) keep a process of their own.
 
-`spawn_ranks` starts a test's own gloo ranks from that same server, for the same reason.
+`spawn_ranks` starts a test's own gloo ranks from that same server, for the same reason. A command
+run here leaves the test process as it found it: its signal handlers and torch's thread count.
 """
 
 from __future__ import annotations
@@ -66,13 +67,17 @@ def spawn_ranks(fn: Callable, args: tuple, nprocs: int) -> None:
 
 def hetprof_here(args: list[str], cwd: Path, timeout_s: float = 150) -> subprocess.CompletedProcess:
     """`hetprof ARGS` run in this process from `cwd`, as a CompletedProcess (exit status, stdout, stderr)."""
+    import torch
+
     from hetprof.cli import cli
 
     handlers = {s: signal.getsignal(s) for s in HANDLED}
+    threads = torch.get_num_threads()  # `hetprof profile` sets its own
     try:
         with contextlib.chdir(cwd), _workers_killed_after(timeout_s):
             result = CliRunner().invoke(cli, args, catch_exceptions=False)
     finally:
         for s, handler in handlers.items():
             signal.signal(s, handler)
+        torch.set_num_threads(threads)
     return subprocess.CompletedProcess(["hetprof", *args], result.exit_code, result.stdout, result.stderr)
