@@ -19,12 +19,13 @@ from hetprof.costmodels import calloverhead, enginereload, pointcorrections
 from hetprof.costmodels.analytical import AnalyticalCostModel
 from hetprof.costmodels.base import CostModel
 from hetprof.costmodels.data import LinkSpec, Phase, PhaseTime
-from hetprof.costmodels.families import Family, get_family
+from hetprof.costmodels.entries import checked_parts
+from hetprof.costmodels.families import Family
 from hetprof.costmodels.features import FEATURES, PHASE_TASK, TASK_PHASE, phase_features
 from hetprof.costmodels.fitting import FORMAT, MODEL_NAME
 from hetprof.costmodels.runcalibration import FACTOR_RANGE
 from hetprof.specs.catalog import Catalog, canonical_name
-from hetprof.specs.models import DTYPE_BYTES, ModelShape
+from hetprof.specs.models import ModelShape
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,22 +61,7 @@ def validate_entry(entry: dict[str, Any]) -> LoadedModel:
     task_type = params.get("task_type")
     if task_type not in TASK_PHASE or task_type != entry.get("task_type"):
         raise ValueError(f"task_type {str(task_type)[:40]!r} is not a task benchmark or disagrees with the row")
-    device = params.get("device_type")
-    device = canonical_name(device) if isinstance(device, str) else None
-    if device is None:
-        raise ValueError("device_type is not a catalog device type")
-    dtype = params.get("dtype")
-    if dtype not in DTYPE_BYTES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}")
-    if params.get("features") != list(FEATURES):
-        raise ValueError("fitted on other features than this version computes")
-    family = get_family(params.get("family"))
-    if entry.get("family") != family.name:
-        raise ValueError("family disagrees with the row's family")
-    model = params.get("model")
-    if not isinstance(model, dict):
-        raise ValueError("model is not an object")
-    family.check(model, len(FEATURES))
+    device, dtype, family, model = checked_parts(params, FEATURES, row=entry)
     factor = params.get("run_factor", 1.0)
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not (
             FACTOR_RANGE[0] <= factor <= FACTOR_RANGE[1]):

@@ -25,7 +25,7 @@ from hetprof.costmodels.base import generation_phases
 from hetprof.costmodels.data import Phase
 from hetprof.costmodels.families import get_family
 from hetprof.costmodels.features import FEATURES, TASK_PHASE, RowError, phase_features, phase_from_row
-from hetprof.costmodels.heldout import HeldOut, choose_family, mape, nested_heldout
+from hetprof.costmodels.heldout import FitErrors, HeldOut, choose_family, nested_heldout
 from hetprof.costmodels.runcalibration import MIN_PROFILE_SHAPES, RunCalibration, calibrate, compute_targets
 from hetprof.costmodels.runrows import SOURCE, packs_of, run_call_rows, run_task_rows
 from hetprof.errors import ProfileDBError
@@ -43,7 +43,7 @@ _NON_SHAPE = {"sample_id", "run_id", "benchmark", "device_id", "device_name", "c
 
 
 @dataclasses.dataclass
-class TaskFit:
+class TaskFit(FitErrors):
     """One fitted model and everything `hetprof fit` reports about it."""
 
     task_type: str
@@ -74,14 +74,6 @@ class TaskFit:
     @property
     def run_factor(self) -> float:
         return self.runs.factor if self.runs is not None else 1.0
-
-    @property
-    def analytical_mape(self) -> float:
-        return mape(self.analytical, self.measured)
-
-    @property
-    def train_mape(self) -> float:
-        return mape(self.fitted_train, self.measured)
 
     def entry(self) -> dict[str, Any]:
         """The data stored in the database: enough to re-create the model, nothing executable."""

@@ -132,3 +132,19 @@ def nested_heldout(x: np.ndarray, y: np.ndarray, shapes: pd.DataFrame, seed: int
     if not preds:
         return HeldOut(float("nan"), 0, predicted, {}, {})
     return HeldOut(mape(np.concatenate(preds), np.concatenate(trues)), len(folds), predicted, per_fold, chosen)
+
+
+class FitErrors:
+    """A fit's error columns in `hetprof fit`'s table, from its measured, catalog and fitted seconds."""
+
+    measured: np.ndarray
+    analytical: np.ndarray
+    fitted_train: np.ndarray
+
+    @property
+    def analytical_mape(self) -> float:
+        return mape(self.analytical, self.measured)
+
+    @property
+    def train_mape(self) -> float:
+        return mape(self.fitted_train, self.measured)

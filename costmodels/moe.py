@@ -37,8 +37,9 @@ import math
 import warnings
 from typing import Any
 
-from hetprof.costmodels.families import Family, get_family
-from hetprof.specs.catalog import canonical_name, lookup
+from hetprof.costmodels.entries import checked_parts
+from hetprof.costmodels.families import Family
+from hetprof.specs.catalog import lookup
 from hetprof.specs.models import DTYPE_BYTES, ModelShape
 from hetprof.specs.vocabulary import MoeBenchmark
 
@@ -160,20 +161,7 @@ def validate_expert_entry(entry: dict[str, Any]) -> ExpertGemm:
     params = entry.get("params")
     if not isinstance(params, dict) or params.get("format") != EXPERT_FORMAT:
         raise ValueError(f"params are not a format-{EXPERT_FORMAT} {EXPERT_MODEL} entry")
-    device = params.get("device_type")
-    device = canonical_name(device) if isinstance(device, str) else None
-    if device is None:
-        raise ValueError("device_type is not a catalog device type")
-    dtype = params.get("dtype")
-    if dtype not in DTYPE_BYTES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}")
-    if params.get("features") != list(EXPERT_FEATURES):
-        raise ValueError("fitted on other features than this version computes")
-    family = get_family(params.get("family"))
-    model = params.get("model")
-    if not isinstance(model, dict):
-        raise ValueError("model is not an object")
-    family.check(model, len(EXPERT_FEATURES))
+    device, dtype, family, model = checked_parts(params, EXPERT_FEATURES)
     mape = (entry.get("metrics") or {}).get("heldout_mape")
     return ExpertGemm(str(entry.get("id", "")), device, dtype, family, model,
                       float(mape) if isinstance(mape, (int, float)) else None)

@@ -21,7 +21,7 @@ import pandas as pd
 from hetprof.costmodels import moe
 from hetprof.costmodels.calibration import Calibration
 from hetprof.costmodels.fitting import DEFAULT_STAT, STATS, repeat_noise
-from hetprof.costmodels.heldout import HeldOut, choose_family, mape, nested_heldout
+from hetprof.costmodels.heldout import FitErrors, HeldOut, choose_family, nested_heldout
 from hetprof.errors import ProfileDBError
 from hetprof.specs.catalog import canonical_name
 
@@ -29,7 +29,7 @@ SHAPE_KEYS = ("hidden", "expert_ffn", "groups", "rows", "pass")
 
 
 @dataclasses.dataclass
-class ExpertFit:
+class ExpertFit(FitErrors):
     """One fitted grouped-GEMM model and what `hetprof fit` reports about it (the columns a task fit has)."""
 
     device_type: str
@@ -51,14 +51,6 @@ class ExpertFit:
     n_run_rows: int = 0  # runs record phases, not expert GEMMs
     runs: None = None
     call: None = None
-
-    @property
-    def analytical_mape(self) -> float:
-        return mape(self.analytical, self.measured)
-
-    @property
-    def train_mape(self) -> float:
-        return mape(self.fitted_train, self.measured)
 
     def entry(self) -> dict[str, Any]:
         """The data stored in the database: enough to re-create the model, nothing executable."""
