@@ -2,7 +2,8 @@
 
 time = max(matmul FLOPs / matmul FLOP/s + attention FLOPs / attention FLOP/s, bytes / bandwidth)
        + kernels × launch latency;
-a training replica adds one Adam step per optimizer step over its optimizer shard (memory-bound).
+a training replica adds one Adam step per optimizer step over its optimizer shard (memory-bound),
+the share held on the host (`Work.optimizer_offload`) stepped there (`host_adam_seconds`).
 The achievable rates are the profile database's rows of that device type (measured, else
 reference) when it has them and catalog peaks otherwise, each shaped by the catalog's efficiency
 curves — a decode step's skinny matmuls or a short attention reach less than big ones
@@ -13,12 +14,31 @@ from __future__ import annotations
 
 from typing import Any
 
-from hetprof.costmodels import memory, moe, phases
+from hetprof.costmodels import comm, memory, moe, phases
 from hetprof.costmodels.base import CostModel, optimizer_shards
 from hetprof.costmodels.calibration import Calibration
 from hetprof.costmodels.data import LinkSpec, Phase, PhaseTime, Placement, Work
 from hetprof.specs.catalog import Catalog, canonical_name
 from hetprof.specs.vocabulary import TaskKind
+
+# Host memory bandwidth of one GPU's share of its host, for an Adam step run there: a DGX H100's two
+# Xeon Platinum 8480C (NVIDIA DGX H100 datasheet), each with eight DDR5-4800 channels (Intel ARK:
+# 307.2 GB/s a socket), shared by its eight GPUs' ranks, which step their shards at once. A peak:
+# the host step priced with it is a lower bound, like a datasheet rate before measurement.
+HOST_ADAM_BPS_PER_GPU = 2 * 307.2e9 / 8
+# What an update moves between device and host per host-held parameter: the fp32 main gradient down
+# (Megatron's distributed optimizer keeps main_grad in fp32) and the new 16-bit weight back.
+HOST_OPTIMIZER_COPY_BYTES = 4 + 2
+
+
+def host_adam_seconds(params: float, dtype: str, host_link_Bps: float) -> float:
+    """One update of `params` host-held parameters: the gradient copies down and weight copies up over
+    the host link, and the Adam sweep in host memory, pipelined by parameter group (Megatron's
+    overlap_cpu_optimizer_d2h_h2d): the slower of the two."""
+    if params <= 0:
+        return 0.0
+    copies = params * HOST_OPTIMIZER_COPY_BYTES / host_link_Bps
+    return max(copies, phases.adam_step_bytes(params, dtype) / HOST_ADAM_BPS_PER_GPU)
 
 
 class AnalyticalCostModel(CostModel):
@@ -72,7 +92,8 @@ class AnalyticalCostModel(CostModel):
     def optimizer_step_time(self, work: Work, placement: Placement) -> float:
         """One Adam step over the optimizer shard a rank of this replica-stage owns (every parameter
         it holds, embeddings too, over the ranks that share the optimizer: ZeRO paper §5.1), at the
-        HBM rate a sweep of that many bytes reaches: memory-bound, after the backward, not overlapped."""
+        HBM rate a sweep of that many bytes reaches: memory-bound, after the backward, not overlapped;
+        the share `work.optimizer_offload` holds on the host is stepped there (`host_adam_seconds`)."""
         if work.kind != TaskKind.TRAINING:
             return 0.0
         shared, experts = memory.split_params_on_device(work.model, self._stage_layers(work, placement),
@@ -83,8 +104,14 @@ class AnalyticalCostModel(CostModel):
             params = shared / shards + experts / copies
         else:
             params = memory.params_on_device(work.model, self._stage_layers(work, placement), placement.tp) / shards
-        moved = phases.adam_step_bytes(params, work.dtype)
-        return moved / self.calibration.memory_rate(placement.device_type, None, moved).value
+        on_device = params * (1 - work.optimizer_offload)
+        moved = phases.adam_step_bytes(on_device, work.dtype)
+        seconds = moved / self.calibration.memory_rate(placement.device_type, None, moved).value if moved else 0.0
+        if work.optimizer_offload > 0:
+            host = params * work.optimizer_offload
+            link = comm.host_link_Bps(self.catalog.lookup(placement.device_type), host * HOST_OPTIMIZER_COPY_BYTES)
+            seconds += host_adam_seconds(host, work.dtype, link)
+        return seconds
 
     def device_link(self, device_type: str) -> tuple[LinkSpec, str]:
         return self.calibration.link(device_type)

@@ -327,7 +327,8 @@ class CostModel(abc.ABC):
         return memory.task_memory(work.kind, work.model, self._stage_layers(work, placement), placement.tp,
                                   work.batch, work.seq_len, work.dtype, work.recompute, concurrent,
                                   placement.dp, placement.sharding, work.token_budget, work.sp, cp=work.cp,
-                                  micro_tokens=work.micro_tokens, offload=work.activation_offload, ep=placement.ep)
+                                  micro_tokens=work.micro_tokens, offload=work.activation_offload, ep=placement.ep,
+                                  optimizer_offload=work.optimizer_offload)
 
 
 def optimizer_shards(placement: Placement) -> int:

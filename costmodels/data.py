@@ -59,6 +59,7 @@ class Work:
     cp: int = 1  # training / forward passes: context-parallel degree, each sequence split over cp ranks of a stage
     micro_tokens: int | None = None  # padded micro-batches' token budget (None: memory.MICRO_BATCH_TOKENS)
     activation_offload: bool = False  # training: stored activations wait in host memory for the backward
+    optimizer_offload: float = 0.0  # training: share of the optimizer state held and stepped on the host
     attention_span: float | None = None  # forward passes: Σs²/Σs of the batch's lengths, where attention differs from s̄²
     memory_utilization: float = 0.9  # generation: share of the GPU the engine may fill (vLLM's gpu_memory_utilization)
 

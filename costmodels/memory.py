@@ -218,7 +218,8 @@ def _state(params: float, experts: float, per_param: float, copies: float, exper
 def task_memory(kind: str, model: ModelShape, layers: int, tp: int, batch: int, seq_len: int, dtype: str,
                 recompute: bool | str, concurrent: int, dp: int = 1, sharding: str = "none",
                 token_budget: int | None = None, sp: int = 1, ep: int = 1, etp: int | None = None,
-                cp: int = 1, micro_tokens: int | None = None, offload: bool = False) -> MemoryEstimate:
+                cp: int = 1, micro_tokens: int | None = None, offload: bool = False,
+                optimizer_offload: float = 0.0) -> MemoryEstimate:
     """Peak bytes on one device of a (tp-sharded, `layers`-layer) replica during its phase.
 
     `concurrent` is the number of sequences whose KV cache generation holds at once (ignored by
@@ -231,7 +232,8 @@ def task_memory(kind: str, model: ModelShape, layers: int, tp: int, batch: int, 
     when many sequences fill it, but one sequence longer than the budget splits over the ranks.
     Context parallelism over `cp` ranks of a stage splits each of the replica's own sequences the same
     way. `micro_tokens` is the padded micro-batch's budget (None: MICRO_BATCH_TOKENS); `recompute`
-    (none, selective, full) and activation `offload` set what training keeps for its backward.
+    (none, selective, full) and activation `offload` set what training keeps for its backward;
+    `optimizer_offload` is the share of the optimizer state held in host memory instead.
     `ep` and `etp` shard an MoE model's routed experts (module docstring); the sharding levels then
     divide the expert state over its expert replicas, not over dp.
     """
@@ -261,7 +263,7 @@ def task_memory(kind: str, model: ModelShape, layers: int, tp: int, batch: int, 
             shards = sharded_state(sharding) if dp > 1 else ()
             grads = _state(params, experts, width, *((dp, replicas) if "grads" in shards else (1, 1)))
             optimizer = _state(params, experts, optimizer_bytes_per_param(dtype),
-                               *((dp, replicas) if "optimizer" in shards else (1, 1)))
+                               *((dp, replicas) if "optimizer" in shards else (1, 1))) * (1 - optimizer_offload)
             act = training_activations(model, layers, tp, dtype, tokens, recompute, offload)
             act += 2 * logits  # logits and their gradient
             if "params" in shards:

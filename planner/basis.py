@@ -94,6 +94,7 @@ class PricingBasis:
                     memory_utilization=self.workload.generation.gpu_memory_utilization,
                     sp=self.sp if sp is None else sp, cp=cp, micro_tokens=None if generation else micro_tokens,
                     activation_offload=self.workload.training.activation_offload,
+                    optimizer_offload=self.workload.training.optimizer_offload,
                     attention_span=None if generation or not at_mean else self.attention_span,
                     token_budget=None if generation else self.token_budget)
 

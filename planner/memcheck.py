@@ -66,7 +66,8 @@ def _estimate(workload, kind: str, model, layers: int, tp: int, batch: int, seq_
     def at(micro: int | None) -> mem.MemoryEstimate:
         return mem.task_memory(kind, model, layers, tp, batch, seq_len, dtype, training.recompute,
                                concurrent, dp, sharding, budget, sp, cp=cp, micro_tokens=micro,
-                               offload=training.activation_offload)
+                               offload=training.activation_offload,
+                               optimizer_offload=training.optimizer_offload)
 
     if budget is not None or kind == TaskKind.GENERATION:
         return at(None)

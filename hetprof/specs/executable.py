@@ -59,6 +59,9 @@ def workload_problems(workload) -> list[str]:
     cp = workload.training.context_parallel or 1
     if cp > 1:
         out.append(f"training.context_parallel {cp}: `hetprof run` does not split sequences by context parallelism")
+    if workload.training.optimizer_offload > 0:
+        out.append(f"training.optimizer_offload {workload.training.optimizer_offload:g}: `hetprof run` steps "
+                   f"the optimizer where the weights are")
     if workload.training.padded_dispatch:
         out.append("training.padded_dispatch: `hetprof run` hands passes their samples unpadded, in process")
     out.extend(precision_problems(workload.precision))

@@ -116,6 +116,11 @@ class TrainingParams:
     activation_offload: bool = field(False, help="training moves each layer's stored activations to host memory "
                                      "after its forward and back for its backward (Megatron-core's activation "
                                      "offloading, verl's enable_activation_offload)")
+    optimizer_offload: float = field(0.0, help="share of the optimizer's state (fp32 master and moments) held and "
+                                     "stepped in host memory: each update copies that share's gradients to the "
+                                     "host and its new weights back (Megatron's optimizer_cpu_offload with "
+                                     "optimizer_offload_fraction, DeepSpeed's ZeRO-Offload); `hetprof run` does not",
+                                     check=lambda x: 0 <= x <= 1, expect="a fraction in [0, 1]")
     use_rollout_logprobs: bool = field(False, help="train on the generator's own log-probs as the old log-probs "
                                        "(skip the actor's log-prob recompute pass)")
     sequence_parallel: int | None = field(
