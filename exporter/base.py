@@ -61,6 +61,10 @@ class Target(abc.ABC):
         found = expressible.problems(self.name, expressible.plan_arrangement(plan))
         if found:
             raise ExportRefused(expressible.refusal(self.name, *found[0]))
+        share = plan.workload_spec().training.optimizer_offload
+        if share > 0:  # never export a plan whose memory needs a setting the files would leave out
+            raise ExportRefused(f"{self.name}: workload.training.optimizer_offload {share:g}: the exported files "
+                                f"do not set a host-held optimizer; the plan's memory needs it")
 
     @abc.abstractmethod
     def files(self, plan: Plan, plan_path: str) -> dict[str, str]:

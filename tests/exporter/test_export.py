@@ -3,6 +3,7 @@ in one line (exit 2), and every exported number traces back to the plan."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -118,3 +119,15 @@ def test_a_plan_file_whose_search_began_infeasible_loads(tmp_path):
     assert res.exit_code == 0, res.output
     assert "Infinity" not in out.read_text()
     assert Plan.load(out).search_trace
+
+
+@pytest.mark.parametrize("target", ["verl", "areal"])
+def test_a_plan_with_a_host_held_optimizer_is_refused_in_one_line(plans, tmp_path, target):
+    plan = plans["verl-sync" if target == "verl" else "areal-target-async"]
+    workload = {**plan.workload, "training": {**plan.workload.get("training", {}), "optimizer_offload": 0.5}}
+    path = write(dataclasses.replace(plan, workload=workload), tmp_path)
+    res = CliRunner().invoke(cli, ["export", path, "--to", target, "--out", str(tmp_path / "out")])
+    assert res.exit_code == 2
+    line = res.output.strip()
+    assert "\n" not in line and f"{target}: workload.training.optimizer_offload 0.5" in line
+    assert not (tmp_path / "out").exists()
