@@ -18,7 +18,7 @@ from typing import Any
 from hetprof.costmodels import calloverhead, enginereload, pointcorrections
 from hetprof.costmodels.analytical import AnalyticalCostModel
 from hetprof.costmodels.base import CostModel
-from hetprof.costmodels.data import LinkSpec, Phase, PhaseTime
+from hetprof.costmodels.data import LinkSpec, Phase, PhaseTime, Work
 from hetprof.costmodels.entries import checked_parts
 from hetprof.costmodels.families import Family
 from hetprof.costmodels.features import FEATURES, PHASE_TASK, TASK_PHASE, phase_features
@@ -159,18 +159,27 @@ class FittedCostModel(CostModel):
         return sorted({task for task, device, _dtype in self.models if device == name})
 
     def optimizer_step_time(self, work, placement) -> float:
-        """0 where a fitted training model times the step (its profiled steps include Adam); the
-        analytical step where the training phase falls back to the analytical model."""
+        """Where a fitted training model times the step (its profiled steps include Adam on the
+        device), what a host-held share changes: the analytical step as run less the on-device one;
+        the analytical step where the training phase falls back to the analytical model."""
         if self.lookup("train", placement.device_type, work.dtype) is not None:
-            return 0.0
+            if not work.optimizer_offload:
+                return 0.0
+            return (self.analytical.optimizer_step_time(work, placement)
+                    - self.analytical.optimizer_step_time(_on_device(work), placement))
         return self.analytical.optimizer_step_time(work, placement)
 
     def optimizer_step_in_phase_time(self, work, placement) -> float:
-        """A fitted training phase holds the Adam step its profiled rows timed with each pass; the
-        rows do not time it apart, so the roofline's step stands for it."""
+        """A fitted training phase holds the Adam step its profiled rows timed with each pass, on the
+        device; the rows do not time it apart, so the roofline's on-device step stands for it."""
         if self.lookup("train", placement.device_type, work.dtype) is None:
             return 0.0
-        return self.analytical.optimizer_step_time(work, placement)
+        return self.analytical.optimizer_step_time(_on_device(work), placement)
 
     def dp_step_extra(self, device_type: str) -> float:
         return self.analytical.dp_step_extra(device_type)
+
+
+def _on_device(work: Work) -> Work:
+    """`work` with its whole optimizer on the device, as the profiler's training rows step it."""
+    return dataclasses.replace(work, optimizer_offload=0.0) if work.optimizer_offload else work

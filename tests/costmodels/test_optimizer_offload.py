@@ -77,3 +77,21 @@ def test_hetprof_run_says_it_does_not_step_the_optimizer_on_the_host(tmp_path):
     assert not any("optimizer_offload" in p for p in workload_problems(_workload(tmp_path, 0)))
     problems = workload_problems(_workload(tmp_path, 1.0))
     assert any(p.startswith("training.optimizer_offload 1:") for p in problems)
+
+
+def test_a_fitted_training_phase_adds_only_what_the_host_share_changes(monkeypatch):
+    from hetprof.costmodels.fitted import FittedCostModel
+
+    cm = FittedCostModel(models=[])
+    place = Placement("H100-SXM")
+    on_device, held = Work("training", M, 4, 20, 80), Work("training", M, 4, 20, 80, optimizer_offload=1.0)
+    # no fitted training model: the analytical step, as run
+    assert cm.optimizer_step_time(held, place) == cm.analytical.optimizer_step_time(held, place)
+    assert cm.optimizer_step_in_phase_time(held, place) == 0.0
+    # a fitted training model: its profiled steps hold an on-device Adam step
+    monkeypatch.setattr(cm, "lookup", lambda kind, device, dtype: object() if kind == "train" else None)
+    device_step = cm.analytical.optimizer_step_time(on_device, place)
+    assert cm.optimizer_step_time(on_device, place) == 0.0
+    assert cm.optimizer_step_in_phase_time(held, place) == pytest.approx(device_step)
+    assert cm.optimizer_step_time(held, place) == pytest.approx(
+        cm.analytical.optimizer_step_time(held, place) - device_step)
