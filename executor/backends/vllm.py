@@ -19,10 +19,8 @@ each also watches its parent chain (vllm_worker.py).
 Behaviour log-probs come from vLLM's sampler in `processed_logprobs` mode: after temperature (and
 top-p, when it is below 1), which at temperature 1 and top-p 1 equals the trainer's recompute.
 
-A mixture-of-experts model on CPU is refused: vLLM's CPU build generates with it and loads its
-checkpoint, but its in-place reload does not reach the fused experts' kernels (it fails on their
-padded layout, or keeps the old experts), so no weight sync would arrive (tests/executor/test_moe_run.py
-keeps that premise checked).
+A mixture-of-experts model reloads on CPU only through the worker's workaround for vLLM's fused
+experts (hetprof/runtime/vllm_worker.py); the per-sync probe checks that the experts arrived.
 """
 
 from __future__ import annotations
@@ -37,7 +35,7 @@ from torch import nn
 from hetprof.errors import ExecutionError
 from hetprof.executor.backends import register_backend
 from hetprof.executor.backends.base import GenerationBackend, Rollout, check_sampling
-from hetprof.executor.models.modeling import has_routed_experts, unwrap
+from hetprof.executor.models.modeling import unwrap
 from hetprof.executor.models.tokenizer import Tokenizer
 from hetprof.runtime.generation import pad_left
 from hetprof.runtime.vllm_engine import (
@@ -57,12 +55,6 @@ PROBE_PROMPT, PROBE_RESPONSE = 24, 8
 # dtype: the two use different kernels (vLLM's GEMMs and attention vs torch's), which in fp32 agree
 # to ~1e-5 and in 16-bit to a few hundredths; stale weights move log-probs by far more.
 LOGPROB_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.1, torch.float16: 0.05}
-# Why a mixture-of-experts model gets no vLLM engine on CPU (the module docstring).
-MOE_RELOAD_WHY = ("vLLM's CPU build does not reload a mixture-of-experts model's fused expert weights in place "
-                  "(the reload fails on their padded layout or keeps the old experts), so no weight sync "
-                  "would reach the engine")
-
-
 @register_backend("vllm")
 class VLLMBackend(GenerationBackend):
     """One vLLM engine (TP over `tensor_parallel_size` GPUs, or one CPU slot) serving one generation replica."""
@@ -78,8 +70,6 @@ class VLLMBackend(GenerationBackend):
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ExecutionError("backend 'vllm' was given a CUDA device but torch sees none")
         self.model = unwrap(model)
-        if self.device.type == "cpu" and has_routed_experts(self.model):
-            raise ExecutionError(f"backend 'vllm' on CPU: {MOE_RELOAD_WHY}; use --backend hf for this model on CPU")
         self.tokenizer = tokenizer
         self.dtype = next(self.model.parameters()).dtype
         settings = engine_settings(self.model.config, self.dtype, self.device, tensor_parallel_size=tensor_parallel_size,

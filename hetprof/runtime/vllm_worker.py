@@ -57,6 +57,23 @@ def quiet_known_noise() -> None:
             logger.addFilter(_KnownNoise(wanted))
 
 
+def _redo_cpu_expert_setup(model: torch.nn.Module) -> None:
+    """Make the next reload set up each fused-MoE layer's CPU kernel as the first load did.
+
+    vLLM (0.32, CPU build) treats a reload as a weight update once a layer's MoE kernel exists, and
+    its update path skips the CPU experts' own post-load step: padding the expert width to the
+    kernel's alignment and prepacking it. The reload's copy back into the kernel's (padded, packed)
+    tensors then fails or leaves the old experts. Forgetting the kernel sends the reload through the
+    first-load path again; on CPU no CUDA graph holds the old kernel, so nothing else refers to it.
+    """
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        kernel = getattr(method, "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        if experts is not None and hasattr(experts, "_pad_moe_intermediate"):  # the CPU experts' step
+            method.moe_kernel = None
+
+
 class WeightUpdateExtension:
     """Mixed into vLLM's worker class through `worker_extension_cls`."""
 
@@ -73,6 +90,8 @@ class WeightUpdateExtension:
 
         quiet_known_noise()  # in the engine's process, where the reload logs
         device = self.device
+        if device.type == "cpu":
+            _redo_cpu_expert_setup(self.model_runner.model)
         self.reload_weights(weights_iterator=[(n, t.to(device)) for n, t in load_file(path).items()])
         if device.type == "cuda":
             torch.cuda.synchronize(device)

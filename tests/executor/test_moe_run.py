@@ -6,16 +6,17 @@ also across a resume from its checkpoint (which holds every expert, gathered).
 
 Two runs share one module-scoped fixture (each `hetprof run` starts worker processes): the same plan
 with EP1 and with EP2. The `vllm` tests (make test-vllm) run the tiny MoE on vLLM's CPU build:
-generation at the model's log-probs and the HF export served by vLLM. Its in-place reload of fused
-experts does not work, so the `vllm` backend refuses an MoE model on CPU (no weight sync would land);
-a strict xfail keeps that premise checked. vLLM's CPU attention kernels have no head size 16
-(tiny-moe's, as tiny's), so these tests take tiny-moe at head size 32 — the same Qwen3-MoE layers.
+generation at the model's log-probs, an in-place reload of new experts (which needs the worker's
+workaround in hetprof/runtime/vllm_worker.py), a GRPO run whose every sync is checked, and the HF
+export served by vLLM. vLLM's CPU attention kernels have no head size 16 (tiny-moe's, as tiny's), so
+these tests take tiny-moe at head size 32 — the same Qwen3-MoE layers.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import math
 import os
 import types
@@ -25,8 +26,6 @@ import pytest
 import torch
 from test_executor_runtime_run import ROOT, hetprof_run
 
-from hetprof.errors import ExecutionError
-from hetprof.executor.backends import get_backend
 from hetprof.executor.checkpoints.hf_export import _write_actor, export_folder
 from hetprof.executor.launch.handwritten_plan import handwritten_plan
 from hetprof.executor.models.logprobs import token_logprobs
@@ -151,7 +150,7 @@ def _recomputed(model, ids: list[int], tokens: list[int]) -> torch.Tensor:
 @pytest.fixture(scope="module")
 def moe_engine(tmp_path_factory):
     """A vLLM CPU engine started from the tiny MoE (at head size 32) as a run's `vllm` backend starts
-    one: in a process of its own, which the failing reload below leaves broken and this closes."""
+    one: in a process of its own, which this closes."""
     _need_vllm()
     from hetprof.runtime.vllm_engine import WORKER_EXTENSION, start_engine
 
@@ -175,9 +174,6 @@ def test_vllm_on_cpu_generates_with_the_tiny_moe_at_the_models_logprobs(moe_engi
 
 
 @pytest.mark.vllm
-@pytest.mark.xfail(strict=True, reason="vLLM's CPU build does not reload fused MoE experts in place: the reload "
-                                       "copies them back unpadded (RuntimeError: size 128 vs 96) — the `vllm` "
-                                       "backend refuses MoE models on CPU for it; once this passes, lift the refusal")
 def test_vllm_on_cpu_reloads_the_tiny_moes_experts_in_place(moe_engine):
     from hetprof.runtime.vllm_engine import reload_weights
 
@@ -190,10 +186,29 @@ def test_vllm_on_cpu_reloads_the_tiny_moes_experts_in_place(moe_engine):
 
 
 @pytest.mark.vllm
-def test_the_vllm_backend_refuses_an_moe_model_on_cpu_naming_why():
+def test_tiny_moe_trains_with_grpo_on_vllms_cpu_build_each_sync_checked(tmp_path):
+    """The whole loop with the `vllm` backend: the engine generates, and after every update its
+    log-probs of the probe equal the trainer's recompute on the synced copy, experts included."""
     _need_vllm()
-    with pytest.raises(ExecutionError, match="does not reload a mixture-of-experts model's fused expert weights"):
-        get_backend("vllm")(build_causal_lm("tiny-moe", seed=0), TOK, device="cpu", kv_cache_gib=0.25)
+    (tmp_path / "config.json").write_text(json.dumps(MOE_HD32.to_hf_config()))
+    cluster = ClusterSpec.from_dict({"name": "cpu", "hosts": [{"name": "localhost", "gpus": {"type": "cpu",
+                                                                                              "count": 2}}]})
+    workload = WorkloadSpec.load(ROOT / "examples" / "workloads" / "grpo-tiny-vllm.yaml").to_dict()
+    workload.update({"prompts_per_step": 4, "responses_per_prompt": 4, "ppo_epochs": 1, "mini_batches": 1,
+                     "models": {"actor": str(tmp_path / "config.json")}})
+    (tmp_path / "spread.py").write_text("def score(prompt, response, answer):\n    return float(sum(map(ord, response)) % 7)\n")
+    plan = handwritten_plan(cluster, workload, {"actor_gen": ["localhost:0"], "ref_infer": ["localhost:1"],
+                                                "actor_train": ["localhost:1"]}, backend="vllm")
+    plan.save(tmp_path / "plan.json")
+    done = hetprof_run(tmp_path / "plan.json", tmp_path, "--iterations", "2", "--verify-sync",
+                       "--reward", "spread.py:score", "--timeout", "300", timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = read_log(tmp_path / "run.jsonl")
+    assert [r["iteration"] for r in records] == [0, 1]
+    assert all(r["grad_norm"] > 0 for r in records)  # updates that moved the experts the engine reloads
+    gaps = [r["generator_logprob_gap"] for r in records]
+    assert all(g is not None and g < 1e-3 for g in gaps), gaps
+    assert all(r["sync_verified"] is True for r in records)
 
 
 @pytest.mark.vllm
