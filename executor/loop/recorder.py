@@ -70,6 +70,9 @@ class Recorder:
         self.outbox = Outbox(options.timeout_s, group)
         self.context: RecordContext | None = None  # set by `start` (the run's name is known after resume)
         self.log = RunLog(options.log) if self.is_leader else None
+        if self.log is not None and self.log.torn_bytes:
+            console.print(f"[yellow]run log {options.log}: dropped its last {self.log.torn_bytes:,} bytes, a record "
+                          "a stopped run did not finish writing[/yellow]")
         self.db_writer = DBWriter(options.db) if self.is_leader and options.db else None
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hetprof-records",
                                           initializer=yield_to_work)  # the worker's core is the work's

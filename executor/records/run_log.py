@@ -22,6 +22,7 @@ import hashlib
 import json
 import math
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +37,19 @@ def plan_hash(plan: Plan) -> str:
 
 
 class RunLog:
-    """Appends iteration records to a JSONL file, flushing each line (a killed run keeps its log)."""
+    """Appends iteration records to a JSONL file, flushing each line (a killed run keeps its log).
+
+    A run killed while writing a record leaves a torn last line; a resumed run appending after it
+    would glue its first record to the fragment and spoil the log for every reader. So opening a
+    log drops a torn tail first (`torn_bytes` says how much): that record was never written whole,
+    and the resumed run records its iteration again."""
 
     def __init__(self, path: str | Path | None):
         self.path = Path(path) if path else None
+        self.torn_bytes = 0
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.torn_bytes = drop_torn_tail(self.path)
 
     def write(self, record: dict[str, Any]) -> None:
         if self.path is None:
@@ -51,6 +59,34 @@ class RunLog:
             f.flush()
 
 
+def drop_torn_tail(path: Path) -> int:
+    """Cut a regular file back to its last newline; returns the bytes removed (0: it ends whole, is
+    empty, or is missing or not a regular file, which the writer's open reports)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+    except OSError:
+        return 0
+    with os.fdopen(fd, "r+b") as f:
+        size = os.fstat(f.fileno()).st_size
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode) or size == 0:
+            return 0
+        end = size
+        while end > 0:  # backwards a chunk at a time: a log can be large, its torn record too
+            start = max(0, end - TAIL_CHUNK)
+            f.seek(start)
+            chunk = f.read(end - start)
+            if start + len(chunk) == size and chunk.endswith(b"\n"):
+                return 0
+            cut = chunk.rfind(b"\n")
+            if cut >= 0:
+                end = start + cut + 1
+                break
+            end = start
+        f.truncate(end)
+        return size - end
+
+
+TAIL_CHUNK = 1 << 16
 MAX_LOG_BYTES = 1 << 30  # a 10,000-iteration log with timelines and samples is ~100 MB
 MAX_LINE_BYTES = 32 << 20  # one iteration's record
 MAX_BARS = 5_000  # timeline spans of one iteration (ranks × tasks × phases, ~1k at 64 ranks); --gantt draws
@@ -62,7 +98,8 @@ def read_log(path: str | Path) -> list[dict[str, Any]]:
 
     The log may come from someone else: only a regular file of at most MAX_LOG_BYTES, read line by
     line (each at most MAX_LINE_BYTES), each record plain JSON (depth, finite numbers) whose fields
-    have the types `check_record` names — any problem one HetprofError naming the file and line."""
+    have the types `check_record` names — any problem one HetprofError naming the file and line. A
+    last line with no newline that is not JSON is a record a killed run was writing: left out."""
     from hetprof.safety import safefiles
     from hetprof.specs.loader import check_plain
 
@@ -87,6 +124,8 @@ def read_log(path: str | Path) -> list[dict[str, Any]]:
             except RecursionError:
                 raise HetprofError(f"{where} is nested too deep") from None
             except (ValueError, HetprofError):  # JSON, UTF-8, NaN/Infinity, depth, inf, surrogates
+                if not raw.endswith(b"\n"):  # the last line, torn: a record a killed run never finished
+                    break
                 raise HetprofError(f"{where} is not an iteration record") from None
             check_record(rec, where)
             by_iter[(rec["run"], rec["iteration"])] = rec

@@ -79,3 +79,37 @@ def test_gantt_into_a_missing_folder_is_refused_before_drawing(tmp_path):
     assert not target.parent.exists()
     ok, _ = _validate(tmp_path, log, "--gantt", str(tmp_path / "g.png"))
     assert ok.exit_code == 0 and (tmp_path / "g.png").is_file(), ok.output
+
+
+def test_a_torn_last_record_is_left_out_and_cut_before_a_resumed_run_appends(tmp_path):
+    """A run killed mid-write leaves half a line: readers skip it, and the next writer cuts it off
+    first, so a resumed run's records do not glue onto it (the log stays readable)."""
+    from hetprof.executor.records.run_log import RunLog
+
+    log = tmp_path / "run.jsonl"
+    whole = json.dumps(GOOD) + "\n"
+    torn = json.dumps({**GOOD, "iteration": 1})[:40]
+    log.write_text(whole + torn)
+    assert [r["iteration"] for r in read_log(log)] == [0]
+    writer = RunLog(log)
+    assert writer.torn_bytes == len(torn) and log.read_text() == whole
+    writer.write({**GOOD, "iteration": 1})
+    assert [r["iteration"] for r in read_log(log)] == [0, 1]
+    assert RunLog(log).torn_bytes == 0 and len(log.read_text().splitlines()) == 2  # a whole log is left as it is
+
+
+def test_a_torn_line_inside_the_log_is_still_refused(tmp_path):
+    log = tmp_path / "run.jsonl"
+    log.write_text(json.dumps(GOOD) + "\n" + json.dumps({**GOOD, "iteration": 1})[:40] + "\n"
+                   + json.dumps({**GOOD, "iteration": 2}) + "\n")
+    with pytest.raises(HetprofError, match="line 2 is not an iteration record"):
+        read_log(log)
+
+
+def test_a_log_that_is_one_torn_line_is_cut_to_empty(tmp_path):
+    from hetprof.executor.records.run_log import TAIL_CHUNK, RunLog
+
+    log = tmp_path / "run.jsonl"
+    log.write_bytes(b"x" * (TAIL_CHUNK * 2 + 5))  # longer than one backward chunk
+    assert read_log(log) == []
+    assert RunLog(log).torn_bytes == TAIL_CHUNK * 2 + 5 and log.read_bytes() == b""
