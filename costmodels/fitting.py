@@ -25,7 +25,7 @@ from hetprof.costmodels.base import generation_phases
 from hetprof.costmodels.data import Phase
 from hetprof.costmodels.families import get_family
 from hetprof.costmodels.features import FEATURES, TASK_PHASE, RowError, phase_features, phase_from_row
-from hetprof.costmodels.heldout import FitErrors, HeldOut, choose_family, nested_heldout
+from hetprof.costmodels.heldout import FitSummary, choose_family, nested_heldout
 from hetprof.costmodels.runcalibration import MIN_PROFILE_SHAPES, RunCalibration, calibrate, compute_targets
 from hetprof.costmodels.runrows import SOURCE, packs_of, run_call_rows, run_task_rows
 from hetprof.errors import ProfileDBError
@@ -43,22 +43,10 @@ _NON_SHAPE = {"sample_id", "run_id", "benchmark", "device_id", "device_name", "c
 
 
 @dataclasses.dataclass
-class TaskFit(FitErrors):
-    """One fitted model and everything `hetprof fit` reports about it."""
+class TaskFit(FitSummary):
+    """One fitted task model and everything `hetprof fit` reports about it."""
 
     task_type: str
-    device_type: str
-    dtype: str
-    threads: int | None
-    n_rows: int
-    n_samples: int
-    family: str
-    params: dict[str, Any]
-    family_cv: dict[str, float]
-    heldout: HeldOut
-    measured: np.ndarray
-    analytical: np.ndarray
-    fitted_train: np.ndarray
     shape_range: dict[str, list[float]]
     phases: list[Phase] = dataclasses.field(default_factory=list, repr=False)
     noise: float = float("nan")
@@ -287,9 +275,10 @@ def fit_group(group: Group, analytical: AnalyticalCostModel, seed: int = 0,
     analytic = np.asarray([analytical.phase_time(p, base.device_type).seconds for p in base.phases])
     rng = {c: [float(base.shapes[c].min()), float(base.shapes[c].max())] for c in ("batch", "length", "layers")}
     smooth = family.predict(params, x)
-    fit = TaskFit(group.task_type, group.device_type, group.dtype, group.threads, len(y), group.n_samples,
-                  family.name, params, scores, heldout, y, analytic, smooth, rng,
-                  list(base.phases), noise=group.noise, n_run_rows=group.n_run_rows)
+    fit = TaskFit(device_type=group.device_type, dtype=group.dtype, threads=group.threads, n_rows=len(y),
+                  n_samples=group.n_samples, family=family.name, params=params, family_cv=scores, heldout=heldout,
+                  measured=y, analytical=analytic, fitted_train=smooth, task_type=group.task_type,
+                  shape_range=rng, phases=list(base.phases), noise=group.noise, n_run_rows=group.n_run_rows)
     if split or not from_run.any():  # profiled shapes only: a run's phase is calibrated, not looked up
         fit.points = pointcorrections.corrections(x, y, smooth)
     if split:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -134,9 +135,21 @@ def nested_heldout(x: np.ndarray, y: np.ndarray, shapes: pd.DataFrame, seed: int
     return HeldOut(mape(np.concatenate(preds), np.concatenate(trues)), len(folds), predicted, per_fold, chosen)
 
 
-class FitErrors:
-    """A fit's error columns in `hetprof fit`'s table, from its measured, catalog and fitted seconds."""
+@dataclasses.dataclass
+class FitSummary:
+    """What `hetprof fit` reports about any fitted model, a task's or the grouped experts': where it
+    applies, the family chosen and its held-out error, and the error columns of its table from the
+    measured, catalog and fitted seconds."""
 
+    device_type: str
+    dtype: str
+    threads: int | None
+    n_rows: int
+    n_samples: int
+    family: str
+    params: dict[str, Any]
+    family_cv: dict[str, float]
+    heldout: HeldOut
     measured: np.ndarray
     analytical: np.ndarray
     fitted_train: np.ndarray

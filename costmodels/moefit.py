@@ -21,7 +21,7 @@ import pandas as pd
 from hetprof.costmodels import moe
 from hetprof.costmodels.calibration import Calibration
 from hetprof.costmodels.fitting import DEFAULT_STAT, STATS, repeat_noise
-from hetprof.costmodels.heldout import FitErrors, HeldOut, choose_family, nested_heldout
+from hetprof.costmodels.heldout import FitSummary, choose_family, nested_heldout
 from hetprof.errors import ProfileDBError
 from hetprof.specs.catalog import canonical_name
 
@@ -29,21 +29,9 @@ SHAPE_KEYS = ("hidden", "expert_ffn", "groups", "rows", "pass")
 
 
 @dataclasses.dataclass
-class ExpertFit(FitErrors):
+class ExpertFit(FitSummary):
     """One fitted grouped-GEMM model and what `hetprof fit` reports about it (the columns a task fit has)."""
 
-    device_type: str
-    dtype: str
-    threads: int | None
-    n_rows: int
-    n_samples: int
-    family: str
-    params: dict[str, Any]
-    family_cv: dict[str, float]
-    heldout: HeldOut
-    measured: np.ndarray
-    analytical: np.ndarray
-    fitted_train: np.ndarray
     rows_range: list[float]
     noise: float = float("nan")
     stat: str = DEFAULT_STAT
@@ -145,10 +133,12 @@ def _fit(dev: str, dtype: str, threads: int | None, part: pd.DataFrame, calibrat
         / (calibration.compute_rate(dev, dtype, "matmul", float(r.rows)).value * moe.GROUPED_GEMM_FACTOR)
         for r in shapes.rename(columns={"pass": "pass_"}).itertuples()])
     finite = [v for v in noise if np.isfinite(v)]
-    return ExpertFit(dev, dtype, threads, len(shapes), len(part), family.name, params, scores, heldout, y,
-                     analytical, family.predict(params, x), [float(shapes["rows"].min()), float(shapes["rows"].max())],
-                     float(np.mean(finite)) if finite else float("nan"),
-                     f"{stat}+envelope" if envelope else stat)
+    return ExpertFit(device_type=dev, dtype=dtype, threads=threads, n_rows=len(shapes), n_samples=len(part),
+                     family=family.name, params=params, family_cv=scores, heldout=heldout, measured=y,
+                     analytical=analytical, fitted_train=family.predict(params, x),
+                     rows_range=[float(shapes["rows"].min()), float(shapes["rows"].max())],
+                     noise=float(np.mean(finite)) if finite else float("nan"),
+                     stat=f"{stat}+envelope" if envelope else stat)
 
 
 def store(db: Any, fits: list[ExpertFit]) -> list[str]:
