@@ -120,6 +120,27 @@ class Group:
             packs=[self.packs[i] for i in idx])
 
 
+def timed_on_catalog_devices(df: pd.DataFrame, device: str | None, skipped: list[str] | None, why: str,
+                             required: pd.Series | None = None) -> pd.DataFrame:
+    """Samples with positive seconds on a catalog device type (`device_type` added), of `device`'s type
+    when one is asked for; those without a type (or not in the `required` mask) are dropped and counted
+    in `skipped` as "<n> <why>"."""
+    df = df[pd.to_numeric(df["seconds"], errors="coerce") > 0].copy()
+    df["device_type"] = df["catalog_type"].map(lambda c: canonical_name(c) if isinstance(c, str) else None)
+    unknown = df["device_type"].isna()
+    if required is not None:
+        unknown |= ~required.reindex(df.index, fill_value=False)
+    if unknown.any() and skipped is not None:
+        skipped.append(f"{int(unknown.sum())} {why}")
+    df = df[~unknown]
+    if device:
+        want = canonical_name(device)
+        if want is None:
+            raise ProfileDBError(f"--device {device!r} is not a catalog device type")
+        df = df[df["device_type"] == want]
+    return df
+
+
 def task_groups(db: Any, task: str | None = None, device: str | None = None,
                 skipped: list[str] | None = None, stat: str = DEFAULT_STAT, envelope: bool = True,
                 runs: bool = True) -> list[Group]:
@@ -136,17 +157,7 @@ def task_groups(db: Any, task: str | None = None, device: str | None = None,
     df = df[df["benchmark"].isin(list(TASK_PHASE))]
     if "seconds" not in df or not len(df):
         return []
-    df = df[pd.to_numeric(df["seconds"], errors="coerce") > 0].copy()
-    df["device_type"] = df["catalog_type"].map(lambda c: canonical_name(c) if isinstance(c, str) else None)
-    unknown = df["device_type"].isna()
-    if unknown.any() and skipped is not None:
-        skipped.append(f"{int(unknown.sum())} task samples on devices without a catalog type")
-    df = df[~unknown]
-    if device:
-        want = canonical_name(device)
-        if want is None:
-            raise ProfileDBError(f"--device {device!r} is not a catalog device type")
-        df = df[df["device_type"] == want]
+    df = timed_on_catalog_devices(df, device, skipped, "task samples on devices without a catalog type")
     if "dtype" not in df:
         df["dtype"] = "bf16"
     df["dtype"] = df["dtype"].fillna("bf16")

@@ -20,10 +20,8 @@ import pandas as pd
 
 from hetprof.costmodels import moe
 from hetprof.costmodels.calibration import Calibration
-from hetprof.costmodels.fitting import DEFAULT_STAT, STATS, repeat_noise
+from hetprof.costmodels.fitting import DEFAULT_STAT, STATS, repeat_noise, timed_on_catalog_devices
 from hetprof.costmodels.heldout import FitSummary, choose_family, nested_heldout
-from hetprof.errors import ProfileDBError
-from hetprof.specs.catalog import canonical_name
 
 SHAPE_KEYS = ("hidden", "expert_ffn", "groups", "rows", "pass")
 
@@ -61,17 +59,9 @@ def expert_rows(db: Any, device: str | None = None, skipped: list[str] | None = 
     needed = {"seconds", "catalog_type", *SHAPE_KEYS}
     if not len(df) or not needed <= set(df.columns):
         return pd.DataFrame()
-    df = df[pd.to_numeric(df["seconds"], errors="coerce") > 0].copy()
-    df["device_type"] = df["catalog_type"].map(lambda c: canonical_name(c) if isinstance(c, str) else None)
-    unknown = df["device_type"].isna() | ~df["pass"].isin(list(moe.PASS_WORK))
-    if unknown.any() and skipped is not None:
-        skipped.append(f"{int(unknown.sum())} {moe.EXPERT_MODEL} samples without a catalog device type or pass")
-    df = df[~unknown]
-    if device:
-        want = canonical_name(device)
-        if want is None:
-            raise ProfileDBError(f"--device {device!r} is not a catalog device type")
-        df = df[df["device_type"] == want]
+    df = timed_on_catalog_devices(df, device, skipped,
+                                  f"{moe.EXPERT_MODEL} samples without a catalog device type or pass",
+                                  required=df["pass"].isin(list(moe.PASS_WORK)))
     df["dtype"] = df["dtype"].fillna("bf16") if "dtype" in df else "bf16"
     df["threads"] = pd.to_numeric(df["threads"], errors="coerce") if "threads" in df else np.nan
     return df
