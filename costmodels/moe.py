@@ -40,7 +40,8 @@ from typing import Any
 from hetprof.costmodels.entries import checked_parts
 from hetprof.costmodels.families import Family
 from hetprof.specs.catalog import lookup
-from hetprof.specs.models import DTYPE_BYTES, ModelShape
+from hetprof.specs.models import ModelShape
+from hetprof.specs.precision import gemm_weight_width, stored, width
 from hetprof.specs.vocabulary import MoeBenchmark
 
 GROUPED_GEMM_FACTOR = 1288.0 / 1304.0
@@ -91,8 +92,9 @@ def routed_params_per_layer(model: ModelShape) -> float:
 def dispatch_bytes(model: ModelShape, tokens: float, ep: int, dtype: str) -> float:
     """Bytes one rank holding `tokens` tokens sends in one MoE layer's dispatch all-to-all (the
     combine brings the same back): each token's hidden state to the (ep−1)/ep of its top_k experts
-    that live on other ranks."""
-    return tokens * model.dispatch_bytes_per_token_layer(ep, dtype)
+    that live on other ranks. An FP8 recipe sends them in bf16: the cast to FP8 happens inside the
+    expert GEMMs (precision.stored)."""
+    return tokens * model.dispatch_bytes_per_token_layer(ep, stored(dtype))
 
 
 # ---- the fitted grouped GEMM ----------------------------------------------------------------
@@ -118,9 +120,9 @@ def expert_features(hidden: int, ffn: int, groups: float, rows: float, pass_: st
                     device_type: str) -> list[float]:
     """The feature vector (order of EXPERT_FEATURES) of one grouped expert pass on a device type."""
     gpu = lookup(device_type)
-    work, size = PASS_WORK[pass_], DTYPE_BYTES[dtype]
-    weights = 3.0 * hidden * ffn * groups * size
-    activations = groups * rows * (2 * hidden + 3 * ffn) * size  # in, gate-up out, activation, out
+    work = PASS_WORK[pass_]
+    weights = 3.0 * hidden * ffn * groups * gemm_weight_width(dtype)
+    activations = groups * rows * (2 * hidden + 3 * ffn) * width(dtype)  # in, gate-up out, activation, out
     return [work * expert_flops(hidden, ffn, groups, rows) / gpu.peak_flops(dtype), work * weights / gpu.hbm_Bps,
             work * activations / gpu.hbm_Bps, work * groups * 1e-6, 1e-3]
 

@@ -93,3 +93,14 @@ def test_dense_models_cost_what_they_did():
     work = Work(TaskKind.TRAINING, dense, batch=4, prompt_len=256, response_len=768)
     # an EP degree on a dense model changes nothing (there are no experts to spread)
     assert cm.task_time(work, Placement("H100-SXM", ep=4)).seconds == cm.task_time(work, Placement("H100-SXM")).seconds
+
+
+def test_fp8_training_of_an_moe_model_sends_its_all_to_alls_in_bf16():
+    # Transformer Engine casts to FP8 inside the expert GEMMs: the dispatched hidden states stay bf16
+    assert moe.dispatch_bytes(QWEN, 1000, 4, "fp8") == moe.dispatch_bytes(QWEN, 1000, 4, "bf16")
+    cm = AnalyticalCostModel()
+    place = Placement("H100-SXM", ep=4, ep_link=LINK)
+    fp8 = cm.task_time(Work(TaskKind.TRAINING, QWEN, batch=4, prompt_len=256, response_len=768, dtype="fp8"), place)
+    bf16 = cm.task_time(Work(TaskKind.TRAINING, QWEN, batch=4, prompt_len=256, response_len=768), place)
+    assert fp8.breakdown["ep_comm"] == pytest.approx(bf16.breakdown["ep_comm"])
+    assert fp8.breakdown["train"] < bf16.breakdown["train"]  # FP8 GEMMs at their own, higher peak
