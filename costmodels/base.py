@@ -283,7 +283,11 @@ class CostModel(abc.ABC):
                                            link.beta_Bps, moe.imbalance(model, placement.ep))
 
     def _pipeline(self, work: Work, placement: Placement, stage: float, parts: dict[str, float]) -> float:
-        """GPipe-style schedule: (m + pp − 1) microbatch slots on the critical path, plus transfers."""
+        """GPipe-style schedule: (m + pp − 1) microbatch slots on the critical path, plus transfers.
+        Interleaved over v virtual stages (a training layout's `virtual_stages`), the bubble shrinks to
+        (pp − 1)/(v·m) of a stage and every micro-batch crosses v times as many stage boundaries
+        (Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using
+        Megatron-LM", SC'21, §2.2.2)."""
         pp_link, _ = self._link(placement.pp_link, placement.device_type)
         m = placement.microbatches or min(work.batch, 2 * placement.pp)
         m = max(1, min(m, work.batch))
@@ -298,8 +302,9 @@ class CostModel(abc.ABC):
                 "p2p", work.batch / m * hidden_bytes, 2, pp_link)
             parts["pp_bubble"] = stage * (placement.pp - 1) / m
         else:
-            parts["pp_comm"] = (m + placement.pp - 2) * act
-            parts["pp_bubble"] = stage * (placement.pp - 1) / m
+            v = placement.virtual_stages
+            parts["pp_comm"] = (m + placement.pp - 2) * act * v
+            parts["pp_bubble"] = stage * (placement.pp - 1) / (m * v)
         return stage + parts["pp_comm"] + parts["pp_bubble"]
 
     def _offload_exposed(self, work: Work, placement: Placement, layers: int, compute_s: float) -> float:

@@ -109,11 +109,12 @@ class Placement:
     sharding: str = "none"
     ep: int = 1
     ep_link: LinkSpec | None = None
+    virtual_stages: int = 1  # interleaved 1F1B: model chunks per pipeline stage (Megatron's VP)
 
     def __post_init__(self) -> None:
-        if self.tp < 1 or self.pp < 1 or self.dp < 1 or self.ep < 1:
-            raise ValueError(f"Placement.tp, pp, dp and ep must be >= 1, got tp={self.tp} pp={self.pp} dp={self.dp} "
-                             f"ep={self.ep}")
+        if self.tp < 1 or self.pp < 1 or self.dp < 1 or self.ep < 1 or self.virtual_stages < 1:
+            raise ValueError(f"Placement.tp, pp, dp, ep and virtual_stages must be >= 1, got tp={self.tp} "
+                             f"pp={self.pp} dp={self.dp} ep={self.ep} virtual_stages={self.virtual_stages}")
         if not isinstance(self.device_type, str) or not self.device_type.strip():
             # whether the catalog knows it is the cost model's question: its catalog may extend the built-in one
             raise ValueError(f"Placement.device_type must name a GPU type, got {self.device_type!r}")

@@ -207,3 +207,17 @@ def test_every_path_runs_on_the_cpu_type(kind):
         est = cm.task_time(w, p)
         assert 0 < est.seconds < math.inf and est.source == "datasheet"
         assert cm.memory(w, p).total > 0
+
+
+def test_interleaved_pipeline_divides_the_bubble_and_multiplies_the_hops():
+    # Megatron's interleaved 1F1B over v chunks a stage: bubble (pp-1)/(v*m) of a stage, v x the p2p hops
+    cm = get_cost_model("analytical")
+    work = Work("training", Q8, batch=8, prompt_len=0, response_len=2048)
+    plain = cm.task_time(work, Placement("H100-SXM", pp=4, microbatches=8)).breakdown
+    inter = cm.task_time(work, Placement("H100-SXM", pp=4, microbatches=8, virtual_stages=4)).breakdown
+    stage = plain["train"] + plain["tp_comm"]
+    assert plain["pp_bubble"] == pytest.approx(stage * 3 / 8)
+    assert inter["pp_bubble"] == pytest.approx(stage * 3 / 32)
+    assert inter["pp_comm"] == pytest.approx(4 * plain["pp_comm"])
+    with pytest.raises(ValueError, match="virtual_stages"):
+        Placement("H100-SXM", pp=4, virtual_stages=0)
