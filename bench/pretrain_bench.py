@@ -1,0 +1,152 @@
+"""hetprof's training cost model against published pre-training throughput (Megatron-Bridge).
+
+The RL cases (published_bench.py) check whole RL steps; this checks the training pass alone, on
+rows where the framework's own engineers tuned the layout: every row of a published pre-training
+table hetprof can express (bench/pretraining/*.yaml: the citation, the systems, the rows), priced
+at the row's layout with the same catalog and cost model as everything else. Per row: one
+optimizer step of GBS sequences — each replica's forward and backward passes over its micro-batches
+(pipeline bubble and tensor-, expert- and pipeline-parallel traffic included), its Adam step, and
+the data-parallel gradient sync over the link the DP group crosses, the
+expert all-to-alls over the link the EP group crosses — as tokens/s/GPU against the
+published figure, then the median |ln(predicted/published)| of dense and MoE rows apart.
+
+    .venv/bin/python bench/pretrain_bench.py [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from hetprof.costmodels import LinkSpec, Placement, Work, get_cost_model
+from hetprof.specs.catalog import builtin
+from hetprof.specs.models import PRESETS
+
+TABLES = Path(__file__).resolve().parent / "pretraining"
+BAND = (0.80, 1.25)
+IB_ALPHA_S = 1e-5  # per message between hosts (the published clusters' 0.005 ms latency, both ways)
+console = Console(width=150)  # the table's widest rows on one line in a log file
+
+
+@dataclass(frozen=True)
+class Row:
+    model: str
+    system: str
+    gpus: int
+    dtype: str
+    gbs: int
+    mbs: int
+    seq: int
+    fsdp: int
+    tp: int
+    pp: int
+    vp: int  # Megatron's virtual pipeline stages (interleaved 1F1B)
+    ep: int
+    published: float  # tokens/s/GPU
+
+    @property
+    def moe(self) -> bool:
+        return PRESETS[self.model].moe is not None
+
+
+def load(path: Path) -> tuple[dict, dict, list[Row]]:
+    data = yaml.safe_load(path.read_text())
+    return data["source"], data["systems"], [Row(*r) for r in data["rows"]]
+
+
+def group_link(system: dict, gpus: int, device_link: LinkSpec, flows: int = 1) -> LinkSpec:
+    """The link a group of `gpus` GPUs (the data- or expert-parallel group) crosses: NVLink while they
+    fit in one NVLink domain, else the hosts' network at the catalog's inter-host goodput, shared by
+    `flows` GPUs of a host exchanging at once (an all-to-all's: as the planner's expert_link)."""
+    if gpus <= system["nvlink_domain"]:
+        return device_link
+    nominal = system["host_Gbps"] * 1e9 / 8
+    return LinkSpec(IB_ALPHA_S, nominal * builtin().inter_host(nominal) / flows)
+
+
+def price(row: Row, system: dict, cm) -> dict:
+    """One optimizer step of the row at its layout: seconds by part and tokens/s/GPU."""
+    model = PRESETS[row.model]
+    gpu = system["gpu"]
+    dp = row.gpus // (row.tp * row.pp)
+    batch = row.gbs // dp
+    # Megatron's EP counts GPUs holding different experts; hetprof's ep counts replicas, splitting the
+    # experts over ep × tp GPUs (expert tensor parallelism 1 keeps each expert whole on one GPU).
+    ep = max(1, row.ep // row.tp)
+    work = Work("training", model, batch, 0, row.seq, dtype=row.dtype, token_budget=row.mbs * row.seq)
+    sharding = "fsdp" if row.fsdp else "zero1"
+    device_link = cm.device_link(gpu)[0]
+    place = Placement(gpu, row.tp, row.pp, microbatches=max(1, batch // row.mbs), dp=dp, sharding=sharding, ep=ep,
+                      ep_link=group_link(system, row.ep, device_link, system["host_gpus"]), virtual_stages=row.vp if row.pp > 1 else 1)
+    est = cm.task_time(work, place)
+    parts = dict(est.breakdown)
+    parts["adam"] = cm.optimizer_step_time(work, place)
+    link = group_link(system, row.gpus, device_link)
+    parts["dp_sync"] = cm.dp_grad_sync_time(work, place, dp, link, sharding, est.seconds) if dp > 1 else 0.0
+    seconds = est.seconds + parts["adam"] + parts["dp_sync"]
+    predicted = row.gbs * row.seq / (seconds * row.gpus)
+    return {"model": row.model, "system": row.system, "gpus": row.gpus, "precision": row.dtype,
+            "layout": f"TP{row.tp} PP{row.pp}" + (f" VP{row.vp}" if row.pp > 1 and row.vp > 1 else "") + f" EP{row.ep} DP{dp}" + (" FSDP" if row.fsdp else ""),
+            "moe": row.moe, "seconds": seconds, "parts": parts, "predicted": predicted,
+            "published": row.published, "ratio": predicted / row.published}
+
+
+def _ratio_text(ratio: float) -> str:
+    colour = "green" if BAND[0] <= ratio <= BAND[1] else "yellow" if 0.67 <= ratio <= 1.5 else "red"
+    return f"[{colour}]{ratio:.2f}[/{colour}]"
+
+
+def table(title: str, priced: list[dict]) -> Table:
+    t = Table(title=title, title_justify="left")
+    for col in ("model", "system", "precision", "layout", "pred tok/s/GPU", "pub tok/s/GPU", "pred/pub",
+                "where the time goes"):
+        t.add_column(col, justify="left" if col in ("model", "system", "layout", "where the time goes") else "right")
+    for p in priced:
+        share = sorted(p["parts"].items(), key=lambda kv: -kv[1])[:2]
+        t.add_row(p["model"], p["system"], p["precision"], p["layout"], f"{p['predicted']:.0f}",
+                  f"{p['published']:.0f}", _ratio_text(p["ratio"]),
+                  ", ".join(f"{k} {v / p['seconds']:.0%}" for k, v in share))
+    return t
+
+
+def summary(priced: list[dict]) -> Table:
+    t = Table(title="Summary: predicted / published tokens/s/GPU (> 1: hetprof prices the step too fast)",
+              title_justify="left")
+    for col in ("rows", "n", "within 0.80–1.25", "median ratio", "median |ln ratio|"):
+        t.add_column(col, justify="left" if col == "rows" else "right")
+    groups = {"all": priced, "dense": [p for p in priced if not p["moe"]], "MoE": [p for p in priced if p["moe"]]}
+    for name, ps in groups.items():
+        if not ps:
+            continue
+        inside = sum(BAND[0] <= p["ratio"] <= BAND[1] for p in ps)
+        t.add_row(name, str(len(ps)), f"{inside}/{len(ps)}", f"{statistics.median(p['ratio'] for p in ps):.2f}",
+                  f"{statistics.median(abs(math.log(p['ratio'])) for p in ps):.3f}")
+    return t
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", type=Path, help="also write the priced rows here")
+    args = ap.parse_args(argv)
+    cm = get_cost_model("analytical")
+    out = []
+    for path in sorted(TABLES.glob("*.yaml")):
+        source, systems, rows = load(path)
+        priced = [price(r, systems[r.system], cm) for r in rows]
+        console.print(table(f"{path.stem}  [dim]({source['title']}, {source['date']})[/dim]", priced))
+        out.extend(priced)
+    console.print(summary(out))
+    if args.json:
+        args.json.write_text(json.dumps({"rows": out}, indent=1, default=float))
+
+
+if __name__ == "__main__":
+    main()
