@@ -26,12 +26,13 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from hetprof.costmodels import LinkSpec, Placement, Work, get_cost_model
+from hetprof.costmodels import LinkSpec, Placement, Work, comm, get_cost_model
 from hetprof.specs.catalog import builtin
 from hetprof.specs.models import PRESETS
 
 TABLES = Path(__file__).resolve().parent / "pretraining"
 BAND = (0.80, 1.25)
+FORCED_BALANCE = 1.0  # "we force-balance the token distribution among experts" (every table's note)
 IB_ALPHA_S = 1e-5  # per message between hosts (the published clusters' 0.005 ms latency, both ways)
 console = Console(width=150)  # the table's widest rows on one line in a log file
 
@@ -62,14 +63,27 @@ def load(path: Path) -> tuple[dict, dict, list[Row]]:
     return data["source"], data["systems"], [Row(*r) for r in data["rows"]]
 
 
-def group_link(system: dict, gpus: int, device_link: LinkSpec, flows: int = 1) -> LinkSpec:
-    """The link a group of `gpus` GPUs (the data- or expert-parallel group) crosses: NVLink while they
-    fit in one NVLink domain, else the hosts' network at the catalog's inter-host goodput, shared by
-    `flows` GPUs of a host exchanging at once (an all-to-all's: as the planner's expert_link)."""
+def network_link(system: dict) -> LinkSpec:
+    """The hosts' network at the catalog's inter-host goodput."""
+    nominal = system["host_Gbps"] * 1e9 / 8
+    return LinkSpec(IB_ALPHA_S, nominal * builtin().inter_host(nominal))
+
+
+def group_link(system: dict, gpus: int, device_link: LinkSpec) -> LinkSpec:
+    """The link a data-parallel group of `gpus` GPUs crosses: NVLink while they fit in one NVLink
+    domain, else the hosts' network."""
+    return device_link if gpus <= system["nvlink_domain"] else network_link(system)
+
+
+def expert_link(system: dict, gpus: int, device_link: LinkSpec) -> LinkSpec:
+    """One GPU's goodput in an expert-parallel group of `gpus` GPUs: NVLink within one NVLink domain,
+    else the other hosts' share over the network beside the rest over NVLink, as the planner prices
+    it (comm.all_to_all_Bps)."""
     if gpus <= system["nvlink_domain"]:
         return device_link
-    nominal = system["host_Gbps"] * 1e9 / 8
-    return LinkSpec(IB_ALPHA_S, nominal * builtin().inter_host(nominal) / flows)
+    network = network_link(system)
+    return LinkSpec(network.alpha_s, comm.all_to_all_Bps(device_link.beta_Bps, network.beta_Bps, gpus,
+                                                         system["host_gpus"]))
 
 
 def price(row: Row, system: dict, cm) -> dict:
@@ -81,11 +95,13 @@ def price(row: Row, system: dict, cm) -> dict:
     # Megatron's EP counts GPUs holding different experts; hetprof's ep counts replicas, splitting the
     # experts over ep × tp GPUs (expert tensor parallelism 1 keeps each expert whole on one GPU).
     ep = max(1, row.ep // row.tp)
-    work = Work("training", model, batch, 0, row.seq, dtype=row.dtype, token_budget=row.mbs * row.seq)
+    # the tables' MoE benchmarks force the router to balance: no rank waits for a busier one
+    work = Work("training", model, batch, 0, row.seq, dtype=row.dtype, token_budget=row.mbs * row.seq,
+                expert_imbalance=FORCED_BALANCE)
     sharding = "fsdp" if row.fsdp else "zero1"
     device_link = cm.device_link(gpu)[0]
     place = Placement(gpu, row.tp, row.pp, microbatches=max(1, batch // row.mbs), dp=dp, sharding=sharding, ep=ep,
-                      ep_link=group_link(system, row.ep, device_link, system["host_gpus"]), virtual_stages=row.vp if row.pp > 1 else 1)
+                      ep_link=expert_link(system, row.ep, device_link), virtual_stages=row.vp if row.pp > 1 else 1)
     est = cm.task_time(work, place)
     parts = dict(est.breakdown)
     parts["adam"] = cm.optimizer_step_time(work, place)
@@ -123,6 +139,9 @@ def summary(priced: list[dict]) -> Table:
     for col in ("rows", "n", "within 0.80–1.25", "median ratio", "median |ln ratio|"):
         t.add_column(col, justify="left" if col == "rows" else "right")
     groups = {"all": priced, "dense": [p for p in priced if not p["moe"]], "MoE": [p for p in priced if p["moe"]]}
+    for table_name in dict.fromkeys(p["table"] for p in priced):  # each release apart: software moves them
+        for kind, moe in (("dense", False), ("MoE", True)):
+            groups[f"{table_name} {kind}"] = [p for p in priced if p["table"] == table_name and p["moe"] == moe]
     for name, ps in groups.items():
         if not ps:
             continue
@@ -140,7 +159,7 @@ def main(argv: list[str] | None = None) -> None:
     out = []
     for path in sorted(TABLES.glob("*.yaml")):
         source, systems, rows = load(path)
-        priced = [price(r, systems[r.system], cm) for r in rows]
+        priced = [{**price(r, systems[r.system], cm), "table": path.stem} for r in rows]
         console.print(table(f"{path.stem}  [dim]({source['title']}, {source['date']})[/dim]", priced))
         out.extend(priced)
     console.print(summary(out))

@@ -212,7 +212,7 @@ class CostModel(abc.ABC):
         def phase(kind: str, batch: int, tokens: int, head: bool) -> float:
             p = Phase(kind, work.model, layers, batch, tokens, placement.tp, head, work.dtype, work.recompute == "full",
                       work.recompute == "selective", work.attention_span if kind != "decode" else None,
-                      placement.ep)
+                      placement.ep, work.expert_imbalance)
             t = self._phase(p, dev)
             sources.add(t.source)
             if t.note and t.note not in notes:
@@ -280,7 +280,7 @@ class CostModel(abc.ABC):
         layers = self._stage_layers(work, placement) * model.moe_layers / model.layers
         sent = moe.dispatch_bytes(model, tokens / placement.tp, placement.ep, work.dtype)
         return comm.expert_all_to_all_time(sent, round(layers), placement.ep, passes, link.alpha_s,
-                                           link.beta_Bps, moe.imbalance(model, placement.ep))
+                                           link.beta_Bps, moe.imbalance(model, placement.ep, work.expert_imbalance))
 
     def _pipeline(self, work: Work, placement: Placement, stage: float, parts: dict[str, float]) -> float:
         """GPipe-style schedule: (m + pp − 1) microbatch slots on the critical path, plus transfers.

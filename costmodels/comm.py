@@ -160,6 +160,18 @@ def ring_attention_time(tokens: float, kv_dim: int, layers: int, cp: int, passes
     return layers * passes * (cp - 1) * (alpha_s + block / beta_Bps)
 
 
+def all_to_all_Bps(local_Bps: float, network_Bps: float, gpus: int, per_host: int) -> float:
+    """One GPU's goodput in an all-to-all over `gpus` GPUs spread `per_host` to a host: of the bytes
+    it sends its gpus − 1 peers, (gpus − per_host)/(gpus − 1) go to other hosts over the host's
+    network, which its `per_host` GPUs share as they all exchange at once, and the rest over the
+    host's GPU link at the same time; the slower share sets the pace (hierarchical all-to-alls, as
+    DeepEP's internode kernels and NCCL's run them, put only the other hosts' share on the network)."""
+    if gpus <= per_host or gpus <= 1:
+        return local_Bps
+    cross = (gpus - per_host) / (gpus - 1)
+    return 1.0 / max((1.0 - cross) / local_Bps, cross * per_host / network_Bps)
+
+
 def expert_all_to_all_time(dispatch_bytes: float, layers: int, ep: int, passes: int, alpha_s: float,
                            beta_Bps: float, imbalance: float = 1.0) -> float:
     """Seconds expert parallelism over `ep` ranks adds to one rank: per MoE layer and pass a dispatch

@@ -62,6 +62,7 @@ class Work:
     optimizer_offload: float = 0.0  # training: share of the optimizer state held and stepped on the host
     attention_span: float | None = None  # forward passes: Σs²/Σs of the batch's lengths, where attention differs from s̄²
     memory_utilization: float = 0.9  # generation: share of the GPU the engine may fill (vLLM's gpu_memory_utilization)
+    expert_imbalance: float | None = None  # MoE: busiest EP rank's load over the mean (None: moe.imbalance's cited one)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "recompute", recompute_mode(self.recompute))
@@ -77,6 +78,9 @@ class Work:
             raise ValueError(f"Work.layers must be in 1..{self.model.layers}, got {self.layers}")
         if self.sp < 1 or self.cp < 1 or (self.micro_tokens is not None and self.micro_tokens < 1):
             raise ValueError(f"Work.sp, cp and micro_tokens must be >= 1, got {self.sp}, {self.cp}, {self.micro_tokens}")
+        if self.expert_imbalance is not None and not self.expert_imbalance >= 1:
+            raise ValueError(f"Work.expert_imbalance must be >= 1 (the busiest rank's load over the mean), "
+                             f"got {self.expert_imbalance}")
 
     @property
     def n_layers(self) -> int:
@@ -186,7 +190,7 @@ class Phase:
     `tokens`, every sequence that long). `recompute` replays the whole forward
     in training's backward; `recompute_attention` only each layer's attention core (selective). An
     MoE model's routed experts are split over `ep` ranks, each receiving its experts' share of all
-    `ep` ranks' tokens.
+    `ep` ranks' tokens, the busiest `imbalance` times the mean (None: the cited figure, moe.imbalance).
     """
 
     kind: PhaseKind
@@ -201,3 +205,4 @@ class Phase:
     recompute_attention: bool = False
     attention_span: float | None = None  # prefill/train: Σs²/Σs of sequences that differ in length (None: tokens)
     ep: int = 1
+    imbalance: float | None = None

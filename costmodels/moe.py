@@ -50,10 +50,14 @@ BALANCING = {"deepseek_v3": "loss_free"}  # model family -> how it balances (def
 MOE_EXTRA_KERNELS = 7 - 3
 
 
-def imbalance(model: ModelShape, ep: int) -> float:
-    """The busiest expert-parallel rank's load over the mean (1 without EP or experts)."""
+def imbalance(model: ModelShape, ep: int, stated: float | None = None) -> float:
+    """The busiest expert-parallel rank's load over the mean (1 without EP or experts): the workload's
+    `stated` figure (a router's measured statistics, or 1 where routing is forced to balance), else
+    the cited one for how the model balances."""
     if model.moe is None or ep <= 1:
         return 1.0
+    if stated is not None:
+        return stated
     return 1.0 + MAX_VIOLATION[BALANCING.get(model.family, "aux_loss")]
 
 

@@ -96,7 +96,8 @@ class PricingBasis:
                     activation_offload=self.workload.training.activation_offload,
                     optimizer_offload=self.workload.training.optimizer_offload,
                     attention_span=None if generation or not at_mean else self.attention_span,
-                    token_budget=None if generation else self.token_budget)
+                    token_budget=None if generation else self.token_budget,
+                    expert_imbalance=self.workload.expert_imbalance)
 
     def sp_of(self, layout: TaskLayout) -> int:
         """A layout's Ulysses degree: its own, or the workload's fixed one for a layout that names none

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from hetprof.costmodels import LinkSpec, Placement
+from hetprof.costmodels import LinkSpec, Placement, comm
 from hetprof.planner.basis import PricingBasis
 from hetprof.specs.layout import TaskLayout
 from hetprof.specs.vocabulary import TaskKind
@@ -77,22 +77,23 @@ def expert_groups(layout: TaskLayout) -> list[tuple[str, ...]]:
 
 
 def expert_link(basis: PricingBasis, layout: TaskLayout) -> LinkSpec | None:
-    """The link an MoE layer's dispatch and combine all-to-alls cross: the slowest link among the hosts
-    of any expert-parallel group (the host's own GPU link when a group sits on one host; across hosts
-    each GPU gets its share of the host's link, as all of them exchange at once); None
-    without expert parallelism. Looked up in the layout's LinkTable like every other collective's."""
+    """The link an MoE layer's dispatch and combine all-to-alls cross, as one GPU's goodput: the host's
+    own GPU link when a group sits on one host; across hosts the other hosts' share of the bytes over
+    the slowest link among the group's hosts, shared by the GPUs of a host exchanging at once, beside
+    the rest over the GPU link (comm.all_to_all_Bps); the slowest group's; None without expert
+    parallelism. Looked up in the layout's LinkTable like every other collective's."""
     if layout.ep <= 1:
         return None
     worst: LinkSpec | None = None
     for group in expert_groups(layout):
         hosts = [basis.devices[d].host for d in group]
-        link = basis.links.slowest(set(hosts))
-        if link is None:
-            link = basis.links.between(hosts[0], hosts[0])
-        else:  # every GPU of a host exchanges at once: they share the host's network cards (weight_sync_time)
-            flows = max(hosts.count(h) for h in set(hosts))
-            link = LinkSpec(link.alpha_s, link.beta_Bps / flows)
-        worst = link if worst is None or link.beta_Bps < worst.beta_Bps else worst
+        busiest = max(set(hosts), key=hosts.count)
+        local = basis.links.between(busiest, busiest)
+        network = basis.links.slowest(set(hosts))
+        if network is not None:
+            local = LinkSpec(network.alpha_s, comm.all_to_all_Bps(local.beta_Bps, network.beta_Bps, len(hosts),
+                                                                  hosts.count(busiest)))
+        worst = local if worst is None or local.beta_Bps < worst.beta_Bps else worst
     return worst
 
 

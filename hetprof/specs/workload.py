@@ -193,6 +193,11 @@ class WorkloadSpec:
     generation: GenerationParams = field(default_factory=GenerationParams, help="generation engine limits")
     optimizer: OptimizerParams = field(default_factory=OptimizerParams, help="AdamW, LR schedule, grad clip")
     data: DataParams = field(default_factory=DataParams, help="prompt files, fields, chat template, validation")
+    expert_imbalance: float | None = field(
+        None, help="MoE models: the busiest expert-parallel rank's routed tokens over the mean (≥ 1) — your "
+        "router's measured load statistics, or 1 where routing is forced to balance; unset: the cited figure for "
+        "how the model balances (auxiliary loss 1.52, DeepSeek's loss-free bias 1.04)",
+        check=lambda x: x is None or 1 <= x <= 64, expect="a number in [1, 64]")
     name: str = field("workload", help="a name for reports")
     base_dir: str | None = field(None, help="(set on load) directory model paths are relative to")
 

@@ -43,9 +43,12 @@ def test_every_row_prices_to_a_finite_throughput(path):
         assert priced["seconds"] == pytest.approx(sum(priced["parts"].values()))
 
 
-def test_a_group_spanning_hosts_beyond_the_nvlink_domain_syncs_over_the_network():
+def test_groups_beyond_the_nvlink_domain_cross_the_network():
     system = {"nvlink_domain": 8, "host_Gbps": 3200}
     nvlink = bench.LinkSpec(5e-6, 4e11)
     assert bench.group_link(system, 8, nvlink) is nvlink
     network = bench.group_link(system, 16, nvlink)
     assert network.beta_Bps <= 400e9 and network.alpha_s == bench.IB_ALPHA_S
+    system["host_gpus"] = 8
+    assert bench.expert_link(system, 8, nvlink) is nvlink
+    assert network.beta_Bps / 8 < bench.expert_link(system, 16, nvlink).beta_Bps < nvlink.beta_Bps

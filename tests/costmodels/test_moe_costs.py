@@ -104,3 +104,26 @@ def test_fp8_training_of_an_moe_model_sends_its_all_to_alls_in_bf16():
     bf16 = cm.task_time(Work(TaskKind.TRAINING, QWEN, batch=4, prompt_len=256, response_len=768), place)
     assert fp8.breakdown["ep_comm"] == pytest.approx(bf16.breakdown["ep_comm"])
     assert fp8.breakdown["train"] < bf16.breakdown["train"]  # FP8 GEMMs at their own, higher peak
+
+
+def test_an_all_to_all_across_hosts_puts_only_the_other_hosts_share_on_the_network():
+    # 16 GPUs, 8 a host: 8 of a GPU's 15 peers are on the other host; its host's 8 GPUs share the NICs
+    nvlink, network = 4.5e11, 4e11
+    per_byte = max((7 / 15) / nvlink, (8 / 15) * 8 / network)
+    assert comm.all_to_all_Bps(nvlink, network, 16, 8) == pytest.approx(1 / per_byte)
+    assert comm.all_to_all_Bps(nvlink, network, 8, 8) == nvlink           # one host: the GPU link alone
+    assert comm.all_to_all_Bps(nvlink, network, 64, 8) < comm.all_to_all_Bps(nvlink, network, 16, 8)
+
+
+def test_a_stated_expert_imbalance_replaces_the_cited_one():
+    assert moe.imbalance(QWEN, 8, 1.0) == 1.0 and moe.imbalance(QWEN, 8, 1.2) == 1.2
+    assert moe.imbalance(QWEN, 1, 1.2) == 1.0  # no expert parallelism: no rank waits for another
+    cm = AnalyticalCostModel()
+    place = Placement("H100-SXM", ep=4, ep_link=LINK)
+    cited = cm.task_time(Work(TaskKind.TRAINING, QWEN, batch=4, prompt_len=256, response_len=768), place)
+    forced = cm.task_time(Work(TaskKind.TRAINING, QWEN, batch=4, prompt_len=256, response_len=768,
+                               expert_imbalance=1.0), place)
+    assert forced.breakdown["ep_comm"] < cited.breakdown["ep_comm"]
+    assert forced.breakdown["train"] < cited.breakdown["train"]  # the routed GEMMs wait less too
+    with pytest.raises(ValueError, match="expert_imbalance"):
+        Work(TaskKind.TRAINING, QWEN, batch=4, prompt_len=256, response_len=768, expert_imbalance=0.5)

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from hetprof.costmodels import LinkSpec, get_cost_model
+from hetprof.costmodels import get_cost_model
 from hetprof.errors import SpecError
 from hetprof.planner.layoutcomms import expert_groups, expert_link
 from hetprof.planner.pinned import PinnedLayout, pinned_candidate
@@ -21,13 +21,13 @@ from hetprof.specs.vocabulary import Task
 LINK = {"latency": "0.01ms", "bandwidth": "400Gbps"}
 
 
-def _sim(model: str, hosts=(("h0", "H100-SXM"), ("h1", "H100-SXM"), ("l0", "L40S"))) -> Simulator:
+def _sim(model: str, hosts=(("h0", "H100-SXM"), ("h1", "H100-SXM"), ("l0", "L40S")), **extra) -> Simulator:
     cluster = ClusterSpec.from_dict({
         "name": "moe", "hosts": [{"name": h, "gpus": {"type": t, "count": 8}, "region": "r"} for h, t in hosts],
         "network": {"intra_region": LINK}})
     workload = WorkloadSpec.from_dict({
         "name": "w", "algorithm": "grpo", "mode": "sync", "models": {"actor": model}, "prompts_per_step": 128,
-        "responses_per_prompt": 8, "prompt_len": {"mean": 256}, "response_len": {"mean": 512}})
+        "responses_per_prompt": 8, "prompt_len": {"mean": 256}, "response_len": {"mean": 512}, **extra})
     return Simulator(cluster, workload, get_cost_model("analytical"))
 
 
@@ -61,9 +61,13 @@ def test_expert_link_is_the_gpu_link_in_a_host_and_a_share_of_the_network_across
     across = dataclasses.replace(one_host, replicas=tuple((d,) for d in ("h0:0", "h0:1", "h1:0", "h1:1")),
                                  shares=(0.25,) * 4, layer_splits=((48,),) * 4, ep=4)
     assert expert_groups(across) == [("h0:0", "h0:1", "h1:0", "h1:1")]
-    net = basis.links.between("h0", "h1")
-    # two GPUs of each host exchange at once: each gets half of the host's link
-    assert expert_link(basis, across) == LinkSpec(net.alpha_s, net.beta_Bps / 2)
+    net, nvlink = basis.links.between("h0", "h1"), basis.links.between("h0", "h0")
+    # each GPU sends 1 of its 3 peers' shares over NVLink and 2 over the network, whose host link its 2
+    # GPUs share as they exchange at once: the slower of the two paces it
+    per_byte = max((1 / 3) / nvlink.beta_Bps, (2 / 3) * 2 / net.beta_Bps)
+    link = expert_link(basis, across)
+    assert link.alpha_s == net.alpha_s and link.beta_Bps == pytest.approx(1 / per_byte)
+    assert net.beta_Bps / 2 < link.beta_Bps  # more than every byte over the shared network would give
 
 
 def test_generation_on_one_host_chooses_expert_parallelism(moe):
@@ -111,3 +115,15 @@ def test_runnable_plans_take_only_the_degrees_hetprof_run_carries_out():
     assert layouts.expert_degrees(ctx, Task.ACTOR_TRAIN, pairs, tp=2) == (1,)
     lay = layouts.best_layout(ctx, Task.ACTOR_TRAIN, [f"h0:{i}" for i in range(8)])
     assert lay is not None and not (lay.ep > 1 and lay.sharding != "none")
+
+
+def test_a_workload_that_states_its_expert_imbalance_is_priced_at_it(moe):
+    """A router measured (or forced) to balance: the same EP layout costs less than at the cited 1.52."""
+    balanced = _sim("qwen3-30b-a3b", expert_imbalance=1.0)
+    for sim in (moe, balanced):
+        assert sim.costs.basis.work(Task.ACTOR_TRAIN, 8).expert_imbalance == sim.workload.expert_imbalance
+    lay = layouts.build_layout(_ctx(moe), Task.ACTOR_TRAIN, [f"h0:{i}" for i in range(8)], 1, 1)
+    lay = dataclasses.replace(lay, ep=8)
+    assert layouts.layout_cost(_ctx(balanced), lay) < layouts.layout_cost(_ctx(moe), lay)
+    with pytest.raises(SpecError, match="expert_imbalance"):
+        _sim("qwen3-30b-a3b", expert_imbalance=0.9)
