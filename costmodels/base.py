@@ -164,15 +164,17 @@ class CostModel(abc.ABC):
         return 0.0
 
     def reshard_time(self, model: ModelShape, link: LinkSpec, gen_tp: int, train_pieces: int,
-                     dtype: str = "bf16", flows: int = 1) -> float:
+                     dtype: str = "bf16", flows: int = 1, stages: int = 1) -> float:
         """Colocated (hybrid-engine) hand-off of new weights to the generator on the same GPUs: each
-        generator rank all-gathers its TP shard, weights/gen_tp, from the `train_pieces` pieces the
-        trainer splits the model into (tp × pp, × dp under FSDP), of which it holds one already
-        (verl's FSDP → vLLM resharding, NeMo-Aligner's PP-folding refit); nothing moves when the
-        trainer's piece is the shard itself. Every rank gathers at once: `flows` gathers share
+        generator rank all-gathers its TP shard, weights/gen_tp, from the ranks holding its parts, of
+        which it holds one already (verl's FSDP → vLLM resharding, NeMo-Aligner's PP-folding refit).
+        The trainer cuts every layer's width into `train_pieces` (tp, × ep for the experts, × dp under
+        FSDP) and the layers into `stages` (pp): a generator shard, all layers at 1/gen_tp of the width,
+        lies in max(1, train_pieces/gen_tp) width pieces of each of the `stages` stages; nothing moves
+        when the trainer's piece is the shard itself. Every rank gathers at once: `flows` gathers share
         `link` (a host's network cards, when the pieces sit on other hosts), each at 1/flows of it."""
         shard = model.weight_bytes(dtype) / max(1, gen_tp)
-        ranks = max(1, math.ceil(train_pieces / max(1, gen_tp)))
+        ranks = max(1, stages) * max(1, math.ceil(train_pieces / max(1, gen_tp)))
         return comm.collective_time("all_gather", shard, ranks, link.alpha_s, link.beta_Bps / max(1, flows))
 
     def weight_sync_time(self, model: ModelShape, link: LinkSpec, receivers: int = 1, dtype: str = "bf16",

@@ -58,12 +58,15 @@ class Transfers:
         model = self.graph.models[edge.model]
         precision = self.workload.weights_dtype  # what the trainer holds and sends
         if set(gen.devices()) <= set(train.devices()):  # colocated: reshard in place on every GPU
-            pieces = shards * (train.dp if train.sharding == "fsdp" else 1)
+            # a layer's width is cut by TP, its experts also by EP, everything by FSDP; layers by PP
+            pieces = (train.tp * (train.ep if model.moe is not None else 1)
+                      * (train.dp if train.sharding == "fsdp" else 1))
             # across hosts, every generator GPU of a host gathers through that host's network cards at once;
             # the smallest-TP generator gathers the largest shard, so it finishes last
             per_host = Counter(self.devices[d].host for d in gen.devices())
             flows = max(per_host.values()) if not self.links.one_nvlink_domain(hosts) else 1  # NVLink: a link per GPU
-            seconds = self.cost_model.reshard_time(model, link, min(gen.tp_degrees()), pieces, precision, flows)
+            seconds = self.cost_model.reshard_time(model, link, min(gen.tp_degrees()), pieces, precision, flows,
+                                                   stages=train.pp)
         else:  # across hosts of a region each stream takes its GPU's share of the cards; a WAN link is its own limit
             lan = not self.links.one_nvlink_domain(hosts) and not self.links.spans_regions(hosts)
             cards = max(self.host_gpus[h] for h in hosts) if lan else 1

@@ -23,8 +23,13 @@ def test_each_generator_rank_gathers_the_rest_of_its_tp_shard():
     # the 1/4 shard among the 8 ranks holding its pieces: 7 steps of α, 7/8 of the shard over β
     assert cm.reshard_time(M, LINK, 4, 32) == pytest.approx(7 * 1e-5 + 7 / 8 * weights / 4 / 1e10)
     # Megatron TP8 x PP4 -> TP8 (a PP fold): 3 of the 4 stages' layers come from the other stages
-    assert cm.reshard_time(M, LINK, 8, 32) == pytest.approx(3 * 1e-5 + 3 / 4 * weights / 8 / 1e10)
+    assert cm.reshard_time(M, LINK, 8, 8, stages=4) == pytest.approx(3 * 1e-5 + 3 / 4 * weights / 8 / 1e10)
     assert cm.reshard_time(M, LINK, 4, 4) == 0.0  # the trainer's piece is the generator's shard
+    # Megatron TP1 x PP4 -> TP8: a generator shard is 1/8 of every layer's width, on all 4 stages; the
+    # stage's own GPU holds its layers' full width, so 3/4 of the shard comes from the other stages
+    assert cm.reshard_time(M, LINK, 8, 1, stages=4) == pytest.approx(3 * 1e-5 + 3 / 4 * weights / 8 / 1e10)
+    # TP2 x PP2 -> TP1: the generator needs the whole model, held in 2 widths x 2 stages
+    assert cm.reshard_time(M, LINK, 1, 2, stages=2) == pytest.approx(3 * 1e-5 + 3 / 4 * weights / 1e10)
 
 
 def test_gathers_that_share_a_hosts_network_cards_each_get_a_share_of_them():
