@@ -70,10 +70,12 @@ def ring_seconds(basis: PricingBasis, layout: TaskLayout) -> float:
 
 
 def expert_groups(layout: TaskLayout) -> list[tuple[str, ...]]:
-    """The devices of each expert-parallel group: `ep` consecutive replicas (Megatron's and vLLM's
-    EP ranks are consecutive data-parallel ranks; the layout orders replicas locality first)."""
+    """The devices of each expert-parallel group: one pipeline stage of `ep` consecutive replicas
+    (Megatron's and vLLM's EP ranks are consecutive data-parallel ranks, the layout orders replicas
+    locality first, and a stage's MoE layers exchange tokens with the same stage of the others)."""
     ep = max(1, layout.ep)
-    return [tuple(d for r in layout.replicas[g:g + ep] for d in r) for g in range(0, layout.dp, ep)]
+    return [tuple(d for r in range(g, min(g + ep, layout.dp)) for d in layout.stage_devices(r, s))
+            for g in range(0, layout.dp, ep) for s in range(layout.pp)]
 
 
 def expert_link(basis: PricingBasis, layout: TaskLayout) -> LinkSpec | None:

@@ -127,3 +127,15 @@ def test_a_workload_that_states_its_expert_imbalance_is_priced_at_it(moe):
     assert layouts.layout_cost(_ctx(balanced), lay) < layouts.layout_cost(_ctx(moe), lay)
     with pytest.raises(SpecError, match="expert_imbalance"):
         _sim("qwen3-30b-a3b", expert_imbalance=0.9)
+
+
+def test_an_expert_group_is_one_pipeline_stage_of_its_replicas(moe):
+    """A stage's MoE layers exchange tokens only with the same stage of the other replicas."""
+    ctx = _ctx(moe)
+    lay = layouts.build_layout(ctx, Task.ACTOR_TRAIN, [f"h{h}:{i}" for h in (0, 1) for i in range(8)], 1, 2)
+    assert lay is not None and lay.pp == 2 and lay.dp == 8
+    groups = expert_groups(dataclasses.replace(lay, ep=4))
+    assert len(groups) == 2 * 2  # two groups of 4 replicas, each per stage
+    for g, group in enumerate(groups):
+        first, stage = 4 * (g // 2), g % 2
+        assert group == tuple(d for r in range(first, first + 4) for d in lay.stage_devices(r, stage))
