@@ -2,11 +2,16 @@
 
 The plan names its engine (`hetprof plan --backend`); each prices one replica's batch the way that
 engine runs it:
-- `vllm`: continuous batching over a paged KV cache. Requests are admitted first come, first
-  served while a seat (`max_num_seqs`) and KV blocks for the whole sequence are free (no
-  preemption: a block reserved is a block the sequence will use); every decode step advances each
-  live sequence by one token at the live batch and its mean context; a finished sequence frees its
-  seat and blocks at once, so the batch shrinks as short responses finish and refills from the queue.
+- `vllm`: continuous batching over a paged KV cache whose blocks are taken as tokens are written
+  (Kwon et al., "Efficient Memory Management for Large Language Model Serving with PagedAttention",
+  SOSP 2023, §4.2; vLLM's scheduler allocates a step's slots as it schedules it). Requests are
+  admitted first come, first served while a seat (`max_num_seqs`) is free and the cache has room
+  for their prompt; every decode step advances each live sequence by one token at the live batch
+  and its mean context; when the live sequences' next tokens no longer fit, the latest admitted is
+  preempted — its blocks freed, and it goes back to the head of the queue to recompute its prompt
+  and the tokens it had made when readmitted (vLLM's default recompute preemption); a finished
+  sequence frees its seat and blocks at once, so the batch shrinks as short responses finish and
+  refills from the queue.
 - `hf`: the padded loop `hetprof run` runs with its `hf` backend: waves of as many sequences as
   the KV cache holds, prompts left-padded to the wave's longest, the whole wave decoding every step
   until its longest response ends; a wave's sequences all finish when it does.
@@ -117,65 +122,117 @@ class StepTable:
         return out if out.ndim else float(out)
 
 
-def _blocks(tokens: float, block: int) -> int:
-    return math.ceil(tokens / block)
+@dataclasses.dataclass(frozen=True)
+class PagedSchedule:
+    """When a replica's sequences run under on-demand KV allocation: a list of spans, each `steps`
+    decode steps at a constant `live` batch and mean context `context`, preceded by the prefill of
+    `admitted` requests holding `prefill_tokens` tokens (prompts, and a readmitted sequence's tokens
+    made before its preemption); `finish[i]` is the span at whose end sequence i is done. It depends
+    on lengths and limits only, not on any cost, so one schedule serves every replica kind with it."""
+
+    steps: np.ndarray
+    live: np.ndarray
+    context: np.ndarray
+    admitted: np.ndarray
+    prefill_tokens: np.ndarray
+    finish: np.ndarray
+    preemptions: int
+
+
+def _next_finish(finishing: list[tuple[int, int]], live: dict[int, int], begun: list[int], lens: tuple[int, ...],
+                 made: list[int]) -> int:
+    """The step the next live sequence finishes at, dropping the heap's entries of runs a preemption
+    ended (a sequence's current run finishes at begun + lens − made)."""
+    while finishing[0][1] not in live or begun[finishing[0][1]] + lens[finishing[0][1]] - made[finishing[0][1]] \
+            != finishing[0][0]:
+        heapq.heappop(finishing)
+    return finishing[0][0]
 
 
 @functools.lru_cache(maxsize=1024)
-def continuous_schedule(lens: tuple[int, ...], need: tuple[int, ...], seats: int, blocks: int
-                        ) -> tuple[np.ndarray, np.ndarray]:
-    """(start, end) decode step of each sequence under first-come-first-served admission while a seat
-    and its KV blocks are free. It depends on lengths and limits only, not on any cost, so one
-    schedule serves every replica kind with the same batch."""
-    starts, ends = [0] * len(lens), [0] * len(lens)
-    live: list[tuple[int, int]] = []
-    step = used = queue = 0
-    while queue < len(lens) or live:
-        while queue < len(lens) and len(live) < seats and used + need[queue] <= blocks:
-            heapq.heappush(live, (step + lens[queue], queue))
-            starts[queue], used, queue = step, used + need[queue], queue + 1
-        step = live[0][0]
-        while live and live[0][0] == step:
-            _, i = heapq.heappop(live)
-            used -= need[i]
-            ends[i] = step
-    return np.asarray(starts), np.asarray(ends)
+def paged_schedule(lens: tuple[int, ...], prompt: int, seats: int, room: int) -> PagedSchedule:
+    """First come, first served admission while a seat is free and `room` tokens of KV cache hold the
+    live sequences' tokens and the next request's; between events (an admission, a finish, the cache
+    filling) every live sequence grows by one token a step; when the next step's tokens would not
+    fit, the latest admitted sequence is preempted to the head of the queue, keeping what it made."""
+    n = len(lens)
+    made = [0] * n                    # tokens each sequence had made when it last (re)started
+    begun = [0] * n                   # the step it last (re)started at
+    queue = list(range(n - 1, -1, -1))  # a stack: the head of the queue last
+    finishing: list[tuple[int, int]] = []  # (finish step, i), lazily dropped once preempted
+    order: list[tuple[int, int]] = []       # (-admission number, i): the latest admitted on top
+    live_ids: dict[int, int] = {}           # i -> its admission number
+    used = step = admissions = preemptions = 0
+    spans: list[tuple[int, int, float, int, int]] = []
+    finish = [0] * n
+    pending_count = pending_tokens = 0
+    while queue or live_ids:
+        preempted = False
+        while live_ids and used + len(live_ids) > room:   # the next step's tokens must fit
+            while order[0][1] not in live_ids or live_ids[order[0][1]] != -order[0][0]:
+                heapq.heappop(order)
+            _, j = heapq.heappop(order)
+            made[j] += step - begun[j]
+            used -= prompt + made[j]
+            del live_ids[j]
+            queue.append(j)
+            preemptions += 1
+            preempted = True
+        # a request joins while its tokens and the next step's of every live sequence, its own too, fit
+        while (not preempted and queue and len(live_ids) < seats
+               and used + prompt + made[queue[-1]] + len(live_ids) + 1 <= room):
+            i = queue.pop()
+            admissions += 1
+            live_ids[i] = admissions
+            heapq.heappush(order, (-admissions, i))
+            heapq.heappush(finishing, (step + lens[i] - made[i], i))
+            begun[i] = step
+            used += prompt + made[i]
+            pending_count += 1
+            pending_tokens += prompt + made[i]
+        if not live_ids:
+            raise ValueError(f"a {prompt + max(lens)}-token sequence does not fit {room} tokens of KV cache")
+        live = len(live_ids)
+        span = max(1, min(_next_finish(finishing, live_ids, begun, lens, made) - step, (room - used) // live))
+        spans.append((span, live, used / live + span / 2, pending_count, pending_tokens))
+        pending_count = pending_tokens = 0
+        step += span
+        used += live * span
+        while live_ids and _next_finish(finishing, live_ids, begun, lens, made) == step:
+            _, i = heapq.heappop(finishing)
+            used -= prompt + lens[i]
+            del live_ids[i]
+            finish[i] = len(spans) - 1
+    cols = list(zip(*spans, strict=True))
+    return PagedSchedule(np.asarray(cols[0], dtype=float), np.asarray(cols[1]), np.asarray(cols[2]),
+                         np.asarray(cols[3]), np.asarray(cols[4], dtype=float), np.asarray(finish), preemptions)
 
 
 def vllm_generation(request: GenerationRequest, call: Call) -> EngineRun:
-    """Continuous batching of the request's sequences, in arrival order, behind mean-length prompts.
+    """Continuous batching of the request's sequences, in arrival order, behind mean-length prompts,
+    on a KV cache allocated as tokens are written (`paged_schedule`).
 
-    Between two events (a sequence finishing, requests admitted) the live batch is constant; each
-    such span costs its steps at that batch and its mean context mid-span, and every admission a
-    prefill of the requests it lets in, before the span that follows.
+    Each span between events costs its steps at its live batch and its mean context mid-span, and
+    the requests admitted before it a prefill: of their prompts, and of a readmitted sequence's
+    tokens too (priced as that many more prompt tokens).
     """
     prompt, limits = request.prompt, request.limits
     lens = tuple(max(1, int(x)) for x in request.lengths)
     if not lens:
         return EngineRun(0.0, ())
-    blocks = limits.kv_tokens // limits.block_tokens
-    need = tuple(_blocks(prompt + n, limits.block_tokens) for n in lens)
-    if max(need) > blocks:
-        return EngineRun(math.inf, (), f"a {prompt + max(lens):.0f}-token sequence needs {max(need)} KV blocks "
-                                        f"of {limits.block_tokens} tokens; the replica has room for {blocks}")
+    room = (limits.kv_tokens // limits.block_tokens) * limits.block_tokens
+    longest = math.ceil(prompt) + max(lens)
+    if longest > room:
+        return EngineRun(math.inf, (), f"a {longest}-token sequence needs {math.ceil(longest / limits.block_tokens)} "
+                                        f"KV blocks of {limits.block_tokens} tokens; the replica has room for "
+                                        f"{limits.kv_tokens // limits.block_tokens}")
     table = request.table or StepTable(call, prompt, min(limits.max_num_seqs, len(lens)), max(lens), limits.kv_tokens)
-    seats = limits.max_num_seqs
-    binds = sum(sorted(need)[-seats:]) > blocks  # can the KV cache, not the seats, hold admissions back?
-    starts, ends = continuous_schedule(lens, need, seats, blocks if binds else sum(need))
-    events = np.unique(np.concatenate([starts, ends]))
-    t0, span = events[:-1], np.diff(events)
-    by_start, by_end = np.sort(starts), np.argsort(ends, kind="stable")
-    started = np.searchsorted(by_start, t0, side="right")
-    ended = np.searchsorted(ends[by_end], t0, side="right")
-    live = started - ended
-    start_sum = np.concatenate([[0], np.cumsum(by_start)])[started] - np.concatenate(
-        [[0], np.cumsum(starts[by_end])])[ended]
-    decoded = t0 + span / 2 - start_sum / np.maximum(live, 1)
-    segment = np.where(live > 0, span * table.decode(np.maximum(live, 1), prompt + decoded), 0.0)
-    admitted = np.bincount(np.searchsorted(events, starts), minlength=len(events))[:-1]
-    fill = np.where(admitted > 0, table.prefill(np.maximum(admitted, 1)), 0.0)
-    after = np.cumsum(fill + segment)               # clock when the span starting at events[k] ends
-    finish = after[np.searchsorted(events, ends) - 1]
+    plan = paged_schedule(lens, math.ceil(prompt), limits.max_num_seqs, room)
+    admitted = np.maximum(plan.admitted, 1)
+    fill = np.where(plan.admitted > 0, table.prefill(admitted) * plan.prefill_tokens
+                    / (admitted * max(prompt, 1.0)), 0.0)
+    after = np.cumsum(fill + plan.steps * table.decode(plan.live, plan.context))
+    finish = after[plan.finish]
     return EngineRun(float(after[-1]), tuple(np.sort(finish).tolist()))
 
 

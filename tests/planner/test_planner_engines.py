@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 
 from hetprof.costmodels import get_cost_model
-from hetprof.planner.engines import ENGINES, EngineLimits, GenerationRequest, StepTable, default_backend
+from hetprof.planner.engines import (
+    ENGINES,
+    EngineLimits,
+    GenerationRequest,
+    StepTable,
+    default_backend,
+    paged_schedule,
+)
 from hetprof.planner.simulator import Simulator
 from hetprof.specs import ClusterSpec, WorkloadSpec
 
@@ -44,13 +52,28 @@ def test_vllm_seats_refill_from_the_queue():
     assert run.finish == pytest.approx((a, b))
 
 
-def test_vllm_admits_only_while_kv_blocks_are_free():
-    # prompts of 16 and responses of 16: two blocks of 16 tokens each; room for 4 blocks = 2 sequences
-    run = ENGINES.get("vllm")(request([16, 16, 16], kv_tokens=64), linear)
-    two = ALPHA * 2 * 16 + 16 * step(2)
-    assert run.finish == pytest.approx((two, two, two + ALPHA * 16 + 16 * step(1)))
+def test_vllm_takes_kv_blocks_as_tokens_are_written_and_preempts_the_latest_when_full():
+    # prompts of 16, responses of 16, 64 tokens of cache: all three prompts fit (48 tokens and the
+    # next step's 3); after 5 steps (63 tokens) the next step would not fit, so the latest admitted
+    # is preempted with its 5 tokens made; the other two finish 11 steps on, and it comes back,
+    # recomputing its prompt and its 5 tokens, for its last 11 steps
+    plan = paged_schedule((16, 16, 16), 16, 256, 64)
+    assert plan.steps.tolist() == [5, 11, 11] and plan.live.tolist() == [3, 2, 1]
+    assert plan.admitted.tolist() == [3, 0, 1] and plan.prefill_tokens.tolist() == [48, 0, 21]
+    assert plan.finish.tolist() == [1, 1, 2] and plan.preemptions == 1
+    assert plan.context.tolist() == pytest.approx([48 / 3 + 5 / 2, 42 / 2 + 11 / 2, 21 + 11 / 2])  # mid-span
+    req = request([16, 16, 16], kv_tokens=64)
+    req = dataclasses.replace(req, table=StepTable(linear, 16.0, 3, 16, 1 << 20))  # costs without memory limits
+    run = ENGINES.get("vllm")(req, linear)
+    two = ALPHA * 3 * 16 + 5 * step(3) + 11 * step(2)
+    assert run.finish == pytest.approx((two, two, two + ALPHA * 21 + 11 * step(1)))
     too_long = ENGINES.get("vllm")(request([100], kv_tokens=64), linear)
     assert math.isinf(too_long.seconds) and "KV blocks" in too_long.note
+
+
+def test_a_cache_that_holds_every_sequence_never_preempts():
+    plan = paged_schedule((5, 9, 3, 7), 8, 2, 1 << 20)
+    assert plan.preemptions == 0 and plan.admitted.sum() == 4 and plan.live.max() == 2
 
 
 def test_vllm_prices_each_step_at_the_live_mean_context():
