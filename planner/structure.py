@@ -78,10 +78,12 @@ class StructureCheck:
             out.append(f"{t}: pp={lay.pp} exceeds the model's {layers} layers")
         seen: set[str] = set()
         own_tp = self.graph.kind_of(t) == TaskKind.GENERATION  # only rollout replicas may differ in TP
+        per = lay.pp * lay.cp  # a stage holds cp TP groups (context parallelism)
         for r, devs in enumerate(lay.replicas):
-            tp = len(devs) // lay.pp if own_tp else lay.tp  # at most the layout's largest degree, tp
-            if not 1 <= tp <= lay.tp or len(devs) != tp * lay.pp:
-                out.append(f"{t}: replica {r} has {len(devs)} devices, tp*pp = {lay.tp * lay.pp} expected")
+            tp = len(devs) // per if own_tp else lay.tp  # at most the layout's largest degree, tp
+            if not 1 <= tp <= lay.tp or len(devs) != tp * per:
+                cp = "*cp" if lay.cp > 1 else ""
+                out.append(f"{t}: replica {r} has {len(devs)} devices, tp*pp{cp} = {lay.tp * per} expected")
             for d in devs:
                 if d not in group:
                     out.append(f"{t}: replica {r} uses {d}, which is not a device of its group {gi}")

@@ -175,3 +175,18 @@ def test_a_long_tail_costs_training_its_quadratic_share_of_attention():
     devs = tuple(sorted(fixed.devices))
     lay = even_layout("actor_train", devs, 1, 1, 36, sp=8)
     assert tail.task_eval(lay).replica_seconds[0] > 1.2 * fixed.task_eval(lay).replica_seconds[0]
+
+
+def test_a_plan_with_a_context_parallel_layout_passes_the_structure_check():
+    """A CP stage holds tp × cp devices: a whole plan with one is priced, not refused as malformed."""
+    sim = _sim("qwen3-8b", 1024, 7168, recompute="full")
+    devs = tuple(sorted(sim.devices))
+    ring = even_layout("actor_train", devs, 2, 1, 36, cp=2)     # DP2 × TP2 × CP2: 4 devices a replica
+    assert sim.structure.layout_problems(ring, devs, 0) == []
+    pinned = from_data(PinnedLayout, {"groups": {"all": 8}, "tasks": {
+        "generation": {"group": "all", "tp": 1}, "training": {"group": "all", "tp": 2, "cp": 2}}})
+    score = sim.evaluate(pinned_candidate(sim, pinned))
+    assert not any("devices, tp*pp" in v for v in score.violations), score.violations
+    short = dataclasses.replace(ring, replicas=(devs[:3], devs[3:6]), shares=(0.5, 0.5), layer_splits=((36,),) * 2)
+    said = sim.structure.layout_problems(short, devs, 0)
+    assert said and "tp*pp*cp = 4 expected" in said[0]
