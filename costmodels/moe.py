@@ -61,6 +61,15 @@ def imbalance(model: ModelShape, ep: int, stated: float | None = None) -> float:
     return 1.0 + MAX_VIOLATION[BALANCING.get(model.family, "aux_loss")]
 
 
+def imbalance_source(model: ModelShape, stated: float | None = None) -> str:
+    """Where `imbalance` takes its figure from, for reports."""
+    if stated is not None:
+        return "the workload's expert_imbalance"
+    balancing = BALANCING.get(model.family, "aux_loss")
+    how = "an auxiliary balance loss" if balancing == "aux_loss" else "DeepSeek's loss-free bias"
+    return f"cited for {how} (arXiv 2408.15664, Table 1); set expert_imbalance to your router's figure"
+
+
 def routed_flops_per_token_per_layer(model: ModelShape) -> float:
     """Forward FLOPs of the routed experts one token goes through, mean over the layers (the part of
     `matmul_flops_per_token_per_layer` that runs as grouped GEMMs)."""

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.table import Table
 
+from hetprof.costmodels import moe
 from hetprof.display import Col, escaped, fitted_table, shown
 from hetprof.planner.candidate import Candidate
 from hetprof.planner.provenance import fitted_warnings, provenance_lines
@@ -99,6 +100,9 @@ def print_plan(console: Console, sim: Simulator, cand: Candidate, score: Score, 
     if chosen:
         console.print("micro-batches the planner chose (training.max_tokens_per_microbatch unset: padded, the "
                       "largest that fits each GPU): " + "; ".join(chosen), highlight=False)
+    load = expert_load_line(sim, layouts)
+    if load:
+        console.print(load, highlight=False)
     crit = Table(title="critical path of one steady-state iteration")
     crit.add_column("what")
     crit.add_column("seconds", justify="right")
@@ -117,6 +121,21 @@ def print_plan(console: Console, sim: Simulator, cand: Candidate, score: Score, 
                   f"bottleneck [bold]{score.bottleneck}[/bold] · {_dollars(score.cost_per_iteration)} per iteration "
                   f"({_dollars(score.price_per_hour)}/h for {len(set(cand.devices()))} GPUs)")
     print_provenance(console, sim)
+
+
+def expert_load_line(sim: Simulator, layouts: dict) -> str | None:
+    """What the plan assumes of an MoE router's load, where a layout spreads experts (ep > 1): every
+    rank waits for the busiest, so the figure multiplies the expert GEMMs and all-to-alls."""
+    spread = sorted({sim.graph.model_of(t).name for t, lay in layouts.items()
+                     if lay.ep > 1 and sim.graph.model_of(t).moe is not None})
+    if not spread:
+        return None
+    stated = sim.workload.expert_imbalance
+    parts = []
+    for name in spread:
+        model = next(sim.graph.model_of(t) for t in layouts if sim.graph.model_of(t).name == name)
+        parts.append(f"{name} {moe.imbalance(model, 2, stated):.2f}× the mean ({moe.imbalance_source(model, stated)})")
+    return "expert load: the busiest expert-parallel rank carries " + "; ".join(parts)
 
 
 def micro_batch_choices(sim: Simulator, layouts: dict) -> list[str]:

@@ -139,3 +139,23 @@ def test_an_expert_group_is_one_pipeline_stage_of_its_replicas(moe):
     for g, group in enumerate(groups):
         first, stage = 4 * (g // 2), g % 2
         assert group == tuple(d for r in range(first, first + 4) for d in lay.stage_devices(r, stage))
+
+
+def test_the_plan_report_says_what_it_assumes_of_the_router_load(moe):
+    from rich.console import Console
+
+    from hetprof.planner.report import expert_load_line, print_plan
+
+    pin = PinnedLayout.from_dict({"groups": {"all": 8}, "tasks": {
+        "generation": {"group": "all", "tp": 1}, "inference": {"group": "all"},
+        "training": {"group": "all", "ep": 8, "sharding": "zero1"}}})
+    for sim, said in ((moe, "1.52× the mean (cited for an auxiliary balance loss"),
+                      (_sim("qwen3-30b-a3b", expert_imbalance=1.1), "1.10× the mean (the workload's expert_imbalance)")):
+        cand = pinned_candidate(sim, pin)
+        console = Console(record=True, width=200)
+        print_plan(console, sim, cand, sim.evaluate(cand))
+        assert said in console.export_text()
+    plain = PinnedLayout.from_dict({"groups": {"all": 8}, "tasks": {
+        "generation": {"group": "all"}, "inference": {"group": "all"}, "training": {"group": "all"}}})
+    layouts_, _ = moe.with_followers(pinned_candidate(moe, plain))
+    assert expert_load_line(moe, layouts_) is None  # no expert parallelism: no rank waits for another
