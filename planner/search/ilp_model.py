@@ -90,7 +90,7 @@ def _rates(space: RestrictedSpace, rates: ReplicaRates, total: int, max_tp: int,
         for c in space.shapes(k):
             usable = False
             for t in space.types:
-                if c[0] > space.host_size(t):
+                if c[0] > space.tp_span(t):
                     continue
                 r, m = rates.get(space, k, t, c, total)
                 if r > 0:

@@ -44,6 +44,7 @@ class RestrictedSpace:
         self.region = {k: planning.devices[self.hosts[k][0][0]].region for k in self.types}
         self.totals = {k: sum(len(h) for h in self.hosts[k]) for k in self.types}
         self._members = {k: {d for h in self.hosts[k] for d in h} for k in self.types}
+        self._spans = {k: self._domain_gpus(k) for k in self.types}
         self._layouts: dict[tuple, object] = {}
         self.memo: dict = {}
 
@@ -54,9 +55,23 @@ class RestrictedSpace:
     def hosts_needed(self, t: str, count: int) -> int:
         return math.ceil(count / self.host_size(t)) if count else 0
 
+    def _domain_gpus(self, t: str) -> int:
+        """Devices of kind t one NVLink domain holds, the fewest of any: a host's, unless the cluster
+        spec joins hosts into one domain (a GB200 NVL72's trays)."""
+        per: dict[str, int] = {}
+        for host in self.hosts[t]:
+            domain = self.planning.devices[host[0]].nvlink_domain
+            per[domain] = per.get(domain, 0) + len(host)
+        return min(per.values())
+
+    def tp_span(self, t: str) -> int:
+        """The most devices of kind t one TP group may take: TP stays inside an NVLink domain."""
+        return self._spans[t]
+
     def tp_groups(self, t: str, count: int, tp: int) -> int:
-        """TP groups that `count` host-block devices of type t form (TP stays inside a host)."""
-        n = self.host_size(t)
+        """TP groups that `count` host-block devices of type t form: taken host by host, in domain
+        order, a group stays inside an NVLink domain (a host, or hosts the spec joins into one)."""
+        n = self.tp_span(t)
         return (count // n) * (n // tp) + (count % n) // tp
 
     def members(self, kind: str) -> set[str]:

@@ -109,3 +109,17 @@ def test_a_weight_sync_between_trays_of_a_domain_costs_what_it_costs_inside_one_
     inside = seconds("domain", tray0, tray1)
     assert inside == pytest.approx(seconds("hgx", host[:4], host[4:]), rel=1e-9)
     assert seconds("trays", tray0, tray1) > inside
+
+
+def test_the_ilp_may_cut_a_tp_group_across_trays_only_inside_a_domain(sims):
+    from hetprof.planner.search.restricted import RestrictedSpace
+
+    grouping = ((tuple(sims["domain"].graph.tasks)),)
+    inside = RestrictedSpace(sims["domain"].planning, grouping)
+    outside = RestrictedSpace(sims["trays"].planning, grouping)
+    (t_in,), (t_out,) = inside.types, outside.types
+    assert inside.host_size(t_in) == outside.host_size(t_out) == 4
+    assert inside.tp_span(t_in) == 72 and outside.tp_span(t_out) == 4
+    # 16 GPUs of four trays: two TP8 groups inside the rack's NVLink, none over the trays' network
+    assert inside.tp_groups(t_in, 16, 8) == 2 and outside.tp_groups(t_out, 16, 8) == 0
+    assert inside.tp_groups(t_in, 16, 4) == outside.tp_groups(t_out, 16, 4) == 4
