@@ -90,12 +90,12 @@ def expert_link(basis: PricingBasis, layout: TaskLayout) -> LinkSpec | None:
     for group in expert_groups(layout):
         hosts = [basis.devices[d].host for d in group]
         busiest = max(set(hosts), key=hosts.count)
-        local = basis.links.between(busiest, busiest)
+        link = basis.links.between(busiest, busiest)
         network = basis.links.slowest(set(hosts))
         if network is not None:
-            local = LinkSpec(network.alpha_s, comm.all_to_all_Bps(local.beta_Bps, network.beta_Bps, len(hosts),
-                                                                  hosts.count(busiest)))
-        worst = local if worst is None or local.beta_Bps < worst.beta_Bps else worst
+            link = LinkSpec(network.alpha_s, comm.all_to_all_Bps(link.beta_Bps, network.beta_Bps, len(hosts),
+                                                                 hosts.count(busiest)))
+        worst = link if worst is None or link.beta_Bps < worst.beta_Bps else worst
     return worst
 
 

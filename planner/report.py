@@ -126,15 +126,13 @@ def print_plan(console: Console, sim: Simulator, cand: Candidate, score: Score, 
 def expert_load_line(sim: Simulator, layouts: dict) -> str | None:
     """What the plan assumes of an MoE router's load, where a layout spreads experts (ep > 1): every
     rank waits for the busiest, so the figure multiplies the expert GEMMs and all-to-alls."""
-    spread = sorted({sim.graph.model_of(t).name for t, lay in layouts.items()
-                     if lay.ep > 1 and sim.graph.model_of(t).moe is not None})
+    spread = {model.name: (model, lay.ep) for t, lay in layouts.items()
+              if lay.ep > 1 and (model := sim.graph.model_of(t)).moe is not None}
     if not spread:
         return None
     stated = sim.workload.expert_imbalance
-    parts = []
-    for name in spread:
-        model = next(sim.graph.model_of(t) for t in layouts if sim.graph.model_of(t).name == name)
-        parts.append(f"{name} {moe.imbalance(model, 2, stated):.2f}× the mean ({moe.imbalance_source(model, stated)})")
+    parts = [f"{name} {moe.imbalance(model, ep, stated):.2f}× the mean ({moe.imbalance_source(model, stated)})"
+             for name, (model, ep) in sorted(spread.items())]
     return "expert load: the busiest expert-parallel rank carries " + "; ".join(parts)
 
 
