@@ -181,7 +181,11 @@ def layout_problems(task: str, kind: str, model: ModelShape, tp: int, pp: int,
         out.append(f"task {task} has layout {name} with replicas that split the layers differently "
                    f"({sorted(splits)}): replicas average gradients stage by stage, so every replica's "
                    f"stage s must hold the same layers")
-    if tp > 1 and not tp_divides(model, tp):
+    if tp > 1 and model.moe is not None and kind != TaskKind.GENERATION:
+        out.append(f"task {task} has layout {name}: this executor's tensor parallelism splits dense MLPs only "
+                   f"(torch's plan has no slicing of the {model.name} model's routed experts); run its replicas "
+                   f"at TP1 (an ep degree splits its experts)")
+    elif tp > 1 and not tp_divides(model, tp):
         out.append(f"task {task} has layout {name}: TP{tp} must divide the {model.name} model's attention "
                    f"heads ({model.heads}), KV heads ({model.kv_heads}) and FFN width ({model.ffn})")
     out += sequence_parallel_problems(task, kind, model, sp, tp, pp, packed, name)

@@ -62,3 +62,12 @@ def test_hetprof_run_accepts_an_ep_plan_and_refuses_ep_generation():
     assert str(err.value).startswith("task actor_gen has layout DP2×TP1×PP1 EP2: this executor runs expert "
                                       "parallelism only where it can (each generation replica decodes")
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("task", [Task.ACTOR_TRAIN, Task.REF_INFER, Task.ACTOR_LOGPROB])
+def test_tp_replicas_of_an_moe_model_are_refused_in_one_line(task):
+    # torch's tensor-parallel plan splits dense MLPs (gate/up/down projections): an MoE block has none
+    said = _problems(task, ep=1, tp=2)
+    assert len(said) == 1 and "\n" not in said[0]
+    assert said[0].startswith(f"task {task} has layout DPn: this executor's tensor parallelism splits dense MLPs")
+    assert _problems(task, model=DENSE, ep=1, tp=2) == []
