@@ -75,7 +75,8 @@ class AnalyticalCostModel(CostModel):
         if not routed:
             return phases.forward_matmul_flops(phase) / rate
         return ((phases.forward_matmul_flops(phase) - routed) / rate
-                + routed * moe.imbalance(phase.model, phase.ep, phase.imbalance) / self._grouped_rate(phase, device_type))
+                + routed * moe.imbalance(phase.model, phase.expert_ranks or phase.ep, phase.imbalance)
+                / self._grouped_rate(phase, device_type))
 
     def _grouped_rate(self, phase: Phase, device_type: str) -> float:
         """FLOP/s of the routed experts' grouped GEMMs: the fitted model of this device type and dtype

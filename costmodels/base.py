@@ -211,10 +211,15 @@ class CostModel(abc.ABC):
         notes: list[str] = []
         parts: dict[str, float] = {}
 
+        # whole experts fold the EP group over the TP ranks (Placement.etp): an MoE layer's tokens then
+        # leave by its all-to-alls, so only its attention half joins the TP collectives
+        folded = placement.folded and work.kind != TaskKind.GENERATION and work.model.moe is not None
+        tp_halves = 1.0 - (0.5 * work.model.moe_layers / work.model.layers if folded else 0.0)
+
         def phase(kind: str, batch: int, tokens: int, head: bool) -> float:
             p = Phase(kind, work.model, layers, batch, tokens, placement.tp, head, work.dtype, work.recompute == "full",
                       work.recompute == "selective", work.attention_span if kind != "decode" else None,
-                      placement.ep, work.expert_imbalance)
+                      placement.ep, work.expert_imbalance, placement.expert_ranks if folded else 0)
             t = self._phase(p, dev)
             sources.add(t.source)
             if t.note and t.note not in notes:
@@ -223,7 +228,7 @@ class CostModel(abc.ABC):
 
         def tp_comm(tokens: float, per_layer: int) -> float:
             size = tokens * hidden_bytes
-            return layers * per_layer * self.collective_time("all_reduce", size, placement.tp, tp_link)
+            return layers * per_layer * tp_halves * self.collective_time("all_reduce", size, placement.tp, tp_link)
 
         def ep_comm(tokens: float, passes: int) -> float:
             return self.expert_parallel_time(work, placement, tokens, passes)
@@ -252,12 +257,12 @@ class CostModel(abc.ABC):
         elif work.kind == TaskKind.INFERENCE:
             parts["forward"] = phase("prefill", work.batch, work.seq_len, True) / work.cp
             parts["tp_comm"] = tp_comm(work.batch * work.seq_len / work.cp, 2)
-            if placement.ep > 1:
+            if placement.expert_ranks > 1:
                 parts["ep_comm"] = ep_comm(work.batch * work.seq_len / work.cp, 1)
         else:
             parts["train"] = phase("train", work.batch, work.seq_len, True) / work.cp
             parts["tp_comm"] = tp_comm(work.batch * work.seq_len / work.cp, 6 if work.recompute == "full" else 4)
-            if placement.ep > 1:
+            if placement.expert_ranks > 1:
                 parts["ep_comm"] = ep_comm(work.batch * work.seq_len / work.cp, 3 if work.recompute == "full" else 2)
             if work.activation_offload:
                 parts["activation_offload"] = self._offload_exposed(work, placement, layers, parts["train"])
@@ -274,15 +279,18 @@ class CostModel(abc.ABC):
     def expert_parallel_time(self, work: Work, placement: Placement, tokens: float, passes: int) -> float:
         """Seconds of the dispatch and combine all-to-alls of a stage's MoE layers for `tokens` tokens
         on one device (its TP group's tokens split over its tp ranks), over `placement.ep_link` (None:
-        the device type's own link); `passes` 1 forward, 2 forward + backward, 3 with recomputation."""
+        the device type's own link); `passes` 1 forward, 2 forward + backward, 3 with recomputation.
+        The group is the placement's `expert_ranks` (ep, or ep·tp folded over the TP ranks; generation
+        never folds: vLLM slices experts over TP)."""
         model = work.model
-        if placement.ep <= 1 or model.moe is None:
+        ranks = placement.expert_ranks if work.kind != TaskKind.GENERATION else placement.ep
+        if ranks <= 1 or model.moe is None:
             return 0.0
         link, _ = self._link(placement.ep_link, placement.device_type)
         layers = self._stage_layers(work, placement) * model.moe_layers / model.layers
-        sent = moe.dispatch_bytes(model, tokens / placement.tp, placement.ep, work.dtype)
-        return comm.expert_all_to_all_time(sent, round(layers), placement.ep, passes, link.alpha_s,
-                                           link.beta_Bps, moe.imbalance(model, placement.ep, work.expert_imbalance))
+        sent = moe.dispatch_bytes(model, tokens / placement.tp, ranks, work.dtype)
+        return comm.expert_all_to_all_time(sent, round(layers), ranks, passes, link.alpha_s,
+                                           link.beta_Bps, moe.imbalance(model, ranks, work.expert_imbalance))
 
     def _pipeline(self, work: Work, placement: Placement, stage: float, parts: dict[str, float]) -> float:
         """GPipe-style schedule: (m + pp − 1) microbatch slots on the critical path, plus transfers.

@@ -100,7 +100,11 @@ class Placement:
     (default 2 × pp, capped by the batch). A training replica shards its state over `dp` replicas
     as `sharding` says (none, zero1, zero2, fsdp: hetprof.specs.plan.SHARDING); memory reads both.
     An MoE model's routed experts are split over `ep` replicas (expert parallelism, costmodels/moe.py),
-    whose dispatch and combine all-to-alls cross `ep_link` (None: the device type's own link).
+    whose dispatch and combine all-to-alls cross `ep_link` (None: the device type's own link). `etp`
+    is a Megatron-run task's expert tensor parallelism: None slices every routed expert over the TP
+    ranks (Megatron's default, etp = tp); 1 keeps experts whole and folds the EP group over the TP
+    ranks too (ep·tp ranks: MoE Parallel Folding, Liu et al., arXiv 2504.14960), as verl's and NeMo
+    RL's MoE recipes set it. Generation ignores it (vLLM slices experts over TP).
     """
 
     device_type: str
@@ -114,14 +118,27 @@ class Placement:
     ep: int = 1
     ep_link: LinkSpec | None = None
     virtual_stages: int = 1  # interleaved 1F1B: model chunks per pipeline stage (Megatron's VP)
+    etp: int | None = None
 
     def __post_init__(self) -> None:
         if self.tp < 1 or self.pp < 1 or self.dp < 1 or self.ep < 1 or self.virtual_stages < 1:
             raise ValueError(f"Placement.tp, pp, dp, ep and virtual_stages must be >= 1, got tp={self.tp} "
                              f"pp={self.pp} dp={self.dp} ep={self.ep} virtual_stages={self.virtual_stages}")
+        if self.etp not in (None, 1, self.tp):
+            raise ValueError(f"Placement.etp must be None (= tp) or 1, got {self.etp} at tp={self.tp}")
         if not isinstance(self.device_type, str) or not self.device_type.strip():
             # whether the catalog knows it is the cost model's question: its catalog may extend the built-in one
             raise ValueError(f"Placement.device_type must name a GPU type, got {self.device_type!r}")
+
+    @property
+    def folded(self) -> bool:
+        """Whether whole experts fold the EP group over the TP ranks (etp 1 at tp > 1)."""
+        return self.etp == 1 and self.tp > 1
+
+    @property
+    def expert_ranks(self) -> int:
+        """Ranks an MoE layer's routed experts are spread over (Megatron's EP size): `ep`, × tp when folded."""
+        return self.ep * (self.tp if self.folded else 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,7 +207,9 @@ class Phase:
     `tokens`, every sequence that long). `recompute` replays the whole forward
     in training's backward; `recompute_attention` only each layer's attention core (selective). An
     MoE model's routed experts are split over `ep` ranks, each receiving its experts' share of all
-    `ep` ranks' tokens, the busiest `imbalance` times the mean (None: the cited figure, moe.imbalance).
+    `ep` ranks' tokens, the busiest `imbalance` times the mean (None: the cited figure, moe.imbalance);
+    `expert_ranks` the ranks the experts are spread over, whose busiest sets the pace (0: `ep`; ep·tp
+    where whole experts fold the EP group over the TP ranks, Placement.etp).
     """
 
     kind: PhaseKind
@@ -206,3 +225,4 @@ class Phase:
     attention_span: float | None = None  # prefill/train: Σs²/Σs of sequences that differ in length (None: tokens)
     ep: int = 1
     imbalance: float | None = None
+    expert_ranks: int = 0

@@ -127,3 +127,34 @@ def test_a_stated_expert_imbalance_replaces_the_cited_one():
     assert forced.breakdown["train"] < cited.breakdown["train"]  # the routed GEMMs wait less too
     with pytest.raises(ValueError, match="expert_imbalance"):
         Work(TaskKind.TRAINING, QWEN, batch=4, prompt_len=256, response_len=768, expert_imbalance=0.5)
+
+
+def test_whole_experts_fold_the_expert_group_over_the_tp_ranks_by_hand():
+    # Megatron TP2 EP8 ETP1 over 4 replicas: each expert whole on one of 8 ranks, so a rank's 1/2 of the
+    # replica's tokens go to 7/8 of their experts on other ranks, and its MoE layers join no TP
+    # all-reduce: training's 4 per layer halve (the attention's stay)
+    cm = AnalyticalCostModel()
+    work = Work(TaskKind.TRAINING, QWEN, batch=4, prompt_len=256, response_len=768)
+    sliced = cm.task_time(work, Placement("H100-SXM", tp=2, ep=4, ep_link=LINK, tp_link=LINK))
+    whole = cm.task_time(work, Placement("H100-SXM", tp=2, ep=4, ep_link=LINK, tp_link=LINK, etp=1))
+    sent = 4 * 1024 / 2 * 2048 * 2 * 8 * 7 / 8
+    assert whole.breakdown["ep_comm"] == pytest.approx(48 * 2 * 2 * (7 * 5e-6 + 1.52 * sent / 2e11))
+    assert whole.breakdown["tp_comm"] == pytest.approx(sliced.breakdown["tp_comm"] / 2)
+    # memory and the routed GEMMs' rows are the same: ep × tp shards of the experts either way
+    assert cm.memory(work, Placement("H100-SXM", tp=2, ep=4, etp=1)).total == pytest.approx(
+        cm.memory(work, Placement("H100-SXM", tp=2, ep=4)).total)
+    # at EP1 the fold alone spreads the experts: the TP pair exchanges tokens and waits for its busier rank
+    alone = cm.task_time(work, Placement("H100-SXM", tp=2, ep_link=LINK, tp_link=LINK, etp=1))
+    pair = 4 * 1024 / 2 * 2048 * 2 * 8 * 1 / 2
+    assert alone.breakdown["ep_comm"] == pytest.approx(48 * 2 * 2 * (1 * 5e-6 + 1.52 * pair / 2e11))
+    assert alone.breakdown["train"] > cm.task_time(work, Placement("H100-SXM", tp=2, tp_link=LINK)).breakdown["train"]
+
+
+def test_generation_never_folds_its_experts():
+    # vLLM slices experts over TP: a generation placement's etp changes nothing
+    cm = AnalyticalCostModel()
+    gen = Work(TaskKind.GENERATION, QWEN, batch=64, prompt_len=256, response_len=512)
+    assert cm.task_time(gen, Placement("H100-SXM", tp=2, etp=1)).seconds == pytest.approx(
+        cm.task_time(gen, Placement("H100-SXM", tp=2)).seconds)
+    with pytest.raises(ValueError, match="etp"):
+        Placement("H100-SXM", tp=4, etp=2)
