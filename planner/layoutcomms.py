@@ -69,7 +69,7 @@ def ring_seconds(basis: PricingBasis, layout: TaskLayout) -> float:
     return epochs * basis.cm.context_parallel_time(work, Placement(first.type, layout.tp, layout.pp), layout.cp, link)
 
 
-def expert_groups(layout: TaskLayout) -> list[tuple[str, ...]]:
+def expert_groups(layout: TaskLayout) -> list[tuple[str, ...]]:  # (whole experts fold over each stage's TP ranks too)
     """The devices of each expert-parallel group: one pipeline stage of `ep` consecutive replicas
     (Megatron's and vLLM's EP ranks are consecutive data-parallel ranks, the layout orders replicas
     locality first, and a stage's MoE layers exchange tokens with the same stage of the others)."""
@@ -84,7 +84,7 @@ def expert_link(basis: PricingBasis, layout: TaskLayout) -> LinkSpec | None:
     the slowest link among the group's hosts, shared by the GPUs of a host exchanging at once, beside
     the rest over the GPU link (comm.all_to_all_Bps); the slowest group's; None without expert
     parallelism. Looked up in the layout's LinkTable like every other collective's."""
-    if layout.ep <= 1:
+    if layout.ep <= 1 and not layout.folded:
         return None
     worst: LinkSpec | None = None
     for group in expert_groups(layout):

@@ -40,6 +40,10 @@ class PinnedTask:
     ep: int = field(1, help="expert-parallel degree of an MoE model: the routed experts split over this many "
                     "consecutive replicas (Megatron's expert_model_parallel_size over TP1, vLLM's EP over DP)",
                     check=positive, expect="a positive integer")
+    etp: int | None = field(None, help="expert tensor-parallel degree of an MoE training or inference task: 1 keeps "
+                            "the routed experts whole and folds the EP group over the TP ranks (Megatron's "
+                            "expert_tensor_parallel_size 1, EP = ep × tp); absent: tp", check=positive,
+                            expect="a positive integer")
 
 
 @dataclasses.dataclass
@@ -111,7 +115,11 @@ def pinned_candidate(sim, layout: PinnedLayout, file: str | None = None, path: s
                            or sim.graph.model_of(task).moe.experts % pin.ep):
             raise SpecError(file, _join(path, f"tasks.{key}.ep"), f"a divisor of the task's {even.dp} replicas and "
                             "of its model's experts (an MoE model)", pin.ep)
-        layouts[task] = dataclasses.replace(even, sharding=pin.sharding, ep=pin.ep)
+        if pin.etp is not None and (pin.etp not in (1, pin.tp) or sim.graph.model_of(task).moe is None
+                                    or sim.graph.kind_of(task) == TaskKind.GENERATION):
+            raise SpecError(file, _join(path, f"tasks.{key}.etp"), "1 (whole experts) or the task's tp, on an MoE "
+                            "model's training or inference task (vLLM slices experts over TP)", pin.etp)
+        layouts[task] = dataclasses.replace(even, sharding=pin.sharding, ep=pin.ep, etp=pin.etp)
     used = [name for name in layout.groups if members[name]]
     return Candidate([members[n] for n in used], [group_devices[n] for n in used], layouts,
                      [i for i, n in enumerate(used) if n in layout.offload])

@@ -38,10 +38,17 @@ TABLE_MEMO = 2_000         # a vllm engine's step tables kept (one per replica k
 @dataclasses.dataclass(frozen=True)
 class Experts:
     """A replica's expert parallelism: `ep` replicas share its routed experts over `link` (None: the
-    device type's own link)."""
+    device type's own link); `etp` 1 keeps the experts whole, folding the group over the TP ranks too
+    (None: each expert sliced over them; hetprof.specs.layout.WHOLE_EXPERTS)."""
 
     ep: int = 1
     link: LinkSpec | None = None
+    etp: int | None = None
+
+    @property
+    def none(self) -> bool:
+        """No expert parallelism: the dense replica's memo keys."""
+        return self.ep == 1 and self.etp is None
 
 
 NO_EXPERTS = Experts()
@@ -105,7 +112,8 @@ class ReplicaPricer:
         """The cost model's seconds for one stage, memoised on plain values (cheaper to hash than Work)."""
         work = self.basis.work(task, batch, layers, response, prompt, cp=cp)
         return self.basis.cm.task_time(work, Placement(device_type, tp, 1, tp_link=link, ep=experts.ep,
-                                                       ep_link=experts.link)).seconds
+                                                       ep_link=experts.link,
+                                                       etp=experts.etp if tp > 1 else None)).seconds
 
     def without_fp8(self, task: str, devices: Sequence[str]) -> list[str]:
         """The GPU types among `devices` an FP8 `task` cannot run on (no catalog fp8_tflops); empty
@@ -126,7 +134,7 @@ class ReplicaPricer:
         layers = self.basis.graph.model_of(task).layers
         split = tuple(layer_split) if layer_split is not None else even_split(layers, pp)
         sig = self._signature(tuple(devices), tp, pp, cp)
-        if experts.ep == 1:
+        if experts.none:
             return self._replica(task, sig, tp, batch, split, cp)
         return self._replica(task, sig, tp, batch, split, cp, experts)
 
@@ -245,6 +253,6 @@ class ReplicaPricer:
                prompt: float, cp: int, experts: Experts) -> float:
         """stage_time, asked without `experts` when there is no expert parallelism (the memo's keys stay
         those of a dense replica)."""
-        if experts.ep == 1:
+        if experts.none:
             return self.stage_time(task, device_type, tp, link, layers, batch, response, prompt, cp)
         return self.stage_time(task, device_type, tp, link, layers, batch, response, prompt, cp, experts)

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from hetprof.errors import SpecError
 from hetprof.specs.loader import field, from_data, to_data
-from hetprof.specs.vocabulary import Task
+from hetprof.specs.vocabulary import Task, TaskKind
 
 # Data-parallel sharding of a training task's state over its replicas: what each level shards.
 SHARDING: dict[str, tuple[str, ...]] = {
@@ -37,6 +37,11 @@ _DEGREE = f"a positive integer at most {MAX_DEGREE:,}"
 # over `ep` replicas), context parallel (each stage's sequences split over `cp` times its TP devices),
 # sequence parallel (Ulysses: `sp` replicas share each sequence). Written to a plan only when not 1.
 EXTRA_DEGREES = ("ep", "cp", "sp")
+# Expert tensor parallelism of a Megatron-run MoE task (`etp`): absent (None), each routed expert is
+# sliced over the TP ranks (Megatron's default, etp = tp); 1 keeps experts whole and folds the EP group
+# over the TP ranks (Megatron's EP = ep × tp: MoE Parallel Folding, Liu et al., arXiv 2504.14960), as
+# verl's and NeMo RL's MoE recipes run it. Generation has none: vLLM slices experts over TP.
+WHOLE_EXPERTS = 1
 
 
 def _degree(x: int) -> bool:
@@ -51,7 +56,8 @@ class TaskLayout:
     stages of `tp_of(r) * cp` devices each; `shares[r]` is its fraction of the batch;
     `layer_splits[r]` its layers per stage. `tp` is the largest replica's TP degree — every
     replica's, unless a generation task's replicas differ. `sharding` is how a training task shards
-    its state over its replicas (SHARDING: none = DDP, zero1, zero2, fsdp). Construction checks
+    its state over its replicas (SHARDING: none = DDP, zero1, zero2, fsdp); `etp` an MoE training or
+    inference task's expert tensor parallelism (WHOLE_EXPERTS, or None: etp = tp). Construction checks
     nothing, so a search may propose anything and read back why it fails; `validate` says what is
     wrong, naming the field.
     """
@@ -66,8 +72,11 @@ class TaskLayout:
     ep: int = 1
     cp: int = 1
     sp: int = 1
+    etp: int | None = None
 
     def __post_init__(self) -> None:
+        if self.etp is not None and self.etp == self.tp:  # one spelling of "as tp": the memo keys agree
+            object.__setattr__(self, "etp", None)
         object.__setattr__(self, "replicas", tuple(tuple(r) for r in self.replicas))
         object.__setattr__(self, "shares", tuple(float(s) for s in self.shares))
         object.__setattr__(self, "layer_splits", tuple(tuple(int(x) for x in s) for s in self.layer_splits))
@@ -86,6 +95,11 @@ class TaskLayout:
     @property
     def dp(self) -> int:
         return len(self.replicas)
+
+    @property
+    def folded(self) -> bool:
+        """Whether whole experts fold the EP group over the TP ranks (etp 1 at tp > 1)."""
+        return self.etp == WHOLE_EXPERTS
 
     def devices(self) -> tuple[str, ...]:
         """Every device of the layout, replica by replica, stage-major."""
@@ -120,9 +134,9 @@ class TaskLayout:
         return start, start + split[stage]
 
     def describe(self) -> str:
-        """'DP2×TP2×PP1', 'DP3(2×TP1+1×TP2)×PP1 fsdp', '… EP2' (layout_name)."""
+        """'DP2×TP2×PP1', 'DP3(2×TP1+1×TP2)×PP1 fsdp', '… EP2', '… EP2 ETP1' (layout_name)."""
         return layout_name(self.tp_degrees(), self.pp, self.sharding,
-                           {k: getattr(self, k) for k in EXTRA_DEGREES})
+                           {k: getattr(self, k) for k in EXTRA_DEGREES}) + (" ETP1" if self.folded else "")
 
     def __str__(self) -> str:
         return self.describe()
@@ -158,6 +172,10 @@ class TaskLayout:
         for name in ("ep", "sp"):  # both are carved out of the data-parallel replicas
             if self.dp % getattr(self, name):
                 raise SpecError(None, name, f"a divisor of dp = {self.dp}", getattr(self, name))
+        if self.etp is not None and (self.etp != WHOLE_EXPERTS or self.kind == TaskKind.GENERATION):
+            expect = ("absent for a generation task (vLLM slices experts over its TP ranks)"
+                      if self.kind == TaskKind.GENERATION else f"1 (whole experts) or absent (= tp = {self.tp})")
+            raise SpecError(None, "etp", expect, self.etp)
 
     # ---- the plan file's form -----------------------------------------------------------------
     def to_entries(self) -> tuple[LayoutEntry, list[TaskletEntry]]:
@@ -165,7 +183,7 @@ class TaskLayout:
         degrees = self.tp_degrees()
         extra = {k: (None if getattr(self, k) == 1 else getattr(self, k)) for k in EXTRA_DEGREES}
         entry = LayoutEntry(dp=self.dp, tp=self.tp, pp=self.pp, sharding=self.sharding,
-                            replica_tp=list(degrees) if self.tp_varies else None, **extra)
+                            replica_tp=list(degrees) if self.tp_varies else None, etp=self.etp, **extra)
         tasklets = []
         for r in range(self.dp):
             for s in range(self.pp):
@@ -213,7 +231,7 @@ class TaskLayout:
         if not math.isclose(sum(shares), 1.0, abs_tol=1e-6):
             raise SpecError(None, "tasklets", "batch shares over replicas summing to 1", round(sum(shares), 6))
         layout = cls(task, entry.tp, pp, tuple(replicas), tuple(shares), tuple(splits), entry.sharding,
-                     **{k: getattr(entry, k) or 1 for k in EXTRA_DEGREES})
+                     etp=entry.etp, **{k: getattr(entry, k) or 1 for k in EXTRA_DEGREES})
         try:
             layout.validate()
         except SpecError as exc:  # what the entry's own checks leave: the degrees' rules
@@ -260,7 +278,7 @@ def layout_name(degrees: Sequence[int], pp: int, sharding: str = "none", extra: 
 class LayoutEntry:
     """A plan file task entry's `layout`: the degrees (the devices are in its `tasklets`)."""
 
-    FIELDS = ("dp", "tp", "pp", "sharding", "replica_tp", *EXTRA_DEGREES)
+    FIELDS = ("dp", "tp", "pp", "sharding", "replica_tp", *EXTRA_DEGREES, "etp")
 
     dp: int = field(1, help="data-parallel replicas", check=_degree, expect=_DEGREE)
     tp: int = field(1, help="tensor-parallel degree", check=_degree, expect=_DEGREE)
@@ -274,6 +292,9 @@ class LayoutEntry:
     cp: int | None = field(None, help="context-parallel degree: a stage holds tp × cp devices (absent: 1)",
                            check=_degree, expect=_DEGREE)
     sp: int | None = field(None, help="sequence-parallel (Ulysses) degree (absent: 1)", check=_degree, expect=_DEGREE)
+    etp: int | None = field(None, help="expert tensor-parallel degree of an MoE training or inference task: 1 keeps "
+                            "routed experts whole and folds the EP group over the TP ranks (Megatron's EP = ep × tp); "
+                            "absent: tp, each expert sliced over them", check=_degree, expect=_DEGREE)
 
     @property
     def cp_degree(self) -> int:

@@ -194,6 +194,9 @@ class Plan:
             if lay.sharding != "none" and t.kind != TaskKind.TRAINING:
                 raise SpecError(None, f"{where}.layout.sharding", "none (only training tasks shard their state)",
                                 lay.sharding)
+            if lay.etp is not None and roles[t.role].moe is None:
+                raise SpecError(None, f"{where}.layout.etp", f"absent for the dense {roles[t.role].name} model "
+                                "(expert tensor parallelism splits routed experts)", lay.etp)
             if lay.tp_varies and t.kind != TaskKind.GENERATION:
                 raise SpecError(None, f"{where}.layout.replica_tp", _SAME_TP, list(lay.tp_degrees()))
             self._check_stages(where, t, groups[t.group], roles[t.role].layers)

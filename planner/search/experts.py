@@ -11,6 +11,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from hetprof.specs import executable
+from hetprof.specs.layout import WHOLE_EXPERTS
+from hetprof.specs.plan import TASKS
+from hetprof.specs.vocabulary import TaskKind
 
 if TYPE_CHECKING:
     from hetprof.planner.planning import PlanningContext
@@ -34,6 +37,17 @@ def expert_degrees(planning: PlanningContext, task: str, replicas: Sequence[tupl
     return tuple(ep for ep in _divisors(len(replicas)) if model.moe.experts % ep == 0
                  and all(len(set(types[g:g + ep])) == 1 for g in range(0, len(types), ep))
                  and not (planning.executable and runs_refused(planning, task, ep, tp, pp, "none")))
+
+
+def expert_tp_choices(planning: PlanningContext, task: str, tp: int) -> tuple[int | None, ...]:
+    """The expert tensor parallelisms an MoE training or inference layout at `tp` is tried with: each
+    expert sliced over the TP ranks (None) and whole, the EP group folded over them (WHOLE_EXPERTS);
+    (None,) for a dense model, a generation task (vLLM slices experts over TP), TP1, or where `hetprof
+    run` plans (its tensor parallelism slices no experts: hetprof/specs/executable.py)."""
+    if (tp < 2 or planning.model_of(task).moe is None or TASKS[task][0] == TaskKind.GENERATION
+            or planning.executable):
+        return (None,)
+    return (None, WHOLE_EXPERTS)
 
 
 def runs_refused(planning: PlanningContext, task: str, ep: int, tp: int, pp: int, sharding: str) -> bool:

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from hetprof.planner.balance import Curve, balance_shares, largest_batch_within  # noqa: F401 (re-exported)
-from hetprof.planner.search.experts import expert_degrees, runs_refused
+from hetprof.planner.search.experts import expert_degrees, expert_tp_choices, runs_refused
 from hetprof.planner.search.replica_kinds import (
     balance_layers,
     proportional,
@@ -179,7 +179,7 @@ def balanced_layout(planning: PlanningContext, task: str, replicas: Sequence[tup
     replicas = replicas[:task_batch(planning)]
     levels = sharding_levels(planning, task, len(replicas), tp, pp)
     degrees = expert_degrees(planning, task, replicas, tp, pp)
-    if len(degrees) > 1:
+    if len(degrees) > 1 or len(expert_tp_choices(planning, task, tp)) > 1:
         return _expert_layout(planning, task, replicas, tp, pp, balanced, memo, levels, degrees, cp)
     sps = [k for k in sequence_splits(planning, task, tp, pp)[0] if len(replicas) % k == 0] or [1]
     # Balanced once at the level holding least (sharding moves no replica's compute, only what fits), then
@@ -206,8 +206,8 @@ def _expert_layout(planning: PlanningContext, task: str, replicas: list[tuple[st
                    cp: int = 1) -> TaskLayout | None:
     """balanced_layout of an MoE task: balanced once at the sharding level and expert-parallel degree
     holding least, then every (degree, level) judged on those shares and splits; the fastest wins, of
-    equally fast ones the least expert-parallel and least sharded. A degree the kept replicas (those
-    with a share) no longer divide is skipped."""
+    equally fast ones the least expert-parallel and least sharded, experts sliced over TP before whole
+    (expert_tp_choices). A degree the kept replicas (those with a share) no longer divide is skipped."""
     base = _layout_at(planning, task, replicas, tp, pp, balanced, memo, levels[-1], cp=cp, ep=degrees[-1])
     if base is None:
         return None
@@ -217,10 +217,11 @@ def _expert_layout(planning: PlanningContext, task: str, replicas: list[tuple[st
         for level in levels if base.dp > 1 else ("none",):
             if ep > 1 and planning.executable and runs_refused(planning, task, ep, tp, pp, level):
                 continue
-            layout = dataclasses.replace(base, sharding=level, ep=ep)
-            t = layout_cost(planning, layout)
-            if best is None or t < best_t * (1 - 1e-9):
-                best, best_t = layout, t
+            for etp in expert_tp_choices(planning, task, tp):
+                layout = dataclasses.replace(base, sharding=level, ep=ep, etp=etp)
+                t = layout_cost(planning, layout)
+                if best is None or t < best_t * (1 - 1e-9):
+                    best, best_t = layout, t
     return best
 
 

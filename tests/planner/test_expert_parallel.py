@@ -4,6 +4,7 @@ cross, EP chosen where it pays for an MoE model, and dense plans untouched."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 
@@ -159,3 +160,31 @@ def test_the_plan_report_says_what_it_assumes_of_the_router_load(moe):
         "generation": {"group": "all"}, "inference": {"group": "all"}, "training": {"group": "all"}}})
     layouts_, _ = moe.with_followers(pinned_candidate(moe, plain))
     assert expert_load_line(moe, layouts_) is None  # no expert parallelism: no rank waits for another
+
+
+def test_whole_experts_fold_over_tp_ranks_as_megatron_recipes_pin_them(moe):
+    """ETP1 (verl's and NeMo RL's MoE recipes): a TP2 training layout with whole experts is one EP
+    group of each stage's ep × tp GPUs, searched beside sliced experts, pinned by `etp`, written to the
+    plan file and named in the layout; a generation task or a dense model refuses it in one line."""
+    ctx = _ctx(moe)
+    assert layouts.expert_tp_choices(ctx, Task.ACTOR_TRAIN, 2) == (None, 1)
+    assert layouts.expert_tp_choices(ctx, Task.ACTOR_TRAIN, 1) == (None,)
+    assert layouts.expert_tp_choices(ctx, Task.ACTOR_GEN, 2) == (None,)
+    assert layouts.expert_tp_choices(_ctx(_sim("qwen3-8b")), Task.ACTOR_TRAIN, 2) == (None,)
+    pin = {"groups": {"all": 8}, "tasks": {"generation": {"group": "all", "tp": 2}, "inference": {"group": "all"},
+                                           "training": {"group": "all", "tp": 2, "ep": 4, "etp": 1,
+                                                        "sharding": "zero1"}}}
+    lay = dict(pinned_candidate(moe, PinnedLayout.from_dict(pin)).layouts)[Task.ACTOR_TRAIN]
+    assert lay.folded and lay.describe() == "DP4×TP2×PP1 zero1 EP4 ETP1"
+    assert expert_groups(lay) == [tuple(f"h0:{i}" for i in range(8))]
+    assert expert_link(moe.costs.basis, dataclasses.replace(lay, ep=1)) is not None  # the fold alone spreads
+    entry = lay.to_dict()
+    assert entry["layout"]["etp"] == 1 and type(lay).from_dict(Task.ACTOR_TRAIN, entry) == lay
+    sliced = dataclasses.replace(lay, etp=None)
+    assert math.isfinite(layouts.layout_cost(ctx, lay)) and layouts.layout_cost(ctx, lay) != layouts.layout_cost(ctx, sliced)
+    for task, bad in (("generation", {"group": "all", "tp": 2, "etp": 1}),
+                      ("training", {"group": "all", "tp": 2, "etp": 3})):
+        wrong = {**pin, "tasks": {**pin["tasks"], task: bad}}
+        with pytest.raises(SpecError) as err:
+            pinned_candidate(moe, PinnedLayout.from_dict(wrong), file="case.yaml")
+        assert f"layout.tasks.{task}.etp" in str(err.value) and "\n" not in str(err.value)
