@@ -20,7 +20,12 @@ UNSET_PROMPTS = "PROMPT-FILE"  # the workload names none: the user's own dataset
 
 
 def _term(backend: str, name: str, lay: TaskLayout) -> str:
+    """`backend[name]:dims`; a Megatron trainer's expert-parallel size (Megatron's, ep × tp with whole
+    experts) as AReaL's `e` dimension, whose experts are whole (the `whole-experts` rule refuses the rest)."""
     dims = f"d{lay.dp}" if backend == "fsdp" else f"d{lay.dp}p{lay.pp}t{lay.tp}"
+    experts = lay.ep * (lay.tp if lay.folded else 1)
+    if backend != "fsdp" and experts > 1:
+        dims += f"e{experts}"
     return f"{backend}[{name}]:{dims}"
 
 

@@ -39,7 +39,8 @@ def arrangement_of(sim: Simulator, cand: Candidate) -> expressible.Arrangement:
     groups = [(f"group{i}", tasks, devs) for i, (tasks, devs) in enumerate(zip(grouped, cand.group_devices,
                                                                               strict=True))]
     return expressible.arrangement(groups, layouts, sim.cluster.devices(), sim.workload.mode, sim.backend,
-                                   sim.workload.sequences_per_step)
+                                   sim.workload.sequences_per_step,
+                                   [t for t in layouts if sim.graph.model_of(t).moe is not None])
 
 
 def needs(sim: Simulator, target: str, cand: Candidate) -> list[str]:

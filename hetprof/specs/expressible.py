@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from hetprof.specs.layout import TaskLayout
 from hetprof.specs.plan import TASKS
@@ -42,6 +42,7 @@ class Arrangement:
     mode: str = "sync"  # the workload's: sync, or async with staleness
     backend: str = "vllm"  # the generation engine the plan was priced for
     sequences: int = 0  # sequences per step: an even split of them differs by one sequence where it does not divide
+    experts: frozenset[str] = frozenset()  # the tasks whose model has routed experts (an MoE model)
 
     def pool_of(self, task: str) -> Pool:
         return next(p for p in self.pools if task in p.tasks)
@@ -109,6 +110,19 @@ def _sharded_model_parallel(arr: Arrangement) -> list[str]:
             if lay.sharding in ("zero2", "fsdp") and (lay.tp > 1 or lay.pp > 1)]
 
 
+def _experts_on_fsdp(arr: Arrangement) -> list[str]:
+    # Both frameworks' FSDP engines run no expert parallelism; their Megatron engine shards zero1 only.
+    return [f"{t} {lay.describe()}" for t, lay in arr.layouts.items()
+            if t in arr.experts and lay.ep > 1 and lay.sharding in ("zero2", "fsdp")]
+
+
+def _sliced_experts(arr: Arrangement) -> list[str]:
+    # AReaL's allocation names a Megatron trainer by its common dimensions (dXpYtZeE), which keep
+    # experts whole (ParallelStrategy.expert_tensor_parallel_size 1); only its unnamed attn|ffn form slices them.
+    return [f"{t} {lay.describe()} (experts sliced over TP{lay.tp})" for t in (Task.ACTOR_TRAIN, Task.CRITIC_TRAIN)
+            if t in arr.experts and (lay := arr.layouts.get(t)) is not None and lay.tp > 1 and not lay.folded]
+
+
 def _sequence_parallel_megatron(arr: Arrangement) -> list[str]:
     # Ulysses SP is an FSDP option; Megatron has its own context parallelism instead.
     return [f"{t} {lay.describe()}" for t, lay in arr.layouts.items() if lay.sp > 1 and (lay.tp > 1 or lay.pp > 1)]
@@ -170,6 +184,8 @@ COMMON = (
     Rule("sharding", "zero2/fsdp-sharded TP or PP layouts (Megatron shards optimizer state only)",
          _sharded_model_parallel),
     Rule("ulysses", "Ulysses-sequence-parallel TP or PP layouts", _sequence_parallel_megatron),
+    Rule("fsdp-experts", "expert-parallel layouts with zero2/fsdp sharding (FSDP engines split no experts)",
+         _experts_on_fsdp),
 )
 
 RULES: dict[str, tuple[Rule, ...]] = {
@@ -180,6 +196,8 @@ RULES: dict[str, tuple[Rule, ...]] = {
     "areal": COMMON + (
         Rule("decoupled", "rollouts sharing their GPUs with other tasks", _areal_decoupled),
         Rule("actor-allocation", "reference or reward passes off the actor's allocation", _areal_followers),
+        Rule("whole-experts", "MoE trainers with experts sliced over TP (a named allocation keeps them whole: "
+             "etp 1)", _sliced_experts),
     ),
 }
 
@@ -200,16 +218,19 @@ def refusal(target: str, rule: Rule, where: list[str]) -> str:
 
 
 def arrangement(groups, layouts: Mapping[str, TaskLayout], devices, mode: str, backend: str,
-                sequences: int = 0) -> Arrangement:
-    """The arrangement of `groups` (name, tasks, devices triples) on `devices` (the cluster's Device list)."""
+                sequences: int = 0, experts: Iterable[str] = ()) -> Arrangement:
+    """The arrangement of `groups` (name, tasks, devices triples) on `devices` (the cluster's Device list);
+    `experts` the tasks whose model is an MoE model."""
     return Arrangement(pools=tuple(Pool(n, tuple(ts), tuple(ds)) for n, ts, ds in groups), layouts=dict(layouts),
                        kinds={t: TASKS[t][0] for t in layouts}, gpu_type={d.id: d.type for d in devices},
                        host={d.id: d.host for d in devices}, mode=mode, backend=backend,
-                       sequences=sequences)
+                       sequences=sequences, experts=frozenset(experts))
 
 
 def plan_arrangement(plan) -> Arrangement:
     """The arrangement a Plan describes."""
     w = plan.workload_spec()
+    roles = w.roles()
     return arrangement([(g.name, g.tasks, g.devices) for g in plan.groups], {t.task: t.layout for t in plan.tasks},
-                       plan.cluster_spec().devices(), w.mode, plan.backend, w.sequences_per_step)
+                       plan.cluster_spec().devices(), w.mode, plan.backend, w.sequences_per_step,
+                       [t.task for t in plan.tasks if roles[t.role].moe is not None])

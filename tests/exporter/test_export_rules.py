@@ -182,3 +182,48 @@ def test_a_sub_cluster_search_keeps_the_targets_restriction():
     sim = make_simulator(cluster, workload, PlanOptions(target="verl"))
     sub = sim.on_cluster(cluster)
     assert isinstance(sub, TargetedSimulator) and sub.target == "verl"
+
+
+def test_expert_parallel_fsdp_replicas():
+    # verl's and AReaL's FSDP engines split no experts: an EP layout must be Megatron's (zero1 or none)
+    train = dev("a0", 0, 1, 2, 3) + dev("a1", 0, 1, 2, 3)
+    ep = lay("actor_train", [(d,) for d in train], sharding="fsdp")
+    ep = dataclasses.replace(ep, ep=4)
+    for target in ("verl", "areal"):
+        moe = dataclasses.replace(split(actor_train=ep), experts=frozenset({"actor_train"}))
+        assert broken(target, moe) == ["fsdp-experts"]
+        zero1 = dataclasses.replace(split(actor_train=dataclasses.replace(ep, sharding="zero1")),
+                                    experts=frozenset({"actor_train"}))
+        assert broken(target, zero1) == []
+
+
+def test_areal_names_a_megatron_trainer_only_with_whole_experts():
+    train = dev("a0", 0, 1, 2, 3) + dev("a1", 0, 1, 2, 3)
+    tp2 = lay("actor_train", [train[i:i + 2] for i in range(0, 8, 2)], tp=2)
+    sliced = dataclasses.replace(split(actor_train=tp2), experts=frozenset(split().layouts))
+    assert broken("areal", sliced) == ["whole-experts"] and broken("verl", sliced) == []
+    whole = dataclasses.replace(split(actor_train=dataclasses.replace(tp2, etp=1)), experts=frozenset(split().layouts))
+    assert broken("areal", whole) == []
+    assert broken("areal", split(actor_train=tp2)) == []  # a dense model has no experts to slice
+
+
+def test_exports_name_megatrons_expert_parallel_size():
+    """Megatron counts the EP group's ranks: ep replicas, × tp with whole experts (etp 1); verl is told
+    both sizes, AReaL's `e` dimension carries it (its experts are whole)."""
+    from types import SimpleNamespace
+
+    from hetprof.exporter.areal import _term
+    from hetprof.exporter.verl import _engine_settings
+
+    train = dev("a0", 0, 1, 2, 3) + dev("a1", 0, 1, 2, 3)
+    tp2 = dataclasses.replace(lay("actor_train", [train[i:i + 2] for i in range(0, 8, 2)], tp=2), ep=2)
+    for layout, ep, etp in ((tp2, 2, 2), (dataclasses.replace(tp2, etp=1), 4, 1)):
+        task = SimpleNamespace(task="actor_train", layout=layout)
+        plan = SimpleNamespace(tasks=[task], task=lambda _name, t=task: t)
+        sets = {s.key: s.value for s in _engine_settings("actor_rollout_ref.actor", plan, "actor_train")}
+        assert sets["actor_rollout_ref.actor.megatron.expert_model_parallel_size"] == ep
+        assert sets["actor_rollout_ref.actor.megatron.expert_tensor_parallel_size"] == etp
+    assert _term("megatron", "actor", dataclasses.replace(tp2, etp=1)) == "megatron[actor]:d4p1t2e4"
+    assert _term("megatron", "actor", dataclasses.replace(tp2, tp=1, replicas=tuple((d,) for d in train),
+                                                          shares=(1 / 8,) * 8, layer_splits=((36,),) * 8,
+                                                          ep=8)) == "megatron[actor]:d8p1t1e8"
