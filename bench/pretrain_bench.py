@@ -92,16 +92,19 @@ def price(row: Row, system: dict, cm) -> dict:
     gpu = system["gpu"]
     dp = row.gpus // (row.tp * row.pp)
     batch = row.gbs // dp
-    # Megatron's EP counts GPUs holding different experts; hetprof's ep counts replicas, splitting the
-    # experts over ep × tp GPUs (expert tensor parallelism 1 keeps each expert whole on one GPU).
+    # Megatron's EP counts GPUs holding different experts; hetprof's ep counts replicas, and whole
+    # experts fold the group over the TP ranks (expert_tensor_parallel_size 1: Megatron-Bridge's
+    # recipes/qwen/{h100,gb200}/qwen3_moe.py at the tables' commit).
     ep = max(1, row.ep // row.tp)
+    etp = 1 if model.moe is not None and row.tp > 1 else None
     # the tables' MoE benchmarks force the router to balance: no rank waits for a busier one
     work = Work("training", model, batch, 0, row.seq, dtype=row.dtype, token_budget=row.mbs * row.seq,
                 expert_imbalance=FORCED_BALANCE)
     sharding = "fsdp" if row.fsdp else "zero1"
     device_link = cm.device_link(gpu)[0]
     place = Placement(gpu, row.tp, row.pp, microbatches=max(1, batch // row.mbs), dp=dp, sharding=sharding, ep=ep,
-                      ep_link=expert_link(system, row.ep, device_link), virtual_stages=row.vp if row.pp > 1 else 1)
+                      ep_link=expert_link(system, row.ep, device_link), virtual_stages=row.vp if row.pp > 1 else 1,
+                      etp=etp)
     est = cm.task_time(work, place)
     parts = dict(est.breakdown)
     parts["adam"] = cm.optimizer_step_time(work, place)
