@@ -86,7 +86,8 @@ class Simulator:
         self.capacity = {d: self.catalog.lookup(dev.type).memory_bytes for d, dev in self.devices.items()}
         self.staleness = workload.staleness if workload.mode == "async" else 0
         self.structure = StructureCheck(self.graph, self.tasks, self.devices, cluster.name, workload.algorithm,
-                                        executable, packed=workload.training.max_tokens_per_microbatch is not None)
+                                        executable, packed=workload.training.max_tokens_per_microbatch is not None,
+                                        backend=self.backend)
         self.group_memory = GroupMemory(self.costs, self.devices, self.capacity, cost_model)
         self.transfers = Transfers(self.costs, self.graph, workload, self.devices, self.links, cost_model,
                                    self.backend)

@@ -22,10 +22,11 @@ class StructureCheck:
     """The structure rules of one (cluster, workload); each layout's check memoised."""
 
     def __init__(self, graph: RLGraph, tasks: Sequence[str], devices: Mapping[str, Device], cluster_name: str,
-                 algorithm: str, executable: bool, packed: bool = False) -> None:
+                 algorithm: str, executable: bool, packed: bool = False, backend: str = "vllm") -> None:
         self.graph, self.tasks, self.devices = graph, list(tasks), devices
         self.cluster_name, self.algorithm, self.executable = cluster_name, algorithm, executable
         self.packed = packed  # the workload packs its passes (max_tokens_per_microbatch): Ulysses can run
+        self.backend = backend  # the generation engine: the hf backend's TP is the executor's own
 
     def problems(self, cand: Candidate) -> list[str]:
         """Everything that makes a candidate malformed, as sentences (empty when well-formed)."""
@@ -110,5 +111,6 @@ class StructureCheck:
                        for tp in sorted(set(lay.tp_degrees()))
                        for p in executable.layout_problems(t, self.graph.kind_of(t), self.graph.model_of(t), tp,
                                                            lay.pp, lay.layer_splits, lay.describe(), lay.sharding,
-                                                           sp=lay.sp, cp=lay.cp, ep=lay.ep, packed=self.packed))
+                                                           sp=lay.sp, cp=lay.cp, ep=lay.ep, packed=self.packed,
+                                                           backend=self.backend))
         return out

@@ -137,7 +137,8 @@ def check_supported(plan: Plan, cuda_available: bool | None = None) -> str:
         lay = t.layout
         problems = [p for tp in sorted(set(lay.tp_degrees()))  # each replica's degree
                     for p in layout_problems(t.task, t.kind, roles[t.role], tp, lay.pp, lay.layer_splits, str(lay),
-                                             lay.sharding, sp=lay.sp, cp=lay.cp, ep=lay.ep, packed=packed)]
+                                             lay.sharding, sp=lay.sp, cp=lay.cp, ep=lay.ep, packed=packed,
+                                             backend=plan.backend)]
         if problems:
             raise ExecutionError(f"{problems[0]}; it is refused rather than changed — replan with `hetprof plan` "
                                  f"(it plans within what `hetprof run` carries out unless given --any-layout) "

@@ -151,13 +151,14 @@ def tp_divides(model: ModelShape, tp: int) -> bool:
 
 def layout_problems(task: str, kind: str, model: ModelShape, tp: int, pp: int,
                     layer_splits: Sequence[Sequence[int]] = (), layout: str = "", sharding: str = "none", *,
-                    sp: int = 1, cp: int = 1, ep: int = 1, packed: bool = True) -> list[str]:
+                    sp: int = 1, cp: int = 1, ep: int = 1, packed: bool = True, backend: str = "vllm") -> list[str]:
     """Sentences saying why the executor would refuse this layout of `task` (empty: it runs it).
 
     `kind` is the task's kind (generation, inference, training); `layer_splits` each replica's
     layers per pipeline stage; `layout` how to name the layout in the sentences (e.g. DP2×TP1×PP2);
     `sp`, `cp`, `ep` its sequence-, context- and expert-parallel degrees; `packed` whether the
-    workload packs its passes (training.max_tokens_per_microbatch). Ulysses sequence parallelism
+    workload packs its passes (training.max_tokens_per_microbatch); `backend` the generation engine
+    (vLLM runs its own TP; the hf backend shards with this executor's). Ulysses sequence parallelism
     runs where `sequence_parallel_problems` finds nothing, expert parallelism where
     `expert_parallel_problems` does; context parallelism does not.
     Sharded data parallelism runs on whole-model replicas — FSDP2 `fully_shard` for zero2 (kept
@@ -181,7 +182,7 @@ def layout_problems(task: str, kind: str, model: ModelShape, tp: int, pp: int,
         out.append(f"task {task} has layout {name} with replicas that split the layers differently "
                    f"({sorted(splits)}): replicas average gradients stage by stage, so every replica's "
                    f"stage s must hold the same layers")
-    if tp > 1 and model.moe is not None and kind != TaskKind.GENERATION:
+    if tp > 1 and model.moe is not None and (kind != TaskKind.GENERATION or backend == "hf"):
         out.append(f"task {task} has layout {name}: this executor's tensor parallelism splits dense MLPs only "
                    f"(torch's plan has no slicing of the {model.name} model's routed experts); run its replicas "
                    f"at TP1 (an ep degree splits its experts)")

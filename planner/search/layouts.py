@@ -100,12 +100,13 @@ def degree_limits(planning: PlanningContext, task: str, max_tp: int = 8, max_pp:
     """The TP degrees and the most pipeline stages `task` may have: TP divides the heads, PP ≤ the
     layers, and — when the simulator plans for `hetprof run` (`planning.executable`) — only what the
     executor carries out (hetprof/specs/executable.py: no stages for generation or critic inference,
-    TP dividing the KV heads and the FFN width too)."""
+    TP dividing the KV heads and the FFN width too, none for an MoE model's training and forward passes)."""
     model = task_model(planning, task)
     tps = tuple(tp for tp in divisors(model.heads) if tp <= max_tp)
     stages = min(max_pp, model.layers)
     if planning.executable:
-        tps = tuple(tp for tp in tps if executable.tp_divides(model, tp))
+        sliced = model.moe is not None and TASKS[task][0] != TaskKind.GENERATION  # its TP splits dense MLPs only
+        tps = tuple(tp for tp in tps if executable.tp_divides(model, tp) and not (sliced and tp > 1))
         stages = stages if executable.may_pipeline(task) else 1
     return tps, stages
 

@@ -71,3 +71,11 @@ def test_tp_replicas_of_an_moe_model_are_refused_in_one_line(task):
     assert len(said) == 1 and "\n" not in said[0]
     assert said[0].startswith(f"task {task} has layout DPn: this executor's tensor parallelism splits dense MLPs")
     assert _problems(task, model=DENSE, ep=1, tp=2) == []
+
+
+def test_tp_generation_of_an_moe_model_runs_on_vllm_only():
+    # vLLM slices the experts itself; the hf backend would shard with this executor's dense-MLP plan
+    def gen(backend: str) -> list[str]:
+        return layout_problems(Task.ACTOR_GEN, Task(Task.ACTOR_GEN).kind, MOE, 2, 1, layout="DPn", backend=backend)
+    assert gen("vllm") == []
+    assert len(gen("hf")) == 1 and "splits dense MLPs only" in gen("hf")[0]
