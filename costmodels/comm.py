@@ -160,16 +160,17 @@ def ring_attention_time(tokens: float, kv_dim: int, layers: int, cp: int, passes
     return layers * passes * (cp - 1) * (alpha_s + block / beta_Bps)
 
 
-def all_to_all_Bps(local_Bps: float, network_Bps: float, gpus: int, per_host: int) -> float:
+def all_to_all_Bps(local_Bps: float, network_Bps: float, gpus: int, per_host: int, sharing: int | None = None) -> float:
     """One GPU's goodput in an all-to-all over `gpus` GPUs spread `per_host` to a host: of the bytes
     it sends its gpus − 1 peers, (gpus − per_host)/(gpus − 1) go to other hosts over the host's
-    network, which its `per_host` GPUs share as they all exchange at once, and the rest over the
+    network, which the host's `sharing` GPUs crossing it at once share (default `per_host`: this
+    all-to-all's own; more where other groups on the host exchange too), and the rest over the
     host's GPU link at the same time; the slower share sets the pace (hierarchical all-to-alls, as
     DeepEP's internode kernels and NCCL's run them, put only the other hosts' share on the network)."""
     if gpus <= per_host or gpus <= 1:
         return local_Bps
     cross = (gpus - per_host) / (gpus - 1)
-    return 1.0 / max((1.0 - cross) / local_Bps, cross * per_host / network_Bps)
+    return 1.0 / max((1.0 - cross) / local_Bps, cross * (sharing or per_host) / network_Bps)
 
 
 def expert_all_to_all_time(dispatch_bytes: float, layers: int, ep: int, passes: int, alpha_s: float,

@@ -9,6 +9,7 @@ layout on top of the replicas' time (planner/taskcosts.py).
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 from hetprof.costmodels import LinkSpec, Placement, comm
 from hetprof.planner.basis import PricingBasis
@@ -81,21 +82,24 @@ def expert_groups(layout: TaskLayout) -> list[tuple[str, ...]]:  # (whole expert
 def expert_link(basis: PricingBasis, layout: TaskLayout) -> LinkSpec | None:
     """The link an MoE layer's dispatch and combine all-to-alls cross, as one GPU's goodput: the host's
     own GPU link when a group sits on one host; across hosts the other hosts' share of the bytes over
-    the slowest link among the group's hosts, shared by the GPUs of a host exchanging at once, beside
-    the rest over the GPU link (comm.all_to_all_Bps); the slowest group's; None without expert
-    parallelism. Looked up in the layout's LinkTable like every other collective's."""
+    the slowest link among the group's hosts, beside the rest over the GPU link (comm.all_to_all_Bps),
+    each host's network shared by every GPU of the layout on it whose group spans hosts (the groups of
+    other replicas and pipeline stages exchange at the same time); the slowest group's, at its most
+    loaded host; None without expert parallelism. Looked up in the layout's LinkTable like every
+    other collective's."""
     if layout.ep <= 1 and not layout.folded:
         return None
+    groups = [[basis.devices[d].host for d in group] for group in expert_groups(layout)]
+    crossing = Counter(h for hosts in groups if len(set(hosts)) > 1 for h in hosts)
     worst: LinkSpec | None = None
-    for group in expert_groups(layout):
-        hosts = [basis.devices[d].host for d in group]
-        busiest = max(set(hosts), key=hosts.count)
-        link = basis.links.between(busiest, busiest)
+    for hosts in groups:
         network = basis.links.slowest(set(hosts))
-        if network is not None:
-            link = LinkSpec(network.alpha_s, comm.all_to_all_Bps(link.beta_Bps, network.beta_Bps, len(hosts),
-                                                                 hosts.count(busiest)))
-        worst = link if worst is None or link.beta_Bps < worst.beta_Bps else worst
+        for host in set(hosts):
+            link = basis.links.between(host, host)
+            if network is not None:
+                link = LinkSpec(network.alpha_s, comm.all_to_all_Bps(link.beta_Bps, network.beta_Bps, len(hosts),
+                                                                     hosts.count(host), crossing[host]))
+            worst = link if worst is None or link.beta_Bps < worst.beta_Bps else worst
     return worst
 
 

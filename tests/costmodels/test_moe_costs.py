@@ -113,6 +113,8 @@ def test_an_all_to_all_across_hosts_puts_only_the_other_hosts_share_on_the_netwo
     assert comm.all_to_all_Bps(nvlink, network, 16, 8) == pytest.approx(1 / per_byte)
     assert comm.all_to_all_Bps(nvlink, network, 8, 8) == nvlink           # one host: the GPU link alone
     assert comm.all_to_all_Bps(nvlink, network, 64, 8) < comm.all_to_all_Bps(nvlink, network, 16, 8)
+    # one GPU of each of 16 hosts, while 7 other groups' GPUs on every host cross its network too
+    assert comm.all_to_all_Bps(nvlink, network, 16, 1, 8) == pytest.approx(network / 8)
 
 
 def test_a_stated_expert_imbalance_replaces_the_cited_one():
