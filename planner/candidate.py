@@ -17,9 +17,12 @@ from hetprof.specs import FOLLOWS, Plan, TaskLayout
 
 
 def even_layout(task: str, devices: Sequence[str], tp: int, pp: int, layers: int,
-                shares: Sequence[float] | None = None, cp: int = 1, sp: int = 1) -> TaskLayout:
+                shares: Sequence[float] | None = None, cp: int = 1, sp: int = 1,
+                pipeline_outermost: bool = False) -> TaskLayout:
     """Replicas of consecutive tp*cp*pp devices (a stage: cp TP groups), equal batch shares (unless
-    given), even layer splits; `sp` of them share each sequence (Ulysses).
+    given), even layer splits; `sp` of them share each sequence (Ulysses). `pipeline_outermost` deals
+    the devices in Megatron's rank order instead (tp-cp-ep-dp-pp: every replica's stage s on the s-th
+    consecutive block of dp*tp*cp devices, so a stage's replicas are neighbours).
 
     The heterogeneity-unaware default (what verl does); balanced layouts come from the searches.
     """
@@ -31,8 +34,22 @@ def even_layout(task: str, devices: Sequence[str], tp: int, pp: int, layers: int
     replicas = tuple(tuple(devices[i:i + per]) for i in range(0, len(devices), per))
     dp = len(replicas)
     split = even_split(layers, pp)
-    return TaskLayout(task, tp, pp, replicas, tuple(shares) if shares is not None else (1.0 / dp,) * dp,
-                      (split,) * dp, cp=cp, sp=sp)
+    layout = TaskLayout(task, tp, pp, replicas, tuple(shares) if shares is not None else (1.0 / dp,) * dp,
+                        (split,) * dp, cp=cp, sp=sp)
+    return megatron_order(layout) if pipeline_outermost else layout
+
+
+def megatron_order(layout: TaskLayout) -> TaskLayout:
+    """`layout` with its devices (taken replica by replica) dealt in Megatron's rank order instead
+    (tp-cp-ep-dp-pp: the pipeline outermost, so stage s of every replica sits on the s-th block of
+    dp × tp × cp consecutive devices and a stage's replicas are neighbours: its data- and
+    expert-parallel groups stay on as few hosts as they can). The replicas must have one TP degree."""
+    width = layout.tp * layout.cp
+    if layout.tp_varies:
+        raise ValueError(f"{layout.task}: Megatron's rank order needs one TP degree, got {layout.tp_degrees()}")
+    blocks = [layout.replicas[r][s * width:(s + 1) * width] for r in range(layout.dp) for s in range(layout.pp)]
+    return dataclasses.replace(layout, replicas=tuple(
+        tuple(d for s in range(layout.pp) for d in blocks[s * layout.dp + r]) for r in range(layout.dp)))
 
 
 def even_split(layers: int, parts: int) -> tuple[int, ...]:

@@ -44,6 +44,8 @@ class PinnedTask:
                             "the routed experts whole and folds the EP group over the TP ranks (Megatron's "
                             "expert_tensor_parallel_size 1, EP = ep × tp); absent: tp", check=positive,
                             expect="a positive integer")
+    pipeline_outermost: bool = field(False, help="deal the group's GPUs in Megatron's rank order (tp-cp-ep-dp-pp: "
+                                     "a stage's replicas on neighbouring GPUs) rather than each replica's stages")
 
 
 @dataclasses.dataclass
@@ -105,7 +107,7 @@ def pinned_candidate(sim, layout: PinnedLayout, file: str | None = None, path: s
         members[pin.group].append(task)
         try:
             even = even_layout(task, group_devices[pin.group], pin.tp, pin.pp, sim.graph.model_of(task).layers,
-                               cp=pin.cp, sp=pin.sp)
+                               cp=pin.cp, sp=pin.sp, pipeline_outermost=pin.pipeline_outermost)
         except ValueError as exc:
             raise SpecError(file, _join(path, f"tasks.{key}"), "TP × PP × CP dividing its group's GPUs",
                             str(exc)) from None

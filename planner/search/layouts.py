@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from hetprof.planner.balance import Curve, balance_shares, largest_batch_within  # noqa: F401 (re-exported)
+from hetprof.planner.candidate import megatron_order
 from hetprof.planner.search.experts import expert_degrees, expert_tp_choices, runs_refused
 from hetprof.planner.search.replica_kinds import (
     balance_layers,
@@ -220,10 +221,21 @@ def _expert_layout(planning: PlanningContext, task: str, replicas: list[tuple[st
                 continue
             for etp in expert_tp_choices(planning, task, tp):
                 layout = dataclasses.replace(base, sharding=level, ep=ep, etp=etp)
-                t = layout_cost(planning, layout)
-                if best is None or t < best_t * (1 - 1e-9):
-                    best, best_t = layout, t
+                # Megatron's rank order keeps a stage's expert group on the fewest hosts: tried where it can be
+                spread = (layout.ep > 1 or layout.folded) and stage_blocks_alike(planning, layout)
+                for option in (layout, megatron_order(layout)) if spread else (layout,):
+                    t = layout_cost(planning, option)
+                    if best is None or t < best_t * (1 - 1e-9):
+                        best, best_t = option, t
     return best
+
+
+def stage_blocks_alike(planning: PlanningContext, layout: TaskLayout) -> bool:
+    """Whether `layout`'s pipeline stages can be dealt in Megatron's rank order without changing what
+    any device holds: pipelined replicas of one TP degree and layer split on one GPU type."""
+    types = {planning.devices[d].type for d in layout.devices()}
+    return (layout.pp > 1 and layout.dp > 1 and len(types) == 1 and not layout.tp_varies
+            and len(set(layout.layer_splits)) == 1)
 
 
 def sharding_levels(planning: PlanningContext, task: str, dp: int, tp: int, pp: int) -> tuple[str, ...]:

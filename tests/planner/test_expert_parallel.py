@@ -188,3 +188,42 @@ def test_whole_experts_fold_over_tp_ranks_as_megatron_recipes_pin_them(moe):
         with pytest.raises(SpecError) as err:
             pinned_candidate(moe, PinnedLayout.from_dict(wrong), file="case.yaml")
         assert f"layout.tasks.{task}.etp" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_expert_groups_on_one_host_share_its_network(moe):
+    """Two EP2 groups, each one GPU on h0 and one on h1: both GPUs of a host cross its network at
+    once, so each gets half of it (bandwidth is conserved at the host's NICs)."""
+    basis = moe.costs.basis
+    one_host = layouts.build_layout(_ctx(moe), Task.ACTOR_GEN, [f"h0:{i}" for i in range(8)], 1, 1)
+    paired = dataclasses.replace(one_host, replicas=(("h0:0",), ("h1:0",), ("h0:1",), ("h1:1",)),
+                                 shares=(0.25,) * 4, layer_splits=((48,),) * 4, ep=2)
+    assert expert_groups(paired) == [("h0:0", "h1:0"), ("h0:1", "h1:1")]
+    net = basis.links.between("h0", "h1")
+    assert expert_link(basis, paired).beta_Bps == pytest.approx(net.beta_Bps / 2)
+    alone = dataclasses.replace(paired, replicas=(("h0:0",), ("h1:0",)), shares=(0.5, 0.5),
+                                layer_splits=((48,),) * 2)
+    assert expert_link(basis, alone).beta_Bps == pytest.approx(net.beta_Bps)  # one GPU a host: the whole NIC
+
+
+def test_a_pipelined_expert_layout_in_megatrons_rank_order_keeps_its_groups_on_a_host(moe):
+    """PP2 EP8 over two 8-GPU hosts: each replica's two stages on neighbouring GPUs put every stage's
+    EP8 group on both hosts, whose 400 Gb/s networks all 16 GPUs cross at once; Megatron's order
+    (pipeline outermost) puts stage s on host s, so its all-to-alls stay on NVLink. The layout search
+    tries both orders for a pipelined MoE layout on one GPU type; pinned, `pipeline_outermost`."""
+    from hetprof.planner.candidate import megatron_order
+
+    ctx = _ctx(moe)
+    devices = [f"h{h}:{i}" for h in (0, 1) for i in range(8)]
+    lay = layouts.build_layout(ctx, Task.ACTOR_TRAIN, devices, 1, 2)
+    assert lay is not None and layouts.stage_blocks_alike(ctx, lay)
+    ep8 = dataclasses.replace(lay, ep=8, sharding="zero1")
+    outer = megatron_order(ep8)
+    assert all(len({d.split(":")[0] for d in g}) == 2 for g in expert_groups(ep8))
+    assert all(len({d.split(":")[0] for d in g}) == 1 for g in expert_groups(outer))
+    assert layouts.layout_cost(ctx, outer) < layouts.layout_cost(ctx, ep8) / 5
+    assert sorted(outer.devices()) == sorted(ep8.devices()) and outer.layer_splits == ep8.layer_splits
+    pin = PinnedLayout.from_dict({"groups": {"all": 16}, "tasks": {
+        "generation": {"group": "all"}, "inference": {"group": "all"},
+        "training": {"group": "all", "pp": 2, "ep": 8, "sharding": "zero1", "pipeline_outermost": True}}})
+    pinned = dict(pinned_candidate(moe, pin).layouts)[Task.ACTOR_TRAIN]
+    assert pinned.replicas[0] == ("h0:0", "h1:0") and expert_groups(pinned)[0] == tuple(f"h0:{i}" for i in range(8))
