@@ -198,8 +198,10 @@ def decode_candidate(text: object, devices: Collection[str] | None = None) -> Ca
 
 
 def _split_degrees(lay: TaskLayout) -> dict[str, int]:
-    """A layout's sequence-split degrees (Ulysses sp, context-parallel cp) other than 1, as encoded."""
-    return {k: getattr(lay, k) for k in ("sp", "cp") if getattr(lay, k) != 1}
+    """A layout's sequence-split and expert degrees (Ulysses sp, context-parallel cp, expert-parallel
+    ep) other than 1, and whole experts (etp 1) where set, as encoded."""
+    out = {k: getattr(lay, k) for k in ("sp", "cp", "ep") if getattr(lay, k) != 1}
+    return out | ({"etp": lay.etp} if lay.etp is not None else {})
 
 
 def _stored_layout(task: str, v: object) -> TaskLayout:
@@ -207,7 +209,8 @@ def _stored_layout(task: str, v: object) -> TaskLayout:
     return TaskLayout(task=task, tp=_count(v["tp"]), pp=_count(v["pp"]), replicas=[_texts(r) for r in _list(v["replicas"])],
                       shares=[float(s) for s in _list(v["shares"])],
                       layer_splits=[[_count(x) for x in _list(s)] for s in _list(v["layer_splits"])],
-                      sharding=_text(v.get("sharding", "none")), sp=_count(v.get("sp", 1)), cp=_count(v.get("cp", 1)))
+                      sharding=_text(v.get("sharding", "none")), sp=_count(v.get("sp", 1)), cp=_count(v.get("cp", 1)),
+                      ep=_count(v.get("ep", 1)), etp=_count(v["etp"]) if "etp" in v else None)
 
 
 def _mapping(v: object) -> dict:

@@ -74,3 +74,12 @@ def test_hetprof_plan_resumes_a_shared_study_with_planted_trials(tmp_path):
     again = CliRunner().invoke(cli, args)
     assert again.exit_code == 0, again.output
     assert "Traceback" not in again.output
+
+
+def test_a_stored_expert_layout_keeps_its_degrees():
+    """Parallel searches hand candidates back as text: an MoE layout's ep and whole experts survive it."""
+    lay = TaskLayout("actor_train", 1, 1, (("h0:0",), ("h0:1",)), (0.5, 0.5), ((4,), (4,)), ep=2)
+    folded = TaskLayout("actor_train", 2, 1, (DEVICES,), (1.0,), ((4,),), etp=1)
+    for layout in (lay, folded):
+        cand = Candidate((("actor_train",),), (DEVICES,), {"actor_train": layout})
+        assert decode_candidate(encode_candidate(cand), DEVICES) == cand
