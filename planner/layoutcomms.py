@@ -70,13 +70,24 @@ def ring_seconds(basis: PricingBasis, layout: TaskLayout) -> float:
     return epochs * basis.cm.context_parallel_time(work, Placement(first.type, layout.tp, layout.pp), layout.cp, link)
 
 
-def expert_groups(layout: TaskLayout) -> list[tuple[str, ...]]:  # (whole experts fold over each stage's TP ranks too)
-    """The devices of each expert-parallel group: one pipeline stage of `ep` consecutive replicas
+def expert_groups(layout: TaskLayout) -> list[tuple[str, ...]]:
+    """The devices of each expert-parallel all-to-all: one pipeline stage of `ep` consecutive replicas
     (Megatron's and vLLM's EP ranks are consecutive data-parallel ranks, the layout orders replicas
-    locality first, and a stage's MoE layers exchange tokens with the same stage of the others)."""
+    locality first, and a stage's MoE layers exchange tokens with the same stage of the others).
+    With whole experts (etp 1) every TP rank of those stages is in it, as in vLLM's EP over DP × TP;
+    with experts sliced over TP a Megatron task has one group per TP (× CP) position, the ranks
+    holding the same slice of the experts."""
     ep = max(1, layout.ep)
-    return [tuple(d for r in range(g, min(g + ep, layout.dp)) for d in layout.stage_devices(r, s))
-            for g in range(0, layout.dp, ep) for s in range(layout.pp)]
+    whole = layout.folded or layout.kind == TaskKind.GENERATION
+    out: list[tuple[str, ...]] = []
+    for g in range(0, layout.dp, ep):
+        for s in range(layout.pp):
+            stages = [layout.stage_devices(r, s) for r in range(g, min(g + ep, layout.dp))]
+            if whole:
+                out.append(tuple(d for stage in stages for d in stage))
+            else:
+                out.extend(tuple(stage[i] for stage in stages) for i in range(min(len(st) for st in stages)))
+    return out
 
 
 def expert_link(basis: PricingBasis, layout: TaskLayout) -> LinkSpec | None:

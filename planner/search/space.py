@@ -161,7 +161,7 @@ def encode_candidate(candidate: Candidate) -> str:
             "group_devices": [list(g) for g in candidate.group_devices],
             "layouts": {t: {"tp": lay.tp, "pp": lay.pp, "replicas": [list(r) for r in lay.replicas],
                             "shares": list(lay.shares), "layer_splits": [list(s) for s in lay.layer_splits],
-                            "sharding": lay.sharding, **_split_degrees(lay)}
+                            "sharding": lay.sharding, **_extra_degrees(lay)}
                         for t, lay in candidate.layouts},
             "offload": sorted(candidate.offload)}
     return json.dumps(data, sort_keys=True, separators=(",", ":"))
@@ -197,7 +197,7 @@ def decode_candidate(text: object, devices: Collection[str] | None = None) -> Ca
     return cand
 
 
-def _split_degrees(lay: TaskLayout) -> dict[str, int]:
+def _extra_degrees(lay: TaskLayout) -> dict[str, int]:
     """A layout's sequence-split and expert degrees (Ulysses sp, context-parallel cp, expert-parallel
     ep) other than 1, and whole experts (etp 1) where set, as encoded."""
     out = {k: getattr(lay, k) for k in ("sp", "cp", "ep") if getattr(lay, k) != 1}

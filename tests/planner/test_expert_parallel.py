@@ -15,7 +15,7 @@ from hetprof.planner.pinned import PinnedLayout, pinned_candidate
 from hetprof.planner.planning import PlanningContext
 from hetprof.planner.search import layouts
 from hetprof.planner.simulator import Simulator
-from hetprof.specs import ClusterSpec, WorkloadSpec
+from hetprof.specs import ClusterSpec, TaskLayout, WorkloadSpec
 from hetprof.specs.vocabulary import Task
 
 # two 8-GPU H100 hosts in one region joined by 400 Gb/s; one 8-GPU L40S host
@@ -227,3 +227,17 @@ def test_a_pipelined_expert_layout_in_megatrons_rank_order_keeps_its_groups_on_a
         "training": {"group": "all", "pp": 2, "ep": 8, "sharding": "zero1", "pipeline_outermost": True}}})
     pinned = dict(pinned_candidate(moe, pin).layouts)[Task.ACTOR_TRAIN]
     assert pinned.replicas[0] == ("h0:0", "h1:0") and expert_groups(pinned)[0] == tuple(f"h0:{i}" for i in range(8))
+
+
+def test_sliced_experts_exchange_among_the_ranks_holding_one_slice(moe):
+    """Megatron's EP over TP2 replicas with sliced experts: each TP rank's all-to-all runs among the
+    ep ranks at its own TP position (they hold the same slice); whole experts (etp 1) make the whole
+    stage one group. Two replicas on two hosts: every sliced group crosses the network entirely."""
+    basis = moe.costs.basis
+    sliced = TaskLayout(Task.ACTOR_TRAIN, 2, 1, (("h0:0", "h0:1"), ("h1:0", "h1:1")), (0.5, 0.5), ((48,),) * 2,
+                        ep=2)
+    assert expert_groups(sliced) == [("h0:0", "h1:0"), ("h0:1", "h1:1")]
+    assert expert_groups(dataclasses.replace(sliced, etp=1)) == [("h0:0", "h0:1", "h1:0", "h1:1")]
+    net = basis.links.between("h0", "h1")
+    # no peer on the host: all bytes over the network, which both TP ranks' groups cross at once
+    assert expert_link(basis, sliced).beta_Bps == pytest.approx(net.beta_Bps / 2)
