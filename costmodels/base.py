@@ -11,6 +11,7 @@ analytical and fitted models differ only where they really differ.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import functools
 import math
 
@@ -203,6 +204,8 @@ class CostModel(abc.ABC):
         return (link, "given") if link is not None else self.device_link(device_type)
 
     def _task_time(self, work: Work, placement: Placement) -> Estimate:
+        if work.kind == TaskKind.GENERATION and placement.etp is not None:
+            placement = dataclasses.replace(placement, etp=None)  # vLLM slices experts over TP: no fold
         layers = self._stage_layers(work, placement)
         dev = placement.device_type
         tp_link, tp_src = self._link(placement.tp_link, dev)
@@ -213,7 +216,7 @@ class CostModel(abc.ABC):
 
         # whole experts fold the EP group over the TP ranks (Placement.etp): an MoE layer's tokens then
         # leave by its all-to-alls, so only its attention half joins the TP collectives
-        folded = placement.folded and work.kind != TaskKind.GENERATION and work.model.moe is not None
+        folded = placement.folded and work.model.moe is not None
         tp_halves = 1.0 - (0.5 * work.model.moe_layers / work.model.layers if folded else 0.0)
 
         def phase(kind: str, batch: int, tokens: int, head: bool) -> float:
@@ -280,10 +283,9 @@ class CostModel(abc.ABC):
         """Seconds of the dispatch and combine all-to-alls of a stage's MoE layers for `tokens` tokens
         on one device (its TP group's tokens split over its tp ranks), over `placement.ep_link` (None:
         the device type's own link); `passes` 1 forward, 2 forward + backward, 3 with recomputation.
-        The group is the placement's `expert_ranks` (ep, or ep·tp folded over the TP ranks; generation
-        never folds: vLLM slices experts over TP)."""
+        The group is the placement's `expert_ranks` (ep, or ep·tp folded over the TP ranks)."""
         model = work.model
-        ranks = placement.expert_ranks if work.kind != TaskKind.GENERATION else placement.ep
+        ranks = placement.expert_ranks
         if ranks <= 1 or model.moe is None:
             return 0.0
         link, _ = self._link(placement.ep_link, placement.device_type)

@@ -23,9 +23,8 @@ def _term(backend: str, name: str, lay: TaskLayout) -> str:
     """`backend[name]:dims`; a Megatron trainer's expert-parallel size (Megatron's, ep × tp with whole
     experts) as AReaL's `e` dimension, whose experts are whole (the `whole-experts` rule refuses the rest)."""
     dims = f"d{lay.dp}" if backend == "fsdp" else f"d{lay.dp}p{lay.pp}t{lay.tp}"
-    experts = lay.ep * (lay.tp if lay.folded else 1)
-    if backend != "fsdp" and experts > 1:
-        dims += f"e{experts}"
+    if backend != "fsdp" and lay.expert_ranks > 1:
+        dims += f"e{lay.expert_ranks}"
     return f"{backend}[{name}]:{dims}"
 
 

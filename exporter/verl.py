@@ -45,7 +45,7 @@ def _engine_settings(prefix: str, plan: Plan, task: str) -> list[Setting]:
                 Setting(f"{prefix}.megatron.pipeline_model_parallel_size", lay.pp, f"{src}.pp"),
                 Setting(f"{prefix}.megatron.context_parallel_size", lay.cp, f"{src}.cp"),
                 # whole experts (etp 1) fold Megatron's EP group over the TP ranks: EP = ep × tp
-                Setting(f"{prefix}.megatron.expert_model_parallel_size", lay.ep * (lay.tp if lay.folded else 1),
+                Setting(f"{prefix}.megatron.expert_model_parallel_size", lay.expert_ranks,
                         f"{src}.ep" + (" × tp (etp 1)" if lay.folded else "")),
                 Setting(f"{prefix}.megatron.expert_tensor_parallel_size", 1 if lay.folded else lay.tp,
                         f"{src}.etp" if lay.folded else f"{src}.tp (experts sliced over the TP ranks)"),

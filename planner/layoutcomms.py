@@ -98,7 +98,7 @@ def expert_link(basis: PricingBasis, layout: TaskLayout) -> LinkSpec | None:
     other replicas and pipeline stages exchange at the same time); the slowest group's, at its most
     loaded host; None without expert parallelism. Looked up in the layout's LinkTable like every
     other collective's."""
-    if layout.ep <= 1 and not layout.folded:
+    if layout.expert_ranks <= 1:
         return None
     groups = [[basis.devices[d].host for d in group] for group in expert_groups(layout)]
     crossing = Counter(h for hosts in groups if len(set(hosts)) > 1 for h in hosts)

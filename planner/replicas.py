@@ -112,8 +112,7 @@ class ReplicaPricer:
         """The cost model's seconds for one stage, memoised on plain values (cheaper to hash than Work)."""
         work = self.basis.work(task, batch, layers, response, prompt, cp=cp)
         return self.basis.cm.task_time(work, Placement(device_type, tp, 1, tp_link=link, ep=experts.ep,
-                                                       ep_link=experts.link,
-                                                       etp=experts.etp if tp > 1 else None)).seconds
+                                                       ep_link=experts.link, etp=experts.etp)).seconds
 
     def without_fp8(self, task: str, devices: Sequence[str]) -> list[str]:
         """The GPU types among `devices` an FP8 `task` cannot run on (no catalog fp8_tflops); empty

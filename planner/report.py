@@ -127,8 +127,8 @@ def expert_load_line(sim: Simulator, layouts: dict) -> str | None:
     """What the plan assumes of an MoE router's load, where a layout spreads experts (ep > 1, or whole
     experts folded over TP ranks): every rank waits for the busiest, so the figure multiplies the
     expert GEMMs and all-to-alls."""
-    spread = {model.name: (model, lay.ep * (lay.tp if lay.folded else 1)) for t, lay in layouts.items()
-              if (lay.ep > 1 or lay.folded) and (model := sim.graph.model_of(t)).moe is not None}
+    spread = {model.name: (model, lay.expert_ranks) for t, lay in layouts.items()
+              if lay.expert_ranks > 1 and (model := sim.graph.model_of(t)).moe is not None}
     if not spread:
         return None
     stated = sim.workload.expert_imbalance

@@ -122,8 +122,7 @@ class TaskCosts:
         over: dict[tuple, list[str]] = {}
         held: dict[tuple, MemoryEstimate] = {}     # GPUs of one type holding the same stage hold the same
         dp, sp, cp = layout.dp, b.sp_of(layout), layout.cp
-        experts = (Experts(layout.ep, expert_link(b, layout), layout.etp) if layout.ep > 1 or layout.folded
-                   else NO_EXPERTS)
+        experts = Experts(layout.ep, expert_link(b, layout), layout.etp) if layout.expert_ranks > 1 else NO_EXPERTS
         for r, (devices, batch) in enumerate(zip(layout.replicas, self.batches(layout), strict=True)):
             split = layout.layer_splits[r]
             # a generation task's replicas may differ in TP; every other task's share `tp`

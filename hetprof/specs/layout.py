@@ -101,6 +101,12 @@ class TaskLayout:
         """Whether whole experts fold the EP group over the TP ranks (etp 1 at tp > 1)."""
         return self.etp == WHOLE_EXPERTS
 
+    @property
+    def expert_ranks(self) -> int:
+        """Ranks each MoE layer's routed experts are spread over (Megatron's EP size): `ep`, × tp when
+        folded; above 1, the layout has expert parallelism."""
+        return self.ep * (self.tp if self.folded else 1)
+
     def devices(self) -> tuple[str, ...]:
         """Every device of the layout, replica by replica, stage-major."""
         return tuple(d for r in self.replicas for d in r)

@@ -222,7 +222,7 @@ def _expert_layout(planning: PlanningContext, task: str, replicas: list[tuple[st
             for etp in expert_tp_choices(planning, task, tp):
                 layout = dataclasses.replace(base, sharding=level, ep=ep, etp=etp)
                 # Megatron's rank order keeps a stage's expert group on the fewest hosts: tried where it can be
-                spread = (layout.ep > 1 or layout.folded) and stage_blocks_alike(planning, layout)
+                spread = layout.expert_ranks > 1 and stage_blocks_alike(planning, layout)
                 for option in (layout, megatron_order(layout)) if spread else (layout,):
                     t = layout_cost(planning, option)
                     if best is None or t < best_t * (1 - 1e-9):
